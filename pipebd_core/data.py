@@ -1,0 +1,264 @@
+"""Data sets and the deterministic global batch order shared by every execution mode.
+
+Every mode sees the same sequence of global batches: global step `s` always covers the same
+`batch_size` sample indices (from `train.seed`, `data.shuffle` and the epoch), so all modes
+train identical students. A rank loads only its rows `[start, stop)` of each global batch.
+Nothing is ever downloaded: missing data raises `SpecError` naming the path looked at.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import pickle
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torchvision import datasets, transforms
+
+from pipebd_core.imports import resolve_factory
+from pipebd_core.spec import Spec, SpecError
+
+Sample = tuple[torch.Tensor, Any]
+CIFAR_FOLDER = "cifar-10-batches-py"
+CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _mix(*parts: object) -> int:
+    """A 63-bit seed from the parts; unlike `seed * k + i`, distinct parts never collide in practice."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class SyntheticDataset(Dataset[Sample]):
+    """Gaussian images; sample i depends only on (seed, split, i), so it is generated on demand."""
+
+    def __init__(self, length: int, image_size: int, num_classes: int, seed: int, split: str) -> None:
+        self.length, self.image_size, self.num_classes = length, image_size, num_classes
+        self.seed, self.split = seed, split
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Sample:
+        if not 0 <= index < self.length:
+            raise IndexError(f"synthetic index {index} out of range [0, {self.length})")
+        generator = torch.Generator().manual_seed(_mix(self.seed, self.split, index))
+        image = torch.randn(3, self.image_size, self.image_size, generator=generator)
+        label = int(torch.randint(self.num_classes, (1,), generator=generator))
+        return image, label
+
+
+class _LocalCIFAR10(datasets.CIFAR10):
+    """CIFAR10 that checks its files exist instead of their md5 sums.
+
+    torchvision compares every file with the md5 of the official download, so any locally
+    written or re-pickled tree (test fixtures, trimmed copies) is rejected as "corrupted", and
+    each rank would re-hash ~170 MB at start. We check presence; a damaged pickle still fails
+    to load, and `_cifar` turns that into a SpecError naming the file.
+    """
+
+    def _check_integrity(self) -> bool:
+        return all((Path(self.root) / self.base_folder / name).is_file() for name in CIFAR_FILES)
+
+    def _load_meta(self) -> None:  # the parent re-checks the meta file's md5 here
+        with open(Path(self.root) / self.base_folder / self.meta["filename"], "rb") as infile:
+            self.classes = pickle.load(infile, encoding="latin1")[self.meta["key"]]
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+
+
+class _Pairs(Dataset[Sample]):
+    """Wraps a custom data set so that every item is `(input, label)`; bare tensors get label -1."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Sample:
+        item = self.inner[index]
+        if isinstance(item, torch.Tensor):
+            return item, -1
+        if isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], torch.Tensor):
+            return item[0], item[1]
+        kind = type(item).__name__
+        raise SpecError(f"data.factory: item {index} is a {kind}; expected (tensor, label) or a tensor")
+
+
+def _cifar(spec: Spec, split: str) -> Dataset[Sample]:
+    root = Path(str(spec.data.root)).expanduser()
+    if root.name == CIFAR_FOLDER and not (root / CIFAR_FOLDER).is_dir():
+        root = root.parent  # accept the batches folder itself as root
+    folder = root / CIFAR_FOLDER
+    missing = [name for name in CIFAR_FILES if not (folder / name).is_file()]
+    if missing:
+        found = f"missing {', '.join(missing)}" if folder.is_dir() else "no such folder"
+        raise SpecError(
+            f"data.root: CIFAR-10 not found at {folder} ({found}); that folder must hold "
+            f"{', '.join(CIFAR_FILES)} (the python version, extracted). Nothing is downloaded."
+        )
+    steps: list[Any] = [] if spec.data.image_size == 32 else [transforms.Resize(spec.data.image_size)]
+    steps += [transforms.ToTensor(), transforms.Normalize(CIFAR_MEAN, CIFAR_STD)]
+    try:
+        return _LocalCIFAR10(str(root), train=split == "train", transform=transforms.Compose(steps))
+    except (pickle.UnpicklingError, EOFError, KeyError, ValueError) as error:
+        raise SpecError(f"data.root: CIFAR-10 files under {folder} cannot be read ({error!r})") from None
+
+
+def _imagefolder(spec: Spec, split: str) -> Dataset[Sample]:
+    root = Path(str(spec.data.root)).expanduser()
+    if not root.is_dir():
+        raise SpecError(f"data.root: image folder {root} does not exist (nothing is downloaded)")
+    sub = root / ("train" if split == "train" else "val")
+    folder = sub if sub.is_dir() else root
+    size = spec.data.image_size
+    steps = [transforms.Resize(size), transforms.CenterCrop(size), transforms.ToTensor()]
+    transform = transforms.Compose([*steps, transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    try:
+        return datasets.ImageFolder(str(folder), transform=transform)
+    except FileNotFoundError as error:  # no class folders, or no images in them
+        raise SpecError(f"data.root: {folder}: {error} (expected {folder}/<class>/<image>)") from None
+
+
+def _custom(spec: Spec) -> Dataset[Sample]:
+    inner = resolve_factory(str(spec.data.factory), "data.factory")(**spec.data.options)
+    if not (hasattr(inner, "__getitem__") and hasattr(inner, "__len__")):
+        raise SpecError(f"data.factory returned {type(inner).__name__}; expected a Dataset with __len__")
+    return _Pairs(inner)
+
+
+def build_dataset(spec: Spec, split: str = "train") -> Dataset[Sample]:
+    """The data set for `split` ("train" or "eval"); items are `(input_tensor, label)`."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    data = spec.data
+    if data.dataset == "synthetic":
+        length = data.num_samples if split == "train" else min(data.eval_samples, data.num_samples)
+        return SyntheticDataset(length, data.image_size, data.num_classes, spec.train.seed, split)
+    if data.dataset == "cifar10":
+        return _cifar(spec, split)
+    if data.dataset == "imagefolder":
+        return _imagefolder(spec, split)
+    return _custom(spec)
+
+
+def check_dataset(spec: Spec) -> int:
+    """Validate the data source (without decoding images); return the number of training samples."""
+    count = len(build_dataset(spec, "train"))  # type: ignore[arg-type]
+    if count == 0:
+        raise SpecError(f"data: the {spec.data.dataset} training set (root {spec.data.root}) is empty")
+    return count
+
+
+def steps_per_epoch(spec: Spec, num_samples: int) -> int:
+    """Full global batches per epoch; the last partial batch is dropped."""
+    steps = num_samples // spec.data.batch_size
+    if steps == 0:
+        raise SpecError(
+            f"data.batch_size: {spec.data.batch_size} exceeds the data set size ({num_samples} samples); "
+            f"use a batch_size of at most {num_samples}"
+        )
+    return steps
+
+
+def total_steps(spec: Spec, num_samples: int) -> int:
+    """Optimiser steps per block: epochs x steps_per_epoch, capped by train.max_steps."""
+    steps = spec.train.epochs * steps_per_epoch(spec, num_samples)
+    return min(steps, spec.train.max_steps) if spec.train.max_steps else steps
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(seed: int, num_samples: int, epoch: int, shuffle: bool) -> torch.Tensor:
+    if not shuffle:
+        return torch.arange(num_samples)
+    return torch.randperm(num_samples, generator=torch.Generator().manual_seed(_mix(seed, "epoch", epoch)))
+
+
+def global_batch_indices(spec: Spec, num_samples: int, step: int) -> list[int]:
+    """The sample indices of global step `step` (0-based, counting across epochs)."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    per_epoch, size = steps_per_epoch(spec, num_samples), spec.data.batch_size
+    epoch, offset = divmod(step, per_epoch)
+    order = _epoch_order(spec.train.seed, num_samples, epoch, spec.data.shuffle)
+    return order[offset * size : (offset + 1) * size].tolist()
+
+
+def _stack_inputs(items: Sequence[Sample]) -> torch.Tensor:
+    return torch.stack([item[0] for item in items])
+
+
+def _stack_pairs(items: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _stack_inputs(items), torch.stack([torch.as_tensor(item[1]) for item in items])
+
+
+class _StepSampler(Sampler[list[int]]):
+    """Yields, per requested step, this rank's rows of the global batch as dataset indices."""
+
+    def __init__(self, spec: Spec, num_samples: int, rows: tuple[int, int], steps: list[int]) -> None:
+        self.spec, self.num_samples, self.rows, self.steps = spec, num_samples, rows, steps
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start, stop = self.rows
+        for step in self.steps:
+            yield global_batch_indices(self.spec, self.num_samples, step)[start:stop]
+
+
+class BatchLoader:
+    """Iterates `(step, inputs)` over `steps`: rows `[rows[0], rows[1])` of each global batch, on `device`."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        dataset: Dataset[Sample],
+        rows: tuple[int, int],
+        steps: Iterable[int],
+        device: torch.device | str,
+    ) -> None:
+        if not 0 <= rows[0] < rows[1] <= spec.data.batch_size:
+            raise ValueError(f"rows {rows}: need 0 <= start < stop <= batch_size ({spec.data.batch_size})")
+        self.spec, self.dataset, self.device = spec, dataset, torch.device(device)
+        self.steps = list(steps)
+        self.sampler = _StepSampler(spec, len(dataset), rows, self.steps)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
+        workers = self.spec.data.num_workers
+        if workers == 0:
+            batches: Iterable[torch.Tensor] = (
+                _stack_inputs([self.dataset[i] for i in indices]) for indices in self.sampler
+            )
+        else:
+            batches = DataLoader(
+                self.dataset,
+                batch_sampler=self.sampler,
+                num_workers=workers,
+                collate_fn=_stack_inputs,
+                persistent_workers=False,
+                pin_memory=self.device.type == "cuda",
+            )
+        non_blocking = self.device.type == "cuda" and workers > 0
+        for step, inputs in zip(self.steps, batches, strict=True):
+            yield step, inputs.to(self.device, non_blocking=non_blocking)
+
+
+def iterate_eval_batches(
+    spec: Spec, dataset: Dataset[Sample], batch_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """`(inputs, labels)` in index order over the first `data.eval_samples` samples; the last may be short."""
+    count = min(len(dataset), spec.data.eval_samples)  # type: ignore[arg-type]
+    subset = torch.utils.data.Subset(dataset, range(count))
+    workers = spec.data.num_workers
+    loader = DataLoader(subset, batch_size=batch_size, num_workers=workers, collate_fn=_stack_pairs)
+    yield from loader
