@@ -1,0 +1,92 @@
+"""After training: gather every block's final weights into student.pt, assemble the compressed
+network, report top-1 accuracies where the data set has labels, and write summary.json.
+
+Rank 0 does this once every block's final checkpoint exists. It waits on files, not on a
+collective, so a rank that finishes early (layerwise scheduling) never hits a process-group timeout;
+if another rank dies, torchrun stops this one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipebd_core import checkpoint
+from pipebd_core.data import build_dataset, iterate_eval_batches
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec
+from pipebd_core.workloads import Workload
+
+POLL_SECONDS = 0.2
+EVAL_BATCH = 64
+
+
+class StudentBlocks(nn.Module):
+    """The container whose state_dict is student.pt: keys `blocks.<i>.<param>`."""
+
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+
+def wait_for_final_checkpoints(run_dir: RunDir, num_blocks: int, total_steps: int) -> None:
+    missing = set(range(num_blocks))
+    while missing:
+        missing = {b for b in missing if total_steps not in checkpoint.saved_steps(run_dir.checkpoints, b)}
+        if missing:
+            time.sleep(POLL_SECONDS)
+
+
+def load_final_students(run_dir: RunDir, workload: Workload, total_steps: int) -> tuple[list[nn.Module], list[Any]]:
+    """The trained student blocks (on CPU, eval mode) and each block's last loss."""
+    students, losses = [], []
+    for block, student in enumerate(workload.student_blocks):
+        state = checkpoint.load_block(run_dir.checkpoints, block, total_steps)
+        student.load_state_dict(state["student"])
+        students.append(student.cpu().eval())
+        losses.append(state.get("loss"))
+    return students, losses
+
+
+@torch.no_grad()
+def top1_accuracy(model: nn.Module, spec: Spec, device: torch.device) -> float | None:
+    """Top-1 accuracy on the eval split, or None when the data set has no labels."""
+    if spec.data.eval_samples == 0:
+        return None
+    dataset = build_dataset(spec, split="eval")
+    model.to(device).eval()
+    correct = seen = 0
+    for inputs, labels in iterate_eval_batches(spec, dataset, EVAL_BATCH):
+        if int(labels.min()) < 0:
+            return None
+        predictions = model(inputs.to(device)).argmax(dim=1).cpu()
+        correct += int((predictions == labels).sum())
+        seen += len(labels)
+        if seen >= spec.data.eval_samples:
+            break
+    return correct / seen if seen else None
+
+
+def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, device: torch.device) -> dict[str, Any]:
+    wait_for_final_checkpoints(run_dir, workload.num_blocks, total_steps)
+    students, losses = load_final_students(run_dir, workload, total_steps)
+    torch.save(StudentBlocks(students).state_dict(), run_dir.student)
+    summary: dict[str, Any] = {
+        "name": spec.name,
+        "mode": spec.schedule.mode,
+        "nproc": spec.schedule.nproc,
+        "steps_per_block": total_steps,
+        "final_loss": {str(block): loss for block, loss in enumerate(losses)},
+        "warnings": workload.warnings,
+    }
+    if workload.assemble is not None:
+        compressed = workload.assemble(students)
+        torch.save(compressed, run_dir.compressed_model)
+        summary["student_top1"] = top1_accuracy(compressed, spec, device)
+        if workload.teacher_network is not None:
+            summary["teacher_top1"] = top1_accuracy(workload.teacher_network(), spec, device)
+    run_dir.write_json(run_dir.summary, summary)
+    return summary

@@ -1,0 +1,106 @@
+"""Static facts about a workload, from one forward pass on a single sample.
+
+Shapes at every block boundary (to size receive buffers), and per-block FLOP estimates used to
+balance stages and bin-pack layerwise tasks until measured profiles are available.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipebd_core.workloads import Workload
+
+STUDENT_TRAIN_FACTOR = 3.0  # forward + backward of a student costs about three forwards
+
+
+@dataclass
+class BlockProbe:
+    shapes: list[list[int]]  # per-sample shape of x_0 .. x_B
+    teacher_flops: list[float]  # per sample, forward
+    student_flops: list[float]  # per sample, forward
+    student_params: list[int]
+    teacher_params: list[int]
+
+    @property
+    def teacher_costs(self) -> list[float]:
+        return self.teacher_flops
+
+    @property
+    def student_costs(self) -> list[float]:
+        return [STUDENT_TRAIN_FACTOR * flops for flops in self.student_flops]
+
+    def stage_costs(self) -> list[float]:
+        """Teacher plus student work of each block, as a pipeline stage pays it."""
+        return [t + s for t, s in zip(self.teacher_costs, self.student_costs, strict=True)]
+
+    def prefix_costs(self) -> list[float]:
+        """What a task re-running the teacher from the input pays for each block (dp, ls)."""
+        total, costs = 0.0, []
+        for teacher, student in zip(self.teacher_costs, self.student_costs, strict=True):
+            total += teacher
+            costs.append(total + student)
+        return costs
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _module_flops(module: nn.Module, output: torch.Tensor) -> float:
+    per_sample = output[0].numel() if output.dim() > 0 else 1
+    if isinstance(module, nn.Conv2d):
+        kernel = math.prod(module.kernel_size) * module.in_channels // module.groups
+        return 2.0 * per_sample * kernel
+    if isinstance(module, nn.Linear):
+        return 2.0 * module.in_features * module.out_features
+    return float(per_sample)  # normalisation, activation, pooling: about one op per output
+
+
+def _count_flops(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    total = [0.0]
+    leaves = [m for m in block.modules() if not list(m.children())] or [block]
+
+    def hook(module: nn.Module, _inputs: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            total[0] += _module_flops(module, output)
+
+    handles = [leaf.register_forward_hook(hook) for leaf in leaves]
+    try:
+        output = block(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return output, total[0]
+
+
+def probe_workload(workload: Workload, input_shape: tuple[int, ...]) -> BlockProbe:
+    """Run every teacher and student block once on one zero sample (eval mode, no gradients)."""
+    shapes = [list(input_shape)]
+    teacher_flops, student_flops = [], []
+    x = torch.zeros((1, *input_shape))
+    with torch.no_grad():
+        for teacher, student in zip(workload.teacher_blocks, workload.student_blocks, strict=True):
+            was_training = student.training
+            student.eval()
+            student_out, s_flops = _count_flops(student, x)
+            student.train(was_training)
+            x, t_flops = _count_flops(teacher, x)
+            if student_out.shape != x.shape:
+                raise ValueError(
+                    f"block {len(shapes) - 1}: student output {tuple(student_out.shape[1:])} differs from the"
+                    f" teacher's {tuple(x.shape[1:])}; a student must reproduce its teacher block's output shape"
+                )
+            shapes.append(list(x.shape[1:]))
+            teacher_flops.append(t_flops)
+            student_flops.append(s_flops)
+    return BlockProbe(
+        shapes=shapes,
+        teacher_flops=teacher_flops,
+        student_flops=student_flops,
+        student_params=[sum(p.numel() for p in s.parameters()) for s in workload.student_blocks],
+        teacher_params=[sum(p.numel() for p in t.parameters()) for t in workload.teacher_blocks],
+    )

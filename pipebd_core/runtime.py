@@ -1,0 +1,243 @@
+"""The per-rank runtime: executes a rank's tasks (see schedule.py) with one shared step.
+
+Every mode runs through `Trainer.run_task`: obtain the input rows (load or receive), run the
+teacher blocks, send the last activation on at once, train the students against the teacher's
+outputs, combine gradients where the rows were split, optionally wait at a barrier, update.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from pipebd_core import checkpoint
+from pipebd_core.comm import GradientBuffers, PendingReceive, Relay, make_groups, resolve_group
+from pipebd_core.data import BatchLoader
+from pipebd_core.plan import Plan
+from pipebd_core.rundir import RunDir
+from pipebd_core.schedule import WORLD, Task, count_tasks, rank_tasks
+from pipebd_core.spec import Spec
+from pipebd_core.telemetry import PhaseClock, TelemetryWriter, append_event, peak_memory_bytes
+from pipebd_core.workloads import Workload
+
+FAULT_ENV = "PIPEBD_INJECT_FAULT"  # "RANK:STEP": that rank raises before that step (failure tests)
+
+
+def injected_fault_step(rank: int) -> int | None:
+    """The step at which this rank must fail, when a test asked for it through FAULT_ENV."""
+    target, _, step = os.environ.get(FAULT_ENV, "").partition(":")
+    return int(step) if target and int(target) == rank else None
+
+
+@dataclass
+class RankContext:
+    """Everything a rank needs, resolved once at start-up."""
+
+    rank: int
+    spec: Spec
+    plan: Plan
+    run_dir: RunDir
+    workload: Workload
+    dataset: Any  # a torch Dataset, or None on ranks that only receive
+    device: torch.device
+    steps_per_epoch: int
+    total_steps: int
+    start_steps: list[int]  # per block: the first step still to run (resume)
+
+
+def learning_rate(spec: Spec, step: int, total_steps: int) -> float:
+    if spec.train.lr_schedule == "constant":
+        return spec.train.lr
+    return spec.train.lr * 0.5 * (1.0 + math.cos(math.pi * step / total_steps))
+
+
+def with_next(tasks: Iterator[Task]) -> Iterator[tuple[Task, Task | None]]:
+    """Pairs (task, the task after it) so the next receive can be posted early."""
+    current = next(tasks, None)
+    while current is not None:
+        following = next(tasks, None)
+        yield current, following
+        current = following
+
+
+class Trainer:
+    """Owns one rank's blocks, optimisers, gradient buffers, relay and telemetry."""
+
+    def __init__(self, ctx: RankContext) -> None:
+        self.ctx = ctx
+        spec, plan = ctx.spec, ctx.plan
+        self.tasks = list(rank_tasks(plan, ctx.rank, ctx.total_steps, ctx.start_steps))
+        teacher_blocks = sorted(set(chain.from_iterable(task.teacher for task in self.tasks)))
+        self.trained_blocks = sorted(set(chain.from_iterable(task.train for task in self.tasks)))
+        self.teachers = {b: ctx.workload.teacher_blocks[b].to(ctx.device) for b in teacher_blocks}
+        self.students = {b: ctx.workload.student_blocks[b].to(ctx.device).train() for b in self.trained_blocks}
+        self.optimizers = {
+            b: torch.optim.SGD(
+                self.students[b].parameters(),
+                lr=spec.train.lr,
+                momentum=spec.train.momentum,
+                weight_decay=spec.train.weight_decay,
+            )
+            for b in self.trained_blocks
+        }
+        self._restore()
+        self.grads = GradientBuffers(ctx.workload.student_blocks, self.trained_blocks)
+        relay_group, self.stage_groups = make_groups(plan)
+        shapes = [tuple(shape) for shape in plan.details["shapes"]]
+        self.relay = Relay(relay_group, shapes, ctx.device)
+        self.clock = PhaseClock(ctx.device)
+        self.telemetry = TelemetryWriter(ctx.run_dir.metrics(ctx.rank))
+        self.batches = self._batches()
+        self.last_loss: dict[int, float] = {}
+        self.fault_step = injected_fault_step(ctx.rank)
+
+    def _restore(self) -> None:
+        folder = self.ctx.run_dir.checkpoints
+        for block in self.trained_blocks:
+            step = self.ctx.start_steps[block]
+            if step > 0:
+                state = checkpoint.load_block(folder, block, step)
+                self.students[block].load_state_dict(state["student"])
+                self.optimizers[block].load_state_dict(state["optimizer"])
+
+    def _batches(self) -> Iterator[tuple[int, torch.Tensor]]:
+        loading = [task for task in self.tasks if task.loads_data]
+        if not loading:
+            return iter(())
+        rows = loading[0].rows
+        assert all(task.rows == rows for task in loading), "a rank loads one row range in every task"
+        steps = [task.step for task in loading]
+        return iter(BatchLoader(self.ctx.spec, self.ctx.dataset, rows, steps, self.ctx.device))
+
+    def run(self) -> None:
+        total = len(self.tasks)
+        assert total == count_tasks(self.ctx.plan, self.ctx.rank, self.ctx.total_steps, self.ctx.start_steps)
+        pending: PendingReceive | None = None
+        if self.tasks and self.tasks[0].receive:
+            pending = self.relay.post_receive(self.tasks[0])
+        try:
+            for done, (task, following) in enumerate(with_next(iter(self.tasks)), start=1):
+                pending = self.run_task(task, following, pending, done, total)
+            self.relay.drain()
+        finally:
+            self.telemetry.close()
+
+    def run_task(
+        self, task: Task, following: Task | None, pending: PendingReceive | None, done: int, total: int
+    ) -> PendingReceive | None:
+        """One optimiser step of `task.train`; returns the receive already posted for `following`."""
+        if task.step == self.fault_step:
+            raise RuntimeError(f"injected fault on rank {self.ctx.rank} at step {task.step} ({FAULT_ENV})")
+        self.clock.start()
+        inputs = self._obtain_input(task, pending)
+        pending_next = self.relay.post_receive(following) if following and following.receive else None
+        activations = self._teacher_forward(task, inputs)
+        self.relay.send(task, activations[-1])
+        self.clock.mark("send")
+        losses = self._train_students(task, activations)
+        if task.barrier:
+            dist.barrier()
+        self.clock.mark("barrier")
+        self._update(task)
+        self.clock.mark("optim")
+        self._record(task, losses, done, total)
+        self._checkpoint(task)
+        return pending_next
+
+    def _obtain_input(self, task: Task, pending: PendingReceive | None) -> torch.Tensor:
+        if task.loads_data:
+            step, inputs = next(self.batches)
+            assert step == task.step, f"data loader is at step {step}, task wants {task.step}"
+            self.clock.mark("data")
+            return inputs
+        assert pending is not None and pending.step == task.step, "receive was not posted for this step"
+        inputs = self.relay.wait(pending)
+        self.clock.mark("recv_wait")
+        return inputs
+
+    def _teacher_forward(self, task: Task, inputs: torch.Tensor) -> list[torch.Tensor]:
+        activations = [inputs]
+        with torch.no_grad():
+            for block in task.teacher:
+                activations.append(self.teachers[block](activations[-1]))
+        self.clock.mark("teacher")
+        return activations
+
+    def _train_students(self, task: Task, activations: list[torch.Tensor]) -> dict[int, float]:
+        """Backward each block separately and start its all-reduce at once, overlapping the next backward."""
+        group = resolve_group(task, self.stage_groups)
+        share = (task.rows[1] - task.rows[0]) / self.ctx.plan.batch_size
+        losses, handles = {}, []
+        for block in task.train:
+            position = block - task.teacher.start
+            output = self.students[block](activations[position])
+            loss = F.mse_loss(output, activations[position + 1])
+            (loss * share).backward()  # shard-weighted, so summed gradients equal the full batch's
+            losses[block] = loss.detach()
+            handles.append(self.grads.start_all_reduce(block, group))
+        self.clock.mark("student")
+        for handle in handles:
+            if handle is not None:
+                handle.wait()
+        self.clock.mark("allreduce")
+        return {block: float(loss) for block, loss in losses.items()}
+
+    def _update(self, task: Task) -> None:
+        lr = learning_rate(self.ctx.spec, task.step, self.ctx.total_steps)
+        for block in task.train:
+            optimizer = self.optimizers[block]
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.step()
+            self.grads.zero(block)
+
+    def _record(self, task: Task, losses: dict[int, float], done: int, total: int) -> None:
+        self.last_loss.update(losses)
+        self.telemetry.write(
+            {
+                "time": time.time(),
+                "rank": self.ctx.rank,
+                "epoch": task.step // self.ctx.steps_per_epoch,
+                "step": task.step,
+                "blocks": list(task.train),
+                "loss": {str(block): value for block, value in losses.items()},
+                "phases": self.clock.phases(),
+                "samples": task.rows[1] - task.rows[0],
+                "peak_mem": peak_memory_bytes(self.ctx.device),
+                "done": done,
+                "total": total,
+            }
+        )
+
+    def _checkpoint(self, task: Task) -> None:
+        step_done = task.step + 1
+        spec = self.ctx.spec
+        if not self._owns_update(task) or not checkpoint.should_checkpoint(
+            step_done, self.ctx.steps_per_epoch, self.ctx.total_steps, spec.train.checkpoint_every
+        ):
+            return
+        for block in task.train:
+            state = {
+                "student": self.students[block].state_dict(),
+                "optimizer": self.optimizers[block].state_dict(),
+                "loss": self.last_loss.get(block),
+            }
+            checkpoint.save_block(self.ctx.run_dir.checkpoints, block, step_done, state)
+        append_event(self.ctx.run_dir.events, "checkpoint", rank=self.ctx.rank, blocks=list(task.train), step=step_done)
+
+    def _owns_update(self, task: Task) -> bool:
+        """The lowest rank of a gradient group writes the group's checkpoint."""
+        if task.group is None:
+            return True
+        if task.group == WORLD:
+            return self.ctx.rank == 0
+        return self.ctx.plan.stages[task.group].ranks[0] == self.ctx.rank

@@ -1,0 +1,85 @@
+"""Each mode's per-rank order of work, written as pure generators of tasks.
+
+A task is one optimiser step of some student blocks on some rows of one global batch: take the
+activation entering `teacher.start` (loaded from the data set or received from other ranks), run
+teacher blocks `teacher`, send the result on, train the students in `train`, combine gradients in
+`group` and update. The runtime executes these tasks; the simulator replays them. Example with
+4 blocks, 2 ranks, steps s0, s1 (T = teacher work, S = student work, -> = send):
+
+    tr_dpu   rank 0 | T0 T1 ->s0 | S0 S1 s0 | T0 T1 ->s1 | S0 S1 s1 |
+             rank 1 |   (wait s0)            | T2 T3 S2 S3 s0 | T2 T3 S2 S3 s1 |
+    dp       rank r | T0 S0 s0 | T0 S0 s1 | ... | T0 T1 S1 s0 | ... | T0 T1 T2 T3 S3 s1 |  (half batch)
+    ls       rank 0 | T0 S0 s0 | T0 S0 s1 | T0 T1 T2 S2 s0 | ...                         (full batch)
+    ir       rank r | T0 T1 T2 T3 S0 S1 S2 S3 s0 | ...                                    (half batch)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pipebd_core.plan import Plan, Route, shard_rows
+
+WORLD = -1  # gradient group id meaning "all ranks"
+
+
+@dataclass(frozen=True)
+class Task:
+    step: int  # global optimiser step, counted across epochs
+    teacher: range  # teacher blocks run on this task's input
+    train: tuple[int, ...]  # student blocks updated by this task
+    rows: tuple[int, int]  # rows [start, stop) of the global batch
+    receive: tuple[Route, ...]  # empty: the input is loaded from the data set
+    send: tuple[Route, ...]  # where the output of the last teacher block goes
+    group: int | None  # gradient group: None (alone), WORLD, or a stage index
+    barrier: bool  # wait for every rank before the update (tr)
+
+    @property
+    def loads_data(self) -> bool:
+        return not self.receive
+
+
+def rank_tasks(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -> Iterator[Task]:
+    """The tasks `rank` runs, in order; `start_steps[b]` is the first step block b still needs."""
+    if plan.mode == "dp":
+        yield from _data_parallel(plan, rank, total_steps, start_steps)
+    elif plan.mode == "ls":
+        yield from _layerwise(plan, rank, total_steps, start_steps)
+    else:
+        yield from _pipeline(plan, rank, total_steps, start_steps)
+
+
+def _data_parallel(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -> Iterator[Task]:
+    rows = shard_rows(plan.batch_size, plan.nproc)[rank]
+    group = WORLD if plan.nproc > 1 else None
+    for block in range(plan.num_blocks):
+        for step in range(start_steps[block], total_steps):
+            yield Task(step, range(0, block + 1), (block,), rows, (), (), group, False)
+
+
+def _layerwise(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -> Iterator[Task]:
+    rows = (0, plan.batch_size)
+    for block in plan.assignment[rank]:
+        for step in range(start_steps[block], total_steps):
+            yield Task(step, range(0, block + 1), (block,), rows, (), (), None, False)
+
+
+def _pipeline(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -> Iterator[Task]:
+    stage = plan.stage_of(rank)
+    group = plan.stages.index(stage) if stage.replicas > 1 else None
+    receive = tuple(plan.routes_into(rank))
+    send = tuple(plan.routes_out_of(rank))
+    first_step = min(start_steps[block] for block in stage.blocks)
+    barrier = plan.mode == "tr"
+    for step in range(first_step, total_steps):
+        yield Task(step, stage.blocks, tuple(stage.blocks), stage.rows_of(rank), receive, send, group, barrier)
+
+
+def count_tasks(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -> int:
+    """How many tasks `rank_tasks` yields, without generating them."""
+    if plan.mode == "dp":
+        return sum(total_steps - start for start in start_steps)
+    if plan.mode == "ls":
+        return sum(total_steps - start_steps[block] for block in plan.assignment[rank])
+    stage = plan.stage_of(rank)
+    return total_steps - min(start_steps[block] for block in stage.blocks)

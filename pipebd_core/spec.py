@@ -1,0 +1,198 @@
+"""The job spec: the one document the CLI, the REST API and every rank share.
+
+A spec is YAML or JSON, validated here with pydantic before any process starts.
+Fields may be added over time, never renamed: the REST API stores specs as they came.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MODES = ("dp", "ls", "ir", "tr", "tr_dpu", "hybrid", "auto")
+COMPRESSION_TEACHERS = ("vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn")
+FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+Mode = Literal["dp", "ls", "ir", "tr", "tr_dpu", "hybrid", "auto"]
+
+
+class SpecError(ValueError):
+    """A spec that cannot be run; the message names the field path and what would work."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_factory(value: str | None) -> str | None:
+    if value is not None and not FACTORY_PATTERN.match(value):
+        raise ValueError(f"must look like 'package.module:function', got {value!r}")
+    return value
+
+
+class WorkloadSpec(_Strict):
+    kind: Literal["compression", "custom"] = "compression"  # what the students learn to replace
+    teacher: str = "vgg16"  # compression: a torchvision VGG architecture
+    teacher_weights: str | None = None  # torchvision-format state_dict; None = random init (warned)
+    granularity: Literal["layer", "stage"] = "layer"  # layer: a block per conv; stage: per pooling stage
+    factory: str | None = None  # custom: "pkg.mod:fn" returning (teacher_blocks, student_blocks)
+    options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments for the factory
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_format(cls, value: str | None) -> str | None:
+        return _check_factory(value)
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> WorkloadSpec:
+        if self.kind == "custom" and not self.factory:
+            raise ValueError("kind 'custom' needs factory: 'package.module:function'")
+        if self.kind == "compression" and self.teacher not in COMPRESSION_TEACHERS:
+            raise ValueError(
+                f"teacher {self.teacher!r} is not supported for compression; use one of "
+                + ", ".join(COMPRESSION_TEACHERS)
+            )
+        return self
+
+
+class DataSpec(_Strict):
+    dataset: Literal["synthetic", "cifar10", "imagefolder", "custom"] = "synthetic"
+    root: str | None = None  # cifar10: torchvision's CIFAR10 folder; imagefolder: the tree
+    factory: str | None = None  # custom: "pkg.mod:fn" returning a torch Dataset
+    options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments for the factory
+    image_size: int = Field(32, ge=8, le=1024)  # inputs are resized to image_size x image_size
+    num_samples: int = Field(2048, ge=1)  # synthetic only; deterministic from train.seed
+    num_classes: int = Field(10, ge=1)  # synthetic labels and the teacher's classifier width
+    batch_size: int = Field(64, ge=1)  # the global batch, whatever the mode
+    shuffle: bool = True  # False: global batches are consecutive slices in index order
+    num_workers: int = Field(0, ge=0)  # DataLoader worker processes per loading rank
+    eval_samples: int = Field(512, ge=0)  # samples used for the top-1 report after training
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_format(cls, value: str | None) -> str | None:
+        return _check_factory(value)
+
+    @model_validator(mode="after")
+    def _dataset_fields(self) -> DataSpec:
+        if self.dataset in ("cifar10", "imagefolder") and not self.root:
+            raise ValueError(f"dataset {self.dataset!r} needs root: the folder it reads (nothing is downloaded)")
+        if self.dataset == "custom" and not self.factory:
+            raise ValueError("dataset 'custom' needs factory: 'package.module:function'")
+        return self
+
+
+class TrainSpec(_Strict):
+    epochs: int = Field(1, ge=1)  # passes over the data set, per block
+    max_steps: int | None = Field(None, ge=1)  # stop each block after this many optimiser steps
+    lr: float = Field(0.05, gt=0)  # SGD learning rate at step 0
+    momentum: float = Field(0.9, ge=0, lt=1)  # SGD momentum
+    weight_decay: float = Field(5e-4, ge=0)  # SGD weight decay
+    lr_schedule: Literal["cosine", "constant"] = "cosine"  # cosine decays to 0 over the total steps
+    seed: int = 0  # seeds data order, synthetic data and every block's initialisation
+    checkpoint_every: int | None = Field(None, ge=1)  # steps between checkpoints; None = once per epoch
+
+
+class StageSpec(_Strict):
+    start: int = Field(ge=0)  # first block of the stage
+    stop: int = Field(ge=1)  # one past the last block
+    replicas: int = Field(1, ge=1)  # ranks that split this stage's batch
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> StageSpec:
+        if self.stop <= self.start:
+            raise ValueError(f"stop ({self.stop}) must be greater than start ({self.start})")
+        return self
+
+
+class ScheduleSpec(_Strict):
+    mode: Mode = "tr_dpu"  # see the README's table of modes
+    nproc: int = Field(2, ge=1, le=1024)  # ranks: one per GPU, or CPU processes
+    stages: list[StageSpec] | None = None  # hybrid (optional for tr/tr_dpu): contiguous stages
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA with NCCL when present, else CPU/gloo
+    threads_per_rank: int = Field(1, ge=1)  # CPU threads per rank (more than 1 oversubscribes small hosts)
+    timeout_s: float = Field(60.0, gt=0)  # process-group timeout: a stuck peer fails the job after this
+
+    @model_validator(mode="after")
+    def _stages_fit_mode(self) -> ScheduleSpec:
+        if self.mode == "hybrid" and not self.stages:
+            raise ValueError("mode 'hybrid' needs stages: [{start: 0, stop: k, replicas: r}, ...]")
+        if self.stages and self.mode not in ("tr", "tr_dpu", "hybrid"):
+            raise ValueError(f"stages apply to modes tr, tr_dpu and hybrid, not {self.mode!r}; remove them")
+        return self
+
+
+class Spec(_Strict):
+    name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # used in run folder names
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """One line per problem: `field.path: reason (got value)`."""
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"]) or "(spec)"
+        message = item["msg"].removeprefix("Value error, ")
+        got = "" if item["type"] in ("missing", "value_error") else f" (got {item.get('input')!r})"
+        lines.append(f"{path}: {message}{got}")
+    return "\n".join(lines)
+
+
+def parse_spec(document: dict[str, Any]) -> Spec:
+    """Validate a spec document; raise SpecError naming each bad field."""
+    if not isinstance(document, dict):
+        raise SpecError(f"a spec must be a mapping of sections, got {type(document).__name__}")
+    try:
+        return Spec.model_validate(document)
+    except ValidationError as error:
+        raise SpecError(format_validation_error(error)) from None
+
+
+def load_document(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON spec file into a plain dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"spec file not found: {path}")
+    text = path.read_text()
+    try:
+        document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as error:
+        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {error}") from None
+    if not isinstance(document, dict):
+        raise SpecError(f"{path}: a spec must be a mapping of sections, got {type(document).__name__}")
+    return document
+
+
+def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `dotted.key=value` overrides; values are parsed as YAML."""
+    result = json.loads(json.dumps(document))
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        if not sep or not key:
+            raise SpecError(f"--set {override!r}: expected dotted.key=value, e.g. train.epochs=2")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as error:
+            raise SpecError(f"--set {key}: value is not valid YAML: {error}") from None
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise SpecError(f"--set {key}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> Spec:
+    """Read, override and validate a spec file."""
+    return parse_spec(apply_overrides(load_document(path), overrides or []))
