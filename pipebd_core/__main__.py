@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -131,3 +132,6 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # everything is written and closed; skip seconds of interpreter teardown

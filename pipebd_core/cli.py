@@ -88,6 +88,7 @@ def command_run(args: argparse.Namespace) -> int:
             if not run_dir.spec.exists():
                 return fail(f"--resume {args.resume}: no spec.json there; is it a run directory?")
             spec = parse_spec(run_dir.read_json(run_dir.spec))
+            run_dir.clear_errors()  # the errors of the interrupted attempt are not this attempt's
             append_event(run_dir.events, "resumed")
         else:
             if args.spec is None:

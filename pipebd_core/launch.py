@@ -74,8 +74,8 @@ def prepare_run(spec: Spec, out: Path | None = None) -> RunDir:
     return run_dir
 
 
-def rank_environment(spec: Spec, run_dir: RunDir) -> dict[str, str]:
-    env = dict(os.environ)
+def rank_environment(spec: Spec, run_dir: RunDir, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **(extra or {})}
     threads = str(spec.schedule.threads_per_rank)
     env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"})
     env[RANK_LOGS_ENV] = str((run_dir.root / "logs").resolve())
@@ -100,14 +100,14 @@ def torchrun_command(nproc: int, run_dir: RunDir) -> list[str]:
     ]
 
 
-def start_ranks(spec: Spec, run_dir: RunDir) -> subprocess.Popen[bytes]:
+def start_ranks(spec: Spec, run_dir: RunDir, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start torchrun in its own session; its output goes to logs/launcher.log."""
     log_path = run_dir.root / "logs" / "launcher.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             torchrun_command(spec.schedule.nproc, run_dir),
-            env=rank_environment(spec, run_dir),
+            env=rank_environment(spec, run_dir, extra_env),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -78,3 +78,7 @@ class RunDir:
         folder = self.root / "errors"
         errors = [json.loads(path.read_text()) for path in sorted(folder.glob("rank-*.json"))]
         return sorted(errors, key=lambda error: error.get("time", 0.0))
+
+    def clear_errors(self) -> None:
+        for path in (self.root / "errors").glob("rank-*.json"):
+            path.unlink()

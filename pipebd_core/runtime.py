@@ -144,7 +144,7 @@ class Trainer:
         self.relay.send(task, activations[-1])
         self.clock.mark("send")
         losses = self._train_students(task, activations)
-        if task.barrier:
+        if task.barrier and dist.is_initialized():
             dist.barrier()
         self.clock.mark("barrier")
         self._update(task)

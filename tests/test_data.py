@@ -261,9 +261,7 @@ def test_imagefolder_missing_or_empty_root_names_the_path(tmp_path: Path) -> Non
 
 
 def test_custom_factory_bare_tensors_are_wrapped() -> None:
-    spec = make_spec(
-        dataset="custom", factory="tests.test_data:make_dataset", options={"count": 6}, batch_size=2
-    )
+    spec = make_spec(dataset="custom", factory="tests.test_data:make_dataset", options={"count": 6}, batch_size=2)
     dataset = build_dataset(spec)
     assert check_dataset(spec) == 6
     image, label = dataset[4]

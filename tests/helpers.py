@@ -1,0 +1,90 @@
+"""Shared test helpers: tiny specs and running a job through torchrun from inside the test process."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from pipebd_core.data import build_dataset, global_batch_indices, total_steps
+from pipebd_core.launch import prepare_run, start_ranks, stop_process_tree
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec, parse_spec
+from pipebd_core.workloads import build_workload
+
+RUN_TIMEOUT_S = 180
+
+
+def tiny_document(**sections: dict[str, Any]) -> dict[str, Any]:
+    """A BN-free custom workload small enough to run any mode in seconds; batches split unevenly."""
+    document: dict[str, Any] = {
+        "name": "tiny",
+        "workload": {"kind": "custom", "factory": "pipebd_core.workloads.tiny:make_blocks", "options": {}},
+        "data": {"dataset": "synthetic", "image_size": 8, "num_samples": 40, "batch_size": 10},
+        "train": {"epochs": 2, "lr": 0.05, "seed": 3},
+        "schedule": {"mode": "tr_dpu", "nproc": 1},
+    }
+    for section, values in sections.items():
+        document[section] = {**document.get(section, {}), **values}
+    return document
+
+
+def tiny_spec(**sections: dict[str, Any]) -> Spec:
+    return parse_spec(tiny_document(**sections))
+
+
+def run_job(spec: Spec, out: Path, env: dict[str, str] | None = None) -> tuple[int, RunDir]:
+    """Prepare and launch with torchrun, wait (bounded), return the exit code and run directory."""
+    run_dir = prepare_run(spec, out)
+    return wait_job(spec, run_dir, env), run_dir
+
+
+def wait_job(spec: Spec, run_dir: RunDir, env: dict[str, str] | None = None) -> int:
+    process = start_ranks(spec, run_dir, env)
+    try:
+        return process.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        stop_process_tree(process)
+        raise
+
+
+def load_students(run_dir: RunDir) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir.student, map_location="cpu", weights_only=True)
+
+
+def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], rtol: float = 1e-5) -> None:
+    assert actual.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], rtol=rtol, atol=1e-7, msg=f"parameter {key} differs")
+
+
+def plain_loop(spec: Spec) -> dict[str, torch.Tensor]:
+    """Blockwise distillation written out sequentially: the definition every mode must meet."""
+    workload = build_workload(spec)
+    dataset = build_dataset(spec)
+    steps = total_steps(spec, len(dataset))
+    optimizers = [
+        torch.optim.SGD(
+            s.parameters(), lr=spec.train.lr, momentum=spec.train.momentum, weight_decay=spec.train.weight_decay
+        )
+        for s in workload.student_blocks
+    ]
+    for step in range(steps):
+        lr = spec.train.lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+        x = torch.stack([dataset[i][0] for i in global_batch_indices(spec, len(dataset), step)])
+        for teacher, student, optimizer in zip(
+            workload.teacher_blocks, workload.student_blocks, optimizers, strict=True
+        ):
+            with torch.no_grad():
+                target = teacher(x)
+            optimizer.zero_grad()
+            F.mse_loss(student(x), target).backward()
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.step()
+            x = target
+    return {f"blocks.{i}.{k}": v for i, s in enumerate(workload.student_blocks) for k, v in s.state_dict().items()}

@@ -1,0 +1,96 @@
+"""What users see when things go wrong: refused specs, missing data, impossible plans, failing ranks.
+
+Tier: the `pipebd` CLI as a subprocess, with 2-rank gloo runs through torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import tiny_document
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pipebd(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipebd_core.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def write_spec(tmp_path: Path, document: dict) -> Path:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(text in part for part in process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+def test_bad_spec_fails_before_launch_naming_the_field(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, tiny_document(data={"batch_size": -1}))
+    result = pipebd("run", str(spec), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert "data.batch_size: Input should be greater than or equal to 1" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_dataset_names_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    spec = write_spec(tmp_path, tiny_document(data={"dataset": "cifar10", "root": str(missing)}))
+    result = pipebd("run", str(spec), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert str(missing / "cifar-10-batches-py") in result.stderr and "Nothing is downloaded" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["schedule.mode=hybrid", "schedule.stages=[{start: 0, stop: 4, replicas: 3}]"], "make them sum to 2"),
+        (["schedule.mode=tr", "schedule.nproc=5"], "use --nproc 4 or fewer"),
+        (["schedule.mode=dp", "schedule.nproc=11"], "a batch of 10 rows cannot be split over 11 replicas"),
+        (["data.batch_size=64"], "data.batch_size: 64 exceeds the data set size (40 samples)"),
+    ],
+)
+def test_impossible_plans_say_what_would_work(tmp_path: Path, overrides: list[str], message: str) -> None:
+    spec = write_spec(tmp_path, tiny_document(schedule={"nproc": 2}))
+    args = [arg for override in overrides for arg in ("--set", override)]
+    result = pipebd("run", str(spec), "--out", str(tmp_path / "run"), *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("failing_rank", [0, 1])
+def test_a_failing_rank_brings_every_rank_down_with_its_traceback(tmp_path: Path, failing_rank: int) -> None:
+    spec = write_spec(tmp_path, tiny_document(schedule={"nproc": 2, "mode": "tr_dpu"}))
+    run = tmp_path / "run"
+    started = time.monotonic()
+    result = pipebd("run", str(spec), "--out", str(run), env={"PIPEBD_INJECT_FAULT": f"{failing_rank}:3"})
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1
+    assert f"rank {failing_rank} failed: RuntimeError: injected fault on rank {failing_rank} at step 3" in result.stderr
+    assert "Traceback (most recent call last)" in result.stderr
+    assert elapsed < 60, f"the job took {elapsed:.0f}s to fail"
+    assert processes_mentioning(str(run)) == []
+    events = [json.loads(line)["event"] for line in (run / "events.jsonl").read_text().splitlines()]
+    assert "rank_error" in events and events[-1] == "failed"

@@ -1,0 +1,44 @@
+"""Checkpoints and `pipebd run --resume`: an interrupted run ends with the uninterrupted weights.
+
+Tier: 2-rank gloo runs through torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipebd_core.checkpoint import resume_steps, saved_steps
+from tests.helpers import assert_same_weights, load_students, plain_loop, run_job, tiny_spec
+from tests.test_failures import pipebd
+
+
+@pytest.mark.parametrize("mode", ["tr_dpu", "dp"])
+def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path: Path, mode: str) -> None:
+    spec = tiny_spec(schedule={"mode": mode, "nproc": 2})  # 2 epochs of 4 steps
+    code, run_dir = run_job(spec, tmp_path / "run", env={"PIPEBD_INJECT_FAULT": "1:6"})
+    assert code != 0
+    crashed_block = 0 if mode == "dp" else 3  # dp crashes while training block 0; tr_dpu on rank 1's blocks
+    assert saved_steps(run_dir.checkpoints, crashed_block) == [4]  # epoch 1's end was saved before the crash
+    assert not run_dir.student.exists()
+
+    result = pipebd("run", "--resume", str(run_dir.root))
+    assert result.returncode == 0, result.stderr
+    assert_same_weights(load_students(run_dir), plain_loop(spec))
+    started = [json.loads(line) for line in run_dir.events.read_text().splitlines()]
+    resumed_at = [e["start_steps"] for e in started if e["event"] == "rank_started"][-1]
+    assert resumed_at[0] == 4  # dp resumes block 0 mid-way; tr_dpu resumes every block at step 4
+    assert resumed_at == ([4, 0, 0, 0] if mode == "dp" else [4, 4, 4, 4])
+
+
+def test_pipelined_modes_resume_every_block_from_one_common_step(tmp_path: Path) -> None:
+    from pipebd_core.checkpoint import save_block
+
+    for block, steps in enumerate([[4, 8], [4, 8], [4]]):
+        for step in steps:
+            save_block(tmp_path, block, step, {"student": {}})
+    assert resume_steps(tmp_path, 3, common=True) == [4, 4, 4]
+    assert resume_steps(tmp_path, 3, common=False) == [8, 8, 4]
+    assert resume_steps(tmp_path, 4, common=True) == [0, 0, 0, 0]
