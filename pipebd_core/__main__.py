@@ -8,11 +8,8 @@ traceback to errors/rank-<r>.json before exiting, so the launcher can show the r
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
-import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -22,35 +19,14 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from pipebd_core import checkpoint
 from pipebd_core.data import build_dataset
 from pipebd_core.finalize import finalize
-from pipebd_core.launch import RANK_LOGS_ENV
 from pipebd_core.plan import Plan
+from pipebd_core.ranks import join_process_group, pick_device, redirect_output_to_log, write_rank_error
 from pipebd_core.rundir import RunDir
 from pipebd_core.runtime import RankContext, Trainer
 from pipebd_core.schedule import rank_tasks
-from pipebd_core.spec import Spec, parse_spec
+from pipebd_core.spec import parse_spec
 from pipebd_core.telemetry import append_event
 from pipebd_core.workloads import build_workload
-
-
-def pick_device(spec: Spec, local_rank: int) -> torch.device:
-    wanted = spec.schedule.device
-    if wanted == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("schedule.device is 'cuda' but CUDA is not available here; use 'auto' or 'cpu'")
-    if wanted != "cpu" and torch.cuda.is_available():
-        if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(f"rank {local_rank} needs GPU {local_rank} but only {torch.cuda.device_count()} exist")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    torch.set_num_threads(spec.schedule.threads_per_rank)
-    return torch.device("cpu")
-
-
-def join_process_group(spec: Spec, device: torch.device, world: int) -> None:
-    if world == 1:
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    timeout = datetime.timedelta(seconds=spec.schedule.timeout_s)
-    dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
 
 
 def build_context(run_dir: RunDir, rank: int, device: torch.device) -> RankContext:
@@ -89,31 +65,6 @@ def run_rank(run_dir: RunDir) -> None:
         append_event(run_dir.events, "artifacts_written", final_loss=summary["final_loss"])
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def write_rank_error(run_dir: RunDir, error: BaseException) -> None:
-    rank = int(os.environ.get("RANK", "0"))
-    record_ = {
-        "rank": rank,
-        "time": time.time(),
-        "type": type(error).__name__,
-        "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
-    }
-    run_dir.write_json(run_dir.error(rank), record_)
-    append_event(run_dir.events, "rank_error", rank=rank, type=record_["type"], message=record_["message"])
-
-
-def redirect_output_to_log() -> None:
-    """Send this rank's stdout and stderr to logs/rank-<r>.log when the launcher asks for it."""
-    folder = os.environ.get(RANK_LOGS_ENV)
-    if not folder:
-        return
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    log = os.open(Path(folder) / f"rank-{os.environ.get('RANK', '0')}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
 
 
 @record

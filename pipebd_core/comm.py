@@ -20,6 +20,7 @@ from pipebd_core.plan import Plan, Route
 from pipebd_core.schedule import WORLD, Task
 
 Handle = dist.Work
+SEND_WINDOW = 2  # steps of sends a producer may have outstanding before it waits
 
 
 def make_groups(plan: Plan) -> tuple[dist.ProcessGroup | None, dict[int, dist.ProcessGroup]]:
@@ -59,7 +60,7 @@ class Relay:
         group: dist.ProcessGroup | None,
         shapes: list[tuple[int, ...]],
         device: torch.device,
-        max_in_flight: int = 2,
+        max_in_flight: int = SEND_WINDOW,
     ) -> None:
         self.group = group
         self.shapes = shapes  # per-sample shape of x_0 .. x_B

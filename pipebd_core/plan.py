@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipebd_core.spec import ScheduleSpec, StageSpec
+from pipebd_core.spec import StageSpec
 
-PIPELINE_MODES = ("ir", "tr", "tr_dpu", "hybrid")
+PIPELINE_MODES = ("ir", "tr", "tr_dpu", "hybrid", "auto")
 
 
 class PlanError(ValueError):
@@ -227,36 +227,3 @@ def describe_rank(plan: Plan, rank: int) -> dict[str, Any]:
         "stage": plan.stages.index(stage),
         "role": "replica" if stage.replicas > 1 else "stage",
     }
-
-
-def make_plan(
-    schedule: ScheduleSpec, num_blocks: int, batch_size: int, stage_costs: list[float], prefix_costs: list[float]
-) -> Plan:
-    """Resolve the schedule section into a plan; PlanError says what would work instead."""
-    mode, nproc = schedule.mode, schedule.nproc
-    plan = Plan(mode, nproc, num_blocks, batch_size)
-    if mode == "auto":
-        raise PlanError(
-            "mode 'auto' needs the profiler and planner, which are not built yet;"
-            " use hybrid with explicit stages, or tr_dpu"
-        )
-    if mode == "dp":
-        shard_rows(batch_size, nproc)
-    elif mode == "ls":
-        plan.assignment = longest_first_assignment(prefix_costs, nproc)
-    elif mode == "ir":
-        plan.stages = build_stages([StageSpec(start=0, stop=num_blocks, replicas=nproc)], nproc, num_blocks, batch_size)
-    elif schedule.stages:
-        if mode != "hybrid" and any(stage.replicas > 1 for stage in schedule.stages):
-            raise PlanError(f"mode {mode!r} runs one rank per stage; use mode 'hybrid' for replicated stages")
-        plan.stages = build_stages(schedule.stages, nproc, num_blocks, batch_size)
-    else:
-        if nproc > num_blocks:
-            raise PlanError(
-                f"mode {mode!r} gives each of {nproc} ranks its own stage but the workload has {num_blocks}"
-                f" blocks; use --nproc {num_blocks} or fewer, or mode 'hybrid' or 'ir' to replicate stages"
-            )
-        ranges = balanced_partition(stage_costs, nproc)
-        specs = [StageSpec(start=start, stop=stop, replicas=1) for start, stop in ranges]
-        plan.stages = build_stages(specs, nproc, num_blocks, batch_size)
-    return plan

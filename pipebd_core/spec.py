@@ -117,11 +117,14 @@ class ScheduleSpec(_Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA with NCCL when present, else CPU/gloo
     threads_per_rank: int = Field(1, ge=1)  # CPU threads per rank (more than 1 oversubscribes small hosts)
     timeout_s: float = Field(60.0, gt=0)  # process-group timeout: a stuck peer fails the job after this
+    profile: bool = True  # measure blocks first (cached): plans from measured costs, predictions in plan.json
 
     @model_validator(mode="after")
     def _stages_fit_mode(self) -> ScheduleSpec:
         if self.mode == "hybrid" and not self.stages:
             raise ValueError("mode 'hybrid' needs stages: [{start: 0, stop: k, replicas: r}, ...]")
+        if self.mode == "auto" and not self.profile:
+            raise ValueError("mode 'auto' plans from measured costs; set profile: true or pick a mode")
         if self.stages and self.mode not in ("tr", "tr_dpu", "hybrid"):
             raise ValueError(f"stages apply to modes tr, tr_dpu and hybrid, not {self.mode!r}; remove them")
         return self

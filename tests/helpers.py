@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from pipebd_core.data import build_dataset, global_batch_indices, total_steps
-from pipebd_core.launch import prepare_run, start_ranks, stop_process_tree
+from pipebd_core.launch import prepare_run, start_ranks
+from pipebd_core.processes import stop_process_tree
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.workloads import build_workload

@@ -1,0 +1,128 @@
+"""The cost model: step time and peak memory of a stage, a plan and every mode, from a profile.
+
+A stage owning blocks [start, stop) on k replicas runs each block at the per-replica batch
+b = ceil(B/k) (its largest shard). Its time per step is the sum over its blocks of teacher and
+student (forward, backward, update) time at b, plus the all-reduce of its students' gradients
+when k > 1, plus loading its input (first stage) or receiving it (later stages). With decoupled
+updates the pipeline runs at the pace of its slowest stage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pipebd_core.plan import longest_first_assignment
+
+
+@dataclass(frozen=True)
+class StageCost:
+    start: int
+    stop: int
+    replicas: int
+    input_s: float  # loading (first stage) or receiving the input rows
+    compute_s: float  # teacher + student work of every block
+    allreduce_s: float
+    memory_bytes: int
+
+    @property
+    def total_s(self) -> float:
+        return self.input_s + self.compute_s + self.allreduce_s
+
+
+class CostModel:
+    """Answers "how long, how much memory" for blocks, stages and modes from one profile."""
+
+    def __init__(self, profile: dict[str, Any]) -> None:
+        self.profile = profile
+        self.batch_size: int = profile["batch_size"]
+        self.nproc: int = profile["nproc"]
+        self.blocks: list[dict[str, Any]] = profile["blocks"]
+        self.num_blocks = len(self.blocks)
+        self.memory_limit: int = profile["device_memory_bytes"]
+
+    def per_replica(self, replicas: int) -> int:
+        return math.ceil(self.batch_size / replicas)
+
+    def teacher(self, block: int, batch: int) -> float:
+        return float(self.blocks[block]["teacher_s"][str(batch)]["median"])
+
+    def student(self, block: int, batch: int) -> float:
+        return float(self.blocks[block]["student_s"][str(batch)]["median"])
+
+    def data(self, batch: int) -> float:
+        return float(self.profile["data_s"][str(batch)]["median"])
+
+    def p2p(self, boundary: int, batch: int) -> float:
+        return float(self.profile["p2p_s"][boundary][str(batch)]["median"])
+
+    def allreduce(self, block: int, replicas: int) -> float:
+        if replicas <= 1:
+            return 0.0
+        return float(self.blocks[block]["allreduce_s"][str(replicas)]["median"])
+
+    def activation_bytes(self, boundary: int, batch: int) -> int:
+        return 4 * batch * math.prod(self.profile["shapes"][boundary])
+
+    def stage(self, start: int, stop: int, replicas: int) -> StageCost:
+        batch = self.per_replica(replicas)
+        blocks = range(start, stop)
+        return StageCost(
+            start=start,
+            stop=stop,
+            replicas=replicas,
+            input_s=self.data(batch) if start == 0 else self.p2p(start, batch),
+            compute_s=sum(self.teacher(b, batch) + self.student(b, batch) for b in blocks),
+            allreduce_s=sum(self.allreduce(b, replicas) for b in blocks),
+            memory_bytes=self.stage_memory(start, stop, replicas),
+        )
+
+    def stage_memory(self, start: int, stop: int, replicas: int) -> int:
+        """Process baseline, weights (students x3: parameters, gradients, momentum), the stage's teacher
+        activations, a receive posted ahead, two sends in flight, and the largest student backward."""
+        batch = self.per_replica(replicas)
+        blocks = range(start, stop)
+        weights = sum(self.blocks[b]["teacher_param_bytes"] + 3 * self.blocks[b]["student_param_bytes"] for b in blocks)
+        activations = sum(self.activation_bytes(boundary, batch) for boundary in range(start, stop + 1))
+        relay = (self.activation_bytes(start, batch) if start > 0 else 0) + (
+            2 * self.activation_bytes(stop, batch) if stop < self.num_blocks else 0
+        )
+        backward = max(self.blocks[b]["saved_bytes"][str(batch)] for b in blocks)
+        return int(self.profile["baseline_bytes"] + weights + activations + relay + backward)
+
+    def fits(self, cost: StageCost) -> bool:
+        return cost.memory_bytes <= self.memory_limit
+
+    def ideal_step(self) -> float:
+        """All teacher and student work at full batch, shared perfectly by every rank."""
+        work = sum(self.teacher(b, self.batch_size) + self.student(b, self.batch_size) for b in range(self.num_blocks))
+        return work / self.nproc
+
+    def dp_step(self) -> float:
+        """Per global step: every block in turn, teacher re-run from the input, on 1/N of the batch."""
+        batch = self.per_replica(self.nproc)
+        total = 0.0
+        for block in range(self.num_blocks):
+            prefix = sum(self.teacher(b, batch) for b in range(block + 1))
+            total += self.data(batch) + prefix + self.student(block, batch) + self.allreduce(block, self.nproc)
+        return total
+
+    def ls_costs(self) -> list[float]:
+        """What each block costs as a layerwise task: load, teacher prefix, student, at full batch."""
+        batch = self.batch_size
+        return [
+            self.data(batch) + sum(self.teacher(b, batch) for b in range(block + 1)) + self.student(block, batch)
+            for block in range(self.num_blocks)
+        ]
+
+    def ls_assignment(self) -> list[list[int]]:
+        return longest_first_assignment(self.ls_costs(), self.nproc)
+
+    def ls_step(self) -> float:
+        costs = self.ls_costs()
+        return max(sum(costs[b] for b in blocks) for blocks in self.ls_assignment())
+
+    def pipeline_step(self, stages: list[tuple[int, int, int]]) -> float:
+        """Decoupled updates: the slowest stage sets the pace."""
+        return max(self.stage(start, stop, k).total_s for start, stop, k in stages)

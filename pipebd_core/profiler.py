@@ -1,0 +1,276 @@
+"""The profiler: measures every block on the devices the job will use, with every rank busy.
+
+Run as `torchrun ... -m pipebd_core.profiler --spec SPEC.json --out PROFILE.json`. Each rank measures
+every block (so all ranks load the node as training does); rank 0 pools every rank's trials and
+writes one profile. Per block and per per-replica batch size b = ceil(B/k), k = 1..N:
+teacher forward time, student forward+backward+update time, and the bytes the student's backward
+keeps alive; per boundary, point-to-point time between rank pairs; per group size, the all-reduce
+time of each block's gradients; the time to load b samples. Each value is the median of all trials
+(after warm-up) and comes with its spread (p90 - p10) / median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from pipebd_core.data import BatchLoader, build_dataset
+from pipebd_core.probe import probe_workload
+from pipebd_core.ranks import join_process_group, pick_device, redirect_output_to_log, write_rank_error
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec, parse_spec
+from pipebd_core.workloads import build_workload
+
+WARMUP = 1
+PROFILE_FILE = "profile.json"
+
+
+def profile_batch_sizes(batch_size: int, nproc: int) -> list[int]:
+    """Every per-replica batch a plan can give a block: the largest shard of B over k replicas."""
+    return sorted({-(-batch_size // k) for k in range(1, min(nproc, batch_size) + 1)}, reverse=True)
+
+
+def timed(fn: Callable[[], Any], trials: int, device: torch.device) -> list[float]:
+    """Wall-clock seconds of `trials` calls after `WARMUP` untimed ones (synchronising on CUDA)."""
+    samples = []
+    for index in range(WARMUP + trials):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if index >= WARMUP:
+            samples.append(time.perf_counter() - started)
+    return samples
+
+
+def saved_bytes(student: nn.Module, x: torch.Tensor) -> int:
+    """Bytes autograd keeps for the student's backward at this batch (what its training adds to memory)."""
+    total = [0]
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        total[0] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        output = student(x)
+    return total[0] + output.numel() * output.element_size()
+
+
+def measure_block(
+    teacher: nn.Module, student: nn.Module, shape: list[int], batch: int, trials: int, device: torch.device
+) -> dict[str, Any]:
+    x = torch.randn((batch, *shape), device=device)
+    with torch.no_grad():
+        target = teacher(x)
+    student = copy.deepcopy(student).to(device).train()
+    optimizer = torch.optim.SGD(student.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
+
+    def teacher_step() -> None:
+        with torch.no_grad():
+            teacher(x)
+
+    def student_step() -> None:
+        loss = F.mse_loss(student(x), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+    return {
+        "teacher": timed(teacher_step, trials, device),
+        "student": timed(student_step, trials, device),
+        "saved_bytes": saved_bytes(student, x),
+    }
+
+
+def measure_data(spec: Spec, batch_sizes: list[int], trials: int, device: torch.device) -> dict[int, list[float]]:
+    dataset = build_dataset(spec)
+    result = {}
+    for batch in batch_sizes:
+        steps = list(range(WARMUP + trials))
+        loader = iter(BatchLoader(spec, dataset, (0, batch), steps, device))
+        result[batch] = timed(functools.partial(next, loader), trials, device)
+    return result
+
+
+def measure_p2p(
+    shapes: list[list[int]], batch_sizes: list[int], trials: int, device: torch.device
+) -> dict[tuple[int, int], list[float]]:
+    """One-way time per (boundary, batch): ping-pong between ranks (0,1), (2,3), ... at once."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer = rank ^ 1
+    result: dict[tuple[int, int], list[float]] = {}
+    pairs = [(boundary, batch) for boundary in range(1, len(shapes) - 1) for batch in batch_sizes]
+    for boundary, batch in pairs if peer < world else []:
+        buffer = torch.zeros((batch, *shapes[boundary]), device=device)
+
+        def ping_pong(buffer: torch.Tensor = buffer) -> None:
+            if rank % 2 == 0:
+                dist.send(buffer, peer)
+                dist.recv(buffer, peer)
+            else:
+                dist.recv(buffer, peer)
+                dist.send(buffer, peer)
+
+        result[(boundary, batch)] = [t / 2 for t in timed(ping_pong, trials, device)]
+    dist.barrier()
+    return result
+
+
+def measure_all_reduce(
+    param_counts: list[int], trials: int, device: torch.device
+) -> dict[tuple[int, int], list[float]]:
+    """Time per (group size k, block): all-reduce of the block's gradients in groups of k ranks at once."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result: dict[tuple[int, int], list[float]] = {}
+    for size in range(2, world + 1):
+        groups = [dist.new_group(list(range(g * size, (g + 1) * size))) for g in range(world // size)]
+        mine = groups[rank // size] if rank < len(groups) * size else None
+        for block, count in enumerate(param_counts):
+            flat = torch.zeros(max(1, count), device=device)
+            if isinstance(mine, dist.ProcessGroup):
+                result[(size, block)] = timed(functools.partial(dist.all_reduce, flat, group=mine), trials, device)
+        dist.barrier()
+    return result
+
+
+def summarise(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    median = statistics.median(ordered)
+    low, high = ordered[int(0.1 * (len(ordered) - 1))], ordered[round(0.9 * (len(ordered) - 1))]
+    return {"median": median, "spread": (high - low) / median if median > 0 else 0.0, "trials": len(ordered)}
+
+
+def device_memory_bytes(device: torch.device, nproc: int) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return int(psutil.virtual_memory().total // nproc)  # ranks on one host share its memory
+
+
+def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any]:
+    """Everything this rank measures; raw trial lists so rank 0 can pool them."""
+    workload = build_workload(spec)
+    sample = build_dataset(spec)[0][0]
+    probe = probe_workload(workload, tuple(sample.shape))
+    batches = profile_batch_sizes(spec.data.batch_size, spec.schedule.nproc)
+    blocks: dict[tuple[int, int], dict[str, Any]] = {}
+    for index, (teacher, student) in enumerate(zip(workload.teacher_blocks, workload.student_blocks, strict=True)):
+        teacher.to(device)
+        for batch in batches:
+            blocks[(index, batch)] = measure_block(teacher, student, probe.shapes[index], batch, trials, device)
+        teacher.cpu()
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    param_counts = [sum(p.numel() for p in s.parameters()) for s in workload.student_blocks]
+    return {
+        "probe": probe.to_json(),
+        "batches": batches,
+        "blocks": blocks,
+        "data": measure_data(spec, batches, trials, device),
+        "p2p": measure_p2p(probe.shapes, batches, trials, device) if distributed else {},
+        "allreduce": measure_all_reduce(param_counts, trials, device) if distributed else {},
+        "param_counts": param_counts,
+        "baseline_bytes": baseline_memory_bytes(device),
+    }
+
+
+def baseline_memory_bytes(device: torch.device) -> int:
+    """What a rank holds before any block: the process itself on CPU, nothing extra on CUDA."""
+    if device.type == "cuda":
+        return 0
+    return int(psutil.Process().memory_info().rss)
+
+
+def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -> dict[str, Any]:
+    """Combine every rank's trials into one profile document."""
+    first = measurements[0]
+    batches: list[int] = first["batches"]
+    probe = first["probe"]
+
+    def pooled(section: str, key: Any, field: str | None = None) -> dict[str, float]:
+        samples = [
+            s for m in measurements if key in m[section] for s in (m[section][key][field] if field else m[section][key])
+        ]
+        return summarise(samples) if samples else {"median": 0.0, "spread": 0.0, "trials": 0}
+
+    blocks = []
+    for index in range(len(probe["teacher_flops"])):
+        blocks.append(
+            {
+                "teacher_s": {str(b): pooled("blocks", (index, b), "teacher") for b in batches},
+                "student_s": {str(b): pooled("blocks", (index, b), "student") for b in batches},
+                "saved_bytes": {str(b): first["blocks"][(index, b)]["saved_bytes"] for b in batches},
+                "teacher_param_bytes": 4 * probe["teacher_params"][index],
+                "student_param_bytes": 4 * probe["student_params"][index],
+                "allreduce_s": {str(k): pooled("allreduce", (k, index)) for k in range(2, spec.schedule.nproc + 1)},
+            }
+        )
+    boundaries = range(len(probe["shapes"]))
+    return {
+        "nproc": spec.schedule.nproc,
+        "batch_size": spec.data.batch_size,
+        "batch_sizes": batches,
+        "device": device_name(device),
+        "device_memory_bytes": device_memory_bytes(device, spec.schedule.nproc),
+        "baseline_bytes": max(m["baseline_bytes"] for m in measurements),
+        "shapes": probe["shapes"],
+        "blocks": blocks,
+        "data_s": {str(b): pooled("data", b) for b in batches},
+        "p2p_s": [{str(b): pooled("p2p", (i, b)) for b in batches} for i in boundaries],
+        "measured_at": time.time(),
+    }
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return "cpu"
+
+
+def profile_ranks(run_dir: RunDir, trials: int) -> None:
+    """Measure on this rank, gather on rank 0, and let rank 0 write profile.json."""
+    spec = parse_spec(run_dir.read_json(run_dir.spec))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = pick_device(spec, int(os.environ.get("LOCAL_RANK", "0")))
+    join_process_group(spec, device, world)
+    measured = measure_rank(spec, device, trials)
+    gathered: list[Any] = [measured] * world
+    if world > 1:
+        dist.all_gather_object(gathered, measured)
+    if int(os.environ.get("RANK", "0")) == 0:
+        run_dir.write_json(run_dir.root / PROFILE_FILE, pool(gathered, spec, device))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipebd_core.profiler", description="one profiling rank")
+    parser.add_argument("--run-dir", required=True, help="folder with spec.json; profile.json is written there")
+    parser.add_argument("--trials", type=int, default=5, help="timed trials per measurement, after warm-up")
+    args = parser.parse_args(argv)
+    run_dir = RunDir(Path(args.run_dir))
+    redirect_output_to_log()
+    try:
+        profile_ranks(run_dir, args.trials)
+    except Exception as error:
+        write_rank_error(run_dir, error)
+        raise
+
+
+if __name__ == "__main__":
+    main()

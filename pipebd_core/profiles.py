@@ -1,0 +1,101 @@
+"""Profiles on disk: keyed by workload, data, batch size, device kind and count, so planning again
+is instant. A missing profile is measured by a torchrun job of `pipebd_core.profiler`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipebd_core.processes import rank_environment, torchrun_command
+from pipebd_core.profiler import PROFILE_FILE
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec
+
+CACHE_ENV = "PIPEBD_CACHE_DIR"
+PROFILE_TIMEOUT_S = 1800
+FORMAT_VERSION = 1
+
+
+class ProfileError(RuntimeError):
+    """The profiling job failed; the message carries the failing rank's error."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "pipebd"))
+
+
+def device_kind(spec: Spec) -> str:
+    if spec.schedule.device != "cpu" and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name(0)}"
+    return f"cpu:{spec.schedule.threads_per_rank}-threads"
+
+
+def profile_key(spec: Spec) -> str:
+    """What the measurements depend on; the spec's training and schedule fields (but nproc) do not count."""
+    key = {
+        "version": FORMAT_VERSION,
+        "torch": torch.__version__,
+        "workload": spec.workload.model_dump(mode="json"),
+        "data": spec.data.model_dump(mode="json", include={"dataset", "root", "factory", "options", "image_size"}),
+        "batch_size": spec.data.batch_size,
+        "device": device_kind(spec),
+        "nproc": spec.schedule.nproc,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def cache_path(spec: Spec) -> Path:
+    return cache_root() / "profiles" / f"{spec.name}-{profile_key(spec)}.json"
+
+
+def load_cached(spec: Spec) -> dict[str, Any] | None:
+    path = cache_path(spec)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def measure(spec: Spec, trials: int = 5) -> dict[str, Any]:
+    """Run the profiler with torchrun on `spec.schedule.nproc` ranks and return the profile."""
+    folder = Path(tempfile.mkdtemp(prefix="pipebd-profile-"))
+    run_dir = RunDir(folder)
+    try:
+        run_dir.write_json(run_dir.spec, spec.model_dump(mode="json"))
+        command = torchrun_command(spec.schedule.nproc, run_dir, "pipebd_core.profiler", "--trials", str(trials))
+        with (folder / "launcher.log").open("wb") as log:
+            result = subprocess.run(
+                command,
+                env=rank_environment(spec, run_dir),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=PROFILE_TIMEOUT_S,
+                check=False,
+            )
+        if result.returncode != 0:
+            errors = run_dir.rank_errors()
+            detail = errors[0]["traceback"] if errors else (folder / "launcher.log").read_text()[-3000:]
+            raise ProfileError(f"profiling failed (exit code {result.returncode}):\n{detail}")
+        return json.loads((folder / PROFILE_FILE).read_text())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def obtain_profile(spec: Spec, refresh: bool = False, trials: int = 5) -> tuple[dict[str, Any], bool]:
+    """(profile, whether it came from the cache); measures and caches it when needed."""
+    cached = None if refresh else load_cached(spec)
+    if cached is not None:
+        return cached, True
+    profile = measure(spec, trials)
+    path = cache_path(spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(profile, indent=1))
+    temporary.replace(path)
+    return profile, False
