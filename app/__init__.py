@@ -1,0 +1,1 @@
+"""The PipeBD job service: REST API, persistence, authentication and the dashboard seam."""

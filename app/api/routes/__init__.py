@@ -1,0 +1,1 @@
+"""Routers, one per resource: jobs, metrics, logs, artifacts, events, health."""

@@ -1,0 +1,42 @@
+"""Telemetry of a job: per-rank points from the database, downsampled on the server for charts."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from sqlmodel import col, select
+
+from app.deps import JobDep, ReadAccess, SessionDep
+from app.downsample import downsample, to_point
+from app.models import JobMetric
+
+router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"])
+MAX_POINTS_LIMIT = 10_000
+
+
+@router.get("", dependencies=[ReadAccess])
+def read_metrics(
+    job: JobDep,
+    session: SessionDep,
+    rank: Annotated[int | None, Query(ge=0, description="one rank only")] = None,
+    since_step: Annotated[int | None, Query(ge=0, description="only lines at this training step or later")] = None,
+    max_points: Annotated[int, Query(ge=2, le=MAX_POINTS_LIMIT, description="points per rank at most")] = 500,
+) -> dict[str, Any]:
+    """Points per rank (loss per block, phase times, samples, peak memory); buckets keep their min and max."""
+    if rank is not None and rank >= job.nproc:
+        raise HTTPException(422, f"rank: job {job.id} has ranks 0..{job.nproc - 1}, got {rank}")
+    query = select(JobMetric).where(JobMetric.job_id == job.id)
+    if rank is not None:
+        query = query.where(JobMetric.rank == rank)
+    if since_step is not None:
+        query = query.where(JobMetric.step >= since_step)
+    rows = session.exec(query.order_by(col(JobMetric.rank), col(JobMetric.seq))).all()
+    points = downsample([to_point(row.record, row.seq) for row in rows], max_points)
+    return {
+        "job_id": job.id,
+        "total": len(rows),
+        "downsampled": len(points) < len(rows),
+        "max_points": max_points,
+        "points": points,
+    }

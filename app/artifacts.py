@@ -1,0 +1,92 @@
+"""What a job leaves behind, by name: files of its run directory and the metrics as CSV.
+
+The API serves these from the run directory, so the API and the workers must share the runs folder
+(one machine, or a shared volume as in docker-compose.yml).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlmodel import Session, col, select
+
+from app.models import Job, JobMetric
+from pipebd_core.rundir import RunDir
+from pipebd_core.telemetry import PHASES
+
+METRICS_CSV = "metrics.csv"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    name: str
+    media_type: str
+    description: str
+
+
+FILE_ARTIFACTS = {
+    "student.pt": Artifact("student.pt", "application/octet-stream", "trained students: state_dict, keys blocks.<i>.*"),
+    "compressed_model.pt": Artifact("compressed_model.pt", "application/octet-stream", "assembled compressed network"),
+    "plan.json": Artifact("plan.json", "application/json", "the resolved plan"),
+    "summary.json": Artifact("summary.json", "application/json", "final losses and accuracies"),
+    "spec.json": Artifact("spec.json", "application/json", "the resolved spec"),
+    "events.jsonl": Artifact("events.jsonl", "application/x-ndjson", "lifecycle events written by the engine"),
+}
+CSV_ARTIFACT = Artifact(METRICS_CSV, "text/csv", "every telemetry line of every rank")
+
+
+def file_path(job: Job, name: str) -> Path | None:
+    """The file behind artifact `name`, if the job has it."""
+    if job.run_dir is None or name not in FILE_ARTIFACTS:
+        return None
+    path = RunDir(Path(job.run_dir)).root / name
+    return path if path.is_file() else None
+
+
+def has_metrics(session: Session, job: Job) -> bool:
+    return session.exec(select(JobMetric.id).where(JobMetric.job_id == job.id).limit(1)).first() is not None
+
+
+def available(session: Session, job: Job) -> list[tuple[Artifact, int | None]]:
+    """(artifact, size in bytes or None when generated) for everything the job has now."""
+    found: list[tuple[Artifact, int | None]] = []
+    for name, artifact in FILE_ARTIFACTS.items():
+        path = file_path(job, name)
+        if path is not None:
+            found.append((artifact, path.stat().st_size))
+    if has_metrics(session, job):
+        found.append((CSV_ARTIFACT, None))
+    return found
+
+
+def metrics_csv(session: Session, job: Job) -> str:
+    """One row per telemetry line: position, loss per block, phase seconds, samples, peak memory."""
+    rows = session.exec(
+        select(JobMetric).where(JobMetric.job_id == job.id).order_by(col(JobMetric.rank), col(JobMetric.seq))
+    ).all()
+    blocks = sorted({int(block) for row in rows for block in row.record.get("loss", {})})
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(
+        ["rank", "seq", "epoch", "step", "time", *(f"loss_{b}" for b in blocks), *PHASES, "samples", "peak_mem"]
+    )
+    for row in rows:
+        record = row.record
+        loss, phases = record.get("loss", {}), record.get("phases", {})
+        writer.writerow(
+            [
+                row.rank,
+                row.seq,
+                row.epoch,
+                row.step,
+                row.time,
+                *(loss.get(str(b), "") for b in blocks),
+                *(phases.get(phase, "") for phase in PHASES),
+                record.get("samples", ""),
+                record.get("peak_mem", ""),
+            ]
+        )
+    return out.getvalue()

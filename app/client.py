@@ -1,0 +1,140 @@
+"""A small HTTP client of the API for `pipebd submit`: submit a spec, follow its event stream.
+
+The stream is resumed with `Last-Event-ID` when the connection drops, so a follower sees every event
+exactly once; it ends at the server's `end` event.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+RECONNECT_S = 1.0
+MAX_RECONNECTS = 30
+
+
+class ClientError(RuntimeError):
+    """The server refused the request; the message carries its status and detail."""
+
+
+@dataclass
+class Event:
+    name: str
+    data: dict[str, Any]
+    id: int | None = None
+
+
+@dataclass
+class Follower:
+    """Folds events into a one-line progress display."""
+
+    job_id: int
+    state: str = "queued"
+    progress: float = 0.0
+    samples_per_s: float = 0.0
+    losses: dict[str, float] = field(default_factory=dict)
+
+    def add(self, event: Event) -> None:
+        if event.name == "state":
+            self.state = event.data["state"]
+        elif event.name == "metrics":
+            self.progress = event.data.get("progress", self.progress)
+            self.samples_per_s = event.data.get("samples_per_s") or 0.0
+            for record in event.data.get("records", []):
+                self.losses.update({str(k): float(v) for k, v in record.get("loss", {}).items()})
+
+    def line(self) -> str:
+        width = 30
+        filled = int(width * min(1.0, self.progress))
+        loss = sum(self.losses.values()) / len(self.losses) if self.losses else float("nan")
+        bar = "#" * filled + "." * (width - filled)
+        speed = f"{self.samples_per_s:.1f} samples/s"
+        return f"job {self.job_id} [{bar}] {self.progress:6.1%} {self.state:<10} loss {loss:.4g} {speed}"
+
+
+def headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        detail = response.text
+    if isinstance(detail, list):
+        detail = "\n".join(item.get("msg", str(item)) for item in detail)
+    raise ClientError(f"HTTP {response.status_code}: {detail}")
+
+
+def submit(server: str, token: str | None, document: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+    extra = {"Idempotency-Key": key} if key else {}
+    response = httpx.post(f"{server}/api/v1/jobs", json=document, headers={**headers(token), **extra}, timeout=60)
+    raise_for(response)
+    job: dict[str, Any] = response.json()
+    return job
+
+
+def parse_events(lines: Iterator[str]) -> Iterator[Event]:
+    """SSE framing: fields until a blank line; comments (keep-alives) are skipped."""
+    name, data, event_id = "message", "", None
+    for line in lines:
+        if not line:
+            if data:
+                yield Event(name, json.loads(data), event_id)
+            name, data, event_id = "message", "", None
+        elif line.startswith(":"):
+            continue
+        else:
+            key, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if key == "event":
+                name = value
+            elif key == "data":
+                data += value
+            elif key == "id":
+                event_id = int(value)
+
+
+def events(server: str, token: str | None, job_id: int) -> Iterator[Event]:
+    """Every event of the job until `end`, reconnecting with Last-Event-ID after a dropped connection."""
+    last_id: int | None = None
+    for _ in range(MAX_RECONNECTS):
+        resume = {"Last-Event-ID": str(last_id)} if last_id is not None else {}
+        try:
+            url = f"{server}/api/v1/jobs/{job_id}/events"
+            with httpx.stream(
+                "GET", url, headers={**headers(token), **resume}, timeout=httpx.Timeout(10, read=60)
+            ) as response:
+                raise_for(response)
+                for event in parse_events(response.iter_lines()):
+                    if event.id is not None:
+                        last_id = event.id
+                    yield event
+                    if event.name == "end":
+                        return
+        except (httpx.TransportError, httpx.StreamError):
+            time.sleep(RECONNECT_S)
+    raise ClientError(f"lost the event stream of job {job_id} {MAX_RECONNECTS} times; giving up")
+
+
+def follow(server: str, token: str | None, job_id: int) -> str:
+    """Draw progress until the job ends; returns its final state."""
+    follower = Follower(job_id)
+    interactive = sys.stderr.isatty()
+    final = "unknown"
+    for event in events(server, token, job_id):
+        follower.add(event)
+        if event.name == "end":
+            final = event.data["state"]
+        elif event.name in ("state", "metrics"):
+            print(follower.line(), end="\r" if interactive else "\n", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return final

@@ -1,0 +1,109 @@
+"""Service settings, read from `PIPEBD_*` environment variables (pydantic-settings).
+
+The embedded default needs nothing set: the database (SQLite), the Celery broker (kombu's SQLite
+transport) and every job's run directory live under one data folder, `PIPEBD_DATA_DIR`. Production
+sets `PIPEBD_DATABASE_URL` (PostgreSQL) and `PIPEBD_BROKER_URL` (Redis). The API and the workers
+read the same settings, so a worker enqueued by the API finds the same database and runs folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Scope = Literal["read", "submit"]
+MIN_TOKEN_LENGTH = 16  # shorter tokens are guessable; refuse them rather than run half-protected
+PLACEHOLDER_TOKENS = {"changeme", "changethis", "secret", "token", "password"}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PIPEBD_", extra="ignore")
+
+    data_dir: Path = Path(".pipebd")  # the embedded default keeps everything here
+    database_url: str | None = None  # default: sqlite:///<data_dir>/pipebd.db
+    broker_url: str | None = None  # default: sqla+sqlite:///<data_dir>/broker.db
+    runs_dir: Path | None = None  # default: <data_dir>/runs; shared storage when API and workers differ
+    # "TOKEN=scope,TOKEN=scope" with scope read or submit (submit may also read); empty: no auth
+    api_tokens: str = ""
+    # Folders that spec paths (data.root, workload.teacher_weights) must lie under; comma-separated
+    data_roots: str = ""  # default: <data_dir>/datasets
+    # Modules that spec factories may import: "pkg.mod:fn" is allowed when pkg.mod is or lies under one
+    factory_allowlist: str = "pipebd_core.workloads"
+    worker_name: str = Field(default_factory=socket.gethostname)  # shown on jobs and heartbeats
+    worker_devices: int | None = Field(None, ge=1)  # devices advertised; default: GPUs, else CPU cores
+    worker_slots: int = Field(1, ge=1)  # jobs a worker runs at once
+    heartbeat_s: float = Field(2.0, gt=0)  # how often a worker says a job is still alive
+    stale_after_s: float = Field(30.0, gt=0)  # a running job without heartbeat this long is worker_lost
+    reaper_interval_s: float = Field(5.0, gt=0)  # how often the API looks for lost jobs
+    poll_s: float = Field(0.25, gt=0)  # worker: telemetry, logs and cancellation polling period
+    kill_grace_s: float = Field(5.0, ge=0)  # cancel: SIGTERM, then SIGKILL survivors after this
+    job_timeout_s: float | None = Field(None, gt=0)  # wall-clock limit per job; None: no limit
+    sse_poll_s: float = Field(0.25, gt=0)  # how often an event stream looks for new events
+    sse_keepalive_s: float = Field(15.0, gt=0)  # comment lines that keep proxies from closing streams
+    page_limit_max: int = Field(200, ge=1)  # the largest `limit` a list request may ask for
+
+    @field_validator("api_tokens")
+    @classmethod
+    def _tokens_are_real(cls, value: str) -> str:
+        parse_tokens(value)
+        return value
+
+    @property
+    def database(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'pipebd.db').resolve()}"
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{(self.data_dir / 'broker.db').resolve()}"
+
+    @property
+    def runs(self) -> Path:
+        return (self.runs_dir or self.data_dir / "runs").resolve()
+
+    @property
+    def roots(self) -> list[Path]:
+        entries = [part.strip() for part in self.data_roots.split(",") if part.strip()]
+        return [Path(entry).resolve() for entry in entries] or [(self.data_dir / "datasets").resolve()]
+
+    @property
+    def allowed_modules(self) -> list[str]:
+        return [part.strip() for part in self.factory_allowlist.split(",") if part.strip()]
+
+    @property
+    def tokens(self) -> dict[str, Scope]:
+        return parse_tokens(self.api_tokens)
+
+    def prepare_folders(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.runs.mkdir(parents=True, exist_ok=True)
+
+
+def parse_tokens(value: str) -> dict[str, Scope]:
+    """`"TOKEN=read,TOKEN2=submit"` -> {token: scope}; refuses short or placeholder tokens."""
+    tokens: dict[str, Scope] = {}
+    for entry in (part.strip() for part in value.split(",")):
+        if not entry:
+            continue
+        token, _, scope = entry.partition("=")
+        if scope not in ("read", "submit"):
+            raise ValueError(
+                f"PIPEBD_API_TOKENS: entry {token[:4]}...: scope must be 'read' or 'submit', got {scope!r}"
+            )
+        if len(token) < MIN_TOKEN_LENGTH or token.lower() in PLACEHOLDER_TOKENS:
+            raise ValueError(
+                f"PIPEBD_API_TOKENS: a token must be at least {MIN_TOKEN_LENGTH} random characters"
+                " (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(24))'`)"
+            )
+        tokens[token] = scope  # type: ignore[assignment]
+    return tokens
+
+
+@functools.lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings (tests build their own `Settings` and pass them explicitly)."""
+    return Settings()

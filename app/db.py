@@ -1,0 +1,73 @@
+"""Database engines, sessions and migrations.
+
+SQLite (the embedded default) runs in WAL mode with a busy timeout, so the API reads while a worker
+writes. `migrate` applies the Alembic migrations in migrations/ up to head; the API, the workers and
+`pipebd up` call it at start-up, so a fresh data folder or an empty PostgreSQL database just works.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, event, text
+from sqlmodel import Session, create_engine
+
+MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+SQLITE_BUSY_TIMEOUT_S = 30  # a writer waits this long for another writer instead of failing
+
+
+def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+    cursor.close()
+
+
+@functools.lru_cache(maxsize=16)
+def get_engine(url: str) -> Engine:
+    """One engine per database URL and process (engines hold the connection pool)."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+@contextmanager
+def session_scope(url: str) -> Iterator[Session]:
+    """A session for background code (workers, the reaper): commits on success, rolls back on error."""
+    with Session(get_engine(url), expire_on_commit=False) as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def migrate(url: str) -> None:
+    """Bring the database at `url` to the newest schema (a no-op when it is already there)."""
+    command.upgrade(alembic_config(url), "head")
+
+
+def ping(url: str) -> None:
+    """Raise if the database cannot answer a trivial query."""
+    with get_engine(url).connect() as connection:
+        connection.execute(text("SELECT 1"))

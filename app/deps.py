@@ -1,0 +1,48 @@
+"""FastAPI dependencies: the app's settings, a database session per request, the Celery producer,
+the job named in the path, and the two authorization levels."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from celery import Celery
+from fastapi import Depends, HTTPException, Request, status
+from sqlmodel import Session
+
+from app.auth import require
+from app.config import Settings
+from app.db import get_engine
+from app.models import Job
+
+
+def get_app_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with Session(get_engine(request.app.state.settings.database), expire_on_commit=False) as session:
+        yield session
+
+
+def get_celery(request: Request) -> Celery:
+    celery: Celery = request.app.state.celery
+    return celery
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+CeleryDep = Annotated[Celery, Depends(get_celery)]
+ReadAccess = Depends(require("read"))
+SubmitAccess = Depends(require("submit"))
+
+
+def get_job(job_id: int, session: SessionDep) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} does not exist (it may have been deleted)")
+    return job
+
+
+JobDep = Annotated[Job, Depends(get_job)]

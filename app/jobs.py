@@ -1,0 +1,134 @@
+"""Reading and writing jobs: creation with idempotency keys, cursor pages, deletion, why a job waits.
+
+Keyword-only functions taking a session; the routes stay thin and the worker reuses none of this.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import delete
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from app.lifecycle import FINAL, QUEUED
+from app.models import Job, JobEvent, JobMetric, Worker
+from app.queue import queue_name
+from pipebd_core.spec import Spec
+
+
+class ConflictError(ValueError):
+    """The request contradicts the job's state or an earlier request (status 409 or 422)."""
+
+
+@dataclass
+class Created:
+    job: Job
+    replayed: bool  # True: an earlier request with the same Idempotency-Key created it
+
+
+def create_job(session: Session, *, spec: Spec, request_hash: str, idempotency_key: str | None) -> Created:
+    """Store a queued job, or return the job an identical earlier request with the same key created."""
+    if idempotency_key is not None:
+        existing = _by_key(session, idempotency_key, request_hash)
+        if existing is not None:
+            return Created(existing, replayed=True)
+    job = Job(
+        name=spec.name,
+        nproc=spec.schedule.nproc,
+        queue=queue_name(spec.schedule.nproc),
+        spec=spec.model_dump(mode="json"),
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+    )
+    session.add(job)
+    try:
+        session.flush()
+    except IntegrityError:  # another request with the same key won the race
+        session.rollback()
+        existing = _by_key(session, idempotency_key or "", request_hash)
+        if existing is None:
+            raise
+        return Created(existing, replayed=True)
+    assert job.id is not None
+    session.add(JobEvent(job_id=job.id, kind="state", data={"state": QUEUED, "termination_reason": None}))
+    session.commit()
+    session.refresh(job)
+    return Created(job, replayed=False)
+
+
+def _by_key(session: Session, key: str, request_hash: str) -> Job | None:
+    job = session.exec(select(Job).where(Job.idempotency_key == key)).first()
+    if job is not None and job.request_hash != request_hash:
+        raise ConflictError(
+            f"Idempotency-Key {key!r} was already used for job {job.id} with a different spec;"
+            " send the same spec to get that job back, or use a new key for a new job"
+        )
+    return job
+
+
+def encode_cursor(job_id: int) -> str:
+    return base64.urlsafe_b64encode(f"job:{job_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        prefix, _, value = text.partition(":")
+        if prefix != "job":
+            raise ValueError(prefix)
+        return int(value)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise ValueError(f"cursor {cursor!r} was not returned by this API; pass a next_cursor value or none") from None
+
+
+def list_jobs(session: Session, *, state: str | None, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
+    """Newest first, `limit` at a time; the cursor is the id of the last job of the previous page."""
+    query = select(Job).order_by(col(Job.id).desc()).limit(limit + 1)
+    if state is not None:
+        query = query.where(Job.state == state)
+    if cursor is not None:
+        query = query.where(col(Job.id) < decode_cursor(cursor))
+    jobs = list(session.exec(query).all())
+    more = len(jobs) > limit
+    jobs = jobs[:limit]
+    return jobs, (encode_cursor(jobs[-1].id) if more and jobs[-1].id is not None else None)
+
+
+def delete_job(session: Session, *, job: Job) -> None:
+    """Remove a finished job, its metrics, its events and its run directory."""
+    if job.state not in FINAL:
+        raise ConflictError(f"job {job.id} is {job.state}; cancel it and wait for it to end before deleting it")
+    for table in (JobMetric, JobEvent):
+        session.execute(delete(table).where(col(table.job_id) == job.id))
+    session.delete(job)
+    session.commit()
+    if job.run_dir:
+        shutil.rmtree(Path(job.run_dir), ignore_errors=True)
+
+
+def waiting_reason(session: Session, *, job: Job, stale_after_s: float) -> str | None:
+    """For a queued job: why no worker has started it yet."""
+    if job.state != QUEUED:
+        return None
+    cutoff = time.time() - stale_after_s
+    workers = list(session.exec(select(Worker).where(Worker.last_seen >= cutoff)).all())
+    if not workers:
+        return "no worker is connected; start one with `pipebd worker` (or use `pipebd up`)"
+    largest = max(worker.devices for worker in workers)
+    if largest < job.nproc:
+        return f"the job needs {job.nproc} devices but the largest connected worker has {largest}"
+    return "waiting for a free worker slot" if all(w.running >= w.slots for w in workers) else "waiting for a worker"
+
+
+def discard_job(session: Session, *, job_id: int) -> None:
+    """Undo a creation whose enqueue failed: the job never existed."""
+    session.rollback()
+    session.execute(delete(JobEvent).where(col(JobEvent.job_id) == job_id))
+    session.execute(delete(Job).where(col(Job.id) == job_id))
+    session.commit()

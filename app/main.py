@@ -1,0 +1,71 @@
+"""The FastAPI application factory.
+
+`create_app(settings)` migrates the database, connects the Celery producer, mounts the API under
+`/api/v1`, `/healthz`, `/metrics` and the dashboard seam, and runs the lost-job reaper in the
+background while the app serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from app import web
+from app.api.routes import artifacts, events, health, jobs, logs, metrics
+from app.config import Settings, get_settings
+from app.db import migrate
+from app.monitoring import JobCollector
+from app.queue import make_celery
+from app.reaper import reap_lost_jobs
+
+API_PREFIX = "/api/v1"
+log = logging.getLogger("pipebd.api")
+
+
+def run_reaper(settings: Settings, stop: threading.Event) -> None:
+    while not stop.wait(settings.reaper_interval_s):
+        try:
+            for job_id in reap_lost_jobs(settings.database, settings.stale_after_s):
+                log.warning("job %s failed: worker_lost", job_id)
+        except Exception:  # keep reaping after a database hiccup
+            log.exception("the lost-job reaper failed; retrying")
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    stop = threading.Event()
+    reaper = threading.Thread(target=run_reaper, args=(settings, stop), name="reaper", daemon=True)
+    reaper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        reaper.join(timeout=5)
+
+
+def create_app(settings: Settings | None = None, *, run_migrations: bool = True) -> FastAPI:
+    settings = settings or get_settings()
+    settings.prepare_folders()
+    if run_migrations:
+        migrate(settings.database)
+    app = FastAPI(
+        title="PipeBD",
+        summary="Pipelined blockwise knowledge distillation jobs: submit, follow, cancel, download.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.celery = make_celery(settings)
+    app.state.registry = CollectorRegistry(auto_describe=False)
+    app.state.registry.register(JobCollector(settings.database))
+    for router in (jobs.router, metrics.router, logs.router, artifacts.router, events.router):
+        app.include_router(router, prefix=API_PREFIX)
+    app.include_router(health.router)
+    app.include_router(web.router)
+    return app

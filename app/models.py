@@ -1,0 +1,131 @@
+"""Database tables (SQLModel) and the shapes the API returns.
+
+Tables: `job` (one row per submitted spec and its lifecycle), `job_metric` (one telemetry line of one
+rank), `job_event` (what an event stream replays: state changes, metric batches, log lines) and
+`worker` (each worker's advertised devices and last heartbeat). Times are Unix seconds in the
+database and ISO 8601 (UTC) in the API. The Alembic migrations in migrations/ create the same schema.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, field_serializer
+from sqlalchemy import JSON, Column, Index
+from sqlmodel import Field, SQLModel
+
+
+def now() -> float:
+    return time.time()
+
+
+class Job(SQLModel, table=True):
+    __table_args__ = (Index("ix_job_state_id", "state", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=100)
+    state: str = Field(default="queued", max_length=20)
+    nproc: int  # ranks the job needs: it goes to a worker with at least this many devices
+    queue: str = Field(max_length=64)
+    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    created_at: float = Field(default_factory=now)
+    updated_at: float = Field(default_factory=now)
+    started_at: float | None = None
+    finished_at: float | None = None
+    heartbeat_at: float | None = None
+    worker: str | None = Field(default=None, max_length=200)
+    host: str | None = Field(default=None, max_length=200)
+    pid: int | None = None  # the torchrun agent, leader of its own process group
+    run_dir: str | None = None
+    progress: float = 0.0
+    samples_per_s: float | None = None
+    plan_summary: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    termination_reason: str | None = Field(default=None, max_length=32)
+    error: str | None = None
+    exit_code: int | None = None
+    idempotency_key: str | None = Field(default=None, max_length=200, unique=True)
+    request_hash: str | None = Field(default=None, max_length=64)
+
+
+class JobMetric(SQLModel, table=True):
+    __tablename__ = "job_metric"
+    __table_args__ = (Index("ix_job_metric_job_rank_seq", "job_id", "rank", "seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id")
+    rank: int
+    seq: int  # the rank's task counter (`done`): increases by one per line
+    epoch: int
+    step: int
+    time: float
+    record: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+
+
+class JobEvent(SQLModel, table=True):
+    __tablename__ = "job_event"
+    __table_args__ = (Index("ix_job_event_job_id_id", "job_id", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)  # the SSE event id
+    job_id: int = Field(foreign_key="job.id")
+    kind: str = Field(max_length=16)  # state | metrics | log
+    data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    time: float = Field(default_factory=now)
+
+
+class Worker(SQLModel, table=True):
+    name: str = Field(primary_key=True, max_length=200)
+    host: str = Field(max_length=200)
+    devices: int  # ranks it can run: a job needing N goes only to a worker with N or more
+    slots: int  # jobs at once
+    queues: str  # comma-separated queue names it consumes
+    started_at: float = Field(default_factory=now)
+    last_seen: float = Field(default_factory=now)
+    running: int = 0
+
+
+def iso(value: float | None) -> str | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
+
+
+class JobPublic(BaseModel):
+    """A job in lists: its state and progress, never its spec."""
+
+    id: int
+    name: str
+    state: str
+    nproc: int
+    queue: str
+    created_at: float
+    updated_at: float
+    started_at: float | None
+    finished_at: float | None
+    progress: float
+    samples_per_s: float | None
+    termination_reason: str | None
+    worker: str | None
+
+    @field_serializer("created_at", "updated_at", "started_at", "finished_at")
+    def _as_iso(self, value: float | None) -> str | None:
+        return iso(value)
+
+
+class JobDetail(JobPublic):
+    """One job: everything in the list entry plus its spec, plan summary, error and why it waits."""
+
+    spec: dict[str, Any]
+    plan_summary: dict[str, Any] | None
+    error: str | None
+    exit_code: int | None
+    heartbeat_at: float | None
+    waiting_reason: str | None = None
+
+    @field_serializer("heartbeat_at")
+    def _heartbeat_iso(self, value: float | None) -> str | None:
+        return iso(value)
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    next_cursor: str | None  # pass as `cursor` for the next (older) page; null on the last page

@@ -1,0 +1,1 @@
+"""The PipeBD worker: a Celery worker that launches jobs with torchrun on its node and reports on them."""

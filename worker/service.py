@@ -1,0 +1,52 @@
+"""Starting a worker process: migrate, clean up after a previous crash, advertise, consume.
+
+Queues: a worker with D devices consumes `pipebd.ranks-1` .. `pipebd.ranks-D`, so a job needing N
+ranks only reaches a worker that has N devices.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from app.config import get_settings
+from app.db import migrate
+from app.queue import queues_for
+from app.reaper import reap_lost_jobs
+from worker.devices import detect_devices
+from worker.presence import Presence
+
+log = logging.getLogger("pipebd.worker")
+
+
+def serve() -> int:
+    """Run the Celery worker in this process until it is told to stop (reads PIPEBD_* settings)."""
+    settings = get_settings()
+    settings.prepare_folders()
+    migrate(settings.database)
+    for job_id in reap_lost_jobs(settings.database, settings.stale_after_s):
+        log.warning("job %s failed: worker_lost (found at start-up)", job_id)
+    devices = settings.worker_devices or detect_devices()
+    queues = queues_for(devices)
+    from worker.celery_app import celery_app  # after the settings are final: it reads them at import
+
+    presence = Presence(settings, devices, queues)
+    print(
+        f"pipebd worker {settings.worker_name}: {devices} devices, {settings.worker_slots} slot(s),"
+        f" queues {','.join(queues)}",
+        flush=True,
+    )
+    argv = [
+        "worker",
+        "--pool=threads",
+        f"--concurrency={settings.worker_slots}",
+        f"--queues={','.join(queues)}",
+        f"--hostname={settings.worker_name}@%h",
+        "--loglevel=INFO",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    try:
+        celery_app.worker_main(argv)
+    finally:
+        presence.stop()
+    return 0

@@ -1,0 +1,73 @@
+"""Bringing a running job's files into the database: telemetry lines in batches, log lines, progress.
+
+Each poll reads the complete lines the ranks appended since the last poll and writes, in one
+transaction, the `job_metric` rows, one `metrics` event naming their id range, `log` events, and the
+job's progress and samples/s. The event stream of the API replays exactly these events.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import update
+from sqlmodel import Session, col
+
+from app.db import session_scope
+from app.models import Job, JobEvent, JobMetric, now
+from pipebd_core.plan import Plan
+from pipebd_core.progress import FileTail, MetricsFollower
+from pipebd_core.rundir import RunDir
+
+LOG_LINES_PER_EVENT = 200  # longer bursts are split over several events
+LAUNCHER = "launcher"
+
+
+class TelemetryStreamer:
+    def __init__(self, database: str, job_id: int, run_dir: RunDir, plan: Plan) -> None:
+        self.database = database
+        self.job_id = job_id
+        self.follower = MetricsFollower(run_dir, plan)
+        self.logs: dict[str, FileTail] = {str(rank): FileTail(run_dir.log(rank)) for rank in range(plan.nproc)}
+        self.logs[LAUNCHER] = FileTail(run_dir.root / "logs" / "launcher.log")
+        self.lines_stored = 0
+
+    def poll(self) -> int:
+        """Store what is new; returns the number of telemetry lines stored."""
+        records = self.follower.poll()
+        logs = {source: tail.read_new() for source, tail in self.logs.items()}
+        logs = {source: lines for source, lines in logs.items() if lines}
+        if not records and not logs:
+            return 0
+        with session_scope(self.database) as session:
+            if records:
+                self._store_metrics(session, records)
+            for source, lines in logs.items():
+                for start in range(0, len(lines), LOG_LINES_PER_EVENT):
+                    chunk = lines[start : start + LOG_LINES_PER_EVENT]
+                    rank = None if source == LAUNCHER else int(source)
+                    session.add(JobEvent(job_id=self.job_id, kind="log", data={"rank": rank, "lines": chunk}))
+        self.lines_stored += len(records)
+        return len(records)
+
+    def _store_metrics(self, session: Session, records: list[dict[str, Any]]) -> None:
+        rows = [
+            JobMetric(
+                job_id=self.job_id,
+                rank=int(record["rank"]),
+                seq=int(record.get("done", 0)),
+                epoch=int(record.get("epoch", 0)),
+                step=int(record.get("step", 0)),
+                time=float(record.get("time", now())),
+                record=record,
+            )
+            for record in records
+        ]
+        session.add_all(rows)
+        session.flush()
+        progress = self.follower.progress
+        fraction, speed = min(1.0, progress.fraction), progress.samples_per_s()
+        ids = [row.id for row in rows if row.id is not None]
+        data = {"first_id": min(ids), "last_id": max(ids), "progress": fraction, "samples_per_s": speed}
+        session.add(JobEvent(job_id=self.job_id, kind="metrics", data=data))
+        statement = update(Job).where(col(Job.id) == self.job_id).values(progress=fraction, samples_per_s=speed)
+        session.execute(statement)
