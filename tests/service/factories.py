@@ -1,0 +1,93 @@
+"""Test data: tiny job specs, jobs and telemetry rows in a real database, broker queue inspection."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from sqlmodel import Session, func, select
+
+from app.config import Settings
+from app.db import get_engine
+from app.models import Job, JobEvent, JobMetric
+from app.queue import queue_name
+from tests.helpers import tiny_document
+
+
+def tiny_job(name: str = "tiny", **sections: dict[str, Any]) -> dict[str, Any]:
+    """A 2-rank tiny custom job without profiling: seconds on a CPU."""
+    base: dict[str, dict[str, Any]] = {
+        "schedule": {"mode": "tr_dpu", "nproc": 2, "profile": False},
+        "train": {"epochs": 1},
+    }
+    for section, values in sections.items():
+        base[section] = {**base.get(section, {}), **values}
+    return {**tiny_document(**base), "name": name}
+
+
+def long_job(**sections: dict[str, Any]) -> dict[str, Any]:
+    """A tiny job that runs for minutes unless cancelled."""
+    sections = {"train": {"epochs": 1000}, "data": {"num_samples": 400}, **sections}
+    return tiny_job(**sections)
+
+
+def count_rows(settings: Settings, table: type[Any]) -> int:
+    with Session(get_engine(settings.database)) as session:
+        return int(session.exec(select(func.count()).select_from(table)).one())
+
+
+def broker_messages(settings: Settings, max_ranks: int = 4) -> int:
+    """Messages waiting in the broker's job queues (SQLite broker tables or Redis lists)."""
+    broker = settings.broker
+    if broker.startswith("sqla+sqlite:///"):
+        path = Path(broker.removeprefix("sqla+sqlite:///"))
+        if not path.exists():
+            return 0
+        with sqlite3.connect(path) as connection:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if "kombu_message" not in tables:
+                return 0
+            return int(connection.execute("SELECT count(*) FROM kombu_message WHERE visible = 1").fetchone()[0])
+    client = redis.Redis.from_url(broker)
+    return sum(int(client.llen(queue_name(n))) for n in range(1, max_ranks + 1))
+
+
+def insert_job(settings: Settings, state: str = "queued", **fields: Any) -> Job:
+    """A job row written straight to the database, for tests of reading paths."""
+    document = tiny_job()
+    with Session(get_engine(settings.database), expire_on_commit=False) as session:
+        job = Job(name="tiny", state=state, nproc=2, queue=queue_name(2), spec=document, **fields)
+        session.add(job)
+        session.commit()
+        return job
+
+
+def insert_metrics(settings: Settings, job_id: int, rank: int, losses: list[float]) -> None:
+    """Telemetry lines as a worker stores them, one per loss value, with a metrics event."""
+    with Session(get_engine(settings.database)) as session:
+        rows = []
+        for seq, loss in enumerate(losses, start=1):
+            record = {
+                "time": time.time(),
+                "rank": rank,
+                "epoch": 0,
+                "step": seq - 1,
+                "blocks": [0],
+                "loss": {"0": loss},
+                "phases": {"teacher": 0.01},
+                "samples": 10,
+                "peak_mem": 1000 + seq,
+                "done": seq,
+                "total": len(losses),
+            }
+            rows.append(
+                JobMetric(job_id=job_id, rank=rank, seq=seq, epoch=0, step=seq - 1, time=record["time"], record=record)
+            )
+        session.add_all(rows)
+        session.flush()
+        data = {"first_id": rows[0].id, "last_id": rows[-1].id, "progress": 0.5, "samples_per_s": 10.0}
+        session.add(JobEvent(job_id=job_id, kind="metrics", data=data))
+        session.commit()
