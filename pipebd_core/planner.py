@@ -96,9 +96,9 @@ def search(model: CostModel, top_k: int = TOP_K, max_replicas: int | None = None
 def best_plan(model: CostModel, unreplicated: bool = False) -> RankedPlan:
     result = search(model, top_k=1, max_replicas=1 if unreplicated else None)
     if not result.plans:
-        what = "one rank per stage" if unreplicated else "any plan"
+        what = " with one rank per stage" if unreplicated else ""
         raise PlanError(
-            f"no plan with {what} fits: {model.num_blocks} blocks on {model.nproc} ranks"
+            f"no plan{what} fits in memory: {model.num_blocks} blocks on {model.nproc} ranks"
             f" with {model.memory_limit / 2**30:.1f} GiB per device; use fewer ranks per stage, a smaller batch,"
             " or mode 'hybrid' with explicit stages"
         )

@@ -1,0 +1,48 @@
+"""`schedule.mode: auto` end to end, and the profile cache. Tier: 2-rank gloo runs through torchrun."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pipebd_core.profiles import CACHE_ENV, cache_path, obtain_profile, profile_key
+from tests.helpers import assert_same_weights, load_students, plain_loop, run_job, tiny_spec
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_profile_is_measured_once_then_reused(cache: Path) -> None:
+    spec = tiny_spec(schedule={"nproc": 2})
+    profile, cached = obtain_profile(spec, trials=2)
+    assert not cached and cache_path(spec).exists()
+    assert profile["batch_sizes"] == [10, 5] and len(profile["blocks"]) == 4
+    assert profile["blocks"][0]["student_s"]["5"]["median"] > 0
+    assert profile["p2p_s"][1]["10"]["trials"] > 0 and profile["blocks"][2]["allreduce_s"]["2"]["median"] > 0
+    started = time.monotonic()
+    again, cached = obtain_profile(spec)
+    assert cached and again == profile and time.monotonic() - started < 1.0
+    other = tiny_spec(schedule={"nproc": 3})
+    assert profile_key(other) != profile_key(spec)
+    assert profile_key(tiny_spec(schedule={"nproc": 2}, train={"lr": 0.5})) == profile_key(spec)
+
+
+def test_auto_plans_from_the_profile_runs_and_trains_the_same_students(cache: Path, tmp_path: Path) -> None:
+    spec = tiny_spec(schedule={"mode": "auto", "nproc": 2})
+    code, run_dir = run_job(spec, tmp_path / "run")
+    assert code == 0, run_dir.rank_errors()
+    plan = run_dir.read_json(run_dir.plan)
+    assert plan["mode"] == "auto" and sum(stage["replicas"] for stage in plan["stages"]) == 2
+    chosen = [{k: s[k] for k in ("start", "stop", "replicas")} for s in plan["stages"]]
+    assert chosen == plan["alternatives"][0]["stages"]
+    assert plan["plans_considered"] >= len(plan["alternatives"]) > 1
+    assert set(plan["mode_step_s"]) == {"dp", "ls", "ir", "tr", "tr_dpu", "hybrid"}
+    assert plan["ideal_step_s"] <= plan["predicted_step_s"]
+    segments = plan["simulation"]["chosen"]["segments"]
+    assert {s["rank"] for s in segments} == {0, 1} and all(s["end"] >= s["start"] for s in segments)
+    assert_same_weights(load_students(run_dir), plain_loop(spec))
