@@ -27,7 +27,7 @@ def tiny_document(**sections: dict[str, Any]) -> dict[str, Any]:
         "workload": {"kind": "custom", "factory": "pipebd_core.workloads.tiny:make_blocks", "options": {}},
         "data": {"dataset": "synthetic", "image_size": 8, "num_samples": 40, "batch_size": 10},
         "train": {"epochs": 2, "lr": 0.05, "seed": 3},
-        "schedule": {"mode": "tr_dpu", "nproc": 1},
+        "schedule": {"mode": "tr_dpu", "nproc": 1, "profile": False},  # FLOP-balanced stages: no profiling job
     }
     for section, values in sections.items():
         document[section] = {**document.get(section, {}), **values}

@@ -18,7 +18,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_profile_is_measured_once_then_reused(cache: Path) -> None:
-    spec = tiny_spec(schedule={"nproc": 2})
+    spec = tiny_spec(schedule={"nproc": 2, "profile": True})
     profile, cached = obtain_profile(spec, trials=2)
     assert not cached and cache_path(spec).exists()
     assert profile["batch_sizes"] == [10, 5] and len(profile["blocks"]) == 4
@@ -27,13 +27,13 @@ def test_profile_is_measured_once_then_reused(cache: Path) -> None:
     started = time.monotonic()
     again, cached = obtain_profile(spec)
     assert cached and again == profile and time.monotonic() - started < 1.0
-    other = tiny_spec(schedule={"nproc": 3})
+    other = tiny_spec(schedule={"nproc": 3, "profile": True})
     assert profile_key(other) != profile_key(spec)
-    assert profile_key(tiny_spec(schedule={"nproc": 2}, train={"lr": 0.5})) == profile_key(spec)
+    assert profile_key(tiny_spec(schedule={"nproc": 2, "profile": True}, train={"lr": 0.5})) == profile_key(spec)
 
 
 def test_auto_plans_from_the_profile_runs_and_trains_the_same_students(cache: Path, tmp_path: Path) -> None:
-    spec = tiny_spec(schedule={"mode": "auto", "nproc": 2})
+    spec = tiny_spec(schedule={"mode": "auto", "nproc": 2, "profile": True})
     code, run_dir = run_job(spec, tmp_path / "run")
     assert code == 0, run_dir.rank_errors()
     plan = run_dir.read_json(run_dir.plan)
