@@ -22,7 +22,8 @@ def now() -> float:
 
 
 class Job(SQLModel, table=True):
-    __table_args__ = (Index("ix_job_state_id", "state", "id"),)
+    # AUTOINCREMENT on SQLite too: an id is never reused after a deletion (PostgreSQL sequences never do)
+    __table_args__ = (Index("ix_job_state_id", "state", "id"), {"sqlite_autoincrement": True})
 
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(max_length=100)
@@ -51,7 +52,7 @@ class Job(SQLModel, table=True):
 
 class JobMetric(SQLModel, table=True):
     __tablename__ = "job_metric"
-    __table_args__ = (Index("ix_job_metric_job_rank_seq", "job_id", "rank", "seq"),)
+    __table_args__ = (Index("ix_job_metric_job_rank_seq", "job_id", "rank", "seq"), {"sqlite_autoincrement": True})
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id")
@@ -65,7 +66,7 @@ class JobMetric(SQLModel, table=True):
 
 class JobEvent(SQLModel, table=True):
     __tablename__ = "job_event"
-    __table_args__ = (Index("ix_job_event_job_id_id", "job_id", "id"),)
+    __table_args__ = (Index("ix_job_event_job_id_id", "job_id", "id"), {"sqlite_autoincrement": True})
 
     id: int | None = Field(default=None, primary_key=True)  # the SSE event id
     job_id: int = Field(foreign_key="job.id")

@@ -29,6 +29,7 @@ from sqlmodel import col
 from app.config import Settings
 from app.db import session_scope
 from app.lifecycle import (
+    ALLOWED_MOVES,
     CANCELLED,
     CANCELLING,
     FAILED,
@@ -197,7 +198,8 @@ class JobRunner:
             log.info("job %s: killed %d processes that outlived SIGTERM", self.job_id, len(killed))
         streamer.poll()
         fields = {"termination_reason": reason, "error": error, "exit_code": process.returncode}
-        move(self.database, self.job_id, target, [RUNNING, CANCELLING, STARTING], **fields)
+        sources = [state for state in (STARTING, RUNNING, CANCELLING) if target in ALLOWED_MOVES[state]]
+        move(self.database, self.job_id, target, sources, **fields)
         return current_state(self.database, self.job_id) or target
 
     def finish(self, code: int, run_dir: RunDir) -> str:

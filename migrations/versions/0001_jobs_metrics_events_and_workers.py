@@ -45,6 +45,7 @@ def upgrade() -> None:
         sa.Column("request_hash", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("idempotency_key"),
+        sqlite_autoincrement=True,
     )
     with op.batch_alter_table("job", schema=None) as batch_op:
         batch_op.create_index("ix_job_state_id", ["state", "id"], unique=False)
@@ -73,6 +74,7 @@ def upgrade() -> None:
             ["job.id"],
         ),
         sa.PrimaryKeyConstraint("id"),
+        sqlite_autoincrement=True,
     )
     with op.batch_alter_table("job_event", schema=None) as batch_op:
         batch_op.create_index("ix_job_event_job_id_id", ["job_id", "id"], unique=False)
@@ -92,6 +94,7 @@ def upgrade() -> None:
             ["job.id"],
         ),
         sa.PrimaryKeyConstraint("id"),
+        sqlite_autoincrement=True,
     )
     with op.batch_alter_table("job_metric", schema=None) as batch_op:
         batch_op.create_index("ix_job_metric_job_rank_seq", ["job_id", "rank", "seq"], unique=False)

@@ -91,6 +91,7 @@ def test_cancel_is_idempotent_and_delete_needs_a_finished_job(client: TestClient
     assert client.delete(f"{JOBS}/{job_id}").status_code == 204
     assert client.get(f"{JOBS}/{job_id}").status_code == 404
     assert count_rows(settings, JobEvent) == 0
+    assert client.post(JOBS, json=tiny_job()).json()["id"] > job_id  # ids are never reused
 
 
 def test_cancel_of_a_running_job_asks_its_worker(client: TestClient, settings: Settings) -> None:

@@ -1,0 +1,136 @@
+"""Service tier: a real Celery worker process on the embedded SQLite broker runs real torchrun jobs.
+
+One worker serves the module. It advertises 3 devices and runs with PIPEBD_INJECT_FAULT="2:1", which
+makes rank 2 raise at step 1: 2-rank jobs are unaffected, a 3-rank job is the crash test.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from app.config import Settings
+from app.main import create_app
+from tests.service.conftest import make_settings
+from tests.service.factories import long_job, tiny_job
+from tests.service.sse import read_events
+from tests.service.workers import WorkerProcess, rank_processes, start_worker, wait_for
+
+JOB_TIMEOUT_S = 180
+CANCEL_DEADLINE_S = 15
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, Settings, WorkerProcess]]:
+    folder = tmp_path_factory.mktemp("embedded")
+    settings = make_settings(folder, f"sqlite:///{folder / 'pipebd.db'}")
+    with TestClient(create_app(settings)) as client:
+        worker = start_worker(settings, "embedded", devices=3, extra_env={"PIPEBD_INJECT_FAULT": "2:1"})
+        try:
+            yield client, settings, worker
+        finally:
+            worker.stop()
+
+
+def wait_state(
+    client: TestClient, job_id: int, states: set[str], timeout: float, worker: WorkerProcess
+) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}").json()
+        return job if job["state"] in states else None
+
+    return wait_for(reached, timeout, f"job {job_id} to reach {states}", lambda: worker.output()[-3000:])  # type: ignore[no-any-return]
+
+
+def line_count(folder: Path) -> int:
+    return sum(len(path.read_text().splitlines()) for path in folder.glob("rank-*.jsonl"))
+
+
+def test_a_job_runs_to_success_with_telemetry_logs_and_artifacts(
+    service: tuple[TestClient, Settings, WorkerProcess],
+) -> None:
+    client, _, worker = service
+    job_id = client.post("/api/v1/jobs", json=tiny_job()).json()["id"]
+    job = wait_state(client, job_id, {"succeeded", "failed"}, JOB_TIMEOUT_S, worker)
+    assert job["state"] == "succeeded", job["error"]
+    assert job["progress"] == 1.0 and job["exit_code"] == 0 and job["worker"] == "embedded"
+    assert job["plan_summary"]["mode"] == "tr_dpu" and job["plan_summary"]["nproc"] == 2
+    detail = client.get(f"/api/v1/jobs/{job_id}").json()
+    run_dir = job_dir(service, job_id)
+    assert detail["spec"]["name"] == "tiny"
+    metrics = client.get(f"/api/v1/jobs/{job_id}/metrics", params={"max_points": 10000}).json()
+    assert metrics["total"] == line_count(run_dir / "metrics") > 0  # every telemetry line reached the database
+    assert {point["rank"] for point in metrics["points"]} == {0, 1}
+    events = read_events(client.get(f"/api/v1/jobs/{job_id}/events").text)
+    assert [e["data"]["state"] for e in events if e.get("event") == "state"] == [
+        "queued",
+        "starting",
+        "running",
+        "succeeded",
+    ]
+    assert sum(len(e["data"]["records"]) for e in events if e.get("event") == "metrics") == metrics["total"]
+    logged = sum(len(e["data"]["lines"]) for e in events if e.get("event") == "log")
+    assert logged == sum(len(path.read_text().splitlines()) for path in (run_dir / "logs").glob("*.log"))
+    names = {item["name"] for item in client.get(f"/api/v1/jobs/{job_id}/artifacts").json()["data"]}
+    assert {"student.pt", "plan.json", "summary.json", "metrics.csv"} <= names
+    weights = torch.load(
+        io.BytesIO(client.get(f"/api/v1/jobs/{job_id}/artifacts/student.pt").content), weights_only=True
+    )
+    assert sorted({key.split(".")[1] for key in weights}) == ["0", "1", "2", "3"]
+    assert client.get(f"/api/v1/jobs/{job_id}/plan").json()["mode"] == "tr_dpu"
+    rank_log = client.get(f"/api/v1/jobs/{job_id}/logs", params={"rank": 0}).json()
+    assert rank_log["file"] == "rank-0.log" and rank_log["size"] == (run_dir / "logs" / "rank-0.log").stat().st_size
+    assert rank_log["next_offset"] == rank_log["size"]
+    assert client.delete(f"/api/v1/jobs/{job_id}").status_code == 204
+    assert not run_dir.exists()
+
+
+def job_dir(service: tuple[TestClient, Settings, WorkerProcess], job_id: int) -> Path:
+    return service[1].runs / f"job-{job_id}"
+
+
+def test_a_crashing_rank_fails_the_job_with_its_traceback(service: tuple[TestClient, Settings, WorkerProcess]) -> None:
+    client, _, worker = service
+    job_id = client.post("/api/v1/jobs", json=tiny_job(schedule={"nproc": 3})).json()["id"]
+    job = wait_state(client, job_id, {"succeeded", "failed"}, JOB_TIMEOUT_S, worker)
+    assert job["state"] == "failed" and job["termination_reason"] == "rank_error"
+    detail = client.get(f"/api/v1/jobs/{job_id}").json()
+    assert (
+        detail["error"].startswith("rank 2 failed: RuntimeError")
+        and "Traceback (most recent call last)" in detail["error"]
+    )
+    assert detail["exit_code"] != 0
+    rank_log = client.get(f"/api/v1/jobs/{job_id}/logs", params={"rank": 2}).json()["text"]
+    assert "RuntimeError" in rank_log
+    tail = client.get(f"/api/v1/jobs/{job_id}/logs", params={"rank": 2, "offset": 10, "limit": 5}).json()
+    assert tail["offset"] == 10 and tail["next_offset"] == 15 and tail["text"] == rank_log[10:15]
+    assert rank_processes(str(job_dir(service, job_id))) == []
+
+
+def test_cancel_stops_every_rank(service: tuple[TestClient, Settings, WorkerProcess]) -> None:
+    client, _, worker = service
+    job_id = client.post("/api/v1/jobs", json=long_job()).json()["id"]
+    wait_for(
+        lambda: client.get(f"/api/v1/jobs/{job_id}/metrics").json()["total"] > 0,
+        JOB_TIMEOUT_S,
+        "telemetry",
+        worker.output,
+    )
+    run_dir = str(job_dir(service, job_id))
+    assert len(rank_processes(run_dir)) >= 3  # torchrun and two ranks
+    asked = time.time()
+    assert client.post(f"/api/v1/jobs/{job_id}/cancel").json()["state"] == "cancelling"
+    job = wait_state(client, job_id, {"cancelled", "failed", "succeeded"}, CANCEL_DEADLINE_S, worker)
+    assert job["state"] == "cancelled" and job["termination_reason"] == "user_cancelled"
+    wait_for(lambda: rank_processes(run_dir) == [], CANCEL_DEADLINE_S - (time.time() - asked), "every rank to exit")
+    assert client.post(f"/api/v1/jobs/{job_id}/cancel").json()["state"] == "cancelled"  # idempotent
+    events = [json.dumps(e) for e in read_events(client.get(f"/api/v1/jobs/{job_id}/events").text)]
+    assert any('"cancelling"' in e for e in events) and any('"cancelled"' in e for e in events)
