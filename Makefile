@@ -1,12 +1,12 @@
 # Two commands for a fresh machine:
-#   make run    set everything up, then run the bundled example
+#   make run    set everything up, then start the service (`pipebd up`: API, worker, dashboard)
 #   make test   set everything up, then lint, type-check and run the test suite
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint
+.PHONY: setup run test lint service-packages
 
 setup: $(STAMP)
 
@@ -17,12 +17,23 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(BIN)/pipebd run examples/vgg16-dsconv.yaml
+	$(BIN)/pipebd up
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# The service tests use the Redis and PostgreSQL running here, or start throw-away instances from
+# Debian's packages; install those where neither is there (and skip, saying why, where we cannot).
+service-packages:
+	@if ! command -v redis-server >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server postgresql >/dev/null; \
+	  else \
+	    echo "make: redis-server or postgresql is not installed; the tests that need them will be skipped"; \
+	  fi; \
+	fi
+
+test: lint service-packages
 	$(BIN)/python -m pytest
