@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core import checkpoint
-from pipebd_core.data import build_dataset
+from pipebd_core.data import Stream, build_dataset
 from pipebd_core.finalize import finalize
 from pipebd_core.plan import Plan
 from pipebd_core.ranks import join_process_group, pick_device, redirect_output_to_log, write_rank_error
@@ -47,6 +47,7 @@ def build_context(run_dir: RunDir, rank: int, device: torch.device) -> RankConte
         steps_per_epoch=plan.details["steps_per_epoch"],
         total_steps=total_steps,
         start_steps=start_steps,
+        streams={round_: Stream(**fields) if fields else None for round_, fields in plan.details["streams"].items()},
     )
 
 

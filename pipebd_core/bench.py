@@ -16,11 +16,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pipebd_core.costmodel import CostModel
-from pipebd_core.data import check_dataset, steps_per_epoch
-from pipebd_core.launch import prepare_run, start_ranks
+from pipebd_core.launch import Steps, cost_model, prepare_run, start_ranks
 from pipebd_core.plan import Plan
-from pipebd_core.profiles import obtain_profile
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
 
@@ -30,7 +27,7 @@ RUN_TIMEOUT_S = 3600
 
 def bench_spec(spec: Spec, mode: str, steps: int) -> Spec:
     """The spec with `mode`, exactly `steps` optimiser steps per block, and no explicit stages unless hybrid."""
-    per_epoch = steps_per_epoch(spec, check_dataset(spec))
+    per_epoch = Steps.of(spec).per_epoch
     document = spec.model_dump(mode="json")
     document["schedule"].update({"mode": mode, "profile": True})
     if mode != "hybrid":
@@ -51,8 +48,9 @@ def measured_step_s(plan: Plan, metrics: list[list[dict[str, Any]]], steps: int)
     if plan.is_pipeline:
         rates = []
         for records in ranks:
-            skip = min(STEADY_STATE_SKIP, len(records) - 2)
-            rates.append((records[-1]["time"] - records[skip]["time"]) / (len(records) - 1 - skip))
+            ends = {record["step"]: record["time"] for record in records}  # a step ends with its last round
+            first = min(min(ends) + STEADY_STATE_SKIP, max(ends) - 1)
+            rates.append((ends[max(ends)] - ends[first]) / (max(ends) - first))
         return max(rates)
     start = min(records[0]["time"] - sum(records[0]["phases"].values()) for records in ranks)
     end = max(records[-1]["time"] for records in ranks)
@@ -105,8 +103,8 @@ def summarise(spec: Spec, runs: dict[str, list[dict[str, Any]]], ideal_step_s: f
 
 def run_bench(spec: Spec, modes: list[str], steps: int, repeats: int, out: Path, keep: bool = False) -> dict[str, Any]:
     """Run every mode `repeats` times, interleaved; returns the report (also written to out/bench.json)."""
-    profile, _ = obtain_profile(bench_spec(spec, modes[0], steps))
-    model = CostModel(profile)
+    first = bench_spec(spec, modes[0], steps)
+    model, origin = cost_model(first, Steps.of(first))
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     for repeat in range(repeats):
         order = modes[repeat % len(modes) :] + modes[: repeat % len(modes)]
@@ -121,7 +119,7 @@ def run_bench(spec: Spec, modes: list[str], steps: int, repeats: int, out: Path,
         "batch_size": spec.data.batch_size,
         "steps": steps,
         "repeats": repeats,
-        "device": profile["device"],
+        "device": origin["device"],
         "ideal_step_s": model.ideal_step(),
         "modes": summarise(spec, runs, model.ideal_step()),
     }

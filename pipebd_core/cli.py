@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 from pipebd_core.bench import format_table, run_bench
-from pipebd_core.costmodel import CostModel
-from pipebd_core.launch import default_run_dir, prepare_run, start_ranks
+from pipebd_core.launch import Steps, cost_model, default_run_dir, prepare_run, start_ranks
 from pipebd_core.plan import Plan, PlanError
 from pipebd_core.planner import search
 from pipebd_core.processes import stop_process_tree
@@ -133,8 +132,7 @@ def command_profile(args: argparse.Namespace) -> int:
 def command_plan(args: argparse.Namespace) -> int:
     try:
         spec = load_run_spec(args)
-        profile, _ = obtain_profile(spec)
-        model = CostModel(profile)
+        model, _ = cost_model(spec, Steps.of(spec))
         result = search(model)
         modes = {mode: simulate(plan, model)[0] for mode, plan in mode_plans(model).items()}
     except (SpecError, PlanError, ProfileError) as error:

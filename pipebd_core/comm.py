@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from pipebd_core.plan import Plan, Route
 from pipebd_core.schedule import WORLD, Task
@@ -47,7 +46,7 @@ def _new_group(ranks: list[int]) -> dist.ProcessGroup | None:
 class PendingReceive:
     """Receives posted for one task: a buffer for its input rows and the handles filling it."""
 
-    step: int
+    key: tuple[int, str]  # (step, round) of the task
     buffer: torch.Tensor
     handles: list[Handle]
 
@@ -76,8 +75,8 @@ class Relay:
         handles = []
         for route in task.receive:
             part = buffer[route.start - task.rows[0] : route.stop - task.rows[0]]
-            handles.append(_handle(dist.irecv(part, src=route.src, group=self.group, tag=_tag(task.step, route))))
-        return PendingReceive(task.step, buffer, handles)
+            handles.append(_handle(dist.irecv(part, src=route.src, group=self.group, tag=_tag(task, route))))
+        return PendingReceive((task.step, task.round), buffer, handles)
 
     def wait(self, pending: PendingReceive) -> torch.Tensor:
         for handle in pending.handles:
@@ -93,7 +92,7 @@ class Relay:
         handles, parts = [], []
         for route in task.send:
             part = output[route.start - task.rows[0] : route.stop - task.rows[0]].contiguous()
-            handles.append(_handle(dist.isend(part, dst=route.dst, group=self.group, tag=_tag(task.step, route))))
+            handles.append(_handle(dist.isend(part, dst=route.dst, group=self.group, tag=_tag(task, route))))
             parts.append(part)
         self._sends.append((task.step, handles, parts))
 
@@ -112,38 +111,10 @@ def _handle(work: Handle | None) -> Handle:
     return work
 
 
-def _tag(step: int, route: Route) -> int:
-    """A tag unique per step and boundary (gloo matches on it; NCCL ignores tags and keeps order)."""
-    return (step * 1024 + route.boundary) % (2**31 - 1)
-
-
-class GradientBuffers:
-    """One flat gradient buffer per student block; parameters' .grad are views into it.
-
-    Combining a block's gradients across replicas is then a single all-reduce of one tensor,
-    started as soon as that block's backward is done so it overlaps the next block's backward.
-    """
-
-    def __init__(self, students: list[nn.Module], blocks: list[int]) -> None:
-        self.flat: dict[int, torch.Tensor] = {}
-        for block in blocks:
-            params = [p for p in students[block].parameters() if p.requires_grad]
-            total = sum(p.numel() for p in params)
-            device = params[0].device if params else torch.device("cpu")
-            flat = torch.zeros(total, device=device)
-            offset = 0
-            for param in params:
-                param.grad = flat[offset : offset + param.numel()].view_as(param)
-                offset += param.numel()
-            self.flat[block] = flat
-
-    def start_all_reduce(self, block: int, group: dist.ProcessGroup | None) -> Handle | None:
-        if group is None or self.flat[block].numel() == 0:
-            return None
-        return dist.all_reduce(self.flat[block], op=dist.ReduceOp.SUM, group=group, async_op=True)
-
-    def zero(self, block: int) -> None:
-        self.flat[block].zero_()
+def _tag(task: Task, route: Route) -> int:
+    """A tag unique per step, round and boundary (gloo matches on it; NCCL ignores tags and keeps order)."""
+    round_code = 1 if task.round == "arch" else 0
+    return ((task.step * 2 + round_code) * 1024 + route.boundary) % (2**31 - 1)
 
 
 def resolve_group(task: Task, stage_groups: dict[int, dist.ProcessGroup]) -> dist.ProcessGroup | None:

@@ -4,7 +4,9 @@ A stage owning blocks [start, stop) on k replicas runs each block at the per-rep
 b = ceil(B/k) (its largest shard). Its time per step is the sum over its blocks of teacher and
 student (forward, backward, update) time at b, plus the all-reduce of its students' gradients
 when k > 1, plus loading its input (first stage) or receiving it (later stages). With decoupled
-updates the pipeline runs at the pace of its slowest stage.
+updates the pipeline runs at the pace of its slowest stage. When architecture updates run (nas),
+one step in `arch_every` repeats the loading, relaying and teacher work on a held-out batch and adds
+the students' architecture step; predictions describe that search phase (after the warm-up).
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ class StageCost:
 class CostModel:
     """Answers "how long, how much memory" for blocks, stages and modes from one profile."""
 
-    def __init__(self, profile: dict[str, Any]) -> None:
+    def __init__(self, profile: dict[str, Any], arch_every: int | None = None) -> None:
         self.profile = profile
+        self.arch_every = arch_every
+        arch_fraction = 1.0 / arch_every if arch_every else 0.0
+        self.arch_fraction = arch_fraction
+        self.repeat = 1.0 + arch_fraction  # teacher, loading and relaying run again in each arch round
         self.batch_size: int = profile["batch_size"]
         self.nproc: int = profile["nproc"]
         self.blocks: list[dict[str, Any]] = profile["blocks"]
@@ -48,8 +54,15 @@ class CostModel:
     def teacher(self, block: int, batch: int) -> float:
         return float(self.blocks[block]["teacher_s"][str(batch)]["median"])
 
-    def student(self, block: int, batch: int) -> float:
+    def student(self, block: int, batch: int, round_: str = "weights") -> float:
+        arch = self.blocks[block].get("student_arch_s", {}).get(str(batch))
+        if round_ == "arch" and arch and arch["trials"]:
+            return float(arch["median"])
         return float(self.blocks[block]["student_s"][str(batch)]["median"])
+
+    def student_step(self, block: int, batch: int) -> float:
+        """A block's student work per step, architecture rounds included."""
+        return self.student(block, batch) + self.arch_fraction * self.student(block, batch, "arch")
 
     def data(self, batch: int) -> float:
         return float(self.profile["data_s"][str(batch)]["median"])
@@ -72,8 +85,8 @@ class CostModel:
             start=start,
             stop=stop,
             replicas=replicas,
-            input_s=self.data(batch) if start == 0 else self.p2p(start, batch),
-            compute_s=sum(self.teacher(b, batch) + self.student(b, batch) for b in blocks),
+            input_s=self.repeat * (self.data(batch) if start == 0 else self.p2p(start, batch)),
+            compute_s=sum(self.repeat * self.teacher(b, batch) + self.student_step(b, batch) for b in blocks),
             allreduce_s=sum(self.allreduce(b, replicas) for b in blocks),
             memory_bytes=self.stage_memory(start, stop, replicas),
         )
@@ -96,7 +109,8 @@ class CostModel:
 
     def ideal_step(self) -> float:
         """All teacher and student work at full batch, shared perfectly by every rank."""
-        work = sum(self.teacher(b, self.batch_size) + self.student(b, self.batch_size) for b in range(self.num_blocks))
+        batch = self.batch_size
+        work = sum(self.repeat * self.teacher(b, batch) + self.student_step(b, batch) for b in range(self.num_blocks))
         return work / self.nproc
 
     def dp_step(self) -> float:
@@ -105,14 +119,16 @@ class CostModel:
         total = 0.0
         for block in range(self.num_blocks):
             prefix = sum(self.teacher(b, batch) for b in range(block + 1))
-            total += self.data(batch) + prefix + self.student(block, batch) + self.allreduce(block, self.nproc)
+            total += self.repeat * (self.data(batch) + prefix) + self.student_step(block, batch)
+            total += self.allreduce(block, self.nproc)
         return total
 
     def ls_costs(self) -> list[float]:
         """What each block costs as a layerwise task: load, teacher prefix, student, at full batch."""
         batch = self.batch_size
         return [
-            self.data(batch) + sum(self.teacher(b, batch) for b in range(block + 1)) + self.student(block, batch)
+            self.repeat * (self.data(batch) + sum(self.teacher(b, batch) for b in range(block + 1)))
+            + self.student_step(block, batch)
             for block in range(self.num_blocks)
         ]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -113,21 +114,49 @@ def total_steps(spec: Spec, num_samples: int) -> int:
     return min(steps, spec.train.max_steps) if spec.train.max_steps else steps
 
 
-@functools.lru_cache(maxsize=4)
-def _epoch_order(seed: int, num_samples: int, epoch: int, shuffle: bool) -> torch.Tensor:
+@dataclass(frozen=True)
+class Stream:
+    """A range of sample indices with its own seeded batch order: training batches, or held-out ones."""
+
+    name: str  # "train", or "arch" for the batches of architecture updates (nas)
+    first: int  # first sample index of the range
+    count: int  # samples in the range
+
+
+def split_streams(spec: Spec, num_samples: int, holdout: float | None) -> tuple[Stream, Stream | None]:
+    """The training stream and, when `holdout` is set, the held-out stream of architecture batches."""
+    if holdout is None:
+        return Stream("train", 0, num_samples), None
+    held = max(spec.data.batch_size, round(holdout * num_samples))
+    if num_samples - held < spec.data.batch_size:
+        raise SpecError(
+            f"workload.arch_holdout: holding out {held} of {num_samples} samples leaves fewer than one batch"
+            f" ({spec.data.batch_size}) to train on; use more samples or a smaller batch_size"
+        )
+    return Stream("train", 0, num_samples - held), Stream("arch", num_samples - held, held)
+
+
+@functools.lru_cache(maxsize=8)
+def _epoch_order(seed: int, name: str, num_samples: int, epoch: int, shuffle: bool) -> torch.Tensor:
     if not shuffle:
         return torch.arange(num_samples)
-    return torch.randperm(num_samples, generator=torch.Generator().manual_seed(_mix(seed, "epoch", epoch)))
+    label = "epoch" if name == "train" else name
+    return torch.randperm(num_samples, generator=torch.Generator().manual_seed(_mix(seed, label, epoch)))
+
+
+def stream_batch_indices(spec: Spec, stream: Stream, index: int) -> list[int]:
+    """The sample indices of batch `index` (0-based, counting across epochs) of `stream`."""
+    if index < 0:
+        raise ValueError(f"step must be >= 0, got {index}")
+    per_epoch, size = steps_per_epoch(spec, stream.count), spec.data.batch_size
+    epoch, offset = divmod(index, per_epoch)
+    order = _epoch_order(spec.train.seed, stream.name, stream.count, epoch, spec.data.shuffle)
+    return (order[offset * size : (offset + 1) * size] + stream.first).tolist()
 
 
 def global_batch_indices(spec: Spec, num_samples: int, step: int) -> list[int]:
-    """The sample indices of global step `step` (0-based, counting across epochs)."""
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    per_epoch, size = steps_per_epoch(spec, num_samples), spec.data.batch_size
-    epoch, offset = divmod(step, per_epoch)
-    order = _epoch_order(spec.train.seed, num_samples, epoch, spec.data.shuffle)
-    return order[offset * size : (offset + 1) * size].tolist()
+    """The sample indices of global step `step` of the training stream over `num_samples` samples."""
+    return stream_batch_indices(spec, Stream("train", 0, num_samples), step)
 
 
 def _stack_inputs(items: Sequence[Sample]) -> torch.Tensor:
@@ -139,10 +168,10 @@ def _stack_pairs(items: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _StepSampler(Sampler[list[int]]):
-    """Yields, per requested step, this rank's rows of the global batch as dataset indices."""
+    """Yields, per requested step, this rank's rows of the stream's global batch as dataset indices."""
 
-    def __init__(self, spec: Spec, num_samples: int, rows: tuple[int, int], steps: list[int]) -> None:
-        self.spec, self.num_samples, self.rows, self.steps = spec, num_samples, rows, steps
+    def __init__(self, spec: Spec, stream: Stream, rows: tuple[int, int], steps: list[int]) -> None:
+        self.spec, self.stream, self.rows, self.steps = spec, stream, rows, steps
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -150,11 +179,13 @@ class _StepSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         start, stop = self.rows
         for step in self.steps:
-            yield global_batch_indices(self.spec, self.num_samples, step)[start:stop]
+            yield stream_batch_indices(self.spec, self.stream, step)[start:stop]
 
 
 class BatchLoader:
-    """Iterates `(step, inputs)` over `steps`: rows `[rows[0], rows[1])` of each global batch, on `device`."""
+    """Iterates `(step, inputs)` over `steps`: rows `[rows[0], rows[1])` of each global batch, on `device`.
+
+    `steps` index the batches of `stream` (default: the training stream over the whole data set)."""
 
     def __init__(
         self,
@@ -163,12 +194,14 @@ class BatchLoader:
         rows: tuple[int, int],
         steps: Iterable[int],
         device: torch.device | str,
+        stream: Stream | None = None,
     ) -> None:
         if not 0 <= rows[0] < rows[1] <= spec.data.batch_size:
             raise ValueError(f"rows {rows}: need 0 <= start < stop <= batch_size ({spec.data.batch_size})")
         self.spec, self.dataset, self.device = spec, dataset, torch.device(device)
         self.steps = list(steps)
-        self.sampler = _StepSampler(spec, len(dataset), rows, self.steps)  # type: ignore[arg-type]
+        stream = stream or Stream("train", 0, len(dataset))  # type: ignore[arg-type]
+        self.sampler = _StepSampler(spec, stream, rows, self.steps)
 
     def __len__(self) -> int:
         return len(self.steps)

@@ -95,6 +95,11 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
         "final_loss": {str(block): loss for block, loss in enumerate(losses)},
         "warnings": workload.warnings,
     }
+    if workload.derive is not None:
+        architecture, searched = workload.derive(students)
+        run_dir.write_json(run_dir.architecture, architecture)
+        torch.save(searched, run_dir.searched_model)
+        summary["architecture"] = architecture["blocks"]
     if workload.assemble is not None:
         compressed = workload.assemble(students)
         torch.save(compressed, run_dir.compressed_model)

@@ -7,12 +7,15 @@ is picked by torchrun) in a session of its own, so the whole process tree can be
 
 from __future__ import annotations
 
+import math
 import subprocess
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from pipebd_core.costmodel import CostModel
-from pipebd_core.data import build_dataset, check_dataset, steps_per_epoch, total_steps
+from pipebd_core.data import Stream, build_dataset, check_dataset, split_streams, steps_per_epoch, total_steps
 from pipebd_core.plan import Plan
 from pipebd_core.probe import probe_workload
 from pipebd_core.processes import rank_environment, torchrun_command
@@ -21,7 +24,7 @@ from pipebd_core.resolve import make_plan, predictions
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
 from pipebd_core.telemetry import append_event
-from pipebd_core.workloads import build_workload
+from pipebd_core.workloads import build_workload, search_settings
 
 
 def default_run_dir(spec: Spec, base: Path = Path("runs")) -> Path:
@@ -29,32 +32,57 @@ def default_run_dir(spec: Spec, base: Path = Path("runs")) -> Path:
     return base / f"{spec.name}-{stamp}"
 
 
+@dataclass(frozen=True)
+class Steps:
+    """How a spec's data turns into optimiser steps: streams, counts, and when architecture updates happen."""
+
+    train: Stream
+    arch: Stream | None
+    per_epoch: int
+    total: int
+    search: dict[str, int] | None
+
+    @classmethod
+    def of(cls, spec: Spec) -> Steps:
+        settings = search_settings(spec)
+        train, arch = split_streams(spec, check_dataset(spec), settings.holdout if settings else None)
+        total = total_steps(spec, train.count)
+        search = None
+        if settings is not None:
+            search = {"from_step": math.ceil(settings.warmup * total), "every": settings.update_every}
+        return cls(train, arch, steps_per_epoch(spec, train.count), total, search)
+
+
+def cost_model(spec: Spec, steps: Steps) -> tuple[CostModel, dict[str, Any]]:
+    """The cost model from the (cached or measured) profile, and where the profile came from."""
+    profile, cached = obtain_profile(spec)
+    origin = {"cached": cached, "device": profile["device"], "key": str(cache_path(spec))}
+    return CostModel(profile, steps.search["every"] if steps.search else None), origin
+
+
 def resolve_plan(spec: Spec) -> Plan:
     """Check the data, build and probe the workload once (on CPU), profile if asked, resolve the plan."""
-    num_samples = check_dataset(spec)
-    per_epoch = steps_per_epoch(spec, num_samples)
-    steps = total_steps(spec, num_samples)
+    steps = Steps.of(spec)
     workload = build_workload(spec)
     sample = build_dataset(spec)[0][0]
     probe = probe_workload(workload, tuple(sample.shape))
-    model = None
-    if spec.schedule.profile:
-        profile, cached = obtain_profile(spec)
-        model = CostModel(profile)
+    model, origin = cost_model(spec, steps) if spec.schedule.profile else (None, None)
     plan = make_plan(spec.schedule, workload.num_blocks, spec.data.batch_size, probe, model)
     plan.details.update(
         {
             "block_names": workload.block_names,
             "shapes": probe.shapes,
-            "num_samples": num_samples,
-            "steps_per_epoch": per_epoch,
-            "total_steps": steps,
+            "num_samples": steps.train.count,
+            "steps_per_epoch": steps.per_epoch,
+            "total_steps": steps.total,
+            "streams": {"weights": asdict(steps.train), "arch": asdict(steps.arch) if steps.arch else None},
+            "search": steps.search,
             "estimates": probe.to_json(),
             "warnings": workload.warnings,
         }
     )
     if model is not None:
-        plan.details["profile"] = {"cached": cached, "device": profile["device"], "key": str(cache_path(spec))}
+        plan.details["profile"] = origin
         plan.details.update(predictions(plan, model))
     return plan
 

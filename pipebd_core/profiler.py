@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import itertools
 import os
 import statistics
 import time
@@ -24,7 +25,6 @@ from typing import Any
 import psutil
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -33,7 +33,8 @@ from pipebd_core.probe import probe_workload
 from pipebd_core.ranks import join_process_group, pick_device, redirect_output_to_log, write_rank_error
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
-from pipebd_core.workloads import build_workload
+from pipebd_core.students import StudentBlock
+from pipebd_core.workloads import Workload, build_workload
 
 WARMUP = 1
 PROFILE_FILE = "profile.json"
@@ -73,29 +74,34 @@ def saved_bytes(student: nn.Module, x: torch.Tensor) -> int:
 
 
 def measure_block(
-    teacher: nn.Module, student: nn.Module, shape: list[int], batch: int, trials: int, device: torch.device
+    workload: Workload, index: int, spec: Spec, shape: list[int], batch: int, trials: int, device: torch.device
 ) -> dict[str, Any]:
+    """Teacher forward and student step times of one block at one batch size, as the runtime runs them."""
+    teacher = workload.teacher_blocks[index]
     x = torch.randn((batch, *shape), device=device)
     with torch.no_grad():
         target = teacher(x)
-    student = copy.deepcopy(student).to(device).train()
-    optimizer = torch.optim.SGD(student.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    module = copy.deepcopy(workload.student_blocks[index])
+    student = StudentBlock(index, module, workload.loss_of(index), spec, workload.search, device)
+    steps = itertools.count()
 
     def teacher_step() -> None:
         with torch.no_grad():
             teacher(x)
 
-    def student_step() -> None:
-        loss = F.mse_loss(student(x), target)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
+    def student_step(round_: str) -> None:
+        student.begin(next(steps), round_)  # supernets sample a fresh path each trial
+        student.loss(x, target).backward()
+        student.update(round_, spec.train.lr)
 
-    return {
+    result = {
         "teacher": timed(teacher_step, trials, device),
-        "student": timed(student_step, trials, device),
-        "saved_bytes": saved_bytes(student, x),
+        "student": timed(functools.partial(student_step, "weights"), trials, device),
+        "saved_bytes": saved_bytes(student.module, x),
     }
+    if student.supernet is not None:
+        result["student_arch"] = timed(functools.partial(student_step, "arch"), trials, device)
+    return result
 
 
 def measure_data(spec: Spec, batch_sizes: list[int], trials: int, device: torch.device) -> dict[int, list[float]]:
@@ -169,10 +175,10 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any
     probe = probe_workload(workload, tuple(sample.shape))
     batches = profile_batch_sizes(spec.data.batch_size, spec.schedule.nproc)
     blocks: dict[tuple[int, int], dict[str, Any]] = {}
-    for index, (teacher, student) in enumerate(zip(workload.teacher_blocks, workload.student_blocks, strict=True)):
+    for index, teacher in enumerate(workload.teacher_blocks):
         teacher.to(device)
         for batch in batches:
-            blocks[(index, batch)] = measure_block(teacher, student, probe.shapes[index], batch, trials, device)
+            blocks[(index, batch)] = measure_block(workload, index, spec, probe.shapes[index], batch, trials, device)
         teacher.cpu()
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     param_counts = [sum(p.numel() for p in s.parameters()) for s in workload.student_blocks]
@@ -213,6 +219,7 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
             {
                 "teacher_s": {str(b): pooled("blocks", (index, b), "teacher") for b in batches},
                 "student_s": {str(b): pooled("blocks", (index, b), "student") for b in batches},
+                "student_arch_s": {str(b): pooled("blocks", (index, b), "student_arch") for b in batches},
                 "saved_bytes": {str(b): first["blocks"][(index, b)]["saved_bytes"] for b in batches},
                 "teacher_param_bytes": 4 * probe["teacher_params"][index],
                 "student_param_bytes": 4 * probe["student_params"][index],

@@ -11,6 +11,8 @@ Everything a job produces lives here, so it survives any crash of the service:
     checkpoints/block-<i>/step-<s>.pt   student, optimiser state and step of block i after step s
     student.pt                state_dict of nn.ModuleList `blocks` (keys blocks.<i>.<param>)
     compressed_model.pt       the assembled compressed network (compression workloads)
+    architecture.json         nas: the chosen candidate of every searchable layer, per block
+    searched_model.pt         nas: the searched network as a standalone model
     summary.json              final losses, accuracies, wall time
 """
 
@@ -49,6 +51,14 @@ class RunDir:
     @property
     def compressed_model(self) -> Path:
         return self.root / "compressed_model.pt"
+
+    @property
+    def architecture(self) -> Path:
+        return self.root / "architecture.json"
+
+    @property
+    def searched_model(self) -> Path:
+        return self.root / "searched_model.pt"
 
     @property
     def checkpoints(self) -> Path:

@@ -17,15 +17,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from pipebd_core import checkpoint
-from pipebd_core.comm import GradientBuffers, PendingReceive, Relay, make_groups, resolve_group
-from pipebd_core.data import BatchLoader
+from pipebd_core.comm import PendingReceive, Relay, make_groups, resolve_group
+from pipebd_core.data import BatchLoader, Stream
 from pipebd_core.plan import Plan
 from pipebd_core.rundir import RunDir
-from pipebd_core.schedule import WORLD, Task, count_tasks, rank_tasks
+from pipebd_core.schedule import WORLD, Task, arch_update_index, rank_tasks
 from pipebd_core.spec import Spec
+from pipebd_core.students import StudentBlock
 from pipebd_core.telemetry import PhaseClock, TelemetryWriter, append_event, peak_memory_bytes
 from pipebd_core.workloads import Workload
 
@@ -52,6 +52,7 @@ class RankContext:
     steps_per_epoch: int
     total_steps: int
     start_steps: list[int]  # per block: the first step still to run (resume)
+    streams: dict[str, Stream | None]  # per round: the sample range its batches come from
 
 
 def learning_rate(spec: Spec, step: int, total_steps: int) -> float:
@@ -74,53 +75,53 @@ class Trainer:
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
-        spec, plan = ctx.spec, ctx.plan
+        spec, plan, workload = ctx.spec, ctx.plan, ctx.workload
         self.tasks = list(rank_tasks(plan, ctx.rank, ctx.total_steps, ctx.start_steps))
         teacher_blocks = sorted(set(chain.from_iterable(task.teacher for task in self.tasks)))
-        self.trained_blocks = sorted(set(chain.from_iterable(task.train for task in self.tasks)))
-        self.teachers = {b: ctx.workload.teacher_blocks[b].to(ctx.device) for b in teacher_blocks}
-        self.students = {b: ctx.workload.student_blocks[b].to(ctx.device).train() for b in self.trained_blocks}
-        self.optimizers = {
-            b: torch.optim.SGD(
-                self.students[b].parameters(),
-                lr=spec.train.lr,
-                momentum=spec.train.momentum,
-                weight_decay=spec.train.weight_decay,
-            )
-            for b in self.trained_blocks
+        trained_blocks = sorted(set(chain.from_iterable(task.train for task in self.tasks)))
+        self.teachers = {b: workload.teacher_blocks[b].to(ctx.device) for b in teacher_blocks}
+        self.students = {
+            b: StudentBlock(b, workload.student_blocks[b], workload.loss_of(b), spec, workload.search, ctx.device)
+            for b in trained_blocks
         }
         self._restore()
-        self.grads = GradientBuffers(ctx.workload.student_blocks, self.trained_blocks)
         relay_group, self.stage_groups = make_groups(plan)
         shapes = [tuple(shape) for shape in plan.details["shapes"]]
         self.relay = Relay(relay_group, shapes, ctx.device)
         self.clock = PhaseClock(ctx.device)
         self.telemetry = TelemetryWriter(ctx.run_dir.metrics(ctx.rank))
-        self.batches = self._batches()
+        self.batches = {round_: self._batches(round_) for round_ in ("weights", "arch")}
         self.last_loss: dict[int, float] = {}
         self.fault_step = injected_fault_step(ctx.rank)
 
     def _restore(self) -> None:
         folder = self.ctx.run_dir.checkpoints
-        for block in self.trained_blocks:
+        for block, student in self.students.items():
             step = self.ctx.start_steps[block]
             if step > 0:
-                state = checkpoint.load_block(folder, block, step)
-                self.students[block].load_state_dict(state["student"])
-                self.optimizers[block].load_state_dict(state["optimizer"])
+                student.load(checkpoint.load_block(folder, block, step))
 
-    def _batches(self) -> Iterator[tuple[int, torch.Tensor]]:
-        loading = [task for task in self.tasks if task.loads_data]
+    def _batches(self, round_: str) -> Iterator[tuple[int, torch.Tensor]]:
+        """Input rows of this rank's loading tasks of one round, prefetched in task order."""
+        loading = [task for task in self.tasks if task.loads_data and task.round == round_]
         if not loading:
             return iter(())
         rows = loading[0].rows
         assert all(task.rows == rows for task in loading), "a rank loads one row range in every task"
-        steps = [task.step for task in loading]
-        return iter(BatchLoader(self.ctx.spec, self.ctx.dataset, rows, steps, self.ctx.device))
+        keys = [self._batch_key(task) for task in loading]
+        stream = self.ctx.streams[round_]
+        return iter(BatchLoader(self.ctx.spec, self.ctx.dataset, rows, keys, self.ctx.device, stream))
+
+    def _batch_key(self, task: Task) -> int:
+        """Which batch of its stream a task trains on: the step, or the architecture update's index."""
+        if task.round == "weights":
+            return task.step
+        index = arch_update_index(task.step, self.ctx.plan.details.get("search"))
+        assert index is not None, f"step {task.step} has no architecture update"
+        return index
 
     def run(self) -> None:
         total = len(self.tasks)
-        assert total == count_tasks(self.ctx.plan, self.ctx.rank, self.ctx.total_steps, self.ctx.start_steps)
         pending: PendingReceive | None = None
         if self.tasks and self.tasks[0].receive:
             pending = self.relay.post_receive(self.tasks[0])
@@ -135,7 +136,7 @@ class Trainer:
         self, task: Task, following: Task | None, pending: PendingReceive | None, done: int, total: int
     ) -> PendingReceive | None:
         """One optimiser step of `task.train`; returns the receive already posted for `following`."""
-        if task.step == self.fault_step:
+        if task.step == self.fault_step and task.round == "weights":
             raise RuntimeError(f"injected fault on rank {self.ctx.rank} at step {task.step} ({FAULT_ENV})")
         self.clock.start()
         inputs = self._obtain_input(task, pending)
@@ -147,7 +148,9 @@ class Trainer:
         if task.barrier and dist.is_initialized():
             dist.barrier()
         self.clock.mark("barrier")
-        self._update(task)
+        lr = learning_rate(self.ctx.spec, task.step, self.ctx.total_steps)
+        for block in task.train:
+            self.students[block].update(task.round, lr)
         self.clock.mark("optim")
         self._record(task, losses, done, total)
         self._checkpoint(task)
@@ -155,11 +158,11 @@ class Trainer:
 
     def _obtain_input(self, task: Task, pending: PendingReceive | None) -> torch.Tensor:
         if task.loads_data:
-            step, inputs = next(self.batches)
-            assert step == task.step, f"data loader is at step {step}, task wants {task.step}"
+            key, inputs = next(self.batches[task.round])
+            assert key == self._batch_key(task), f"data loader is at batch {key}, task wants {task}"
             self.clock.mark("data")
             return inputs
-        assert pending is not None and pending.step == task.step, "receive was not posted for this step"
+        assert pending is not None and pending.key == (task.step, task.round), "receive was not posted for this task"
         inputs = self.relay.wait(pending)
         self.clock.mark("recv_wait")
         return inputs
@@ -178,12 +181,12 @@ class Trainer:
         share = (task.rows[1] - task.rows[0]) / self.ctx.plan.batch_size
         losses, handles = {}, []
         for block in task.train:
-            position = block - task.teacher.start
-            output = self.students[block](activations[position])
-            loss = F.mse_loss(output, activations[position + 1])
+            student, position = self.students[block], block - task.teacher.start
+            student.begin(task.step, task.round)
+            loss = student.loss(activations[position], activations[position + 1])
             (loss * share).backward()  # shard-weighted, so summed gradients equal the full batch's
             losses[block] = loss.detach()
-            handles.append(self.grads.start_all_reduce(block, group))
+            handles.append(student.start_all_reduce(task.round, group))
         self.clock.mark("student")
         for handle in handles:
             if handle is not None:
@@ -191,46 +194,38 @@ class Trainer:
         self.clock.mark("allreduce")
         return {block: float(loss) for block, loss in losses.items()}
 
-    def _update(self, task: Task) -> None:
-        lr = learning_rate(self.ctx.spec, task.step, self.ctx.total_steps)
-        for block in task.train:
-            optimizer = self.optimizers[block]
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.step()
-            self.grads.zero(block)
-
     def _record(self, task: Task, losses: dict[int, float], done: int, total: int) -> None:
-        self.last_loss.update(losses)
-        self.telemetry.write(
-            {
-                "time": time.time(),
-                "rank": self.ctx.rank,
-                "epoch": task.step // self.ctx.steps_per_epoch,
-                "step": task.step,
-                "blocks": list(task.train),
-                "loss": {str(block): value for block, value in losses.items()},
-                "phases": self.clock.phases(),
-                "samples": task.rows[1] - task.rows[0],
-                "peak_mem": peak_memory_bytes(self.ctx.device),
-                "done": done,
-                "total": total,
-            }
-        )
+        record: dict[str, Any] = {
+            "time": time.time(),
+            "rank": self.ctx.rank,
+            "epoch": task.step // self.ctx.steps_per_epoch,
+            "step": task.step,
+            "round": task.round,
+            "blocks": list(task.train),
+            "loss": {str(block): value for block, value in losses.items()},
+            "phases": self.clock.phases(),
+            "samples": task.rows[1] - task.rows[0],
+            "peak_mem": peak_memory_bytes(self.ctx.device),
+            "done": done,
+            "total": total,
+        }
+        if task.round == "weights":
+            self.last_loss.update(losses)
+        else:
+            record["arch"] = {str(block): self.students[block].probabilities() for block in task.train}
+        self.telemetry.write(record)
 
     def _checkpoint(self, task: Task) -> None:
         step_done = task.step + 1
         spec = self.ctx.spec
-        if not self._owns_update(task) or not checkpoint.should_checkpoint(
+        if not task.last_of_step or not self._owns_update(task):
+            return
+        if not checkpoint.should_checkpoint(
             step_done, self.ctx.steps_per_epoch, self.ctx.total_steps, spec.train.checkpoint_every
         ):
             return
         for block in task.train:
-            state = {
-                "student": self.students[block].state_dict(),
-                "optimizer": self.optimizers[block].state_dict(),
-                "loss": self.last_loss.get(block),
-            }
+            state = {**self.students[block].state(), "loss": self.last_loss.get(block)}
             checkpoint.save_block(self.ctx.run_dir.checkpoints, block, step_done, state)
         append_event(self.ctx.run_dir.events, "checkpoint", rank=self.ctx.rank, blocks=list(task.train), step=step_done)
 

@@ -16,7 +16,7 @@ teacher blocks `teacher`, send the result on, train the students in `train`, com
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipebd_core.plan import Plan, Route, shard_rows
 
@@ -33,20 +33,41 @@ class Task:
     send: tuple[Route, ...]  # where the output of the last teacher block goes
     group: int | None  # gradient group: None (alone), WORLD, or a stage index
     barrier: bool  # wait for every rank before the update (tr)
+    round: str = "weights"  # "arch": a nas architecture update on a held-out batch, after the weight round
+    last_of_step: bool = True  # no other round of this step follows (checkpoints wait for it)
 
     @property
     def loads_data(self) -> bool:
         return not self.receive
 
 
+def arch_update_index(step: int, search: dict[str, int] | None) -> int | None:
+    """Which architecture update step `step` ends with, or None: every `every` steps from `from_step`."""
+    if search is None or step < search["from_step"]:
+        return None
+    done = step + 1 - search["from_step"]
+    return done // search["every"] - 1 if done % search["every"] == 0 else None
+
+
+def with_arch_rounds(tasks: Iterator[Task], search: dict[str, int] | None) -> Iterator[Task]:
+    """After each weight task of a step that updates the architecture, the same task in the arch round."""
+    for task in tasks:
+        if arch_update_index(task.step, search) is None:
+            yield task
+        else:
+            yield replace(task, last_of_step=False)
+            yield replace(task, round="arch")
+
+
 def rank_tasks(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -> Iterator[Task]:
     """The tasks `rank` runs, in order; `start_steps[b]` is the first step block b still needs."""
     if plan.mode == "dp":
-        yield from _data_parallel(plan, rank, total_steps, start_steps)
+        tasks = _data_parallel(plan, rank, total_steps, start_steps)
     elif plan.mode == "ls":
-        yield from _layerwise(plan, rank, total_steps, start_steps)
+        tasks = _layerwise(plan, rank, total_steps, start_steps)
     else:
-        yield from _pipeline(plan, rank, total_steps, start_steps)
+        tasks = _pipeline(plan, rank, total_steps, start_steps)
+    yield from with_arch_rounds(tasks, plan.details.get("search"))
 
 
 def _data_parallel(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -> Iterator[Task]:
@@ -76,10 +97,5 @@ def _pipeline(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -
 
 
 def count_tasks(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -> int:
-    """How many tasks `rank_tasks` yields, without generating them."""
-    if plan.mode == "dp":
-        return sum(total_steps - start for start in start_steps)
-    if plan.mode == "ls":
-        return sum(total_steps - start_steps[block] for block in plan.assignment[rank])
-    stage = plan.stage_of(rank)
-    return total_steps - min(start_steps[block] for block in stage.blocks)
+    """How many tasks `rank_tasks` yields."""
+    return sum(1 for _ in rank_tasks(plan, rank, total_steps, start_steps))

@@ -10,7 +10,7 @@ and, by simulating two lengths, the steady-state time per global step without fi
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipebd_core.comm import SEND_WINDOW
@@ -45,6 +45,8 @@ class RankState:
 
 class Simulation:
     def __init__(self, plan: Plan, model: CostModel, steps: int) -> None:
+        search = {"from_step": 0, "every": model.arch_every} if model.arch_every else None
+        plan = replace(plan, details={**plan.details, "search": search})  # the search phase, past its warm-up
         self.plan, self.model, self.steps = plan, model, steps
         self.ranks = [RankState(r, list(rank_tasks(plan, r, steps, [0] * plan.num_blocks))) for r in range(plan.nproc)]
         self.segments: list[Segment] = []
@@ -114,7 +116,7 @@ class Simulation:
 
     def _students(self, state: RankState, task: Task) -> bool:
         for block in task.train:
-            self._add(state, "student", block, self.model.student(block, self._rows(task)))
+            self._add(state, "student", block, self.model.student(block, self._rows(task), task.round))
         return True
 
     def _collective(self, state: RankState, key: Any, members: tuple[int, ...], cost: float, kind: str) -> bool:
@@ -131,7 +133,8 @@ class Simulation:
         if task.group is None:
             return True
         members = tuple(range(self.plan.nproc)) if task.group == WORLD else self.plan.stages[task.group].ranks
-        cost = sum(self.model.allreduce(block, len(members)) for block in task.train)
+        weights = task.round == "weights"  # architecture gradients are a few numbers per layer
+        cost = sum(self.model.allreduce(block, len(members)) for block in task.train) if weights else 0.0
         return self._collective(state, ("allreduce", task.group), members, cost, "allreduce")
 
     def _barrier(self, state: RankState, task: Task) -> bool:
@@ -141,7 +144,11 @@ class Simulation:
 
 
 def simulate(plan: Plan, model: CostModel, steps: int = 4) -> tuple[float, list[Segment]]:
-    """(steady-state seconds per global step, Gantt segments of a `steps`-step run)."""
+    """(steady-state seconds per global step, Gantt segments of a `steps`-step run).
+
+    With architecture updates every k steps, `steps` is rounded up to a multiple of k."""
+    if model.arch_every:
+        steps = model.arch_every * -(-steps // model.arch_every)
     short = Simulation(plan, model, steps)
     short_makespan = short.run()
     long_makespan = Simulation(plan, model, 2 * steps).run()

@@ -36,17 +36,34 @@ def _check_factory(value: str | None) -> str | None:
 
 
 class WorkloadSpec(_Strict):
-    kind: Literal["compression", "custom"] = "compression"  # what the students learn to replace
-    teacher: str = "vgg16"  # compression: a torchvision VGG architecture
+    kind: Literal["compression", "nas", "custom"] = "compression"  # what the students learn to replace
+    teacher: str = ""  # compression: a torchvision VGG (default vgg16); nas: mobilenet_v2
     teacher_weights: str | None = None  # torchvision-format state_dict; None = random init (warned)
-    granularity: Literal["layer", "stage"] = "layer"  # layer: a block per conv; stage: per pooling stage
+    granularity: Literal["layer", "stage"] = "layer"  # compression: a block per conv, or per pooling stage
     factory: str | None = None  # custom: "pkg.mod:fn" returning (teacher_blocks, student_blocks)
     options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments for the factory
+    # nas only: a ProxylessNAS-style supernet searched block by block against a MobileNetV2 teacher
+    layers_per_block: list[int] = Field(default_factory=lambda: [2, 4, 4, 4, 4, 1])  # searchable layers
+    gates: Literal["binary", "softmax"] = "binary"  # binary: one sampled path per step; softmax: mixture
+    arch_lr: float = Field(1e-3, gt=0)  # Adam learning rate of the architecture parameters
+    arch_update_every: int = Field(5, ge=1)  # weight steps between architecture updates
+    arch_warmup: float = Field(0.25, ge=0, lt=1)  # fraction of the training before the first arch update
+    arch_holdout: float = Field(0.1, gt=0, lt=1)  # fraction of the data held out for architecture batches
+    width_mult: float = Field(1.0, gt=0)  # MobileNetV2 width multiplier (teacher and supernet)
+    student_norm: Literal["batch", "none"] = "batch"  # none: a BN-free supernet (exact across modes)
+    final_loss: Literal["ce", "mse"] = "ce"  # last block: cross-entropy to the teacher's softmax, or MSE
 
     @field_validator("factory")
     @classmethod
     def _factory_format(cls, value: str | None) -> str | None:
         return _check_factory(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_teacher(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("teacher"):
+            data = {**data, "teacher": "mobilenet_v2" if data.get("kind") == "nas" else "vgg16"}
+        return data
 
     @model_validator(mode="after")
     def _kind_fields(self) -> WorkloadSpec:
@@ -57,6 +74,10 @@ class WorkloadSpec(_Strict):
                 f"teacher {self.teacher!r} is not supported for compression; use one of "
                 + ", ".join(COMPRESSION_TEACHERS)
             )
+        if self.kind == "nas" and self.teacher != "mobilenet_v2":
+            raise ValueError(f"teacher {self.teacher!r} is not supported for nas; use mobilenet_v2")
+        if self.kind == "nas" and (not self.layers_per_block or min(self.layers_per_block) < 1):
+            raise ValueError("layers_per_block needs one count of at least 1 per block, e.g. [2, 4, 4, 4, 4, 1]")
         return self
 
 

@@ -10,11 +10,18 @@ from pipebd_core.plan import (
     balanced_partition,
     build_stages,
     longest_first_assignment,
-    make_plan,
     routes_between,
     shard_rows,
 )
+from pipebd_core.probe import BlockProbe
+from pipebd_core.resolve import make_plan
 from pipebd_core.spec import ScheduleSpec, StageSpec
+
+
+def flops(teacher: list[float]) -> BlockProbe:
+    """FLOP estimates where each block's stage cost is `teacher[i]` and its task cost the prefix sum."""
+    count = len(teacher)
+    return BlockProbe([], teacher, [0.0] * count, [0] * count, [0] * count)
 
 
 def stages(*triples: tuple[int, int, int]) -> list[StageSpec]:
@@ -86,22 +93,21 @@ def test_longest_first_goes_to_the_least_loaded_rank() -> None:
 
 
 def test_make_plan_modes() -> None:
-    costs = [1.0, 1.0, 1.0, 1.0]
-    tr = make_plan(ScheduleSpec(mode="tr", nproc=2), 4, 8, costs, costs)
+    even = flops([1.0, 1.0, 1.0, 1.0])  # stage costs 1 each, task costs (prefix) 1, 2, 3, 4
+    tr = make_plan(ScheduleSpec(mode="tr", nproc=2, profile=False), 4, 8, even, None)
     assert [(s.start, s.stop, s.ranks) for s in tr.stages] == [(0, 2, (0,)), (2, 4, (1,))]
-    ir = make_plan(ScheduleSpec(mode="ir", nproc=3), 4, 8, costs, costs)
+    ir = make_plan(ScheduleSpec(mode="ir", nproc=3, profile=False), 4, 8, even, None)
     assert ir.stages[0].rows == ((0, 3), (3, 6), (6, 8))
-    ls = make_plan(ScheduleSpec(mode="ls", nproc=2), 4, 8, costs, [1.0, 2.0, 3.0, 4.0])
+    ls = make_plan(ScheduleSpec(mode="ls", nproc=2, profile=False), 4, 8, even, None)
     assert ls.assignment == [[0, 3], [1, 2]]
 
 
 def test_make_plan_refusals_are_explained() -> None:
-    costs = [1.0, 1.0]
-    with pytest.raises(PlanError, match="mode 'auto' needs the profiler"):
-        make_plan(ScheduleSpec(mode="auto", nproc=2), 2, 8, costs, costs)
+    two = flops([1.0, 1.0])
     with pytest.raises(PlanError, match="use --nproc 2 or fewer"):
-        make_plan(ScheduleSpec(mode="tr_dpu", nproc=3), 2, 8, costs, costs)
+        make_plan(ScheduleSpec(mode="tr_dpu", nproc=3, profile=False), 2, 8, two, None)
     with pytest.raises(PlanError, match="use mode 'hybrid' for replicated stages"):
-        make_plan(ScheduleSpec(mode="tr", nproc=3, stages=stages((0, 1, 2), (1, 2, 1))), 2, 8, costs, costs)
+        schedule = ScheduleSpec(mode="tr", nproc=3, stages=stages((0, 1, 2), (1, 2, 1)), profile=False)
+        make_plan(schedule, 2, 8, two, None)
     with pytest.raises(PlanError, match="cannot be split over 4 replicas"):
-        make_plan(ScheduleSpec(mode="dp", nproc=4), 2, 3, costs, costs)
+        make_plan(ScheduleSpec(mode="dp", nproc=4, profile=False), 2, 3, two, None)

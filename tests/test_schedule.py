@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from pipebd_core.plan import make_plan
+from pipebd_core.plan import Plan
+from pipebd_core.probe import BlockProbe
+from pipebd_core.resolve import make_plan
 from pipebd_core.schedule import WORLD, count_tasks, rank_tasks
 from pipebd_core.spec import ScheduleSpec, StageSpec
 
-COSTS = [1.0] * 4
+ESTIMATES = BlockProbe([], [1.0] * 4, [0.0] * 4, [0] * 4, [0] * 4)  # equal blocks; tasks cost 1, 2, 3, 4
 
 
-def plan_for(mode: str, nproc: int, stages: list[StageSpec] | None = None, batch: int = 10):
-    return make_plan(ScheduleSpec(mode=mode, nproc=nproc, stages=stages), 4, batch, COSTS, [1.0, 2.0, 3.0, 4.0])
+def plan_for(mode: str, nproc: int, stages: list[StageSpec] | None = None, batch: int = 10) -> Plan:
+    return make_plan(ScheduleSpec(mode=mode, nproc=nproc, stages=stages, profile=False), 4, batch, ESTIMATES, None)
 
 
 def test_dp_trains_blocks_one_after_another_rerunning_the_teacher_prefix() -> None:

@@ -8,11 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from pipebd_core.spec import Spec
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How the architecture parameters of searchable students (supernet blocks) are trained."""
+
+    arch_lr: float  # Adam learning rate, betas (0, 0.999)
+    update_every: int  # weight steps between architecture updates
+    warmup: float  # fraction of the training steps before the first architecture update
+    holdout: float  # fraction of the data set held out for architecture batches
 
 
 @dataclass
@@ -27,10 +38,25 @@ class Workload:
     # Builds the whole teacher network (blocks plus head) for the accuracy report, if any.
     teacher_network: Callable[[], nn.Module] | None = None
     warnings: list[str] = field(default_factory=list)
+    losses: list[str] = field(default_factory=list)  # per block "mse" (the default) or "soft_ce"
+    search: SearchSettings | None = None  # set when the students are supernets with architecture parameters
+    # Derives (architecture description, standalone searched network) from trained supernet students.
+    derive: Callable[[Sequence[nn.Module]], tuple[dict[str, Any], nn.Module]] | None = None
 
     @property
     def num_blocks(self) -> int:
         return len(self.teacher_blocks)
+
+    def loss_of(self, block: int) -> str:
+        return self.losses[block] if self.losses else "mse"
+
+
+def search_settings(spec: Spec) -> SearchSettings | None:
+    """The architecture-search settings of a nas spec; None for workloads without a search."""
+    w = spec.workload
+    if w.kind != "nas":
+        return None
+    return SearchSettings(w.arch_lr, w.arch_update_every, w.arch_warmup, w.arch_holdout)
 
 
 def block_seed(seed: int, role: str, index: int) -> int:
@@ -44,12 +70,23 @@ def seeded(seed: int, role: str, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(block_seed(seed, role, index))
 
 
+def path_generator(seed: int, block: int, step: int, round_: str) -> torch.Generator:
+    """The generator a supernet block samples its paths from: the same on every rank that holds it."""
+    round_code = {"weights": 0, "arch": 1}[round_]
+    mixed = (block_seed(seed, "student", block) * 1_000_033 + step * 4 + round_code) % (2**63 - 1)
+    return torch.Generator().manual_seed(mixed)
+
+
 def build_workload(spec: Spec) -> Workload:
     """Build the workload the spec names, on CPU, identically on every rank."""
     if spec.workload.kind == "compression":
         from pipebd_core.workloads.compression import build_compression_workload
 
         workload = build_compression_workload(spec)
+    elif spec.workload.kind == "nas":
+        from pipebd_core.workloads.nas import build_nas_workload
+
+        workload = build_nas_workload(spec)
     else:
         from pipebd_core.workloads.custom import build_custom_workload
 

@@ -10,10 +10,7 @@ a workload neither depends on nor advances the global RNG.
 from __future__ import annotations
 
 import math
-import zipfile
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -21,10 +18,10 @@ from torchvision.models.vgg import VGG, cfgs, make_layers
 
 from pipebd_core.spec import Spec, SpecError
 from pipebd_core.workloads import Workload, seeded
+from pipebd_core.workloads.loading import read_state_dict, uninitialised
 
 _CONFIGS = {"vgg11": "A", "vgg13": "B", "vgg16": "D", "vgg19": "E"}
 _FIELD = "workload.teacher_weights"
-M = TypeVar("M", bound=nn.Module)
 
 
 class DSConv(nn.Sequential):
@@ -39,13 +36,6 @@ class DSConv(nn.Sequential):
             nn.BatchNorm2d(cout),
             nn.ReLU(),
         )
-
-
-def _uninitialised(factory: Callable[[], M]) -> M:
-    """Build a module on the meta device (no init, no RNG), then give it uninitialised CPU storage."""
-    with torch.device("meta"):
-        module = factory()
-    return module.to_empty(device="cpu")
 
 
 def _init_vgg(module: nn.Module, g: torch.Generator) -> None:
@@ -112,25 +102,9 @@ def _student(teacher: nn.Module, g: torch.Generator) -> nn.Sequential:
                 parts.append(nn.MaxPool2d(kernel_size=m.kernel_size, stride=m.stride))
         return nn.Sequential(*parts)
 
-    block = _uninitialised(build)
+    block = uninitialised(build)
     _init_default(block, g)
     return block
-
-
-def _read_state_dict(path: str) -> dict[str, torch.Tensor]:
-    """Load a state_dict file on CPU (memory-mapped when possible, so the head is not read in)."""
-    file = Path(path)
-    if not file.is_file():
-        raise SpecError(f"{_FIELD}: file not found: {path}")
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
-    except Exception as error:
-        raise SpecError(
-            f"{_FIELD}: cannot load {path} as a state_dict (save model.state_dict(), not the model): {error}"
-        ) from None
-    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise SpecError(f"{_FIELD}: {path} does not hold a state_dict (a mapping of names to tensors)")
-    return dict(state)
 
 
 def _check_state_dict(state: Mapping[str, torch.Tensor], features: nn.Module, teacher: str) -> int:
@@ -158,7 +132,7 @@ def _check_state_dict(state: Mapping[str, torch.Tensor], features: nn.Module, te
 
 def _load_features(features: nn.Sequential, path: str, teacher: str) -> int:
     """Load the features.* part of the checkpoint; return the head's number of classes."""
-    state = _read_state_dict(path)
+    state = read_state_dict(path, _FIELD)
     num_classes = _check_state_dict(state, features, teacher)
     for m in features.modules():
         if isinstance(m, nn.BatchNorm2d):
@@ -170,11 +144,11 @@ def _load_features(features: nn.Sequential, path: str, teacher: str) -> int:
 
 def _network(blocks: Sequence[nn.Module], num_classes: int, weights: str | None, seed: int) -> VGG:
     """blocks as `features` plus VGG's avgpool and classifier (loaded or seeded), in eval mode."""
-    net = _uninitialised(lambda: VGG(nn.Sequential(), num_classes=num_classes, init_weights=False))
+    net = uninitialised(lambda: VGG(nn.Sequential(), num_classes=num_classes, init_weights=False))
     if weights is None:
         _init_vgg(net.classifier, seeded(seed, "head", 0))
     else:
-        state = _read_state_dict(weights)
+        state = read_state_dict(weights, _FIELD)
         part = {k.removeprefix("classifier."): v for k, v in state.items() if k.startswith("classifier.")}
         net.classifier.load_state_dict(part)
     net.features = nn.Sequential(*blocks)
@@ -185,7 +159,7 @@ def build_compression_workload(spec: Spec) -> Workload:
     """VGG teacher blocks, depthwise-separable students, and the head for reports (built lazily)."""
     w, seed, weights = spec.workload, spec.train.seed, spec.workload.teacher_weights
     arch, batch_norm = w.teacher.removesuffix("_bn"), w.teacher.endswith("_bn")
-    features = _uninitialised(lambda: make_layers(cfgs[_CONFIGS[arch]], batch_norm=batch_norm))
+    features = uninitialised(lambda: make_layers(cfgs[_CONFIGS[arch]], batch_norm=batch_norm))
     warnings: list[str] = []
     if weights is None:
         num_classes = spec.data.num_classes

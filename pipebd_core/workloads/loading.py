@@ -1,0 +1,38 @@
+"""Helpers every workload uses to build modules without touching the global RNG and to read weights."""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+from pipebd_core.spec import SpecError
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def uninitialised(factory: Callable[[], M]) -> M:
+    """Build a module on the meta device (no init, no RNG), then give it uninitialised CPU storage."""
+    with torch.device("meta"):
+        module = factory()
+    return module.to_empty(device="cpu")
+
+
+def read_state_dict(path: str, field: str) -> dict[str, torch.Tensor]:
+    """Load a state_dict file on CPU (memory-mapped when possible, so the head is not read in)."""
+    file = Path(path)
+    if not file.is_file():
+        raise SpecError(f"{field}: file not found: {path}")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+    except Exception as error:
+        raise SpecError(
+            f"{field}: cannot load {path} as a state_dict (save model.state_dict(), not the model): {error}"
+        ) from None
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SpecError(f"{field}: {path} does not hold a state_dict (a mapping of names to tensors)")
+    return dict(state)
