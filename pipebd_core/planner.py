@@ -8,6 +8,7 @@ on 8 devices plan in milliseconds. Plans with a stage that exceeds device memory
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,46 +52,45 @@ class Search:
     rejected_for_memory: int  # stage choices refused because they would not fit
 
 
+Partial = tuple[float, float, tuple[tuple[int, int, int], ...]]  # (step time, total work, stages)
+
+
 def search(model: CostModel, top_k: int = TOP_K, max_replicas: int | None = None) -> Search:
     """The `top_k` best plans on `model.nproc` ranks; `max_replicas=1` gives unreplicated (tr) plans."""
     blocks, nproc = model.num_blocks, model.nproc
     limit = min(max_replicas or nproc, model.batch_size)
-    best: dict[tuple[int, int], list[RankedPlan]] = {(0, 0): [RankedPlan(0.0, 0.0, ())]}
+    costs = {
+        (start, end, k): model.stage(start, end, k)
+        for end in range(1, blocks + 1)
+        for start in range(end)
+        for k in range(1, limit + 1)
+    }
+    fitting = {key: cost.total_s for key, cost in costs.items() if model.fits(cost)}
+    best: dict[tuple[int, int], list[Partial]] = {(0, 0): [(0.0, 0.0, ())]}
     count: dict[tuple[int, int], int] = {(0, 0): 1}
-    rejected = 0
-    stage_cache: dict[tuple[int, int, int], StageCost | None] = {}
     for end in range(1, blocks + 1):
         for ranks in range(1, nproc + 1):
-            candidates: list[RankedPlan] = []
+            candidates: list[Partial] = []
             total = 0
             for start in range(end):
-                for replicas in range(1, min(limit, ranks) + 1):
-                    previous = best.get((start, ranks - replicas))
-                    if not previous:
+                for k in range(1, min(limit, ranks) + 1):
+                    previous = best.get((start, ranks - k))
+                    stage_s = fitting.get((start, end, k))
+                    if not previous or stage_s is None:
                         continue
-                    key = (start, end, replicas)
-                    if key not in stage_cache:
-                        cost = model.stage(start, end, replicas)
-                        stage_cache[key] = cost if model.fits(cost) else None
-                        rejected += stage_cache[key] is None
-                    stage = stage_cache[key]
-                    if stage is None:
-                        continue
-                    total += count[(start, ranks - replicas)]
-                    for partial in previous:
-                        candidates.append(
-                            RankedPlan(
-                                max(partial.step_s, stage.total_s),
-                                partial.total_s + stage.total_s * replicas,
-                                (*partial.stages, stage),
-                            )
-                        )
-            candidates.sort(key=lambda plan: (plan.step_s, plan.total_s, plan.triples()))
+                    total += count[(start, ranks - k)]
+                    triple = ((start, end, k),)
+                    candidates.extend(
+                        (max(step, stage_s), work + stage_s * k, stages + triple) for step, work, stages in previous
+                    )
             if candidates:
-                best[(end, ranks)] = candidates[:top_k]
+                best[(end, ranks)] = heapq.nsmallest(top_k, candidates)
                 count[(end, ranks)] = total
-    plans = best.get((blocks, nproc), [])
-    return Search(plans, count.get((blocks, nproc), 0), rejected)
+    plans = [
+        RankedPlan(step, work, tuple(costs[triple] for triple in stages))
+        for step, work, stages in best.get((blocks, nproc), [])
+    ]
+    return Search(plans, count.get((blocks, nproc), 0), len(costs) - len(fitting))
 
 
 def best_plan(model: CostModel, unreplicated: bool = False) -> RankedPlan:
