@@ -17,6 +17,7 @@ import httpx
 
 RECONNECT_S = 1.0
 MAX_RECONNECTS = 30
+QUIET_PRINT_S = 5.0  # without a terminal, print progress this often (and at every state change)
 
 
 class ClientError(RuntimeError):
@@ -129,12 +130,15 @@ def follow(server: str, token: str | None, job_id: int) -> str:
     """Draw progress until the job ends; returns its final state."""
     follower = Follower(job_id)
     interactive = sys.stderr.isatty()
-    final = "unknown"
+    final, printed = "unknown", 0.0
     for event in events(server, token, job_id):
         follower.add(event)
         if event.name == "end":
             final = event.data["state"]
-        elif event.name in ("state", "metrics"):
+            continue
+        due = interactive or event.name == "state" or time.time() - printed >= QUIET_PRINT_S
+        if event.name in ("state", "metrics") and due:
             print(follower.line(), end="\r" if interactive else "\n", file=sys.stderr, flush=True)
+            printed = time.time()
     print(file=sys.stderr)
     return final

@@ -38,6 +38,7 @@ class Job(SQLModel, table=True):
     heartbeat_at: float | None = None
     worker: str | None = Field(default=None, max_length=200)
     host: str | None = Field(default=None, max_length=200)
+    worker_pid: int | None = None  # the worker process running the job, on `host`
     pid: int | None = None  # the torchrun agent, leader of its own process group
     run_dir: str | None = None
     progress: float = 0.0

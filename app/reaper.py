@@ -1,9 +1,11 @@
 """Finding jobs whose worker died: a job is never left `running` after its worker is gone.
 
-A launched job whose heartbeat is older than `stale_after_s` is failed with `worker_lost`. When the
-job ran on this host and its torchrun process group is still alive (the worker was killed, its ranks
-were not), the group is killed first, so no orphan holds a device. The API runs this periodically;
-every worker runs it at start-up.
+A launched job is lost when its heartbeat is older than `stale_after_s` and its worker process is
+gone. Whether the process is gone can be seen only on the worker's host; from another host a stale
+heartbeat is enough. A lost job is failed with `worker_lost`; when it ran on this host and its
+torchrun process group is still alive (the worker was killed, its ranks were not), the group is
+killed too, so no orphan holds a device. The API runs this periodically; every worker runs it at
+start-up.
 """
 
 from __future__ import annotations
@@ -44,13 +46,25 @@ def kill_orphans(job: Job) -> list[int]:
     return [member.pid for member in members]
 
 
+def worker_alive(job: Job) -> bool:
+    """Whether the job's worker process still runs (only knowable on its host)."""
+    if job.worker_pid is None or job.host != socket.gethostname():
+        return False
+    try:
+        process = psutil.Process(job.worker_pid)
+        # a pid reused by a later process is not the worker
+        return process.create_time() <= (job.started_at or 0) + 1 and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def reap_lost_jobs(database: str, stale_after_s: float) -> list[int]:
     """Fail every launched job without a recent heartbeat; returns their ids."""
     cutoff = time.time() - stale_after_s
     reaped = []
     with session_scope(database) as session:
         candidates = session.exec(select(Job).where(col(Job.state).in_(sorted(ACTIVE)))).all()
-        stale = [job for job in candidates if (job.heartbeat_at or job.updated_at) < cutoff]
+        stale = [job for job in candidates if (job.heartbeat_at or job.updated_at) < cutoff and not worker_alive(job)]
     for job in stale:
         assert job.id is not None
         with session_scope(database) as session:

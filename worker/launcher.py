@@ -14,6 +14,7 @@ outcome    succeeded, or failed with a reason (rank_error with the first rank's 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import subprocess
 import threading
@@ -119,6 +120,7 @@ class JobRunner:
         fields = {
             "worker": self.settings.worker_name,
             "host": socket.gethostname(),
+            "worker_pid": os.getpid(),
             "started_at": stamp,
             "heartbeat_at": stamp,
         }

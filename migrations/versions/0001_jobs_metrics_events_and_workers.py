@@ -33,6 +33,7 @@ def upgrade() -> None:
         sa.Column("heartbeat_at", sa.Float(), nullable=True),
         sa.Column("worker", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
         sa.Column("host", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
+        sa.Column("worker_pid", sa.Integer(), nullable=True),
         sa.Column("pid", sa.Integer(), nullable=True),
         sa.Column("run_dir", sqlmodel.sql.sqltypes.AutoString(), nullable=True),
         sa.Column("progress", sa.Float(), nullable=False),

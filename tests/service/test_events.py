@@ -5,6 +5,8 @@ State changes are made with the lifecycle functions a worker uses, while a clien
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -94,6 +96,15 @@ def test_reaper_fails_jobs_whose_worker_went_silent(tmp_path: Path, database_url
     migrate(settings.database)
     job = insert_job(settings, state=RUNNING, heartbeat_at=time.time() - 5, worker="gone", host="elsewhere", pid=1)
     fresh = insert_job(settings, state=RUNNING, heartbeat_at=time.time() + 60)
+    # silent, but its worker process is visibly alive on this host: slow, not lost
+    slow = insert_job(
+        settings,
+        state=RUNNING,
+        heartbeat_at=time.time() - 5,
+        host=socket.gethostname(),
+        worker_pid=os.getpid(),
+        started_at=time.time(),
+    )
     with serve(create_app(settings)) as url:
         deadline = time.time() + 10
         while httpx.get(f"{url}/api/v1/jobs/{job.id}").json()["state"] != FAILED and time.time() < deadline:
@@ -102,3 +113,4 @@ def test_reaper_fails_jobs_whose_worker_went_silent(tmp_path: Path, database_url
         assert lost["state"] == FAILED and lost["termination_reason"] == "worker_lost"
         assert "the worker gone stopped sending heartbeats" in lost["error"]
         assert httpx.get(f"{url}/api/v1/jobs/{fresh.id}").json()["state"] == RUNNING
+        assert httpx.get(f"{url}/api/v1/jobs/{slow.id}").json()["state"] == RUNNING

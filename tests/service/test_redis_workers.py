@@ -61,8 +61,8 @@ def test_jobs_go_to_workers_with_enough_devices_and_run_at_once(
     for job_id in (big, small):  # both are training: their ranks have sent telemetry
         metrics = f"/api/v1/jobs/{job_id}/metrics"
         wait_for(lambda: client.get(metrics).json()["total"] > 0, JOB_TIMEOUT_S, f"telemetry of {job_id}", logs)  # noqa: B023
-    both = job(client, big), job(client, small)
-    assert [j["state"] for j in both] == ["running", "running"]
+    both = client.get(f"/api/v1/jobs/{big}").json(), client.get(f"/api/v1/jobs/{small}").json()
+    assert [j["state"] for j in both] == ["running", "running"], [(j["termination_reason"], j["error"]) for j in both]
     assert [j["worker"] for j in both] == ["two", "one"]
     text = client.get("/metrics").text
     assert 'pipebd_jobs{state="running"} 2.0' in text and 'pipebd_worker_devices{worker="two"} 2.0' in text
