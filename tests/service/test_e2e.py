@@ -13,8 +13,11 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 import torch
+import yaml
 
+from app.cli import main
 from app.client import events
 from tests.service.factories import tiny_job
 from tests.service.services import free_port
@@ -26,7 +29,7 @@ def pipebd_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
 
 
-def test_pipebd_up_runs_a_job_submitted_over_http(tmp_path: Path) -> None:
+def test_pipebd_up_runs_a_job_submitted_over_http(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port, output = free_port(), tmp_path / "up.log"
     env = {key: value for key, value in os.environ.items() if not key.startswith("PIPEBD_")}
     env["PIPEBD_CACHE_DIR"] = str(tmp_path / "cache")
@@ -42,7 +45,8 @@ def test_pipebd_up_runs_a_job_submitted_over_http(tmp_path: Path) -> None:
         wait_for(lambda: "dashboard and API at" in output.read_text(), 120, "pipebd up", output.read_text)
         children = psutil.Process(up.pid).children(recursive=True)
         server = f"http://127.0.0.1:{port}"
-        submitted = httpx.post(f"{server}/api/v1/jobs", json=tiny_job(), timeout=60)
+        key = {"Idempotency-Key": "e2e"}
+        submitted = httpx.post(f"{server}/api/v1/jobs", json=tiny_job(), headers=key, timeout=60)
         assert submitted.status_code == 202, submitted.text
         job_id = submitted.json()["id"]
         seen = list(events(server, None, job_id))
@@ -55,6 +59,12 @@ def test_pipebd_up_runs_a_job_submitted_over_http(tmp_path: Path) -> None:
         weights = torch.load(io.BytesIO(student.content), weights_only=True)
         assert any(key.startswith("blocks.0.") for key in weights)
         assert (tmp_path / "data" / "pipebd.db").exists() and (tmp_path / "data" / "broker.db").exists()
+        # `pipebd submit` with the same key and spec gets the same (finished) job back and follows it
+        spec_file = tmp_path / "tiny.yaml"
+        spec_file.write_text(yaml.safe_dump(tiny_job()))
+        assert main(["submit", str(spec_file), "--server", server, "--idempotency-key", "e2e", "--follow"]) == 0
+        printed = capsys.readouterr().out
+        assert f"pipebd: job {job_id} succeeded" in printed
     finally:
         up.send_signal(signal.SIGINT)
         code = up.wait(timeout=60)
