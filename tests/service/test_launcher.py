@@ -1,0 +1,66 @@
+"""Service tier: the launcher in this process, on a real database with real torchrun jobs: the wall-clock
+limit and a worker shutting down both stop every rank and end the job with their reason."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from sqlmodel import Session
+
+from app.config import Settings
+from app.db import get_engine, migrate
+from app.jobs import create_job
+from app.models import Job
+from app.specs import spec_hash
+from pipebd_core.spec import parse_spec
+from tests.service.conftest import make_settings
+from tests.service.factories import long_job
+from tests.service.workers import rank_processes, wait_for
+from worker import launcher
+from worker.launcher import JobRunner
+
+
+def queued_job(settings: Settings) -> int:
+    migrate(settings.database)
+    spec = parse_spec(long_job())
+    with Session(get_engine(settings.database), expire_on_commit=False) as session:
+        job_id = create_job(session, spec=spec, request_hash=spec_hash(spec), idempotency_key=None).job.id
+    assert job_id is not None
+    return job_id
+
+
+def stored(settings: Settings, job_id: int) -> Job:
+    with Session(get_engine(settings.database)) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def test_a_job_over_its_time_limit_fails_with_timeout(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", job_timeout_s=3.0, kill_grace_s=2.0, poll_s=0.1
+    )
+    job_id = queued_job(settings)
+    assert JobRunner(job_id, settings).run() == "failed"
+    job = stored(settings, job_id)
+    assert job.termination_reason == "timeout" and job.error == "the job ran longer than 3 s"
+    assert job.run_dir is not None and rank_processes(job.run_dir) == []
+
+
+def test_a_worker_shutting_down_stops_its_job_as_worker_lost(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", kill_grace_s=2.0, poll_s=0.1)
+    job_id = queued_job(settings)
+    outcome: list[str] = []
+    runner = threading.Thread(target=lambda: outcome.append(JobRunner(job_id, settings).run()))
+    runner.start()
+    try:
+        wait_for(lambda: stored(settings, job_id).state == "running", 60, "the job to run")
+        launcher.SHUTDOWN.set()
+        runner.join(timeout=30)
+    finally:
+        launcher.SHUTDOWN.clear()
+    job = stored(settings, job_id)
+    assert outcome == ["failed"] and job.termination_reason == "worker_lost"
+    assert job.error == f"the worker {settings.worker_name} was shut down while the job ran"
+    assert job.run_dir is not None and rank_processes(job.run_dir) == []
