@@ -7,6 +7,7 @@ ranks only reaches a worker that has N devices.
 from __future__ import annotations
 
 import logging
+import os
 
 from app.config import get_settings
 from app.db import migrate
@@ -16,11 +17,14 @@ from worker.devices import detect_devices
 from worker.presence import Presence
 
 log = logging.getLogger("pipebd.worker")
+SECRETS = ("PIPEBD_API_TOKENS", "PIPEBD_DATABASE_URL", "PIPEBD_BROKER_URL")
 
 
 def serve() -> int:
     """Run the Celery worker in this process until it is told to stop (reads PIPEBD_* settings)."""
     settings = get_settings()
+    for secret in SECRETS:  # read once above; the ranks (user code) inherit this environment
+        os.environ.pop(secret, None)
     settings.prepare_folders()
     migrate(settings.database)
     for job_id in reap_lost_jobs(settings.database, settings.stale_after_s):

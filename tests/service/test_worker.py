@@ -125,7 +125,9 @@ def test_cancel_stops_every_rank(service: tuple[TestClient, Settings, WorkerProc
         worker.output,
     )
     run_dir = str(job_dir(service, job_id))
-    assert len(rank_processes(run_dir)) >= 3  # torchrun and two ranks
+    ranks = rank_processes(run_dir)
+    assert len(ranks) >= 3  # torchrun and two ranks
+    assert not {"PIPEBD_DATABASE_URL", "PIPEBD_BROKER_URL"} & set(ranks[-1].environ())  # no secrets for user code
     asked = time.time()
     assert client.post(f"/api/v1/jobs/{job_id}/cancel").json()["state"] == "cancelling"
     job = wait_state(client, job_id, {"cancelled", "failed", "succeeded"}, CANCEL_DEADLINE_S, worker)
