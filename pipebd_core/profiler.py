@@ -208,9 +208,8 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
     probe = first["probe"]
 
     def pooled(section: str, key: Any, field: str | None = None) -> dict[str, float]:
-        samples = [
-            s for m in measurements if key in m[section] for s in (m[section][key][field] if field else m[section][key])
-        ]
+        found = [m[section][key] for m in measurements if key in m[section]]
+        samples = [s for entry in found for s in (entry.get(field, []) if field else entry)]
         return summarise(samples) if samples else {"median": 0.0, "spread": 0.0, "trials": 0}
 
     blocks = []

@@ -44,6 +44,11 @@ class Progress:
     started: float = field(default_factory=time.time)
     latest: dict[int, dict[str, Any]] = field(default_factory=dict)
     losses: dict[int, float] = field(default_factory=dict)
+    totals: list[int] = field(default_factory=list)  # tasks per rank in a whole run, counted once
+
+    def __post_init__(self) -> None:
+        steps, start = self.plan.details["total_steps"], [0] * self.plan.num_blocks
+        self.totals = [count_tasks(self.plan, rank, steps, start) for rank in range(self.plan.nproc)]
 
     def add(self, record: dict[str, Any]) -> None:
         self.latest[record["rank"]] = record
@@ -52,9 +57,7 @@ class Progress:
 
     @property
     def fraction(self) -> float:
-        steps = self.plan.details["total_steps"]
-        start = [0] * self.plan.num_blocks
-        totals = [count_tasks(self.plan, rank, steps, start) for rank in range(self.plan.nproc)]
+        totals = self.totals
         done = [self.latest.get(rank, {}).get("done", 0) for rank in range(self.plan.nproc)]
         # a resumed rank reports its own total, which is smaller: count its skipped tasks as done
         for rank, record in self.latest.items():
