@@ -25,7 +25,7 @@ from pipebd_core.plan import Plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.schedule import WORLD, Task, arch_update_index, rank_tasks
 from pipebd_core.spec import Spec
-from pipebd_core.students import StudentBlock
+from pipebd_core.students import StudentBlock, with_sync_batchnorm
 from pipebd_core.telemetry import PhaseClock, TelemetryWriter, append_event, peak_memory_bytes
 from pipebd_core.workloads import Workload
 
@@ -80,12 +80,13 @@ class Trainer:
         teacher_blocks = sorted(set(chain.from_iterable(task.teacher for task in self.tasks)))
         trained_blocks = sorted(set(chain.from_iterable(task.train for task in self.tasks)))
         self.teachers = {b: workload.teacher_blocks[b].to(ctx.device) for b in teacher_blocks}
-        self.students = {
-            b: StudentBlock(b, workload.student_blocks[b], workload.loss_of(b), spec, workload.search, ctx.device)
-            for b in trained_blocks
-        }
-        self._restore()
         relay_group, self.stage_groups = make_groups(plan)
+        groups = {block: resolve_group(task, self.stage_groups) for task in self.tasks for block in task.train}
+        self.students = {}
+        for b in trained_blocks:
+            module = with_sync_batchnorm(workload.student_blocks[b], groups[b], ctx.device)
+            self.students[b] = StudentBlock(b, module, workload.loss_of(b), spec, workload.search, ctx.device)
+        self._restore()
         shapes = [tuple(shape) for shape in plan.details["shapes"]]
         self.relay = Relay(relay_group, shapes, ctx.device)
         self.clock = PhaseClock(ctx.device)

@@ -43,6 +43,15 @@ class FlatGradients:
         self.flat.zero_()
 
 
+def with_sync_batchnorm(module: nn.Module, group: dist.ProcessGroup | None, device: torch.device) -> nn.Module:
+    """On GPUs, a student whose rows are split across ranks normalises over the whole batch (SyncBatchNorm
+    in its gradient group), so batch statistics match full-batch training. PyTorch's SyncBatchNorm refuses
+    CPU tensors, so on CPU each shard keeps its own statistics (the documented deviation)."""
+    if device.type != "cuda" or group is None:
+        return module
+    return nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group=group)
+
+
 class StudentBlock:
     def __init__(
         self, index: int, module: nn.Module, loss: str, spec: Spec, search: SearchSettings | None, device: torch.device
