@@ -84,8 +84,8 @@ def preflight(spec: Spec) -> None:
     """The engine's launch checks without profiling: data set, workload, plan. Raises SpecError."""
     document = spec.model_dump(mode="json")
     document["schedule"]["profile"] = False
-    if document["schedule"]["mode"] == "auto":  # auto plans from a profile; check a fixed-mode plan instead
-        document["schedule"].update(mode="tr_dpu", stages=None)
+    if document["schedule"]["mode"] == "auto":  # auto plans from a profile; ir is one of its candidates,
+        document["schedule"].update(mode="ir", stages=None)  # and runs wherever the batch splits over nproc
     try:
         resolve_plan(parse_spec(document))
     except (SpecError, PlanError):

@@ -6,21 +6,21 @@ must match full-batch training to float rounding. The batch (10) splits unevenly
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec
 from pipebd_core.workloads import build_workload
-from tests.helpers import assert_same_weights, load_students, plain_loop, run_job, tiny_spec
+from tests.helpers import assert_same_weights, load_students, plain_loop, tiny_spec
 
 
 @pytest.fixture(scope="module")
-def single_rank(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    code, run_dir = run_job(tiny_spec(), tmp_path_factory.mktemp("single") / "run")
-    assert code == 0, run_dir.rank_errors()
-    return load_students(run_dir)
+def single_rank(finished_run: Callable[[Spec], RunDir]) -> dict[str, torch.Tensor]:
+    return load_students(finished_run(tiny_spec()))
 
 
 def test_single_rank_run_equals_the_plain_loop(single_rank: dict[str, torch.Tensor]) -> None:
@@ -46,9 +46,7 @@ CASES: list[tuple[str, int, Any]] = [
     ids=[f"{m}-{n}-{'x'.join(str(s['replicas']) for s in st or [])}" for m, n, st in CASES],
 )
 def test_mode_equals_single_rank(
-    mode: str, nproc: int, stages: Any, single_rank: dict[str, torch.Tensor], tmp_path: Path
+    mode: str, nproc: int, stages: Any, single_rank: dict[str, torch.Tensor], finished_run: Callable[[Spec], RunDir]
 ) -> None:
     spec = tiny_spec(schedule={"mode": mode, "nproc": nproc, "stages": stages})
-    code, run_dir = run_job(spec, tmp_path / "run")
-    assert code == 0, run_dir.rank_errors()
-    assert_same_weights(load_students(run_dir), single_rank)
+    assert_same_weights(load_students(finished_run(spec)), single_rank)
