@@ -9,7 +9,6 @@ a workload neither depends on nor advances the global RNG.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -18,7 +17,7 @@ from torchvision.models.vgg import VGG, cfgs, make_layers
 
 from pipebd_core.spec import Spec, SpecError
 from pipebd_core.workloads import Workload, seeded
-from pipebd_core.workloads.loading import read_state_dict, uninitialised
+from pipebd_core.workloads.loading import init_default, read_state_dict, uninitialised
 
 _CONFIGS = {"vgg11": "A", "vgg13": "B", "vgg16": "D", "vgg19": "E"}
 _FIELD = "workload.teacher_weights"
@@ -50,18 +49,6 @@ def _init_vgg(module: nn.Module, g: torch.Generator) -> None:
         elif isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, 0, 0.01, generator=g)
             nn.init.zeros_(m.bias)
-
-
-def _init_default(module: nn.Module, g: torch.Generator) -> None:
-    """PyTorch's default Conv2d/BatchNorm2d initialisation, drawn from `g`."""
-    for m in module.modules():
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5), generator=g)
-            if m.bias is not None:
-                bound = 1 / math.sqrt(m.weight[0].numel())
-                nn.init.uniform_(m.bias, -bound, bound, generator=g)
-        elif isinstance(m, nn.BatchNorm2d):
-            m.reset_parameters()
 
 
 def _split(features: nn.Sequential, by_stage: bool) -> tuple[list[nn.Sequential], list[str]]:
@@ -103,7 +90,7 @@ def _student(teacher: nn.Module, g: torch.Generator) -> nn.Sequential:
         return nn.Sequential(*parts)
 
     block = uninitialised(build)
-    _init_default(block, g)
+    init_default(block, g)
     return block
 
 

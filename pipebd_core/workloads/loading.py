@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -36,3 +37,15 @@ def read_state_dict(path: str, field: str) -> dict[str, torch.Tensor]:
     if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise SpecError(f"{field}: {path} does not hold a state_dict (a mapping of names to tensors)")
     return dict(state)
+
+
+def init_default(module: nn.Module, generator: torch.Generator) -> None:
+    """PyTorch's default Conv2d/Linear initialisation drawn from `generator`, BatchNorm to 1 and 0."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d | nn.Linear):
+            nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5), generator=generator)
+            if m.bias is not None:
+                bound = 1 / math.sqrt(m.weight[0].numel())
+                nn.init.uniform_(m.bias, -bound, bound, generator=generator)
+        elif isinstance(m, nn.BatchNorm2d):
+            m.reset_parameters()

@@ -12,13 +12,14 @@ holds a block samples the same paths whatever the mode or the number of ranks.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pipebd_core.workloads.loading import init_default
 
 CANDIDATES = ((3, 3), (3, 6), (5, 3), (5, 6), (7, 3), (7, 6))  # (kernel, expansion)
 ZERO = "zero"
@@ -175,16 +176,10 @@ class SupernetBlock(nn.Module):
 
 
 def init_supernet(module: nn.Module, generator: torch.Generator) -> None:
-    """PyTorch's default conv/linear initialisation drawn from `generator`; BN 1/0; alpha uniform (zeros)."""
+    """Default initialisation drawn from `generator`, and uniform architecture parameters (zeros)."""
+    init_default(module, generator)
     for m in module.modules():
-        if isinstance(m, nn.Conv2d | nn.Linear):
-            nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5), generator=generator)
-            if m.bias is not None:
-                bound = 1 / math.sqrt(m.weight[0].numel())
-                nn.init.uniform_(m.bias, -bound, bound, generator=generator)
-        elif isinstance(m, nn.BatchNorm2d):
-            m.reset_parameters()
-        elif isinstance(m, MixedLayer):
+        if isinstance(m, MixedLayer):
             nn.init.zeros_(m.alpha)
 
 
