@@ -33,6 +33,17 @@ class StageCost:
         return self.input_s + self.compute_s + self.allreduce_s
 
 
+def at_batch(table: dict[str, Any], batch: int) -> float:
+    """A measured value at `batch`; between profiled sizes (a shard one row smaller than the largest),
+    the nearest larger measurement scaled linearly by the rows."""
+    entry = table.get(str(batch))
+    if entry is not None:
+        return float(entry["median"] if isinstance(entry, dict) else entry)
+    sizes = sorted(int(size) for size in table)
+    nearest = next((size for size in sizes if size >= batch), sizes[-1])
+    return at_batch(table, nearest) * batch / nearest
+
+
 class CostModel:
     """Answers "how long, how much memory" for blocks, stages and modes from one profile."""
 
@@ -52,23 +63,23 @@ class CostModel:
         return math.ceil(self.batch_size / replicas)
 
     def teacher(self, block: int, batch: int) -> float:
-        return float(self.blocks[block]["teacher_s"][str(batch)]["median"])
+        return at_batch(self.blocks[block]["teacher_s"], batch)
 
     def student(self, block: int, batch: int, round_: str = "weights") -> float:
-        arch = self.blocks[block].get("student_arch_s", {}).get(str(batch))
-        if round_ == "arch" and arch and arch["trials"]:
-            return float(arch["median"])
-        return float(self.blocks[block]["student_s"][str(batch)]["median"])
+        arch = self.blocks[block].get("student_arch_s", {})
+        if round_ == "arch" and any(entry["trials"] for entry in arch.values()):
+            return at_batch(arch, batch)
+        return at_batch(self.blocks[block]["student_s"], batch)
 
     def student_step(self, block: int, batch: int) -> float:
         """A block's student work per step, architecture rounds included."""
         return self.student(block, batch) + self.arch_fraction * self.student(block, batch, "arch")
 
     def data(self, batch: int) -> float:
-        return float(self.profile["data_s"][str(batch)]["median"])
+        return at_batch(self.profile["data_s"], batch)
 
     def p2p(self, boundary: int, batch: int) -> float:
-        return float(self.profile["p2p_s"][boundary][str(batch)]["median"])
+        return at_batch(self.profile["p2p_s"][boundary], batch)
 
     def allreduce(self, block: int, replicas: int) -> float:
         if replicas <= 1:
@@ -101,7 +112,7 @@ class CostModel:
         relay = (self.activation_bytes(start, batch) if start > 0 else 0) + (
             2 * self.activation_bytes(stop, batch) if stop < self.num_blocks else 0
         )
-        backward = max(self.blocks[b]["saved_bytes"][str(batch)] for b in blocks)
+        backward = max(at_batch(self.blocks[b]["saved_bytes"], batch) for b in blocks)
         return int(self.profile["baseline_bytes"] + weights + activations + relay + backward)
 
     def fits(self, cost: StageCost) -> bool:

@@ -128,3 +128,12 @@ def test_gantt_segments_are_ordered_and_never_overlap_on_a_rank() -> None:
     for rank in range(3):
         mine = [s for s in segments if s.rank == rank]
         assert all(a.end <= b.start + 1e-12 for a, b in itertools.pairwise(mine))
+
+
+def test_uneven_shards_between_profiled_sizes_are_costed_by_scaling() -> None:
+    # 12 rows over 5 replicas: shards 3, 3, 2, 2, 2; only ceil(12/k) sizes (12, 6, 4, 3) were profiled
+    model = CostModel(fake_profile(TEACHER, STUDENT, 5, data=0.5))
+    assert model.teacher(0, 2) == pytest.approx(model.teacher(0, 3) * 2 / 3)
+    step, segments = simulate(plan_of(model, "ir", [(0, 5, 5)]), model, steps=4)
+    assert step == pytest.approx(model.stage(0, 5, 5).total_s)  # the 3-row shards set the pace
+    assert {s.rank for s in segments} == set(range(5))
