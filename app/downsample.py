@@ -4,11 +4,13 @@ The points of one rank are cut into `max_points` consecutive buckets. A bucket b
 the last line's position (seq, epoch, step, time), the mean loss of each block, and, so that no spike
 disappears from a chart, each block's minimum and maximum loss over the bucket (`loss_min`,
 `loss_max`); phase times are averaged, peak memory is the bucket's maximum. Undownsampled points
-have `count` 1 and min = max = the loss.
+have `count` 1 and min = max = the loss. Points that already stand for several lines (the rollups of
+app/rollups.py) merge the same way, weighted by their `count`.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -46,26 +48,35 @@ def bucket_bounds(length: int, buckets: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def _weighted_means(points: list[Point], field: str) -> dict[str, float]:
+    """Per key of `field`, the mean over the lines the points stand for (a point of `count` lines weighs `count`)."""
+    sums: dict[str, float] = defaultdict(float)
+    weights: dict[str, int] = defaultdict(int)
+    for point in points:
+        for key, value in point[field].items():
+            sums[key] += value * point["count"]
+            weights[key] += point["count"]
+    return {key: sums[key] / weights[key] for key in sums}
+
+
 def merge(points: list[Point]) -> Point:
-    """One point standing for a bucket of consecutive points of one rank."""
+    """One point standing for consecutive points of one rank (each may itself stand for several lines)."""
     last = points[-1]
-    losses: dict[str, list[float]] = defaultdict(list)
+    low: dict[str, float] = {}
+    high: dict[str, float] = {}
     for point in points:
-        for block, value in point["loss"].items():
-            losses[block].append(value)
-    phases: dict[str, list[float]] = defaultdict(list)
-    for point in points:
-        for phase, value in point["phases"].items():
-            phases[phase].append(value)
+        for block in point["loss"]:
+            low[block] = min(low.get(block, math.inf), point["loss_min"][block])
+            high[block] = max(high.get(block, -math.inf), point["loss_max"][block])
     memory = [point["peak_mem"] for point in points if point["peak_mem"] is not None]
-    samples = [point["samples"] for point in points if point["samples"] is not None]
+    counted = [(point["samples"], point["count"]) for point in points if point["samples"] is not None]
     return {
         **last,
-        "loss": {block: sum(values) / len(values) for block, values in losses.items()},
-        "loss_min": {block: min(values) for block, values in losses.items()},
-        "loss_max": {block: max(values) for block, values in losses.items()},
-        "phases": {phase: sum(values) / len(values) for phase, values in phases.items()},
-        "samples": sum(samples) / len(samples) if samples else None,
+        "loss": _weighted_means(points, "loss"),
+        "loss_min": low,
+        "loss_max": high,
+        "phases": _weighted_means(points, "phases"),
+        "samples": sum(s * c for s, c in counted) / sum(c for _, c in counted) if counted else None,
         "peak_mem": max(memory) if memory else None,
         "count": sum(point["count"] for point in points),
     }

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.lifecycle import FINAL, QUEUED
-from app.models import Job, JobEvent, JobMetric, Worker
+from app.models import Job, JobEvent, JobMetric, JobMetricRollup, Worker
 from app.queue import queue_name
 from pipebd_core.spec import Spec
 
@@ -101,10 +101,10 @@ def list_jobs(session: Session, *, state: str | None, limit: int, cursor: str | 
 
 
 def delete_job(session: Session, *, job: Job) -> None:
-    """Remove a finished job, its metrics, its events and its run directory."""
+    """Remove a finished job, its metrics (and their rollups), its events and its run directory."""
     if job.state not in FINAL:
         raise ConflictError(f"job {job.id} is {job.state}; cancel it and wait for it to end before deleting it")
-    for table in (JobMetric, JobEvent):
+    for table in (JobMetric, JobMetricRollup, JobEvent):
         session.execute(delete(table).where(col(table.job_id) == job.id))
     session.delete(job)
     session.commit()

@@ -1,8 +1,9 @@
 """Database tables (SQLModel) and the shapes the API returns.
 
 Tables: `job` (one row per submitted spec and its lifecycle), `job_metric` (one telemetry line of one
-rank), `job_event` (what an event stream replays: state changes, metric batches, log lines) and
-`worker` (each worker's advertised devices and last heartbeat). Times are Unix seconds in the
+rank), `job_metric_rollup` (runs of consecutive lines merged for charts of long jobs), `job_event`
+(what an event stream replays: state changes, metric batches, log lines) and `worker` (each worker's
+advertised devices and last heartbeat). Times are Unix seconds in the
 database and ISO 8601 (UTC) in the API. The Alembic migrations in migrations/ create the same schema.
 """
 
@@ -63,6 +64,24 @@ class JobMetric(SQLModel, table=True):
     step: int
     time: float
     record: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+
+
+class JobMetricRollup(SQLModel, table=True):
+    """Consecutive telemetry lines of one rank merged into one chart point (see app/rollups.py)."""
+
+    __tablename__ = "job_metric_rollup"
+    __table_args__ = (
+        Index("ix_job_metric_rollup_job_rank_lines_seq", "job_id", "rank", "lines", "first_seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id")
+    rank: int
+    lines: int  # telemetry lines merged: 4, 16, 64, ...
+    first_seq: int
+    last_seq: int
+    point: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # as app.downsample.merge makes it
 
 
 class JobEvent(SQLModel, table=True):

@@ -1,8 +1,9 @@
 """Bringing a running job's files into the database: telemetry lines in batches, log lines, progress.
 
 Each poll reads the complete lines the ranks appended since the last poll and writes, in one
-transaction, the `job_metric` rows, one `metrics` event naming their id range, `log` events, and the
-job's progress and samples/s. The event stream of the API replays exactly these events.
+transaction, the `job_metric` rows (and the chart rollups they complete, app/rollups.py), one
+`metrics` event naming their id range, `log` events, and the job's progress and samples/s. The event
+stream of the API replays exactly these events.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from sqlalchemy import update
 from sqlmodel import Session, col
 
 from app.db import session_scope
+from app.downsample import to_point
 from app.models import Job, JobEvent, JobMetric, now
+from app.rollups import RollupBuilder
 from pipebd_core.plan import Plan
 from pipebd_core.progress import FileTail, MetricsFollower
 from pipebd_core.rundir import RunDir
@@ -28,6 +31,7 @@ class TelemetryStreamer:
         self.database = database
         self.job_id = job_id
         self.follower = MetricsFollower(run_dir, plan)
+        self.rollups = RollupBuilder(job_id)
         self.logs: dict[str, FileTail] = {str(rank): FileTail(run_dir.log(rank)) for rank in range(plan.nproc)}
         self.logs[LAUNCHER] = FileTail(run_dir.root / "logs" / "launcher.log")
         self.lines_stored = 0
@@ -84,6 +88,7 @@ class TelemetryStreamer:
             for record in records
         ]
         session.add_all(rows)
+        session.add_all(self.rollups.add([to_point(row.record, row.seq) for row in rows]))
         session.flush()
         fraction, speed = self.progress()
         ids = [row.id for row in rows if row.id is not None]

@@ -1,4 +1,5 @@
-"""Telemetry of a job: per-rank points from the database, downsampled on the server for charts."""
+"""Telemetry of a job: per-rank points from the database, downsampled on the server for charts
+(from the rollups of app/rollups.py for long series, so a long job's chart stays cheap)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from sqlmodel import col, select
 from app.deps import JobDep, ReadAccess, SessionDep
 from app.downsample import downsample, to_point
 from app.models import JobMetric
+from app.rollups import chart_points
 
 router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"])
 MAX_POINTS_LIMIT = 10_000
@@ -26,17 +28,20 @@ def read_metrics(
     """Points per rank (loss per block, phase times, samples, peak memory); buckets keep their min and max."""
     if rank is not None and rank >= job.nproc:
         raise HTTPException(422, f"rank: job {job.id} has ranks 0..{job.nproc - 1}, got {rank}")
-    query = select(JobMetric).where(JobMetric.job_id == job.id)
-    if rank is not None:
-        query = query.where(JobMetric.rank == rank)
-    if since_step is not None:
-        query = query.where(JobMetric.step >= since_step)
-    rows = session.exec(query.order_by(col(JobMetric.rank), col(JobMetric.seq))).all()
-    points = downsample([to_point(row.record, row.seq) for row in rows], max_points)
+    assert job.id is not None
+    ranks = [rank] if rank is not None else list(range(job.nproc))
+    if since_step is None:  # whole series: from the rollups where a rank has more than max_points lines
+        points, total = chart_points(session, job.id, ranks, max_points)
+    else:
+        query = select(JobMetric).where(
+            JobMetric.job_id == job.id, JobMetric.step >= since_step, col(JobMetric.rank).in_(ranks)
+        )
+        rows = session.exec(query.order_by(col(JobMetric.rank), col(JobMetric.seq))).all()
+        points, total = downsample([to_point(row.record, row.seq) for row in rows], max_points), len(rows)
     return {
         "job_id": job.id,
-        "total": len(rows),
-        "downsampled": len(points) < len(rows),
+        "total": total,
+        "downsampled": len(points) < total,
         "max_points": max_points,
         "points": points,
     }

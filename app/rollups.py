@@ -1,0 +1,100 @@
+"""Rollups of telemetry for the charts of long jobs: each rank's lines merged in runs of 4, 16, 64, ...
+
+A job of 100,000 lines is too much to read, decode and downsample on every page load. As the worker
+stores lines it also feeds them to a `RollupBuilder`, which writes a `job_metric_rollup` row each
+time a run of `lines` consecutive lines of a rank is complete, at every level (a level's runs are
+merged from four runs of the level below). Reading, `chart_points` takes for each rank the finest
+level with at most 2 x `max_points` runs, merges the raw lines after its last complete run into one
+more point, and downsamples that to `max_points` as before: at most 2 x `max_points` rows per rank,
+whatever the length of the job. Each run keeps its lines' minimum and maximum loss, so no spike is
+lost. A rank whose rollups do not add up (lines stored without them) is downsampled from its raw
+lines.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sqlmodel import Session, col, func, select
+
+from app.downsample import Point, downsample, merge, to_point
+from app.models import JobMetric, JobMetricRollup
+
+FACTOR = 4  # runs of a level merged into one run of the next
+LEVELS = tuple(FACTOR ** (power + 1) for power in range(8))  # lines per run: 4, 16, ..., 65536
+
+
+class RollupBuilder:
+    """Turns one job's stored lines, in arrival order, into the rollup rows that became complete."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        self.pending: dict[tuple[int, int], list[Point]] = defaultdict(list)  # (rank, level) -> runs below
+
+    def add(self, points: list[Point]) -> list[JobMetricRollup]:
+        rows: list[JobMetricRollup] = []
+        for point in points:
+            self._push(point["rank"], 0, {**point, "first_seq": point["seq"]}, rows)
+        return rows
+
+    def _push(self, rank: int, level: int, point: Point, rows: list[JobMetricRollup]) -> None:
+        pending = self.pending[(rank, level)]
+        pending.append(point)
+        if len(pending) < FACTOR:
+            return
+        run = {**merge(pending), "first_seq": pending[0]["first_seq"]}
+        pending.clear()
+        rows.append(
+            JobMetricRollup(
+                job_id=self.job_id,
+                rank=rank,
+                lines=LEVELS[level],
+                first_seq=run["first_seq"],
+                last_seq=run["seq"],
+                point={key: value for key, value in run.items() if key != "first_seq"},
+            )
+        )
+        if level + 1 < len(LEVELS):
+            self._push(rank, level + 1, run, rows)
+
+
+def _raw_points(session: Session, job_id: int, rank: int, after_seq: int = 0) -> list[Point]:
+    query = (
+        select(JobMetric.seq, JobMetric.record)
+        .where(JobMetric.job_id == job_id, JobMetric.rank == rank, JobMetric.seq > after_seq)
+        .order_by(col(JobMetric.seq))
+    )
+    return [to_point(dict(record), seq) for seq, record in session.exec(query).all()]
+
+
+def _from_rollups(session: Session, job_id: int, rank: int, lines: int, max_points: int) -> list[Point] | None:
+    """The rank's points from its rollups, or None when they do not cover its lines from the first one."""
+    level = next((size for size in LEVELS if lines / size <= 2 * max_points), LEVELS[-1])
+    query = (
+        select(JobMetricRollup.point)
+        .where(JobMetricRollup.job_id == job_id, JobMetricRollup.rank == rank, JobMetricRollup.lines == level)
+        .order_by(col(JobMetricRollup.first_seq))
+    )
+    runs = [dict(point) for point in session.exec(query).all()]
+    covered = len(runs) * level
+    if not runs or runs[-1]["seq"] != covered or covered > lines:
+        return None
+    tail = _raw_points(session, job_id, rank, after_seq=covered)
+    return downsample(runs + ([merge(tail)] if tail else []), max_points)
+
+
+def chart_points(session: Session, job_id: int, ranks: list[int], max_points: int) -> tuple[list[Point], int]:
+    """(points of each rank in order, at most `max_points` per rank; telemetry lines in all)."""
+    counts = dict(
+        session.exec(
+            select(JobMetric.rank, func.count())
+            .where(JobMetric.job_id == job_id, col(JobMetric.rank).in_(ranks))
+            .group_by(col(JobMetric.rank))
+        ).all()
+    )
+    points: list[Point] = []
+    for rank in sorted(counts):
+        lines = counts[rank]
+        found = _from_rollups(session, job_id, rank, lines, max_points) if lines > max_points else None
+        points.extend(found if found is not None else downsample(_raw_points(session, job_id, rank), max_points))
+    return points, sum(counts.values())
