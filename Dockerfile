@@ -20,6 +20,7 @@ COPY alembic.ini ./
 COPY migrations ./migrations
 COPY pipebd_core ./pipebd_core
 COPY app ./app
+COPY templates ./templates
 COPY worker ./worker
 COPY examples ./examples
 RUN pip install --no-deps -e . && mkdir -p /data

@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint service-packages
+.PHONY: setup run test lint service-packages browser-packages
 
 setup: $(STAMP)
 
@@ -35,5 +35,16 @@ service-packages:
 	  fi; \
 	fi
 
-test: lint service-packages
+# The browser tests drive Debian's Chromium (Playwright cannot download a browser here); install it
+# where it is missing (and skip those tests, saying why, where we cannot).
+browser-packages:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "make: /usr/bin/chromium is not installed; the browser tests will be skipped"; \
+	  fi; \
+	fi
+
+test: lint service-packages browser-packages
 	$(BIN)/python -m pytest

@@ -67,5 +67,5 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     for router in (jobs.router, metrics.router, logs.router, artifacts.router, events.router):
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(health.router)
-    app.include_router(web.router)
+    web.install(app)
     return app

@@ -1,27 +1,36 @@
-"""The dashboard seam: HTML views live here (templates/ and the pages are built by the dashboard work).
+"""The browser dashboard: server-rendered pages (templates/ at the repository root) whose scripts
+(app/static/js) follow each job's event stream and update the page in place.
 
-Until then `/` serves a placeholder pointing at the API documentation. Dashboard routes use the same
-`read` authorization as the API (a `pipebd_token` cookie works where a browser cannot send headers).
+`install(app)` adds the pages and serves app/static under `/static`. Pages use the API's tokens: with
+`PIPEBD_API_TOKENS` set they ask for a token once and keep it in the `pipebd_token` cookie.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import HTMLResponse
+import os
 
-from app.deps import ReadAccess
+from fastapi import FastAPI
+from starlette.responses import Response
+from starlette.staticfiles import PathLike, StaticFiles
+from starlette.types import Scope
 
-router = APIRouter(include_in_schema=False)
-
-PLACEHOLDER = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>PipeBD</title></head>
-<body><h1>PipeBD</h1>
-<p>The job service is running. The dashboard is not built yet; use the API:
-<a href="/docs">interactive documentation</a>, <a href="/api/v1/jobs">jobs</a>.</p>
-</body></html>
-"""
+from app.web import access, compare, job_page, jobs_list, new_job
+from app.web.templating import STATIC
 
 
-@router.get("/", dependencies=[ReadAccess])
-def home() -> HTMLResponse:
-    return HTMLResponse(PLACEHOLDER)
+class RevalidatedStaticFiles(StaticFiles):
+    """Static files that browsers revalidate (a cheap 304) so an upgrade never runs stale scripts."""
+
+    def file_response(
+        self, full_path: PathLike, stat_result: os.stat_result, scope: Scope, status_code: int = 200
+    ) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+def install(app: FastAPI) -> None:
+    # /jobs/new before /jobs/{job_id}: "new" is not a job id
+    for module in (access, jobs_list, new_job, job_page, compare):
+        app.include_router(module.router, include_in_schema=False)
+    app.mount("/static", RevalidatedStaticFiles(directory=STATIC), name="static")

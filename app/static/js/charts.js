@@ -1,0 +1,82 @@
+// Line charts (uPlot) that grow as points arrive: `update()` redraws the canvas with the new data on
+// the next animation frame; the page itself is never reloaded. Series differ by colour (Okabe-Ito)
+// and by dash pattern, and each is named in the legend.
+import uPlot from "../vendor/uplot-1.6.32/uPlot.esm.js";
+
+export const PALETTE = ["#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#000000", "#f0e442"];
+const DASHES = [[], [8, 4], [2, 3], [12, 3, 3, 3]];
+const HEIGHT = 230;
+
+export function seriesStyle(index) {
+  return { stroke: PALETTE[index % PALETTE.length], dash: DASHES[index % DASHES.length], width: 2 };
+}
+
+export class LiveChart {
+  // figure: a <figure> with a `.plot` element; source: {keys, points, data()}
+  constructor(figure, source, { xLabel, yLabel, log = false, yRange = null, format = null }) {
+    this.figure = figure;
+    this.plot = figure.querySelector(".plot");
+    this.source = source;
+    this.options = { xLabel, yLabel, yRange, format };
+    this.log = log;
+    this.chart = null;
+    this.drawnKeys = 0;
+    this.pending = false;
+    new ResizeObserver(() => this.resize()).observe(this.plot);
+  }
+
+  width() {
+    return Math.max(200, this.plot.clientWidth || 600);
+  }
+
+  build() {
+    this.chart?.destroy();
+    const { xLabel, yLabel, yRange, format } = this.options;
+    const yAxis = { label: yLabel, size: 60 };
+    if (format) yAxis.values = (_, splits) => splits.map(format);
+    const y = this.log ? { distr: 3, log: 10 } : yRange ? { range: yRange } : {};
+    const options = {
+      width: this.width(),
+      height: HEIGHT,
+      scales: { x: { time: false }, y },
+      axes: [{ label: xLabel }, yAxis],
+      legend: { live: true },
+      series: [
+        { label: xLabel },
+        ...this.source.keys.map((key, index) => {
+          const series = { label: String(key), ...seriesStyle(index), spanGaps: true, points: { show: false } };
+          if (format) series.value = (_, v) => (v === null || v === undefined ? "—" : format(v));
+          return series;
+        }),
+      ],
+    };
+    this.plot.replaceChildren();
+    this.chart = new uPlot(options, this.source.data(), this.plot);
+    this.drawnKeys = this.source.keys.length;
+  }
+
+  // Draw the source's current data on the next frame (many appends in one frame draw once).
+  update() {
+    if (this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(() => {
+      this.pending = false;
+      this.figure.dataset.points = String(this.source.points);
+      if (this.source.points === 0) {
+        if (!this.chart) this.plot.innerHTML = '<p class="waiting">No points yet: they appear as the ranks report.</p>';
+        return;
+      }
+      if (!this.chart || this.drawnKeys !== this.source.keys.length) this.build();
+      else this.chart.setData(this.source.data());
+    });
+  }
+
+  setLog(log) {
+    this.log = log;
+    if (this.chart) this.build();
+  }
+
+  resize() {
+    if (this.chart && Math.abs(this.chart.width - this.width()) > 2) this.chart.setSize({ width: this.width(), height: HEIGHT });
+  }
+}

@@ -1,0 +1,132 @@
+// The job page: history from the metrics API, then live from the job's event stream. Charts gain
+// points, the schedules are redrawn, and the server-rendered parts (status, bottleneck, plan,
+// events, artifacts) are fetched again when what they show may have changed. No page reload.
+import { getJSON } from "./api.js";
+import { handleCancelButtons } from "./cancel.js";
+import { LiveChart } from "./charts.js";
+import { mebibytes } from "./format.js";
+import { drawGantt, measuredWindow, showEmpty } from "./gantt.js";
+import { followJob } from "./live.js";
+import { LogPanel } from "./logs.js";
+import { refreshPart, throttle } from "./parts.js";
+import { JobTelemetry } from "./telemetry.js";
+
+const config = JSON.parse(document.getElementById("job-config").textContent);
+const api = `/api/v1/jobs/${config.id}`;
+const telemetry = new JobTelemetry(config);
+let plan = null;
+let state = config.state;
+
+const charts = {
+  loss: new LiveChart(document.getElementById("chart-loss"), telemetry.loss, { xLabel: "step", yLabel: "loss" }),
+  throughput: new LiveChart(document.getElementById("chart-throughput"), telemetry.rate, {
+    xLabel: "s since start", yLabel: "samples/s",
+  }),
+  util: new LiveChart(document.getElementById("chart-util"), telemetry.util, {
+    xLabel: "s since start", yLabel: "busy", yRange: [0, 1], format: (v) => `${Math.round(v * 100)}%`,
+  }),
+  memory: new LiveChart(document.getElementById("chart-memory"), telemetry.memory, {
+    xLabel: "s since start", yLabel: "memory", format: mebibytes,
+  }),
+};
+const drawCharts = () => Object.values(charts).forEach((chart) => chart.update());
+
+let logs = null;
+const part = (name) => refreshPart(document.getElementById(`part-${name}`), `/jobs/${config.id}/partials/${name}`);
+async function refreshStatus() {
+  await part("status");
+  if (document.getElementById("status")?.dataset.runDir === "1") logs?.started();
+}
+const refresh = {
+  status: throttle(refreshStatus, 1000),
+  bottleneck: throttle(() => part("bottleneck"), 2000),
+  events: throttle(() => part("events"), 3000),
+  architecture: throttle(async () => {
+    const section = document.getElementById("part-architecture");
+    if (await part("architecture")) section.hidden = section.querySelector("table") === null;
+  }, 5000),
+};
+
+function drawSchedules() {
+  const predicted = document.getElementById("gantt-predicted");
+  const simulated = plan?.simulation?.chosen;
+  if (simulated?.segments?.length) {
+    const end = Math.max(...simulated.segments.map((s) => s.end));
+    drawGantt(predicted, { nproc: config.nproc, segments: simulated.segments, t0: 0, t1: end });
+  } else {
+    showEmpty(predicted, plan ? "No prediction: the blocks were not profiled (schedule.profile: false)." : "The prediction appears with the plan, when a worker starts the job.");
+  }
+  const measured = document.getElementById("gantt-measured");
+  const latest = measuredWindow(telemetry.recent);
+  if (latest) drawGantt(measured, { nproc: config.nproc, ...latest });
+  else showEmpty(measured, "Appears once the ranks report their first tasks.");
+}
+const redrawSchedules = throttle(drawSchedules, 1000);
+
+// The plan is written before the ranks launch: fetched when the page had one, or once the job runs.
+async function loadPlan() {
+  plan = await getJSON(`${api}/plan`);
+  telemetry.numBlocks ??= plan.num_blocks;
+}
+
+// The downsampled history for the charts; the page itself carries each rank's newest raw lines for
+// the measured schedule.
+async function loadHistory() {
+  for (const record of config.recent) telemetry.keep(record);
+  const history = await getJSON(`${api}/metrics?max_points=${config.historyPoints}`); // preloaded by the page
+  telemetry.startRate(history.points);
+  for (const point of history.points) telemetry.add(point);
+}
+
+function onState(event) {
+  state = event.state;
+  refresh.status();
+  refresh.events();
+  part("artifacts");
+  if (!plan && state === "running") loadPlan().then(() => { part("plan"); drawSchedules(); });
+}
+
+function onMetrics(event) {
+  if (!event.records?.length) return;
+  telemetry.addRecords(event.records);
+  drawCharts();
+  redrawSchedules();
+  refresh.status();
+  refresh.bottleneck();
+  if (telemetry.hasArchitecture) refresh.architecture();
+}
+
+async function onEnd() {
+  state = "ended";
+  await Promise.all([refreshStatus(), part("bottleneck"), part("events"), part("artifacts"), part("plan")]);
+  drawSchedules();
+  document.body.dataset.streamEnded = "1";
+}
+
+async function start() {
+  logs = new LogPanel({
+    jobId: config.id,
+    select: document.getElementById("log-source"),
+    follow: document.getElementById("log-follow"),
+    output: document.getElementById("log-text"),
+    available: config.hasLogs,
+  });
+  document.getElementById("loss-log").addEventListener("change", (event) => charts.loss.setLog(event.target.checked));
+  handleCancelButtons(document.getElementById("part-status"), null, refreshStatus);
+  logs.load();
+  await Promise.all([config.hasPlan ? loadPlan() : null, loadHistory()]);
+  drawCharts();
+  drawSchedules();
+  window.addEventListener("resize", redrawSchedules);
+  await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve))); // charts drawn
+  document.body.dataset.readyMs = String(Math.round(performance.now()));
+  document.body.dataset.ready = "1";
+  followJob(config.id, config.afterEventId, {
+    state: onState,
+    metrics: onMetrics,
+    log: (event) => logs.grew(event.rank),
+    end: onEnd,
+  });
+}
+
+start();

@@ -1,0 +1,91 @@
+// The log panel: the tail of the launcher's or one rank's log, followed while the job runs. The
+// event stream says when a log grew (a `log` event names its rank); the panel then reads the file
+// from where it stopped (`next_offset`), so no line is shown twice or skipped.
+import { getJSON } from "./api.js";
+
+const TAIL_BYTES = 64 * 1024;
+const MAX_SHOWN = 400 * 1024; // characters kept in the panel
+
+export class LogPanel {
+  // available: the job has a run directory (a worker started it); before that the API has no logs.
+  constructor({ jobId, select, follow, output, available }) {
+    this.jobId = jobId;
+    this.available = available;
+    this.select = select;
+    this.follow = follow;
+    this.output = output;
+    this.offset = 0;
+    this.busy = false;
+    this.again = false;
+    select.addEventListener("change", () => this.load());
+  }
+
+  url(offset, limit) {
+    const rank = this.select.value === "" ? "" : `&rank=${this.select.value}`;
+    return `/api/v1/jobs/${this.jobId}/logs?offset=${offset}&limit=${limit}${rank}`;
+  }
+
+  async load() {
+    if (!this.available) {
+      this.show("No logs yet: they appear once a worker starts the job.", false);
+      return;
+    }
+    try {
+      const head = await getJSON(this.url(0, 1));
+      const start = Math.max(0, head.size - TAIL_BYTES);
+      const chunk = await getJSON(this.url(start, TAIL_BYTES));
+      let text = chunk.text;
+      if (start > 0) text = `… (earlier lines omitted)\n${text.slice(text.indexOf("\n") + 1)}`;
+      this.offset = chunk.next_offset;
+      this.show(text || "(nothing written to this log yet)", false);
+    } catch (error) {
+      this.offset = 0;
+      this.show(`Could not read the log: ${error.message}`, false);
+    }
+  }
+
+  show(text, append) {
+    const atBottom = this.output.scrollTop + this.output.clientHeight >= this.output.scrollHeight - 8;
+    let value = append ? this.output.textContent + text : text;
+    if (value.length > MAX_SHOWN) value = value.slice(value.length - MAX_SHOWN);
+    this.output.textContent = value;
+    if (atBottom || !append) this.output.scrollTop = this.output.scrollHeight;
+  }
+
+  // The job now has a run directory (a worker took it): its logs can be read.
+  async started() {
+    if (this.available) return;
+    this.available = true;
+    await this.load();
+  }
+
+  // A `log` event for `rank` (null: the launcher) arrived: read what is new if we follow that log.
+  async grew(rank) {
+    if (!this.available) {
+      await this.started();
+      return;
+    }
+    const shown = this.select.value === "" ? null : Number(this.select.value);
+    if (!this.follow.checked || shown !== rank) return;
+    if (this.busy) {
+      this.again = true;
+      return;
+    }
+    this.busy = true;
+    try {
+      if (this.offset === 0) {
+        await this.load();
+      } else {
+        const chunk = await getJSON(this.url(this.offset, TAIL_BYTES));
+        if (chunk.text) this.show(chunk.text, true);
+        this.offset = chunk.next_offset;
+      }
+    } finally {
+      this.busy = false;
+    }
+    if (this.again) {
+      this.again = false;
+      this.grew(rank);
+    }
+  }
+}

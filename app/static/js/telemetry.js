@@ -1,0 +1,86 @@
+// A job's telemetry turned into chart series. Points come from the metrics API (downsampled: one
+// point may stand for `count` lines) and from the event stream (raw telemetry lines). Each rank's
+// points are kept in order and counted once: a line already drawn (by its `seq`) is skipped.
+import { AlignedTable, RateWindows } from "./series.js";
+
+const WAITS = ["recv_wait", "barrier"];
+const MIB = 1024 * 1024;
+const KEPT_PER_RANK = 64; // raw lines per rank kept for the measured schedule
+
+export function pointFromRecord(record) {
+  return { ...record, seq: record.done, count: 1 };
+}
+
+const sum = (values) => values.reduce((total, value) => total + value, 0);
+
+export class JobTelemetry {
+  constructor({ startedAt, numBlocks, nproc }) {
+    this.t0 = startedAt ?? null;
+    this.numBlocks = numBlocks ?? null;
+    this.nproc = nproc;
+    this.loss = new AlignedTable();
+    this.util = new AlignedTable();
+    this.memory = new AlignedTable();
+    this.rate = new RateWindows(1);
+    this.lastSeq = new Map();
+    this.lastTime = new Map();
+    this.recent = new Map();
+    this.hasArchitecture = false;
+  }
+
+  // The rate windows' width, chosen once from the span of the history (about 150 windows).
+  startRate(points) {
+    const times = points.map((p) => p.time).filter(Number.isFinite);
+    if (times.length > 1) this.rate.width = Math.max(0.5, (Math.max(...times) - Math.min(...times)) / 150);
+  }
+
+  blocksInModel(point) {
+    if (this.numBlocks) return this.numBlocks;
+    const seen = Object.keys(point.loss ?? {}).map(Number);
+    return Math.max(1, ...seen.map((block) => block + 1));
+  }
+
+  add(point) {
+    const rank = point.rank;
+    if (point.seq !== undefined && point.seq <= (this.lastSeq.get(rank) ?? -1)) return false;
+    this.lastSeq.set(rank, point.seq ?? 0);
+    const phases = point.phases ?? {};
+    const taskSeconds = sum(Object.values(phases));
+    const count = point.count ?? 1;
+    if (this.t0 === null) this.t0 = point.time - taskSeconds;
+    const x = point.time - this.t0;
+    if (point.round !== "arch") {
+      for (const [block, value] of Object.entries(point.loss ?? {})) this.loss.add(point.step, `block ${block}`, value);
+    }
+    const busy = (taskSeconds - sum(WAITS.map((phase) => phases[phase] ?? 0))) * count;
+    const previous = this.lastTime.get(rank);
+    const span = previous === undefined ? taskSeconds * count : point.time - previous;
+    if (span > 0) this.util.add(x, `rank ${rank}`, Math.min(1, busy / span));
+    this.lastTime.set(rank, point.time);
+    if (point.peak_mem) this.memory.add(x, `rank ${rank}`, point.peak_mem / MIB);
+    const distilled = ((point.samples ?? 0) * count * (point.blocks?.length ?? 1)) / this.blocksInModel(point);
+    this.rate.add("samples/s", x, distilled);
+    if (point.arch) this.hasArchitecture = true;
+    return true;
+  }
+
+  // Raw lines (telemetry records, or undownsampled API points) for the measured schedule; they may
+  // repeat lines already drawn as chart points.
+  keep(record) {
+    const kept = this.recent.get(record.rank) ?? [];
+    const seq = record.seq ?? record.done;
+    if (kept.length && kept[kept.length - 1].seq >= seq) return;
+    kept.push({ ...record, seq });
+    if (kept.length > KEPT_PER_RANK) kept.splice(0, kept.length - KEPT_PER_RANK);
+    this.recent.set(record.rank, kept);
+  }
+
+  addRecords(records) {
+    let added = 0;
+    for (const record of records) {
+      this.keep(record);
+      if (this.add(pointFromRecord(record))) added += 1;
+    }
+    return added;
+  }
+}

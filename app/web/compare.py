@@ -1,0 +1,134 @@
+"""The compare page (`/compare?ids=1,2`): jobs side by side, e.g. one spec in `dp` and in `auto`.
+
+One table (mode, ranks, measured samples/s and step time, speed-up over the baseline, peak memory,
+final loss per block) and overlaid curves drawn by the page's script, which follows each unfinished
+job's event stream and re-fetches the table (`/compare/partials/table`) as metrics arrive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+from sqlmodel import Session, col, select
+
+from app.deps import SessionDep
+from app.lifecycle import FINAL
+from app.models import Job
+from app.web import queries
+from app.web.access import ViewerDep
+from app.web.analysis import JobSummary, summarize
+from app.web.routing import PageRoute
+from app.web.templating import render
+
+MAX_COMPARED = 4  # each unfinished job holds an event stream open; browsers allow six connections per host
+PICKER_JOBS = 20  # recent jobs offered as checkboxes when no ids are given
+
+router = APIRouter(route_class=PageRoute)
+IdsQuery = Annotated[str | None, Query(description="job ids separated by commas, e.g. 3,4")]
+IdQuery = Annotated[list[str] | None, Query(description="a job id; repeat for several")]
+
+
+@dataclass
+class Compared:
+    job: Job
+    mode: str
+    summary: JobSummary
+    speedup: float | None = None
+    baseline: bool = False
+
+
+def parse_ids(ids: str | None, id_list: list[str] | None) -> list[int]:
+    """Distinct job ids in the order given; ValueError saying what is wrong."""
+    raw = [part.strip() for part in (ids or "").split(",") if part.strip()] + [v.strip() for v in id_list or []]
+    bad = [value for value in raw if not value.isdigit()]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a job id; give numbers separated by commas, e.g. 3,4")
+    found = list(dict.fromkeys(int(value) for value in raw))
+    if len(found) > MAX_COMPARED:
+        raise ValueError(f"at most {MAX_COMPARED} jobs side by side, got {len(found)}; drop some")
+    return found
+
+
+def load_jobs(session: Session, ids: list[int]) -> list[Job]:
+    jobs = []
+    for job_id in ids:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise ValueError(f"job {job_id} does not exist (it may have been deleted)")
+        jobs.append(job)
+    return jobs
+
+
+def compared(session: Session, job: Job) -> Compared:
+    summary_file = queries.read_json_artifact(job, "summary.json") or {}
+    plan = job.plan_summary or {}
+    summary = summarize(
+        queries.recent_records(session, job),
+        int(plan.get("num_blocks") or 1),
+        int(job.spec.get("data", {}).get("batch_size") or 1),
+        summary_file.get("final_loss"),
+    )
+    mode = plan.get("mode") or job.spec.get("schedule", {}).get("mode", "?")
+    return Compared(job, str(mode), summary)
+
+
+def with_speedups(rows: list[Compared]) -> list[Compared]:
+    """Speed-up over the first `dp` job, or over the first job when none runs `dp`."""
+    if not rows:
+        return rows
+    baseline = next((row for row in rows if row.mode == "dp"), rows[0])
+    baseline.baseline = True
+    for row in rows:
+        if row.summary.samples_per_s and baseline.summary.samples_per_s:
+            row.speedup = row.summary.samples_per_s / baseline.summary.samples_per_s
+    return rows
+
+
+def comparison(session: Session, ids: str | None, id_list: list[str] | None) -> tuple[list[Compared], str | None]:
+    try:
+        jobs = load_jobs(session, parse_ids(ids, id_list))
+    except ValueError as error:
+        return [], str(error)
+    return with_speedups([compared(session, job) for job in jobs]), None
+
+
+def script_config(session: Session, rows: list[Compared]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": row.job.id,
+            "name": row.job.name,
+            "mode": row.mode,
+            "final": row.job.state in FINAL,
+            "startedAt": row.job.started_at,
+            "batchSize": int(row.job.spec.get("data", {}).get("batch_size") or 1),
+            "numBlocks": (row.job.plan_summary or {}).get("num_blocks"),
+            "afterEventId": queries.last_event_id(session, row.job.id or 0),
+        }
+        for row in rows
+    ]
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(
+    request: Request, viewer: ViewerDep, session: SessionDep, ids: IdsQuery = None, id: IdQuery = None
+) -> HTMLResponse:
+    rows, error = comparison(session, ids, id)
+    recent = session.exec(select(Job).order_by(col(Job.id).desc()).limit(PICKER_JOBS)).all()
+    context = {
+        "rows": rows,
+        "error": error,
+        "ids_text": ids if error else ",".join(str(row.job.id) for row in rows),
+        "recent": recent,
+        "config": script_config(session, rows),
+        "max_compared": MAX_COMPARED,
+    }
+    return render(request, "jobs/compare.html", context, status_code=422 if error else 200)
+
+
+@router.get("/compare/partials/table", response_class=HTMLResponse)
+def compare_table(request: Request, viewer: ViewerDep, session: SessionDep, ids: IdsQuery = None) -> HTMLResponse:
+    rows, error = comparison(session, ids, None)
+    return render(request, "partials/compare_table.html", {"rows": rows, "error": error}, 422 if error else 200)

@@ -1,0 +1,167 @@
+"""The job page (`/jobs/{id}`) and its server-rendered parts.
+
+The page is drawn once with every part; its script then follows the job's event stream, appends
+points to the charts and re-fetches a part (`/jobs/{id}/partials/{name}`) when what it shows may
+have changed: the status on state and metric events, the bottleneck on metric events, the plan,
+artifacts and events on state changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from sqlmodel import Session
+
+from app.artifacts import available
+from app.deps import SessionDep, SettingsDep
+from app.jobs import waiting_reason
+from app.lifecycle import FINAL
+from app.models import Job
+from app.web import queries
+from app.web.access import ViewerDep
+from app.web.analysis import LABELS, find_bottleneck, rank_loads
+from app.web.routing import PageError, PageRoute
+from app.web.templating import render
+from app.web.views import job_row, plan_view
+
+router = APIRouter(route_class=PageRoute)
+GANTT_LINES = 8  # newest telemetry lines per rank handed to the page for the measured schedule
+HISTORY_POINTS = 500  # chart points per rank the page starts from (the server downsamples to these)
+
+TERMINATION = {
+    "user_cancelled": "Someone cancelled the job.",
+    "exit_code": "The ranks exited with a non-zero code without reporting an error; the launcher log says more.",
+    "rank_error": "A rank raised an exception; its traceback is below.",
+    "oom": "A rank ran out of memory. Give each rank fewer rows (a smaller batch, more replicas) or fewer blocks.",
+    "timeout": "The job ran longer than the server's time limit (PIPEBD_JOB_TIMEOUT_S) and was stopped.",
+    "worker_lost": "Its worker stopped sending heartbeats (it died or was shut down); its ranks were killed.",
+    "launch_error": "The worker could not prepare the job (data set, plan or profiling failed); see the error below.",
+}
+
+
+class JobParts:
+    """Everything the page's parts show about one job, read lazily and at most once per request."""
+
+    def __init__(self, session: Session, job: Job, stale_after_s: float) -> None:
+        self.session, self.job, self.stale_after_s = session, job, stale_after_s
+        self._plan: dict[str, Any] | None = None
+        self._plan_read = False
+        self._recent: dict[int, list[dict[str, Any]]] | None = None
+
+    @property
+    def plan(self) -> dict[str, Any] | None:
+        if not self._plan_read:
+            self._plan, self._plan_read = queries.read_json_artifact(self.job, "plan.json"), True
+        return self._plan
+
+    @property
+    def num_blocks(self) -> int | None:
+        summary = self.job.plan_summary or self.plan or {}
+        return summary.get("num_blocks")
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.job.spec.get("data", {}).get("batch_size") or 1)
+
+    def status(self) -> dict[str, Any]:
+        reason = waiting_reason(self.session, job=self.job, stale_after_s=self.stale_after_s)
+        explanation = TERMINATION.get(self.job.termination_reason or "")
+        return {"row": job_row(self.job), "waiting": reason, "explanation": explanation}
+
+    @property
+    def recent(self) -> dict[int, list[dict[str, Any]]]:
+        if self._recent is None:
+            self._recent = queries.recent_records(self.session, self.job)
+        return self._recent
+
+    def bottleneck(self) -> dict[str, Any]:
+        records = self.recent
+        loads = rank_loads(records, self.num_blocks or 1)
+        memory = {rank: max((r.get("peak_mem") or 0) for r in rows) for rank, rows in records.items()}
+        finding = find_bottleneck(loads, self.plan, self.batch_size)
+        return {"loads": loads, "finding": finding, "labels": LABELS, "memory": memory}
+
+    def plan_part(self) -> dict[str, Any]:
+        return {"plan": plan_view(self.plan) if self.plan else None, "schedule": self.job.spec.get("schedule", {})}
+
+    def artifacts(self) -> dict[str, Any]:
+        items = [
+            (artifact, size, f"/api/v1/jobs/{self.job.id}/artifacts/{artifact.name}")
+            for artifact, size in available(self.session, self.job)
+        ]
+        return {"artifacts": items}
+
+    def events(self) -> dict[str, Any]:
+        assert self.job.id is not None
+        return {
+            "states": queries.state_history(self.session, self.job.id),
+            "engine_events": queries.engine_events(self.job),
+        }
+
+    def architecture(self) -> dict[str, Any]:
+        names = (self.plan or {}).get("block_names") or []
+        searched = self.job.spec.get("workload", {}).get("kind") == "nas"
+        found = queries.latest_architecture(self.session, self.job) if searched else {}
+        return {"architecture": found, "block_names": names}
+
+    def builders(self) -> dict[str, Callable[[], dict[str, Any]]]:
+        return {
+            "status": self.status,
+            "bottleneck": self.bottleneck,
+            "plan": self.plan_part,
+            "artifacts": self.artifacts,
+            "events": self.events,
+            "architecture": self.architecture,
+        }
+
+    def config(self) -> dict[str, Any]:
+        """What the page's script needs to start: ids, sizes, and where to follow the events from."""
+        assert self.job.id is not None
+        return {
+            "id": self.job.id,
+            "state": self.job.state,
+            "final": self.job.state in FINAL,
+            "nproc": self.job.nproc,
+            "batchSize": self.batch_size,
+            "numBlocks": self.num_blocks,
+            "startedAt": self.job.started_at,
+            "afterEventId": queries.last_event_id(self.session, self.job.id),
+            "hasPlan": self.plan is not None,
+            "hasLogs": self.job.run_dir is not None,
+            "recent": [record for records in self.recent.values() for record in records[-GANTT_LINES:]],
+            "canSubmit": False,
+        }
+
+
+def get_page_job(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise PageError(404, "No such job", f"Job {job_id} does not exist (it may have been deleted).")
+    return job
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(
+    request: Request, job_id: int, viewer: ViewerDep, session: SessionDep, settings: SettingsDep
+) -> HTMLResponse:
+    job = get_page_job(session, job_id)
+    parts = JobParts(session, job, settings.stale_after_s)
+    config = {**parts.config(), "canSubmit": viewer.can_submit, "historyPoints": HISTORY_POINTS}
+    context: dict[str, Any] = {"job": job, "config": config, "history_points": HISTORY_POINTS}
+    for name, build in parts.builders().items():
+        context[name] = build()
+    return render(request, "jobs/detail.html", context)
+
+
+@router.get("/jobs/{job_id}/partials/{name}", response_class=HTMLResponse)
+def job_partial(
+    request: Request, job_id: int, name: str, viewer: ViewerDep, session: SessionDep, settings: SettingsDep
+) -> HTMLResponse:
+    job = get_page_job(session, job_id)
+    builders = JobParts(session, job, settings.stale_after_s).builders()
+    if name not in builders:
+        raise PageError(404, "No such part", f"A job page has no part {name!r}; parts: {', '.join(builders)}.")
+    return render(request, f"partials/{name}.html", {"job": job, name: builders[name]()})

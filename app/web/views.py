@@ -1,0 +1,188 @@
+"""View models the templates draw: a job's list row, and its plan as ranks x blocks with stages,
+alternatives and per-mode predictions."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.lifecycle import CANCELLING, FINAL, QUEUED, RUNNING, STARTING
+from app.models import Job
+from app.web.templating import blocks as block_text
+
+CANCELLABLE = (QUEUED, STARTING, RUNNING)
+MODE_ORDER = ("dp", "ls", "ir", "tr", "tr_dpu", "hybrid")
+
+
+@dataclass
+class JobRow:
+    job: Job
+    elapsed_s: float | None  # running time so far (or in all), or queued time for a queued job
+    eta_s: float | None
+    plan_text: str
+    cancellable: bool
+    version: str  # changes whenever the row would render differently
+
+
+def stages_text(stages: list[dict[str, Any]]) -> str:
+    """`0 ×2 | 1–3` : each stage's blocks, with its replicas when more than one."""
+    parts = []
+    for stage in stages:
+        text = block_text(range(stage["start"], stage["stop"]))
+        parts.append(f"{text} ×{stage['replicas']}" if stage.get("replicas", 1) > 1 else text)
+    return " | ".join(parts)
+
+
+def plan_text(job: Job) -> str:
+    """The mode and the plan in a few words, from the plan summary or, before planning, the spec."""
+    summary = job.plan_summary
+    if not summary:
+        schedule = job.spec.get("schedule", {})
+        mode = schedule.get("mode", "?")
+        suffix = ", planned when it starts" if mode == "auto" else ""
+        return f"{mode} on {job.nproc} rank{'s' if job.nproc != 1 else ''}{suffix}"
+    mode = summary.get("mode", "?")
+    if summary.get("stages"):
+        return f"{mode}: {stages_text(summary['stages'])}"
+    if mode == "ls":
+        return f"ls: blocks bin-packed on {job.nproc} ranks"
+    return f"{mode}: {job.nproc} ranks, data parallel per block"
+
+
+def job_row(job: Job, now: float | None = None) -> JobRow:
+    now = now or time.time()
+    elapsed: float | None
+    if job.started_at is not None:
+        elapsed = (job.finished_at or now) - job.started_at
+    elif job.state == QUEUED:
+        elapsed = now - job.created_at
+    else:
+        elapsed = None
+    eta = None
+    if job.state == RUNNING and elapsed is not None and 0.0 < job.progress < 1.0:
+        eta = elapsed * (1.0 - job.progress) / job.progress
+    version = f"{job.state}:{job.updated_at}:{job.progress:.4f}:{job.samples_per_s}"
+    return JobRow(job, elapsed, eta, plan_text(job), job.state in CANCELLABLE, version)
+
+
+def is_final(state: str) -> bool:
+    return state in FINAL
+
+
+def is_stopping(state: str) -> bool:
+    return state == CANCELLING
+
+
+@dataclass
+class Cell:
+    owned: bool
+    rows: tuple[int, int] | None = None
+
+
+@dataclass
+class RankRow:
+    rank: int
+    role: str
+    stage: int | None
+    rows: tuple[int, int]
+    cells: list[Cell]
+
+
+@dataclass
+class StageView:
+    index: int
+    blocks: str
+    ranks: list[int]
+    rows: list[tuple[int, int]]
+
+    @property
+    def replicas(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass
+class Alternative:
+    position: int
+    stages: str
+    step_s: float
+    bottleneck_stage: int | None
+    relative: float  # step time over the best alternative's
+    chosen: bool
+
+
+@dataclass
+class PlanView:
+    mode: str
+    nproc: int
+    batch_size: int
+    block_names: list[str]
+    rank_rows: list[RankRow]
+    stages: list[StageView]
+    alternatives: list[Alternative] = field(default_factory=list)
+    mode_steps: list[tuple[str, float, float | None]] = field(default_factory=list)  # mode, step, speed-up vs dp
+    predicted_step_s: float | None = None
+    ideal_step_s: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def _rank_rows(plan: dict[str, Any], num_blocks: int) -> list[RankRow]:
+    rows = []
+    for info in plan.get("ranks", []):
+        owned = set(info.get("blocks", []))
+        first, last = info.get("rows") or (0, plan.get("batch_size", 0))
+        span = (int(first), int(last))
+        cells = [Cell(block in owned, span if block in owned else None) for block in range(num_blocks)]
+        rows.append(RankRow(int(info["rank"]), str(info.get("role", "")), info.get("stage"), span, cells))
+    return rows
+
+
+def _alternatives(plan: dict[str, Any]) -> list[Alternative]:
+    ranked = plan.get("alternatives") or []
+    if not ranked:
+        return []
+    best = ranked[0]["step_s"] or 1e-12
+    chosen = [(s["start"], s["stop"], s["replicas"]) for s in plan.get("stages", [])]
+    return [
+        Alternative(
+            position=index + 1,
+            stages=stages_text(item["stages"]),
+            step_s=item["step_s"],
+            bottleneck_stage=item.get("bottleneck_stage"),
+            relative=item["step_s"] / best,
+            chosen=[(s["start"], s["stop"], s["replicas"]) for s in item["stages"]] == chosen,
+        )
+        for index, item in enumerate(ranked)
+    ]
+
+
+def _mode_steps(plan: dict[str, Any]) -> list[tuple[str, float, float | None]]:
+    steps = plan.get("mode_step_s") or {}
+    baseline = steps.get("dp")
+    return [
+        (mode, steps[mode], baseline / steps[mode] if baseline and steps[mode] else None)
+        for mode in MODE_ORDER
+        if mode in steps
+    ]
+
+
+def plan_view(plan: dict[str, Any]) -> PlanView:
+    num_blocks = int(plan.get("num_blocks") or len(plan.get("block_names") or []))
+    names = list(plan.get("block_names") or [f"block{i}" for i in range(num_blocks)])
+    stages = [
+        StageView(index, block_text(range(s["start"], s["stop"])), list(s["ranks"]), [(r[0], r[1]) for r in s["rows"]])
+        for index, s in enumerate(plan.get("stages") or [])
+    ]
+    return PlanView(
+        mode=plan.get("mode", "?"),
+        nproc=int(plan.get("nproc", 0)),
+        batch_size=int(plan.get("batch_size", 0)),
+        block_names=names,
+        rank_rows=_rank_rows(plan, num_blocks),
+        stages=stages,
+        alternatives=_alternatives(plan),
+        mode_steps=_mode_steps(plan),
+        predicted_step_s=plan.get("predicted_step_s"),
+        ideal_step_s=plan.get("ideal_step_s"),
+        warnings=[str(w) for w in plan.get("warnings") or []],
+    )
