@@ -1,0 +1,206 @@
+"""Pure logic of the dashboard: per-rank time shares, the bottleneck sentence, the compare summary,
+the plan as ranks x blocks, and the number filters of the templates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.models import Job
+from app.web.analysis import find_bottleneck, latest_losses, predicted_bottleneck, rank_load, rank_loads, summarize
+from app.web.templating import blocks, duration, size
+from app.web.views import job_row, plan_text, plan_view, stages_text
+
+ZERO = {
+    "data": 0.0,
+    "recv_wait": 0.0,
+    "teacher": 0.0,
+    "send": 0.0,
+    "student": 0.0,
+    "allreduce": 0.0,
+    "barrier": 0.0,
+    "optim": 0.0,
+}
+
+
+def line(rank: int, step: int, time: float, blocks: list[int], **phases: float) -> dict[str, Any]:
+    return {
+        "time": time,
+        "rank": rank,
+        "step": step,
+        "round": "weights",
+        "blocks": blocks,
+        "loss": {str(b): 1.0 / (step + 1) for b in blocks},
+        "phases": {**ZERO, **phases},
+        "samples": 12,
+        "peak_mem": 1000 * (rank + 1) + step,
+        "done": step + 1,
+        "total": 10,
+    }
+
+
+def pipeline(steps: int = 10) -> dict[int, list[dict[str, Any]]]:
+    """Two stages: rank 1's student work takes 3x rank 0's, so rank 0 blocks in send and rank 1 never waits."""
+    records: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
+    for step in range(steps):
+        end = 0.1 * (step + 1)
+        records[0].append(
+            line(0, step, end - 0.04, [0, 1], data=0.005, teacher=0.01, send=0.05, student=0.02, optim=0.005)
+        )
+        records[1].append(line(1, step, end, [2, 3], recv_wait=0.002, teacher=0.02, student=0.075, optim=0.003))
+    return records
+
+
+def test_rank_load_splits_wall_time_into_phases_and_gaps() -> None:
+    load = rank_load(0, pipeline()[0], num_blocks=4)
+    assert load is not None
+    assert load.tasks == 10
+    # wall: from the first task's start (0.06 - 0.09) to the last task's end (0.96)
+    assert load.wall_s == pytest.approx(0.96 - (0.06 - 0.09))
+    assert load.share("send") == pytest.approx(0.5 / load.wall_s)
+    assert sum(share for _, share in load.shares()) == pytest.approx(1.0, abs=0.01)
+    assert load.distilled == pytest.approx(10 * 12 * 2 / 4)
+
+
+def test_the_bottleneck_is_the_rank_that_works_most_and_others_say_how_they_wait() -> None:
+    loads = rank_loads(pipeline(), num_blocks=4)
+    plan = {"ranks": [{"rank": 0, "blocks": [0, 1], "stage": 0}, {"rank": 1, "blocks": [2, 3], "stage": 1}]}
+    finding = find_bottleneck(loads, plan, batch_size=12)
+    assert finding.rank == 1
+    assert finding.headline.startswith("Rank 1 (stage 1, blocks 2–3) is the bottleneck")
+    assert "student work" in finding.headline
+    assert "rank 0 is held up sending its output on (send)" in finding.details[0]
+    assert "no prediction" in finding.details[1]
+
+
+def test_a_downstream_rank_waiting_for_input_is_named_as_waiting() -> None:
+    records = pipeline()
+    for record in records[1]:
+        record["phases"].update(recv_wait=0.06, student=0.015)  # rank 1 now mostly waits
+    for record in records[0]:
+        record["phases"].update(send=0.0, student=0.08)
+    finding = find_bottleneck(rank_loads(records, 4), None, 12)
+    assert finding.rank == 0
+    assert "rank 1 waits for its input (recv_wait)" in finding.details[0]
+
+
+def test_even_ranks_are_reported_as_balanced() -> None:
+    records = {
+        rank: [line(rank, s, 0.1 * (s + 1), [rank], teacher=0.05, student=0.05) for s in range(5)] for rank in (0, 1)
+    }
+    finding = find_bottleneck(rank_loads(records, 2), None, 10)
+    assert finding.headline.startswith("The ranks are evenly loaded")
+
+
+def test_no_telemetry_and_a_single_rank() -> None:
+    assert find_bottleneck([], None, 10).rank is None
+    single = rank_loads({0: [line(0, 0, 1.0, [0, 1], teacher=0.2, student=0.6)]}, 2)
+    finding = find_bottleneck(single, None, 10)
+    assert finding.rank == 0 and finding.headline.startswith("One rank does all the work")
+
+
+def test_the_prediction_of_the_chosen_plan_is_quoted() -> None:
+    stages = [{"start": 0, "stop": 2, "replicas": 1}, {"start": 2, "stop": 4, "replicas": 1}]
+    plan = {
+        "stages": [{**stage, "ranks": [i], "rows": [[0, 12]]} for i, stage in enumerate(stages)],
+        "alternatives": [
+            {
+                "stages": [{"start": 0, "stop": 1, "replicas": 1}, {"start": 1, "stop": 4, "replicas": 1}],
+                "step_s": 0.05,
+                "bottleneck_stage": 0,
+            },
+            {"stages": stages, "step_s": 0.08, "bottleneck_stage": 1},
+        ],
+    }
+    assert predicted_bottleneck(plan) == (1, 0.08)
+    finding = find_bottleneck(rank_loads(pipeline(), 4), plan, 12)
+    assert "predicted stage 1 as the bottleneck at 80.00 ms per step" in finding.details[1]
+
+
+def test_summary_measures_throughput_memory_and_final_losses() -> None:
+    records = pipeline()
+    summary = summarize(records, num_blocks=4, batch_size=12, final_loss=None)
+    loads = rank_loads(records, 4)
+    expected = sum(load.distilled / load.wall_s for load in loads)
+    assert summary.samples_per_s == pytest.approx(expected)
+    assert summary.step_s == pytest.approx(12 / expected)
+    assert summary.peak_mem == 2000 + 9
+    assert summary.final_loss == {"0": 0.1, "1": 0.1, "2": 0.1, "3": 0.1}
+    assert summarize(records, 4, 12, {"0": 0.5}).final_loss == {"0": 0.5}
+
+
+def test_latest_losses_average_replicas_and_skip_architecture_rounds() -> None:
+    records = {0: [line(0, 3, 1.0, [0])], 1: [line(1, 3, 1.0, [0])]}
+    records[1][0]["loss"] = {"0": 0.5}
+    arch = line(0, 4, 2.0, [0])
+    arch["round"] = "arch"
+    records[0].append(arch)
+    assert latest_losses(records) == {"0": pytest.approx((0.25 + 0.5) / 2)}
+
+
+def test_plan_view_shows_replicated_stages_and_alternatives() -> None:
+    plan = {
+        "mode": "hybrid",
+        "nproc": 3,
+        "num_blocks": 3,
+        "batch_size": 12,
+        "block_names": ["conv1", "conv2", "conv3"],
+        "stages": [
+            {"start": 0, "stop": 1, "replicas": 2, "ranks": [0, 1], "rows": [[0, 6], [6, 12]]},
+            {"start": 1, "stop": 3, "replicas": 1, "ranks": [2], "rows": [[0, 12]]},
+        ],
+        "ranks": [
+            {"rank": 0, "blocks": [0], "rows": [0, 6], "stage": 0, "role": "replica"},
+            {"rank": 1, "blocks": [0], "rows": [6, 12], "stage": 0, "role": "replica"},
+            {"rank": 2, "blocks": [1, 2], "rows": [0, 12], "stage": 1, "role": "stage"},
+        ],
+        "alternatives": [
+            {
+                "stages": [{"start": 0, "stop": 1, "replicas": 2}, {"start": 1, "stop": 3, "replicas": 1}],
+                "step_s": 0.01,
+                "bottleneck_stage": 1,
+            },
+            {
+                "stages": [{"start": 0, "stop": 2, "replicas": 1}, {"start": 2, "stop": 3, "replicas": 2}],
+                "step_s": 0.015,
+                "bottleneck_stage": 0,
+            },
+        ],
+        "mode_step_s": {"dp": 0.04, "hybrid": 0.01},
+    }
+    view = plan_view(plan)
+    assert [stage.replicas for stage in view.stages] == [2, 1]
+    assert [[cell.owned for cell in row.cells] for row in view.rank_rows] == [
+        [True, False, False],
+        [True, False, False],
+        [False, True, True],
+    ]
+    assert view.rank_rows[1].cells[0].rows == (6, 12)
+    assert [alt.chosen for alt in view.alternatives] == [True, False]
+    assert view.alternatives[1].relative == pytest.approx(1.5)
+    assert view.mode_steps == [("dp", 0.04, 1.0), ("hybrid", 0.01, 4.0)]
+    assert stages_text(plan["stages"]) == "0 ×2 | 1–2"
+
+
+def test_list_rows_describe_plan_duration_and_eta() -> None:
+    job = Job(id=1, name="a", state="running", nproc=2, queue="q", spec={"schedule": {"mode": "auto"}}, created_at=0.0)
+    assert plan_text(job) == "auto on 2 ranks, planned when it starts"
+    job.plan_summary = {
+        "mode": "tr_dpu",
+        "stages": [{"start": 0, "stop": 2, "replicas": 1}, {"start": 2, "stop": 4, "replicas": 1}],
+    }
+    assert plan_text(job) == "tr_dpu: 0–1 | 2–3"
+    job.started_at, job.progress = 100.0, 0.25
+    row = job_row(job, now=140.0)
+    assert row.elapsed_s == 40.0 and row.eta_s == pytest.approx(120.0) and row.cancellable
+    job.state, job.finished_at = "succeeded", 150.0
+    row = job_row(job, now=999.0)
+    assert row.elapsed_s == 50.0 and row.eta_s is None and not row.cancellable
+
+
+def test_template_filters() -> None:
+    assert duration(42) == "42.0 s" and duration(185) == "3 min 05 s" and duration(7620) == "2 h 07 min"
+    assert duration(None) == "—"
+    assert size(512) == "512 B" and size(3 * 2**20) == "3.0 MiB" and size(2**31) == "2.00 GiB"
+    assert blocks([1, 2, 3]) == "1–3" and blocks([0, 2]) == "0, 2" and blocks([4]) == "4"

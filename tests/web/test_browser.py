@@ -1,0 +1,181 @@
+"""Browser tier: Debian's Chromium driven by Playwright against the real service, `pipebd up` (API,
+worker, SQLite database and broker) running real torchrun jobs of 2 gloo ranks on the CPU.
+
+One service for the module. A job is submitted through the form (after a bad field was shown next
+to its line) and followed on its page until `succeeded` while the loss chart gains points without a
+reload; the schedules have one row per rank and the bottleneck is named; a running job is cancelled
+from the list with the keyboard; the compare page shows both. No console errors; screenshots go to
+test-output/.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from app.lifecycle import FINAL
+from tests.service.factories import long_job, tiny_job
+from tests.service.workers import wait_for
+from tests.web.browser import NETWORK_ERROR, PHONE, Watched, pipebd_up, watched_page
+
+pytestmark = pytest.mark.timeout(600)
+JOB_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with pipebd_up(tmp_path_factory.mktemp("dashboard")) as url:
+        yield url
+
+
+def api_job(service: str, job_id: int) -> dict[str, Any]:
+    answer: dict[str, Any] = httpx.get(f"{service}/api/v1/jobs/{job_id}", timeout=30).json()
+    return answer
+
+
+def wait_until_ready(watched: Watched) -> None:
+    watched.page.wait_for_selector("body[data-ready='1']")
+    watched.page.evaluate("window.__sameDocument = true")  # gone if the page ever reloads
+
+
+def follow_job_page(watched: Watched) -> list[tuple[str, int]]:
+    """(state, loss points drawn) every 0.2 s until the page says the job ended."""
+    page, seen = watched.page, []
+    deadline = time.time() + JOB_TIMEOUT_S
+    while time.time() < deadline:
+        state = page.locator("#status").get_attribute("data-state") or ""
+        points = int(page.locator("#chart-loss").get_attribute("data-points") or 0)
+        seen.append((state, points))
+        if state in FINAL and page.locator("body[data-stream-ended='1']").count():
+            return seen
+        time.sleep(0.2)
+    raise AssertionError(f"the job page did not reach a final state within {JOB_TIMEOUT_S} s: {seen[-5:]}")
+
+
+def submit_bad_then_good(watched: Watched) -> int:
+    page = watched.page
+    page.goto("/jobs/new")
+    wait_until_ready(watched)
+    editor = page.locator("#spec")
+    example = editor.input_value()
+    assert "name: tiny-custom" in example and "  nproc: 2" in example
+    bad = example.replace("  nproc: 2", "  nproc: 0")
+    editor.fill(bad)
+    page.click("#submit-job")
+    page.wait_for_selector("#spec-errors li")
+    line = bad.splitlines().index("  nproc: 0") + 1
+    assert page.locator("#spec-errors li").first.inner_text().startswith(f"Line {line} · schedule.nproc: ")
+    assert page.locator("#spec-gutter .bad").all_inner_texts() == [str(line)]
+    assert "greater than or equal to 1" in page.locator("#spec-backdrop .inline-error").inner_text()
+    assert editor.get_attribute("aria-invalid") == "true"
+    assert "  nproc: 0" in (page.locator("#curl-command").text_content() or "")  # inside a closed <details>
+    watched.screenshot("new-job-field-error")
+    # the only console line so far is the browser's own report of the API's 422 answer
+    assert [error.split(" (")[0] for error in watched.errors] == [NETWORK_ERROR.format(status=422)]
+    watched.errors.clear()
+    editor.fill(example.replace("epochs: 2", "epochs: 25"))  # 200 steps: telemetry arrives in several batches
+    page.click("#submit-job")
+    page.wait_for_url(re.compile(r"/jobs/\d+$"))
+    return int(page.url.rsplit("/", 1)[1])
+
+
+def test_submit_through_the_form_and_watch_the_job_to_success(browser: Any, service: str) -> None:
+    with watched_page(browser, service) as watched:
+        job_id = submit_bad_then_good(watched)
+        wait_until_ready(watched)
+        seen = follow_job_page(watched)
+        page = watched.page
+        assert seen[-1][0] == "succeeded", api_job(service, job_id)
+        assert page.evaluate("window.__sameDocument") is True
+        drawn = sorted({points for _, points in seen if points > 0})
+        assert len(drawn) >= 2, f"the loss chart never gained points live: {seen}"
+        history = httpx.get(f"{service}/api/v1/jobs/{job_id}/metrics?max_points=10000", timeout=30).json()
+        assert drawn[-1] == sum(len(point["loss"]) for point in history["points"])  # each loss once, none lost
+        assert page.locator("#gantt-measured g.gantt-row").count() == 2
+        assert page.locator("#gantt-predicted g.gantt-row").count() == 2
+        for rank in (0, 1):
+            assert page.locator(f"#gantt-measured g.gantt-row[data-rank='{rank}'] rect.seg").count() > 0
+        statement = page.locator("#bottleneck-statement")
+        assert statement.get_attribute("data-rank") in ("0", "1")
+        assert re.match(
+            r"(Rank [01] \(stage [01], blocks .*\) is the bottleneck|The ranks are evenly loaded)",
+            statement.inner_text(),
+        )
+        assert page.locator("#plan-grid tbody tr").count() == 2 and page.locator("#alternatives").count() == 1
+        assert page.locator("#artifact-list a", has_text="student.pt").count() == 1
+        log = page.locator("#log-text").inner_text()  # read from the run directory (a tiny job writes nothing)
+        assert log.strip() and not log.startswith(("No logs yet", "Could not read")), log
+        watched.screenshot("job-page-1280")
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(300)
+        assert watched.overflow() == 0
+        watched.screenshot("job-page-390")
+        assert watched.errors == []
+
+
+def test_cancel_a_running_job_from_the_list_with_the_keyboard(browser: Any, service: str) -> None:
+    submitted = httpx.post(f"{service}/api/v1/jobs", json=long_job(), timeout=60)
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["id"]
+    wait_for(lambda: api_job(service, job_id)["state"] == "running", 120, "the long job to run")
+    with watched_page(browser, service) as watched:
+        page = watched.page
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.goto("/")
+        wait_until_ready(watched)
+        for _ in range(60):
+            page.keyboard.press("Tab")
+            if page.evaluate("document.activeElement.id") == f"cancel-{job_id}":
+                break
+        else:
+            raise AssertionError("the cancel button cannot be reached with the Tab key")
+        watched.screenshot("jobs-list-cancel-focused")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(f"#job-{job_id}[data-state='cancelled']", timeout=60_000)
+        assert page.evaluate("window.__sameDocument") is True
+        assert page.locator(f"#cancel-{job_id}").count() == 0
+        job = api_job(service, job_id)
+        assert job["state"] == "cancelled" and job["termination_reason"] == "user_cancelled"
+        watched.screenshot("jobs-list-1280")
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(300)
+        assert watched.overflow() == 0
+        watched.screenshot("jobs-list-390")
+        assert watched.errors == []
+
+
+def finished_jobs(service: str, count: int) -> list[int]:
+    """The newest finished jobs of this service; tiny ones are run first when there are too few."""
+
+    def finished() -> list[int]:
+        jobs = httpx.get(f"{service}/api/v1/jobs?limit=50", timeout=30).json()["data"]
+        return [job["id"] for job in jobs if job["state"] in FINAL]
+
+    for mode, nproc in (("dp", 1), ("tr_dpu", 2))[: max(0, count - len(finished()))]:
+        spec = tiny_job(f"tiny-{mode}", schedule={"mode": mode, "nproc": nproc})
+        assert httpx.post(f"{service}/api/v1/jobs", json=spec, timeout=60).status_code == 202
+    return wait_for(lambda: finished()[:count] if len(finished()) >= count else None, JOB_TIMEOUT_S, "finished jobs")
+
+
+def test_compare_page_puts_jobs_side_by_side(browser: Any, service: str) -> None:
+    ids = finished_jobs(service, 2)
+    with watched_page(browser, service) as watched:
+        page = watched.page
+        page.goto(f"/compare?ids={ids[0]},{ids[1]}")
+        wait_until_ready(watched)
+        assert page.locator("#compare-rows tbody tr").evaluate_all("rows => rows.map(r => r.dataset.job)") == [
+            str(i) for i in ids
+        ]
+        assert int(page.locator("#chart-compare-loss").get_attribute("data-points") or 0) > 0
+        assert page.locator("#chart-compare-loss .u-legend").inner_text().count("#") == 2  # one named curve per job
+        watched.screenshot("compare-1280")
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(300)
+        assert watched.overflow() == 0
+        watched.screenshot("compare-390")
+        assert watched.errors == []

@@ -1,0 +1,287 @@
+"""Service tier: the dashboard's pages from the real app on a real database (TestClient, no browser).
+
+What the server renders: list rows, filter and paging errors next to their field, the job page's
+parts from real telemetry rows and run files, the compare table, the token login and what a
+read-only token does not see.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, func, select
+
+from app.config import Settings
+from app.db import get_engine
+from app.main import create_app
+from app.models import Job, JobEvent, JobMetric
+from app.web.new_job import bundled_examples
+from tests.service.conftest import make_settings
+from tests.service.factories import insert_job, insert_metrics
+
+SUBMIT_TOKEN = "submit-token-0123456789abcdef"
+READ_TOKEN = "read-token-0123456789abcdef"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def sqlite_settings(tmp_path: Path) -> Settings:
+    return make_settings(tmp_path, f"sqlite:///{tmp_path / 'pipebd.db'}", stale_after_s=3600)
+
+
+@pytest.fixture
+def web(sqlite_settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(sqlite_settings)) as test_client:
+        yield test_client
+
+
+def row_ids(html: str) -> list[int]:
+    return [int(value) for value in re.findall(r'<tr id="job-(\d+)"', html)]
+
+
+def embedded_json(html: str, element_id: str) -> Any:
+    """The JSON a page hands its script in `<script type="application/json" id=...>`."""
+    found = re.search(rf'<script type="application/json" id="{element_id}">(.*?)</script>', html, re.S)
+    assert found is not None, f"no #{element_id} in the page"
+    return json.loads(found.group(1))
+
+
+def write_run(folder: Path, nproc: int = 2) -> Path:
+    """A run directory with a two-stage plan and lifecycle events, as a worker leaves it."""
+    folder.mkdir(parents=True)
+    plan = {
+        "mode": "tr_dpu",
+        "nproc": nproc,
+        "num_blocks": 4,
+        "batch_size": 10,
+        "block_names": ["b0", "b1", "b2", "b3"],
+        "stages": [
+            {"start": 0, "stop": 2, "replicas": 1, "ranks": [0], "rows": [[0, 10]]},
+            {"start": 2, "stop": 4, "replicas": 1, "ranks": [1], "rows": [[0, 10]]},
+        ],
+        "ranks": [
+            {"rank": 0, "blocks": [0, 1], "rows": [0, 10], "stage": 0, "role": "stage"},
+            {"rank": 1, "blocks": [2, 3], "rows": [0, 10], "stage": 1, "role": "stage"},
+        ],
+        "assignment": [],
+    }
+    (folder / "plan.json").write_text(json.dumps(plan))
+    events = [{"time": time.time(), "event": "prepared", "mode": "tr_dpu"}, {"time": time.time(), "event": "launched"}]
+    (folder / "events.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events))
+    return folder
+
+
+def test_jobs_page_lists_state_progress_plan_and_cancel_buttons(web: TestClient, sqlite_settings: Settings) -> None:
+    queued = insert_job(sqlite_settings, "queued")
+    running = insert_job(
+        sqlite_settings,
+        "running",
+        started_at=time.time() - 30,
+        progress=0.25,
+        samples_per_s=123.4,
+        plan_summary={
+            "mode": "tr_dpu",
+            "stages": [{"start": 0, "stop": 2, "replicas": 2}, {"start": 2, "stop": 4, "replicas": 1}],
+        },
+    )
+    done = insert_job(sqlite_settings, "succeeded", started_at=time.time() - 60, finished_at=time.time(), progress=1.0)
+    page = web.get("/")
+    assert page.status_code == 200
+    html = page.text
+    assert row_ids(html) == [done.id, running.id, queued.id]
+    assert re.findall(r'data-cancel="(\d+)"', html) == [str(running.id), str(queued.id)]
+    assert "tr_dpu: 0–1 ×2 | 2–3" in html and "123" in html and "25%" in html
+    assert 'href="/jobs/new"' in html
+
+
+def test_state_filter_and_a_bad_state_shown_next_to_the_filter(web: TestClient, sqlite_settings: Settings) -> None:
+    insert_job(sqlite_settings, "queued")
+    running = insert_job(sqlite_settings, "running", started_at=time.time())
+    assert row_ids(web.get("/", params={"state": "running"}).text) == [running.id]
+    assert row_ids(web.get("/partials/jobs", params={"state": "running"}).text) == [running.id]
+    bad = web.get("/", params={"state": "exploded"})
+    assert bad.status_code == 422
+    assert 'aria-invalid="true" aria-describedby="state-error"' in bad.text
+    assert re.search(r'id="state-error">&#39;exploded&#39; is not a job state; pick one of queued', bad.text)
+
+
+def test_cursor_pages_and_a_bad_cursor(web: TestClient, sqlite_settings: Settings) -> None:
+    ids = [insert_job(sqlite_settings, "succeeded").id for _ in range(30)]
+    first = web.get("/").text
+    assert row_ids(first) == ids[::-1][:25]
+    older = re.search(r'href="(/\?cursor=[^"]+)" rel="next"', first)
+    assert older is not None
+    second = web.get(older.group(1).replace("&amp;", "&")).text
+    assert row_ids(second) == ids[::-1][25:]
+    assert "Newest jobs" in second and 'rel="next"' not in second
+    bad = web.get("/", params={"cursor": "nonsense"})
+    assert bad.status_code == 422 and 'id="cursor-error"' in bad.text
+
+
+def test_job_page_draws_plan_bottleneck_events_and_follows_from_the_last_event(
+    client: TestClient, settings: Settings, tmp_path: Path
+) -> None:
+    run = write_run(tmp_path / "run")
+    job = insert_job(
+        settings,
+        "running",
+        started_at=time.time() - 5,
+        heartbeat_at=time.time(),  # alive: the reaper leaves it running
+        run_dir=str(run),
+        plan_summary={"mode": "tr_dpu", "num_blocks": 4},
+    )
+    assert job.id is not None
+    insert_metrics(settings, job.id, 0, [0.5, 0.4, 0.3])
+    insert_metrics(settings, job.id, 1, [0.9, 0.8])
+    page = client.get(f"/jobs/{job.id}")
+    assert page.status_code == 200
+    html = page.text
+    config = embedded_json(html, "job-config")
+    with Session(get_engine(settings.database)) as session:
+        newest = session.exec(select(func.max(JobEvent.id)).where(JobEvent.job_id == job.id)).one()
+    assert newest is not None and config["afterEventId"] == newest  # the stream resumes after what was drawn
+    assert config["nproc"] == 2 and config["numBlocks"] == 4 and config["canSubmit"] is True
+    assert 'id="bottleneck-statement" data-rank="' in html
+    assert re.findall(r'<tr data-rank="(\d)"', html) == ["0", "1"]
+    assert "prepared" in html and "launched" in html and "Cancel job" in html
+    for part in ("status", "bottleneck", "plan", "artifacts", "events", "architecture"):
+        assert client.get(f"/jobs/{job.id}/partials/{part}").status_code == 200, part
+    assert "plan.json" in client.get(f"/jobs/{job.id}/partials/artifacts").text
+    unknown = client.get(f"/jobs/{job.id}/partials/secrets")
+    assert unknown.status_code == 404 and "has no part" in unknown.text
+    missing = client.get("/jobs/987654")
+    assert missing.status_code == 404 and "Job 987654 does not exist" in missing.text
+
+
+def test_failed_job_page_shows_reason_and_traceback(web: TestClient, sqlite_settings: Settings) -> None:
+    error = 'Traceback (most recent call last):\n  File "x.py"\nValueError: block <2> diverged'
+    job = insert_job(sqlite_settings, "failed", termination_reason="rank_error", error=error, exit_code=1)
+    html = web.get(f"/jobs/{job.id}").text
+    assert "Ended: rank_error" in html and "A rank raised an exception" in html
+    assert "ValueError: block &lt;2&gt; diverged" in html and "Exit code 1." in html
+    assert "Cancel job" not in html
+
+
+def test_new_job_page_is_prefilled_from_the_bundled_examples(web: TestClient) -> None:
+    page = web.get("/jobs/new")
+    assert page.status_code == 200
+    examples = embedded_json(page.text, "examples-data")
+    assert examples == bundled_examples() and "tiny-custom.yaml" in examples
+    assert "name: tiny-custom" in page.text  # the editor starts with the tiny example
+    assert '"apiUrl": "http://testserver/api/v1/jobs"' in page.text
+    unknown = web.get("/jobs/new", params={"example": "nope.yaml"})
+    assert unknown.status_code == 422 and 'id="example-error"' in unknown.text
+
+
+def test_compare_table_and_errors_next_to_the_ids_field(web: TestClient, sqlite_settings: Settings) -> None:
+    base = insert_job(sqlite_settings, "succeeded", plan_summary={"mode": "dp", "num_blocks": 1})
+    fast = insert_job(sqlite_settings, "succeeded", plan_summary={"mode": "tr_dpu", "num_blocks": 1})
+    for job in (base, fast):
+        assert job.id is not None
+        insert_metrics(sqlite_settings, job.id, 0, [0.5, 0.4, 0.3])
+    page = web.get("/compare", params={"ids": f"{fast.id},{base.id}"})
+    assert page.status_code == 200
+    assert re.findall(r'<tr data-job="(\d+)"', page.text) == [str(fast.id), str(base.id)]
+    assert re.search(rf'#{base.id} tiny</a> <span class="tag">baseline</span>', page.text)  # the dp job
+    assert page.text.count("×1.00") == 2  # equal telemetry, equal speed
+    assert web.get("/compare/partials/table", params={"ids": f"{base.id}"}).status_code == 200
+    for ids, message in (
+        ("abc", "&#39;abc&#39; is not a job id"),
+        ("424242", "job 424242 does not exist"),
+        ("1,2,3,4,5", "at most 4 jobs"),
+    ):
+        bad = web.get("/compare", params={"ids": ids})
+        assert bad.status_code == 422 and 'id="ids-error"' in bad.text and message in bad.text, ids
+
+
+def test_static_files_are_served_with_the_vendored_chart_library(web: TestClient) -> None:
+    script = web.get("/static/js/job.js")
+    assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    assert script.headers["cache-control"] == "no-cache"
+    vendor = next((REPO / "app" / "static" / "vendor").glob("uplot-*"))
+    assert (vendor / "LICENSE").is_file()
+    assert web.get(f"/static/vendor/{vendor.name}/uPlot.esm.js").status_code == 200
+    imported = re.search(r'from "\.\./vendor/([^/]+)/uPlot\.esm\.js"', (REPO / "app/static/js/charts.js").read_text())
+    assert imported is not None and imported.group(1) == vendor.name
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[tuple[TestClient, Settings]]:
+    tokens = f"{SUBMIT_TOKEN}=submit,{READ_TOKEN}=read"
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'pipebd.db'}", api_tokens=tokens, stale_after_s=3600)
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client, settings
+
+
+def log_in(client: TestClient, token: str, target: str = "/") -> Any:
+    return client.post("/login", data={"token": token, "next": target}, follow_redirects=False)
+
+
+def test_pages_ask_for_a_token_once_and_keep_it_in_a_cookie(secured: tuple[TestClient, Settings]) -> None:
+    client, settings = secured
+    job = insert_job(settings, "running", started_at=time.time())
+    first = client.get(f"/jobs/{job.id}", follow_redirects=False)
+    assert first.status_code == 303 and first.headers["location"] == f"/login?next=/jobs/{job.id}"
+    assert client.get("/partials/jobs", follow_redirects=False).status_code == 303
+    wrong = log_in(client, "not-a-known-token-at-all")
+    assert wrong.status_code == 401 and 'id="token-error"' in wrong.text and "does not know that token" in wrong.text
+    answer = log_in(client, SUBMIT_TOKEN, f"/jobs/{job.id}")
+    assert answer.status_code == 303 and answer.headers["location"] == f"/jobs/{job.id}"
+    cookie = answer.headers["set-cookie"]
+    assert cookie.startswith(f"pipebd_token={SUBMIT_TOKEN};") and "HttpOnly" in cookie and "SameSite=lax" in cookie
+    page = client.get(f"/jobs/{job.id}")
+    assert page.status_code == 200 and "Cancel job" in page.text
+    assert client.get(f"/api/v1/jobs/{job.id}").status_code == 200  # the API takes the same cookie
+    assert client.post("/logout", follow_redirects=False).headers["location"] == "/login"
+    assert client.get("/", follow_redirects=False).status_code == 303
+
+
+def test_read_only_tokens_see_no_submit_or_cancel_controls(secured: tuple[TestClient, Settings]) -> None:
+    client, settings = secured
+    job = insert_job(settings, "running", started_at=time.time())
+    assert log_in(client, READ_TOKEN).status_code == 303
+    listing = client.get("/").text
+    assert "data-cancel" not in listing and 'href="/jobs/new"' not in listing and "read-only token" in listing
+    assert "Cancel job" not in client.get(f"/jobs/{job.id}").text
+    new = client.get("/jobs/new")
+    assert new.status_code == 403 and "Read-only token" in new.text
+
+
+def test_login_never_redirects_off_site(secured: tuple[TestClient, Settings]) -> None:
+    client, _ = secured
+    for target in ("//evil.example/x", "https://evil.example/", "/\\evil"):
+        assert log_in(client, READ_TOKEN, target).headers["location"] == "/", target
+
+
+def test_without_tokens_the_login_page_sends_you_on(web: TestClient) -> None:
+    answer = web.get("/login", params={"next": "/compare"}, follow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["location"] == "/compare"
+
+
+def test_nas_jobs_show_the_latest_candidate_probabilities_per_block(web: TestClient, sqlite_settings: Settings) -> None:
+    job = insert_job(sqlite_settings, "running", started_at=time.time(), heartbeat_at=time.time())
+    assert job.id is not None
+    with Session(get_engine(sqlite_settings.database)) as session:
+        stored = session.get(Job, job.id)
+        assert stored is not None
+        stored.spec = {**stored.spec, "workload": {"kind": "nas"}}
+        older = {"0": [[0.5, 0.5], [0.2, 0.3, 0.5]]}
+        newer = {"0": [[0.1, 0.9], [0.6, 0.3, 0.1]]}  # layers of 2 and 3 candidates
+        for seq, arch in ((1, older), (2, newer)):
+            record = {"time": time.time(), "rank": 0, "step": seq, "round": "arch", "blocks": [0], "arch": arch}
+            session.add(JobMetric(job_id=job.id, rank=0, seq=seq, epoch=0, step=seq, time=1.0, record=record))
+        session.add(stored)
+        session.commit()
+    part = web.get(f"/jobs/{job.id}/partials/architecture").text
+    assert "Block 0" in part
+    assert re.findall(r'class="best">([0-9.]+) ★', part) == ["0.90", "0.60"]  # the newest, most likely per layer
+    assert part.count("no candidate") == 1  # the 2-candidate layer has no third cell
+    plain = insert_job(sqlite_settings, "succeeded")
+    assert "heatmap" not in web.get(f"/jobs/{plain.id}/partials/architecture").text
