@@ -1,11 +1,9 @@
 // The compare page: each job's curves overlaid (mean block loss by step, samples/s by seconds since
 // its start), live for unfinished jobs through their event streams; the table is re-fetched as
 // their metrics arrive.
-import { getJSON } from "./api.js";
 import { LiveChart } from "./charts.js";
-import { followJob } from "./live.js";
-import { refreshPart, throttle } from "./parts.js";
 import { AlignedTable, RateWindows } from "./series.js";
+import { followJob, getJSON, refreshPart, throttle } from "./server.js";
 import { pointFromRecord } from "./telemetry.js";
 
 const jobs = JSON.parse(document.getElementById("compare-config").textContent);

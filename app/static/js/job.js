@@ -1,14 +1,11 @@
 // The job page: history from the metrics API, then live from the job's event stream. Charts gain
 // points, the schedules are redrawn, and the server-rendered parts (status, bottleneck, plan,
 // events, artifacts) are fetched again when what they show may have changed. No page reload.
-import { getJSON } from "./api.js";
-import { handleCancelButtons } from "./cancel.js";
 import { LiveChart } from "./charts.js";
 import { mebibytes } from "./format.js";
 import { drawGantt, measuredWindow, showEmpty } from "./gantt.js";
-import { followJob } from "./live.js";
 import { LogPanel } from "./logs.js";
-import { refreshPart, throttle } from "./parts.js";
+import { followJob, getJSON, handleCancelButtons, refreshPart, throttle } from "./server.js";
 import { JobTelemetry } from "./telemetry.js";
 
 const config = JSON.parse(document.getElementById("job-config").textContent);
@@ -118,7 +115,7 @@ async function start() {
   drawCharts();
   drawSchedules();
   window.addEventListener("resize", redrawSchedules);
-  await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve))); // charts drawn
+  await new Promise((resolve) => requestAnimationFrame(resolve)); // after the charts' own frame: drawn
   document.body.dataset.readyMs = String(Math.round(performance.now()));
   document.body.dataset.ready = "1";
   followJob(config.id, config.afterEventId, {

@@ -1,7 +1,6 @@
 // The jobs list stays live: every few seconds the rows of the same filter and page are fetched as
 // HTML (/partials/jobs) and each row that changed is replaced in place; cancel buttons ask the API.
-import { handleCancelButtons } from "./cancel.js";
-import { fetchPart } from "./parts.js";
+import { fetchPart, handleCancelButtons } from "./server.js";
 
 const table = document.getElementById("jobs");
 const body = document.getElementById("job-rows");

@@ -1,7 +1,7 @@
 // The log panel: the tail of the launcher's or one rank's log, followed while the job runs. The
 // event stream says when a log grew (a `log` event names its rank); the panel then reads the file
 // from where it stopped (`next_offset`), so no line is shown twice or skipped.
-import { getJSON } from "./api.js";
+import { getJSON } from "./server.js";
 
 const TAIL_BYTES = 64 * 1024;
 const MAX_SHOWN = 400 * 1024; // characters kept in the panel

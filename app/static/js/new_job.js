@@ -1,7 +1,7 @@
 // The new-job page: load a bundled example into the editor, show the equivalent curl command, post
 // the spec to the API as YAML, and put each problem the API reports next to its field's line.
-import { ApiError, detailText, request } from "./api.js";
 import { SpecEditor } from "./editor.js";
+import { ApiError, detailText, request } from "./server.js";
 import { lineOf } from "./yaml_paths.js";
 
 const examples = JSON.parse(document.getElementById("examples-data").textContent);

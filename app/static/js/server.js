@@ -1,0 +1,117 @@
+// Talking to the service from the pages: JSON requests to the API (with the error text of a failed
+// one, and the login page on 401), server-rendered parts fetched again and swapped in, the job's
+// event stream, and cancel buttons.
+
+export class ApiError extends Error {
+  constructor(status, detail) {
+    super(detailText(detail) || `HTTP ${status}`);
+    this.status = status;
+    this.detail = detail;
+  }
+}
+
+// A FastAPI `detail` (a string, or a list of {loc, msg}) as one readable line.
+export function detailText(detail) {
+  if (typeof detail === "string") return detail;
+  if (Array.isArray(detail)) return detail.map((item) => item.msg ?? JSON.stringify(item)).join("; ");
+  return detail ? JSON.stringify(detail) : "";
+}
+
+export function goLogin() {
+  const here = window.location.pathname + window.location.search;
+  window.location.assign(`/login?next=${encodeURIComponent(here)}`);
+}
+
+async function readDetail(response) {
+  try {
+    return (await response.json()).detail;
+  } catch {
+    return response.statusText;
+  }
+}
+
+export async function request(url, options = {}) {
+  const response = await fetch(url, { ...options, headers: { Accept: "application/json", ...(options.headers ?? {}) } });
+  if (response.status === 401) {
+    goLogin();
+    throw new ApiError(401, "log in first");
+  }
+  if (!response.ok) throw new ApiError(response.status, await readDetail(response));
+  return response.status === 204 ? null : response.json();
+}
+
+export const getJSON = (url) => request(url);
+
+// Server-rendered parts of a page (templates/partials): fetch the HTML again and swap it in,
+// keeping the keyboard focus on the element with the same id.
+export async function fetchPart(url) {
+  const response = await fetch(url, { headers: { Accept: "text/html" } });
+  if (response.redirected && new URL(response.url).pathname === "/login") {
+    goLogin();
+    return null;
+  }
+  return response.ok ? response.text() : null;
+}
+
+export async function refreshPart(element, url) {
+  const html = await fetchPart(url);
+  if (html === null) return false;
+  const focused = document.activeElement && element.contains(document.activeElement) ? document.activeElement.id : null;
+  element.innerHTML = html;
+  if (focused) document.getElementById(focused)?.focus();
+  return true;
+}
+
+// Call `fn` at most once per `ms`; a call inside the interval is run at its end (never dropped).
+export function throttle(fn, ms) {
+  let last = 0;
+  let timer = null;
+  return () => {
+    const wait = last + ms - Date.now();
+    if (wait <= 0 && timer === null) {
+      last = Date.now();
+      fn();
+    } else if (timer === null) {
+      timer = setTimeout(() => {
+        timer = null;
+        last = Date.now();
+        fn();
+      }, Math.max(0, wait));
+    }
+  };
+}
+
+// A job's event stream (Server-Sent Events): `state`, `metrics` and `log` events with ids, then
+// `end`. EventSource reconnects by itself and resumes with Last-Event-ID; after `end` we close it,
+// or it would reconnect to a finished stream forever.
+export function followJob(jobId, afterEventId, handlers) {
+  const source = new EventSource(`/api/v1/jobs/${jobId}/events?after=${afterEventId}`);
+  for (const name of ["state", "metrics", "log"]) {
+    source.addEventListener(name, (event) => handlers[name]?.(JSON.parse(event.data)));
+  }
+  source.addEventListener("end", (event) => {
+    source.close();
+    handlers.end?.(JSON.parse(event.data));
+  });
+  return source;
+}
+
+// Cancel buttons (`data-cancel="<job id>"`) under `root`: confirm, ask the API, say how it went in
+// `statusElement`, then let the page refresh what it shows.
+export function handleCancelButtons(root, statusElement, onDone) {
+  root.addEventListener("click", async (event) => {
+    const button = event.target.closest("button[data-cancel]");
+    if (!button) return;
+    const jobId = button.dataset.cancel;
+    if (!window.confirm(`Cancel job #${jobId} (${button.dataset.name ?? ""})? Its ranks are stopped.`)) return;
+    button.disabled = true;
+    try {
+      const job = await request(`/api/v1/jobs/${jobId}/cancel`, { method: "POST" });
+      if (statusElement) statusElement.textContent = `Job #${jobId} is ${job.state}.`;
+    } catch (error) {
+      button.disabled = false;
+      if (statusElement) statusElement.textContent = `Could not cancel job #${jobId}: ${error.message}`;
+    }
+    onDone?.(jobId);
+  });
+}
