@@ -78,7 +78,7 @@ def submit_bad_then_good(watched: Watched) -> int:
     # the only console line so far is the browser's own report of the API's 422 answer
     assert [error.split(" (")[0] for error in watched.errors] == [NETWORK_ERROR.format(status=422)]
     watched.errors.clear()
-    editor.fill(example.replace("epochs: 2", "epochs: 25"))  # 200 steps: telemetry arrives in several batches
+    editor.fill(example.replace("epochs: 2", "epochs: 120"))  # 960 steps, seconds: telemetry arrives in batches
     page.click("#submit-job")
     page.wait_for_url(re.compile(r"/jobs/\d+$"))
     return int(page.url.rsplit("/", 1)[1])
@@ -93,7 +93,7 @@ def test_submit_through_the_form_and_watch_the_job_to_success(browser: Any, serv
         assert seen[-1][0] == "succeeded", api_job(service, job_id)
         assert page.evaluate("window.__sameDocument") is True
         drawn = sorted({points for _, points in seen if points > 0})
-        assert len(drawn) >= 2, f"the loss chart never gained points live: {seen}"
+        assert len(drawn) >= 3, f"the loss chart did not gain points live: {seen}"
         history = httpx.get(f"{service}/api/v1/jobs/{job_id}/metrics?max_points=10000", timeout=30).json()
         assert drawn[-1] == sum(len(point["loss"]) for point in history["points"])  # each loss once, none lost
         assert page.locator("#gantt-measured g.gantt-row").count() == 2
@@ -108,6 +108,8 @@ def test_submit_through_the_form_and_watch_the_job_to_success(browser: Any, serv
         )
         assert page.locator("#plan-grid tbody tr").count() == 2 and page.locator("#alternatives").count() == 1
         assert page.locator("#artifact-list a", has_text="student.pt").count() == 1
+        page.check("#loss-range")  # each point's min and max loss join the chart
+        assert page.locator("#chart-loss .u-legend", has_text="block 0 max").count() == 1
         log = page.locator("#log-text").inner_text()  # read from the run directory (a tiny job writes nothing)
         assert log.strip() and not log.startswith(("No logs yet", "Could not read")), log
         watched.screenshot("job-page-1280")

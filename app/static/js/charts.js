@@ -11,6 +11,17 @@ export function seriesStyle(index) {
   return { stroke: PALETTE[index % PALETTE.length], dash: DASHES[index % DASHES.length], width: 2 };
 }
 
+// Series named `<name> min` / `<name> max` are drawn thin and dotted in the colour of `<name>`.
+function stylesOf(keys) {
+  const main = keys.filter((key) => !/ (min|max)$/.test(String(key)));
+  return keys.map((key) => {
+    const range = / (min|max)$/.exec(String(key));
+    if (!range) return seriesStyle(main.indexOf(key));
+    const index = main.indexOf(String(key).slice(0, -4));
+    return { stroke: PALETTE[Math.max(0, index) % PALETTE.length], dash: [1, 3], width: 1 };
+  });
+}
+
 export class LiveChart {
   // figure: a <figure> with a `.plot` element; source: {keys, points, data()}
   constructor(figure, source, { xLabel, yLabel, log = false, yRange = null, format = null }) {
@@ -35,6 +46,7 @@ export class LiveChart {
     const yAxis = { label: yLabel, size: 60 };
     if (format) yAxis.values = (_, splits) => splits.map(format);
     const y = this.log ? { distr: 3, log: 10 } : yRange ? { range: yRange } : {};
+    const styles = stylesOf(this.source.keys);
     const options = {
       width: this.width(),
       height: HEIGHT,
@@ -44,7 +56,7 @@ export class LiveChart {
       series: [
         { label: xLabel },
         ...this.source.keys.map((key, index) => {
-          const series = { label: String(key), ...seriesStyle(index), spanGaps: true, points: { show: false } };
+          const series = { label: String(key), ...styles[index], spanGaps: true, points: { show: false } };
           if (format) series.value = (_, v) => (v === null || v === undefined ? "—" : format(v));
           return series;
         }),
@@ -74,6 +86,13 @@ export class LiveChart {
   setLog(log) {
     this.log = log;
     if (this.chart) this.build();
+  }
+
+  setSource(source) {
+    this.source = source;
+    this.chart?.destroy();
+    this.chart = null;
+    this.update();
   }
 
   resize() {

@@ -109,6 +109,9 @@ async function start() {
     available: config.hasLogs,
   });
   document.getElementById("loss-log").addEventListener("change", (event) => charts.loss.setLog(event.target.checked));
+  document.getElementById("loss-range").addEventListener("change", (event) => {
+    charts.loss.setSource(event.target.checked ? telemetry.rangeTable() : telemetry.loss);
+  });
   handleCancelButtons(document.getElementById("part-status"), null, refreshStatus);
   logs.load();
   await Promise.all([config.hasPlan ? loadPlan() : null, loadHistory()]);

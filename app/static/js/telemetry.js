@@ -13,12 +13,22 @@ export function pointFromRecord(record) {
 
 const sum = (values) => values.reduce((total, value) => total + value, 0);
 
+function addRange(table, point) {
+  for (const [block, value] of Object.entries(point.loss ?? {})) {
+    table.add(point.step, `block ${block}`, value);
+    table.add(point.step, `block ${block} min`, point.loss_min?.[block] ?? value);
+    table.add(point.step, `block ${block} max`, point.loss_max?.[block] ?? value);
+  }
+}
+
 export class JobTelemetry {
   constructor({ startedAt, numBlocks, nproc }) {
     this.t0 = startedAt ?? null;
     this.numBlocks = numBlocks ?? null;
     this.nproc = nproc;
     this.loss = new AlignedTable();
+    this.lossPoints = []; // kept to draw each point's min-max range when asked
+    this.lossRange = null;
     this.util = new AlignedTable();
     this.memory = new AlignedTable();
     this.rate = new RateWindows(1);
@@ -51,6 +61,8 @@ export class JobTelemetry {
     const x = point.time - this.t0;
     if (point.round !== "arch") {
       for (const [block, value] of Object.entries(point.loss ?? {})) this.loss.add(point.step, `block ${block}`, value);
+      this.lossPoints.push(point);
+      if (this.lossRange) addRange(this.lossRange, point);
     }
     const busy = (taskSeconds - sum(WAITS.map((phase) => phases[phase] ?? 0))) * count;
     const previous = this.lastTime.get(rank);
@@ -62,6 +74,16 @@ export class JobTelemetry {
     this.rate.add("samples/s", x, distilled);
     if (point.arch) this.hasArchitecture = true;
     return true;
+  }
+
+  // Each block's loss with the lowest and highest value each point stands for (downsampled points
+  // keep their bucket's extremes): built when first asked for, then kept up to date.
+  rangeTable() {
+    if (!this.lossRange) {
+      this.lossRange = new AlignedTable();
+      for (const point of this.lossPoints) addRange(this.lossRange, point);
+    }
+    return this.lossRange;
   }
 
   // Raw lines (telemetry records, or undownsampled API points) for the measured schedule; they may
