@@ -110,9 +110,10 @@ def samples_per_s(loads: list[RankLoad]) -> float | None:
 
 @dataclass
 class Finding:
-    rank: int | None  # the bottleneck rank; None when there is none to name
+    rank: int | None  # the bottleneck rank (or the busiest of evenly loaded ranks); None without telemetry
     headline: str
     details: list[str]
+    balanced: bool = False  # no rank stands out: `rank` is only the busiest
 
 
 def where(load: RankLoad, plan: dict[str, Any] | None) -> str:
@@ -138,6 +139,10 @@ def _other_rank(load: RankLoad) -> str:
     if share < NOTABLE_WAIT:
         return f"rank {load.rank} is busy too (works {100 * load.work_share:.0f}% of the time)"
     return f"rank {load.rank} {WAIT_WORDS[phase]} {100 * share:.0f}% of the time"
+
+
+def _waits(others: list[RankLoad]) -> str:
+    return "; ".join(_other_rank(load) for load in others)
 
 
 def predicted_bottleneck(plan: dict[str, Any] | None) -> tuple[int, float] | None:
@@ -185,18 +190,19 @@ def find_bottleneck(loads: list[RankLoad], plan: dict[str, Any] | None, batch_si
     others = [load for load in loads if load.rank != top.rank]
     runner_up = max(load.work_share for load in others)
     if top.work_share - runner_up < BALANCED_WITHIN:
-        low = min(load.work_share for load in loads)
+        low, high = round(100 * min(load.work_share for load in loads)), round(100 * top.work_share)
+        spread = f"about {high}%" if low == high else f"{low}–{high}%"
         headline = (
-            f"The ranks are evenly loaded (each works {100 * low:.0f}–{100 * top.work_share:.0f}% of the time);"
+            f"The ranks are evenly loaded (each works {spread} of the time);"
             f" rank {top.rank} ({where(top, plan)}) is only marginally the busiest."
         )
+        return Finding(top.rank, headline, [f"Meanwhile {_waits(others)}.", *details], balanced=True)
     else:
         headline = (
             f"Rank {top.rank} ({where(top, plan)}) is the bottleneck: it works {100 * top.work_share:.0f}%"
             f" of the time ({_work_words(top)}), more than any other rank."
         )
-    waits = "; ".join(_other_rank(load) for load in others)
-    return Finding(top.rank, headline, [f"Meanwhile {waits}.", *details])
+    return Finding(top.rank, headline, [f"Meanwhile {_waits(others)}.", *details])
 
 
 @dataclass
