@@ -4,17 +4,19 @@ A job of 100,000 lines is too much to read, decode and downsample on every page 
 stores lines it also feeds them to a `RollupBuilder`, which writes a `job_metric_rollup` row each
 time a run of `lines` consecutive lines of a rank is complete, at every level (a level's runs are
 merged from four runs of the level below). Reading, `chart_points` takes for each rank the finest
-level with at most 2 x `max_points` runs, merges the raw lines after its last complete run into one
-more point, and downsamples that to `max_points` as before: at most 2 x `max_points` rows per rank,
-whatever the length of the job. Each run keeps its lines' minimum and maximum loss, so no spike is
+level with at most 2 x `max_points` runs (judged from the rank's last `seq`, an index lookup), merges
+the raw lines after its last complete run into one more point, and downsamples that to `max_points`
+as before: at most 2 x `max_points` rows per rank, whatever the length of the job. Each run keeps its lines' minimum and maximum loss, so no spike is
 lost. A rank whose rollups do not add up (lines stored without them) is downsampled from its raw
 lines.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
+from sqlalchemy import Text, cast
 from sqlmodel import Session, col, func, select
 
 from app.downsample import Point, downsample, merge, to_point
@@ -67,34 +69,36 @@ def _raw_points(session: Session, job_id: int, rank: int, after_seq: int = 0) ->
     return [to_point(dict(record), seq) for seq, record in session.exec(query).all()]
 
 
-def _from_rollups(session: Session, job_id: int, rank: int, lines: int, max_points: int) -> list[Point] | None:
-    """The rank's points from its rollups, or None when they do not cover its lines from the first one."""
-    level = next((size for size in LEVELS if lines / size <= 2 * max_points), LEVELS[-1])
+def _from_rollups(session: Session, job_id: int, rank: int, last_seq: int, max_points: int) -> list[Point] | None:
+    """The rank's points from its rollups and the lines after them; None when the rollups do not cover
+    its lines from the first one (lines stored without rollups)."""
+    level = next((size for size in LEVELS if last_seq / size <= 2 * max_points), LEVELS[-1])
     query = (
-        select(JobMetricRollup.point)
+        select(cast(JobMetricRollup.point, Text))  # as text: one json.loads for all runs, not one per run
         .where(JobMetricRollup.job_id == job_id, JobMetricRollup.rank == rank, JobMetricRollup.lines == level)
         .order_by(col(JobMetricRollup.first_seq))
     )
-    runs = [dict(point) for point in session.exec(query).all()]
+    runs: list[Point] = json.loads("[" + ",".join(session.exec(query).all()) + "]")
     covered = len(runs) * level
-    if not runs or runs[-1]["seq"] != covered or covered > lines:
+    if not runs or runs[-1]["seq"] != covered:
         return None
     tail = _raw_points(session, job_id, rank, after_seq=covered)
-    return downsample(runs + ([merge(tail)] if tail else []), max_points)
+    return runs + ([merge(tail)] if tail else [])
 
 
 def chart_points(session: Session, job_id: int, ranks: list[int], max_points: int) -> tuple[list[Point], int]:
     """(points of each rank in order, at most `max_points` per rank; telemetry lines in all)."""
-    counts = dict(
-        session.exec(
-            select(JobMetric.rank, func.count())
-            .where(JobMetric.job_id == job_id, col(JobMetric.rank).in_(ranks))
-            .group_by(col(JobMetric.rank))
-        ).all()
-    )
     points: list[Point] = []
-    for rank in sorted(counts):
-        lines = counts[rank]
-        found = _from_rollups(session, job_id, rank, lines, max_points) if lines > max_points else None
-        points.extend(found if found is not None else downsample(_raw_points(session, job_id, rank), max_points))
-    return points, sum(counts.values())
+    total = 0
+    for rank in ranks:
+        last_seq = session.exec(
+            select(func.max(JobMetric.seq)).where(JobMetric.job_id == job_id, JobMetric.rank == rank)
+        ).one()  # an index lookup, unlike counting the lines
+        if last_seq is None:
+            continue
+        units = _from_rollups(session, job_id, rank, last_seq, max_points) if last_seq > max_points else None
+        if units is None:  # few lines, or no rollups: the lines themselves
+            units = _raw_points(session, job_id, rank)
+        points.extend(downsample(units, max_points))
+        total += sum(unit["count"] for unit in units)
+    return points, total

@@ -130,6 +130,7 @@ class JobParts:
             "startedAt": self.job.started_at,
             "afterEventId": queries.last_event_id(self.session, self.job.id),
             "hasPlan": self.plan is not None,
+            "predicted": ((self.plan or {}).get("simulation") or {}).get("chosen"),
             "hasLogs": self.job.run_dir is not None,
             "recent": [record for records in self.recent.values() for record in records[-GANTT_LINES:]],
             "canSubmit": False,

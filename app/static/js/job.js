@@ -11,7 +11,8 @@ import { JobTelemetry } from "./telemetry.js";
 const config = JSON.parse(document.getElementById("job-config").textContent);
 const api = `/api/v1/jobs/${config.id}`;
 const telemetry = new JobTelemetry(config);
-let plan = null;
+let planned = config.hasPlan; // the plan is written before the ranks start
+let predicted = config.predicted; // the planner's simulated schedule, when the job was profiled
 let state = config.state;
 
 const charts = {
@@ -45,13 +46,14 @@ const refresh = {
 };
 
 function drawSchedules() {
-  const predicted = document.getElementById("gantt-predicted");
-  const simulated = plan?.simulation?.chosen;
-  if (simulated?.segments?.length) {
-    const end = Math.max(...simulated.segments.map((s) => s.end));
-    drawGantt(predicted, { nproc: config.nproc, segments: simulated.segments, t0: 0, t1: end });
+  const segments = predicted?.segments ?? [];
+  const box = document.getElementById("gantt-predicted");
+  if (segments.length) {
+    drawGantt(box, { nproc: config.nproc, segments, t0: 0, t1: Math.max(...segments.map((s) => s.end)) });
+  } else if (planned) {
+    showEmpty(box, "No prediction: the blocks were not profiled (schedule.profile: false).");
   } else {
-    showEmpty(predicted, plan ? "No prediction: the blocks were not profiled (schedule.profile: false)." : "The prediction appears with the plan, when a worker starts the job.");
+    showEmpty(box, "The prediction appears with the plan, when a worker starts the job.");
   }
   const measured = document.getElementById("gantt-measured");
   const latest = measuredWindow(telemetry.recent);
@@ -60,9 +62,11 @@ function drawSchedules() {
 }
 const redrawSchedules = throttle(drawSchedules, 1000);
 
-// The plan is written before the ranks launch: fetched when the page had one, or once the job runs.
+// A job that starts running while the page is open: its plan (written before the ranks launch).
 async function loadPlan() {
-  plan = await getJSON(`${api}/plan`);
+  const plan = await getJSON(`${api}/plan`);
+  planned = true;
+  predicted = plan.simulation?.chosen ?? null;
   telemetry.numBlocks ??= plan.num_blocks;
 }
 
@@ -72,6 +76,7 @@ async function loadHistory() {
   for (const record of config.recent) telemetry.keep(record);
   const history = await getJSON(`${api}/metrics?max_points=${config.historyPoints}`); // preloaded by the page
   telemetry.startRate(history.points);
+  history.points.sort((a, b) => a.time - b.time); // each rank stays in order; the charts' rows mostly append
   for (const point of history.points) telemetry.add(point);
 }
 
@@ -80,7 +85,7 @@ function onState(event) {
   refresh.status();
   refresh.events();
   part("artifacts");
-  if (!plan && state === "running") loadPlan().then(() => { part("plan"); drawSchedules(); });
+  if (!planned && state === "running") loadPlan().then(() => { part("plan"); drawSchedules(); });
 }
 
 function onMetrics(event) {
@@ -113,14 +118,14 @@ async function start() {
     charts.loss.setSource(event.target.checked ? telemetry.rangeTable() : telemetry.loss);
   });
   handleCancelButtons(document.getElementById("part-status"), null, refreshStatus);
-  logs.load();
-  await Promise.all([config.hasPlan ? loadPlan() : null, loadHistory()]);
+  await loadHistory();
   drawCharts();
   drawSchedules();
   window.addEventListener("resize", redrawSchedules);
   await new Promise((resolve) => requestAnimationFrame(resolve)); // after the charts' own frame: drawn
   document.body.dataset.readyMs = String(Math.round(performance.now()));
   document.body.dataset.ready = "1";
+  logs.load();
   followJob(config.id, config.afterEventId, {
     state: onState,
     metrics: onMetrics,
