@@ -4,11 +4,11 @@ A job of 100,000 lines is too much to read, decode and downsample on every page 
 stores lines it also feeds them to a `RollupBuilder`, which writes a `job_metric_rollup` row each
 time a run of `lines` consecutive lines of a rank is complete, at every level (a level's runs are
 merged from four runs of the level below). Reading, `chart_points` takes for each rank the finest
-level with at most 2 x `max_points` runs (judged from the rank's last `seq`, an index lookup), merges
-the raw lines after its last complete run into one more point, and downsamples that to `max_points`
-as before: at most 2 x `max_points` rows per rank, whatever the length of the job. Each run keeps its lines' minimum and maximum loss, so no spike is
-lost. A rank whose rollups do not add up (lines stored without them) is downsampled from its raw
-lines.
+level with at most 2 x `max_points` runs (judged from the rank's last `seq`, an index lookup),
+merges the raw lines after its last complete run into one more point, and downsamples that to
+`max_points` as before: at most 2 x `max_points` rows per rank, whatever the length of the job.
+Each run keeps its lines' minimum and maximum loss, so no spike is lost. A rank whose rollups do not
+add up (lines stored without them) is downsampled from its raw lines.
 """
 
 from __future__ import annotations
