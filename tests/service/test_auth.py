@@ -31,7 +31,6 @@ def bearer(token: str) -> dict[str, str]:
 def test_every_route_but_health_needs_a_token(client: TestClient) -> None:
     job_id = client.post("/api/v1/jobs", json=tiny_job(), headers=bearer(SUBMIT)).json()["id"]
     for path in (
-        "/",
         "/metrics",
         "/api/v1/jobs",
         f"/api/v1/jobs/{job_id}",
@@ -41,6 +40,9 @@ def test_every_route_but_health_needs_a_token(client: TestClient) -> None:
         f"/api/v1/jobs/{job_id}/events",
     ):
         assert client.get(path).status_code == 401, path
+    for page in ("/", f"/jobs/{job_id}", "/jobs/new", "/compare"):  # the dashboard asks for the token instead
+        answer = client.get(page, follow_redirects=False)
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/login?next="), page
     assert client.get("/healthz").status_code == 200
 
 
