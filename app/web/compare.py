@@ -76,10 +76,11 @@ def compared(session: Session, job: Job) -> Compared:
 
 
 def with_speedups(rows: list[Compared]) -> list[Compared]:
-    """Speed-up over the first `dp` job, or over the first job when none runs `dp`."""
-    if not rows:
+    """Speed-up over the first measured `dp` job, or over the first measured job when none runs `dp`."""
+    measured = [row for row in rows if row.summary.samples_per_s]
+    if not measured:
         return rows
-    baseline = next((row for row in rows if row.mode == "dp"), rows[0])
+    baseline = next((row for row in measured if row.mode == "dp"), measured[0])
     baseline.baseline = True
     for row in rows:
         if row.summary.samples_per_s and baseline.summary.samples_per_s:

@@ -8,7 +8,16 @@ from typing import Any
 import pytest
 
 from app.models import Job
-from app.web.analysis import find_bottleneck, latest_losses, predicted_bottleneck, rank_load, rank_loads, summarize
+from app.web.analysis import (
+    JobSummary,
+    find_bottleneck,
+    latest_losses,
+    predicted_bottleneck,
+    rank_load,
+    rank_loads,
+    summarize,
+)
+from app.web.compare import Compared, with_speedups
 from app.web.templating import blocks, duration, size
 from app.web.views import job_row, plan_text, plan_view, stages_text
 
@@ -204,3 +213,15 @@ def test_template_filters() -> None:
     assert duration(None) == "—"
     assert size(512) == "512 B" and size(3 * 2**20) == "3.0 MiB" and size(2**31) == "2.00 GiB"
     assert blocks([1, 2, 3]) == "1–3" and blocks([0, 2]) == "0, 2" and blocks([4]) == "4"
+
+
+def test_speed_ups_are_over_the_first_measured_dp_job() -> None:
+    def row(job_id: int, mode: str, speed: float | None) -> Compared:
+        job = Job(id=job_id, name="j", state="succeeded", nproc=2, queue="q", spec={})
+        return Compared(job, mode, JobSummary(speed, None, None, {}))
+
+    rows = with_speedups([row(1, "dp", None), row(2, "tr_dpu", 300.0), row(3, "dp", 100.0)])
+    assert [r.baseline for r in rows] == [False, False, True]  # the dp job without telemetry cannot be it
+    assert [r.speedup for r in rows] == [None, 3.0, 1.0]
+    unmeasured = with_speedups([row(4, "dp", None)])
+    assert unmeasured[0].speedup is None and not unmeasured[0].baseline
