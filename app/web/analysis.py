@@ -174,9 +174,13 @@ def _prediction(plan: dict[str, Any] | None, loads: list[RankLoad], batch_size: 
     return None
 
 
-def find_bottleneck(loads: list[RankLoad], plan: dict[str, Any] | None, batch_size: int) -> Finding:
+def find_bottleneck(
+    loads: list[RankLoad], plan: dict[str, Any] | None, batch_size: int, ended: bool = False
+) -> Finding:
     """Which rank holds the job up and why, in sentences a newcomer can act on."""
     if not loads:
+        if ended:
+            return Finding(None, "No telemetry: the job ended before its ranks reported a step.", [])
         return Finding(None, "No telemetry yet: the bottleneck is named once the ranks report their first steps.", [])
     top = max(loads, key=lambda load: (load.work_share, -load.rank))
     prediction = _prediction(plan, loads, batch_size)

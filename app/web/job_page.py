@@ -81,7 +81,7 @@ class JobParts:
         records = self.recent
         loads = rank_loads(records, self.num_blocks or 1)
         memory = {rank: max((r.get("peak_mem") or 0) for r in rows) for rank, rows in records.items()}
-        finding = find_bottleneck(loads, self.plan, self.batch_size)
+        finding = find_bottleneck(loads, self.plan, self.batch_size, ended=self.job.state in FINAL)
         return {"loads": loads, "finding": finding, "labels": LABELS, "memory": memory}
 
     def plan_part(self) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""Dashboard tests: pure logic, pages from the real app, and the browser tier (Chromium)."""

@@ -31,6 +31,7 @@ export class LiveChart {
     this.options = { xLabel, yLabel, yRange, format };
     this.log = log;
     this.chart = null;
+    this.emptyText = "No points yet: they appear as the ranks report.";
     this.drawnKeys = 0;
     this.pending = false;
     new ResizeObserver(() => this.resize()).observe(this.plot);
@@ -75,7 +76,7 @@ export class LiveChart {
       this.pending = false;
       this.figure.dataset.points = String(this.source.points);
       if (this.source.points === 0) {
-        if (!this.chart) this.plot.innerHTML = '<p class="waiting">No points yet: they appear as the ranks report.</p>';
+        if (!this.chart) this.plot.innerHTML = `<p class="waiting">${this.emptyText}</p>`;
         return;
       }
       if (!this.chart || this.drawnKeys !== this.source.keys.length) this.build();

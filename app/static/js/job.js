@@ -14,6 +14,7 @@ const telemetry = new JobTelemetry(config);
 let planned = config.hasPlan; // the plan is written before the ranks start
 let predicted = config.predicted; // the planner's simulated schedule, when the job was profiled
 let state = config.state;
+const ended = () => config.final || state === "ended";
 
 const charts = {
   loss: new LiveChart(document.getElementById("chart-loss"), telemetry.loss, { xLabel: "step", yLabel: "loss" }),
@@ -53,12 +54,12 @@ function drawSchedules() {
   } else if (planned) {
     showEmpty(box, "No prediction: the blocks were not profiled (schedule.profile: false).");
   } else {
-    showEmpty(box, "The prediction appears with the plan, when a worker starts the job.");
+    showEmpty(box, ended() ? "No plan: the job ended before a worker planned it." : "The prediction appears with the plan, when a worker starts the job.");
   }
   const measured = document.getElementById("gantt-measured");
   const latest = measuredWindow(telemetry.recent);
   if (latest) drawGantt(measured, { nproc: config.nproc, ...latest });
-  else showEmpty(measured, "Appears once the ranks report their first tasks.");
+  else showEmpty(measured, ended() ? "No tasks: the job ended before its ranks reported one." : "Appears once the ranks report their first tasks.");
 }
 const redrawSchedules = throttle(drawSchedules, 1000);
 
@@ -100,6 +101,8 @@ function onMetrics(event) {
 
 async function onEnd() {
   state = "ended";
+  for (const chart of Object.values(charts)) chart.emptyText = "No points: the job ended before its ranks reported any.";
+  drawCharts();
   await Promise.all([refreshStatus(), part("bottleneck"), part("events"), part("artifacts"), part("plan")]);
   drawSchedules();
   document.body.dataset.streamEnded = "1";
