@@ -43,6 +43,16 @@ def wait_until_ready(watched: Watched) -> None:
     watched.page.evaluate("window.__sameDocument = true")  # gone if the page ever reloads
 
 
+# Every value the loss chart's point count takes, recorded in the page itself, so that no update is
+# missed between two polls from the test on a busy machine.
+RECORD_LOSS_POINTS = """() => {
+    const chart = document.querySelector('#chart-loss');
+    window.__lossPoints = [];
+    new MutationObserver(() => window.__lossPoints.push(Number(chart.dataset.points || 0)))
+        .observe(chart, {attributes: true, attributeFilter: ['data-points']});
+}"""
+
+
 def follow_job_page(watched: Watched) -> list[tuple[str, int]]:
     """(state, loss points drawn) every 0.2 s until the page says the job ended."""
     page, seen = watched.page, []
@@ -78,7 +88,7 @@ def submit_bad_then_good(watched: Watched) -> int:
     # the only console line so far is the browser's own report of the API's 422 answer
     assert [error.split(" (")[0] for error in watched.errors] == [NETWORK_ERROR.format(status=422)]
     watched.errors.clear()
-    editor.fill(example.replace("epochs: 2", "epochs: 120"))  # 960 steps, seconds: telemetry arrives in batches
+    editor.fill(example.replace("epochs: 2", "epochs: 480"))  # 3840 steps, several seconds: many telemetry batches
     page.click("#submit-job")
     page.wait_for_url(re.compile(r"/jobs/\d+$"))
     return int(page.url.rsplit("/", 1)[1])
@@ -88,12 +98,13 @@ def test_submit_through_the_form_and_watch_the_job_to_success(browser: Any, serv
     with watched_page(browser, service) as watched:
         job_id = submit_bad_then_good(watched)
         wait_until_ready(watched)
+        watched.page.evaluate(RECORD_LOSS_POINTS)
         seen = follow_job_page(watched)
         page = watched.page
         assert seen[-1][0] == "succeeded", api_job(service, job_id)
         assert page.evaluate("window.__sameDocument") is True
-        drawn = sorted({points for _, points in seen if points > 0})
-        assert len(drawn) >= 3, f"the loss chart did not gain points live: {seen}"
+        drawn = sorted({points for points in page.evaluate("window.__lossPoints") if points > 0})
+        assert len(drawn) >= 3, f"the loss chart did not gain points live: {drawn} (polled: {seen})"
         history = httpx.get(f"{service}/api/v1/jobs/{job_id}/metrics?max_points=10000", timeout=30).json()
         assert drawn[-1] == sum(len(point["loss"]) for point in history["points"])  # each loss once, none lost
         assert page.locator("#gantt-measured g.gantt-row").count() == 2
