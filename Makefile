@@ -46,5 +46,8 @@ browser-packages:
 	  fi; \
 	fi
 
+# pytest's exit code 5 (no tests collected) fails too, and says so: a suite that collects nothing proves nothing.
 test: lint service-packages browser-packages
-	$(BIN)/python -m pytest
+	@$(BIN)/python -m pytest $(PYTEST_ARGS); code=$$?; \
+	if [ $$code -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
+	exit $$code
