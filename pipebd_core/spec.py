@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 MODES = ("dp", "ls", "ir", "tr", "tr_dpu", "hybrid", "auto")
 COMPRESSION_TEACHERS = ("vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn")
@@ -40,7 +40,7 @@ class WorkloadSpec(_Strict):
     teacher: str = ""  # compression: a torchvision VGG (default vgg16); nas: mobilenet_v2
     teacher_weights: str | None = None  # torchvision-format state_dict; None = random init (warned)
     granularity: Literal["layer", "stage"] = "layer"  # compression: a block per conv, or per pooling stage
-    factory: str | None = None  # custom: "pkg.mod:fn" returning (teacher_blocks, student_blocks)
+    factory: str | None = Field(None, validate_default=True)  # custom: "pkg.mod:fn" -> (teachers, students)
     options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments for the factory
     # nas only: a ProxylessNAS-style supernet searched block by block against a MobileNetV2 teacher
     layers_per_block: list[int] = Field(default_factory=lambda: [2, 4, 4, 4, 4, 1])  # searchable layers
@@ -53,11 +53,6 @@ class WorkloadSpec(_Strict):
     student_norm: Literal["batch", "none"] = "batch"  # none: a BN-free supernet (exact across modes)
     final_loss: Literal["ce", "mse"] = "ce"  # last block: cross-entropy to the teacher's softmax, or MSE
 
-    @field_validator("factory")
-    @classmethod
-    def _factory_format(cls, value: str | None) -> str | None:
-        return _check_factory(value)
-
     @model_validator(mode="before")
     @classmethod
     def _default_teacher(cls, data: Any) -> Any:
@@ -65,26 +60,39 @@ class WorkloadSpec(_Strict):
             data = {**data, "teacher": "mobilenet_v2" if data.get("kind") == "nas" else "vgg16"}
         return data
 
-    @model_validator(mode="after")
-    def _kind_fields(self) -> WorkloadSpec:
-        if self.kind == "custom" and not self.factory:
-            raise ValueError("kind 'custom' needs factory: 'package.module:function'")
-        if self.kind == "compression" and self.teacher not in COMPRESSION_TEACHERS:
+    # Checks that depend on `kind` are field validators (kind is declared first, so it is in
+    # `info.data`): the error then carries the path of the field to change, e.g. workload.factory.
+    @field_validator("teacher")
+    @classmethod
+    def _teacher_fits_kind(cls, value: str, info: ValidationInfo) -> str:
+        kind = info.data.get("kind")
+        if kind == "compression" and value not in COMPRESSION_TEACHERS:
             raise ValueError(
-                f"teacher {self.teacher!r} is not supported for compression; use one of "
-                + ", ".join(COMPRESSION_TEACHERS)
+                f"{value!r} is not supported for compression; use one of " + ", ".join(COMPRESSION_TEACHERS)
             )
-        if self.kind == "nas" and self.teacher != "mobilenet_v2":
-            raise ValueError(f"teacher {self.teacher!r} is not supported for nas; use mobilenet_v2")
-        if self.kind == "nas" and (not self.layers_per_block or min(self.layers_per_block) < 1):
-            raise ValueError("layers_per_block needs one count of at least 1 per block, e.g. [2, 4, 4, 4, 4, 1]")
-        return self
+        if kind == "nas" and value != "mobilenet_v2":
+            raise ValueError(f"{value!r} is not supported for nas; use mobilenet_v2")
+        return value
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_fits_kind(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("kind") == "custom" and not value:
+            raise ValueError("kind 'custom' needs factory: 'package.module:function'")
+        return _check_factory(value)
+
+    @field_validator("layers_per_block")
+    @classmethod
+    def _layer_counts(cls, value: list[int], info: ValidationInfo) -> list[int]:
+        if info.data.get("kind") == "nas" and (not value or min(value) < 1):
+            raise ValueError("needs one count of at least 1 per block, e.g. [2, 4, 4, 4, 4, 1]")
+        return value
 
 
 class DataSpec(_Strict):
     dataset: Literal["synthetic", "cifar10", "imagefolder", "custom"] = "synthetic"
-    root: str | None = None  # cifar10: torchvision's CIFAR10 folder; imagefolder: the tree
-    factory: str | None = None  # custom: "pkg.mod:fn" returning a torch Dataset
+    root: str | None = Field(None, validate_default=True)  # cifar10: CIFAR10's folder; imagefolder: the tree
+    factory: str | None = Field(None, validate_default=True)  # custom: "pkg.mod:fn" returning a torch Dataset
     options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments for the factory
     image_size: int = Field(32, ge=8, le=1024)  # inputs are resized to image_size x image_size
     num_samples: int = Field(2048, ge=1)  # synthetic only; deterministic from train.seed
@@ -94,18 +102,20 @@ class DataSpec(_Strict):
     num_workers: int = Field(0, ge=0)  # DataLoader worker processes per loading rank
     eval_samples: int = Field(512, ge=0)  # samples used for the top-1 report after training
 
+    @field_validator("root")
+    @classmethod
+    def _root_fits_dataset(cls, value: str | None, info: ValidationInfo) -> str | None:
+        dataset = info.data.get("dataset")
+        if dataset in ("cifar10", "imagefolder") and not value:
+            raise ValueError(f"dataset {dataset!r} needs root: the folder it reads (nothing is downloaded)")
+        return value
+
     @field_validator("factory")
     @classmethod
-    def _factory_format(cls, value: str | None) -> str | None:
-        return _check_factory(value)
-
-    @model_validator(mode="after")
-    def _dataset_fields(self) -> DataSpec:
-        if self.dataset in ("cifar10", "imagefolder") and not self.root:
-            raise ValueError(f"dataset {self.dataset!r} needs root: the folder it reads (nothing is downloaded)")
-        if self.dataset == "custom" and not self.factory:
+    def _factory_fits_dataset(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("dataset") == "custom" and not value:
             raise ValueError("dataset 'custom' needs factory: 'package.module:function'")
-        return self
+        return _check_factory(value)
 
 
 class TrainSpec(_Strict):
@@ -134,21 +144,28 @@ class StageSpec(_Strict):
 class ScheduleSpec(_Strict):
     mode: Mode = "tr_dpu"  # see the README's table of modes
     nproc: int = Field(2, ge=1, le=1024)  # ranks: one per GPU, or CPU processes
-    stages: list[StageSpec] | None = None  # hybrid (optional for tr/tr_dpu): contiguous stages
+    stages: list[StageSpec] | None = Field(None, validate_default=True)  # hybrid (optional for tr/tr_dpu)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA with NCCL when present, else CPU/gloo
     threads_per_rank: int = Field(1, ge=1)  # CPU threads per rank (more than 1 oversubscribes small hosts)
     timeout_s: float = Field(60.0, gt=0)  # process-group timeout: a stuck peer fails the job after this
     profile: bool = True  # measure blocks first (cached): plans from measured costs, predictions in plan.json
 
-    @model_validator(mode="after")
-    def _stages_fit_mode(self) -> ScheduleSpec:
-        if self.mode == "hybrid" and not self.stages:
+    @field_validator("stages")
+    @classmethod
+    def _stages_fit_mode(cls, value: list[StageSpec] | None, info: ValidationInfo) -> list[StageSpec] | None:
+        mode = info.data.get("mode")
+        if mode == "hybrid" and not value:
             raise ValueError("mode 'hybrid' needs stages: [{start: 0, stop: k, replicas: r}, ...]")
-        if self.mode == "auto" and not self.profile:
+        if value and mode is not None and mode not in ("tr", "tr_dpu", "hybrid"):
+            raise ValueError(f"stages apply to modes tr, tr_dpu and hybrid, not {mode!r}; remove them")
+        return value
+
+    @field_validator("profile")
+    @classmethod
+    def _auto_profiles(cls, value: bool, info: ValidationInfo) -> bool:
+        if info.data.get("mode") == "auto" and not value:
             raise ValueError("mode 'auto' plans from measured costs; set profile: true or pick a mode")
-        if self.stages and self.mode not in ("tr", "tr_dpu", "hybrid"):
-            raise ValueError(f"stages apply to modes tr, tr_dpu and hybrid, not {self.mode!r}; remove them")
-        return self
+        return value
 
 
 class Spec(_Strict):
