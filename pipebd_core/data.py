@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from pipebd_core.imports import resolve_factory
+from pipebd_core.imports import call_factory
 from pipebd_core.spec import Spec, SpecError
 
 Sample = tuple[torch.Tensor, Any]
@@ -68,7 +68,7 @@ class _Pairs(Dataset[Sample]):
 
 
 def _custom(spec: Spec) -> Dataset[Sample]:
-    inner = resolve_factory(str(spec.data.factory), "data.factory")(**spec.data.options)
+    inner = call_factory(str(spec.data.factory), "data.factory", spec.data.options)
     if not (hasattr(inner, "__getitem__") and hasattr(inner, "__len__")):
         raise SpecError(f"data.factory returned {type(inner).__name__}; expected a Dataset with __len__")
     return _Pairs(inner)

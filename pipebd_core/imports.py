@@ -20,3 +20,18 @@ def resolve_factory(reference: str, field: str) -> Callable[..., Any]:
     if not callable(function):
         raise SpecError(f"{field}: module {module_name!r} has no callable {attribute!r}")
     return function
+
+
+def call_factory(reference: str, field: str, options: dict[str, Any]) -> Any:
+    """Resolve and call the factory with `options`; a wrong option or a crash is a SpecError naming both fields."""
+    factory = resolve_factory(reference, field)
+    options_field = field.replace("factory", "options")
+    try:
+        return factory(**options)
+    except TypeError as error:
+        raise SpecError(
+            f"{options_field}: {reference} does not accept {sorted(options)} ({error}); give the keyword"
+            " arguments the factory takes"
+        ) from None
+    except Exception as error:
+        raise SpecError(f"{field}: {reference}(**{options_field}) raised {type(error).__name__}: {error}") from error

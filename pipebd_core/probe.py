@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipebd_core.spec import SpecError
 from pipebd_core.workloads import Workload
 
 STUDENT_TRAIN_FACTOR = 3.0  # forward + backward of a student costs about three forwards
@@ -77,6 +78,16 @@ def _count_flops(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, float
     return output, total[0]
 
 
+def _forward(block: nn.Module, x: torch.Tensor, what: str) -> tuple[torch.Tensor, float]:
+    """One counted forward; a block that cannot take its input is the workload's fault, said before launch."""
+    try:
+        return _count_flops(block, x)
+    except Exception as error:
+        raise SpecError(
+            f"workload: {what} fails on an input of shape {tuple(x.shape[1:])}: {type(error).__name__}: {error}"
+        ) from error
+
+
 def probe_workload(workload: Workload, input_shape: tuple[int, ...]) -> BlockProbe:
     """Run every teacher and student block once on one zero sample (eval mode, no gradients)."""
     shapes = [list(input_shape)]
@@ -86,12 +97,13 @@ def probe_workload(workload: Workload, input_shape: tuple[int, ...]) -> BlockPro
         for teacher, student in zip(workload.teacher_blocks, workload.student_blocks, strict=True):
             was_training = student.training
             student.eval()
-            student_out, s_flops = _count_flops(student, x)
+            index = len(shapes) - 1
+            student_out, s_flops = _forward(student, x, f"student block {index}")
             student.train(was_training)
-            x, t_flops = _count_flops(teacher, x)
+            x, t_flops = _forward(teacher, x, f"teacher block {index}")
             if student_out.shape != x.shape:
-                raise ValueError(
-                    f"block {len(shapes) - 1}: student output {tuple(student_out.shape[1:])} differs from the"
+                raise SpecError(
+                    f"workload: block {index}: student output {tuple(student_out.shape[1:])} differs from the"
                     f" teacher's {tuple(x.shape[1:])}; a student must reproduce its teacher block's output shape"
                 )
             shapes.append(list(x.shape[1:]))

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from pipebd_core.data import build_dataset, global_batch_indices, total_steps
 from pipebd_core.launch import prepare_run, start_ranks
@@ -16,6 +17,7 @@ from pipebd_core.processes import stop_process_tree
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.workloads import build_workload
+from pipebd_core.workloads.tiny import make_blocks
 
 RUN_TIMEOUT_S = 180
 
@@ -32,6 +34,13 @@ def tiny_document(**sections: dict[str, Any]) -> dict[str, Any]:
     for section, values in sections.items():
         document[section] = {**document.get(section, {}), **values}
     return document
+
+
+def mismatched_blocks() -> tuple[list[nn.Module], list[nn.Module]]:
+    """A factory whose second student does not reproduce its teacher's output shape (a user's mistake)."""
+    teachers, students = make_blocks(num_blocks=2)
+    students[1] = nn.Conv2d(8, 4, 1)
+    return teachers, students
 
 
 def tiny_spec(**sections: dict[str, Any]) -> Spec:

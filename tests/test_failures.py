@@ -53,6 +53,23 @@ def test_bad_spec_fails_before_launch_naming_the_field(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("workload", "message"),
+    [
+        ({"options": {"widht": 8}}, "workload.options: pipebd_core.workloads.tiny:make_blocks does not accept"),
+        ({"options": {"in_channels": 4}}, "workload: student block 0 fails on an input of shape (3, 8, 8)"),
+        ({"factory": "tests.helpers:mismatched_blocks"}, "workload: block 1: student output (4, 8, 8) differs"),
+        ({"factory": "tests.helpers:no_such_factory"}, "workload.factory: module 'tests.helpers' has no callable"),
+    ],
+)
+def test_a_workload_that_cannot_be_built_fails_before_launch(tmp_path: Path, workload: dict, message: str) -> None:
+    spec = write_spec(tmp_path, tiny_document(workload=workload))
+    result = pipebd("run", str(spec), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_dataset_names_the_path(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
     spec = write_spec(tmp_path, tiny_document(data={"dataset": "cifar10", "root": str(missing)}))

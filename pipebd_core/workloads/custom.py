@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipebd_core.imports import resolve_factory
+from pipebd_core.imports import call_factory
 from pipebd_core.spec import Spec, SpecError
 from pipebd_core.workloads import Workload, block_seed
 
@@ -13,9 +13,8 @@ from pipebd_core.workloads import Workload, block_seed
 def build_custom_workload(spec: Spec) -> Workload:
     """Call the factory under a fixed seed so every rank builds identical blocks."""
     assert spec.workload.factory is not None
-    factory = resolve_factory(spec.workload.factory, "workload.factory")
     torch.manual_seed(block_seed(spec.train.seed, "teacher", 0))
-    result = factory(**spec.workload.options)
+    result = call_factory(spec.workload.factory, "workload.factory", spec.workload.options)
     if not (isinstance(result, tuple | list) and len(result) == 2):
         raise SpecError("workload.factory: must return (teacher_blocks, student_blocks), two lists of nn.Module")
     teachers, students = (list(part) for part in result)
