@@ -1,5 +1,6 @@
-"""Profiles on disk: keyed by workload, data, batch size, device kind and count, so planning again
-is instant. A missing profile is measured by a torchrun job of `pipebd_core.profiler`.
+"""Profiles on disk: keyed by workload, data (its loader workers included), batch size, device kind
+and count, so planning again is instant. A missing profile is measured by a torchrun job of
+`pipebd_core.profiler`.
 """
 
 from __future__ import annotations
@@ -40,12 +41,15 @@ def device_kind(spec: Spec) -> str:
 
 
 def profile_key(spec: Spec) -> str:
-    """What the measurements depend on; the spec's training and schedule fields (but nproc) do not count."""
+    """What the measurements depend on; the spec's training and schedule fields (but nproc) do not count.
+    `data.num_workers` does: the profile's data-loading times are measured with that many loader workers."""
     key = {
         "version": FORMAT_VERSION,
         "torch": torch.__version__,
         "workload": spec.workload.model_dump(mode="json"),
-        "data": spec.data.model_dump(mode="json", include={"dataset", "root", "factory", "options", "image_size"}),
+        "data": spec.data.model_dump(
+            mode="json", include={"dataset", "root", "factory", "options", "image_size", "num_workers"}
+        ),
         "batch_size": spec.data.batch_size,
         "device": device_kind(spec),
         "nproc": spec.schedule.nproc,

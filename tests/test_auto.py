@@ -27,8 +27,13 @@ def test_profile_is_measured_once_then_reused(cache: Path) -> None:
     started = time.monotonic()
     again, cached = obtain_profile(spec)
     assert cached and again == profile and time.monotonic() - started < 1.0
-    other = tiny_spec(schedule={"nproc": 3, "profile": True})
-    assert profile_key(other) != profile_key(spec)
+
+
+def test_profile_key_counts_what_the_measurements_depend_on() -> None:
+    spec = tiny_spec(schedule={"nproc": 2, "profile": True})
+    assert profile_key(tiny_spec(schedule={"nproc": 3, "profile": True})) != profile_key(spec)
+    # data-loading times are measured with the spec's loader workers
+    assert profile_key(tiny_spec(schedule={"nproc": 2, "profile": True}, data={"num_workers": 2})) != profile_key(spec)
     assert profile_key(tiny_spec(schedule={"nproc": 2, "profile": True}, train={"lr": 0.5})) == profile_key(spec)
 
 
