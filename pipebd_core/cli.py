@@ -105,6 +105,8 @@ def command_run(args: argparse.Namespace) -> int:
     except (SpecError, PlanError, ProfileError) as error:
         return fail(str(error))
     print(f"pipebd: run directory {run_dir.root}", file=sys.stderr)
+    for warning in run_dir.read_json(run_dir.plan).get("warnings") or []:
+        print(f"pipebd: warning: {warning}", file=sys.stderr)
     return follow(run_dir, spec)
 
 

@@ -26,3 +26,4 @@ def test_vgg16_example_runs_and_assembles_the_compressed_network(tmp_path: Path)
     compressed = torch.load(run / "compressed_model.pt", weights_only=False)
     assert compressed(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     assert "samples/s" in result.stderr
+    assert "pipebd: warning: the vgg16 teacher is randomly initialised" in result.stderr
