@@ -26,7 +26,15 @@ from pipebd_core.rundir import RunDir
 from pipebd_core.schedule import WORLD, Task, arch_update_index, rank_tasks
 from pipebd_core.spec import Spec
 from pipebd_core.students import StudentBlock, with_sync_batchnorm
-from pipebd_core.telemetry import PhaseClock, TelemetryWriter, append_event, peak_memory_bytes
+from pipebd_core.telemetry import (
+    PhaseClock,
+    TelemetryWriter,
+    UtilizationSampler,
+    append_event,
+    current_memory_bytes,
+    nvml_utilization_reader,
+    peak_memory_bytes,
+)
 from pipebd_core.workloads import Workload
 
 FAULT_ENV = "PIPEBD_INJECT_FAULT"  # "RANK:STEP": that rank raises before that step (failure tests)
@@ -91,6 +99,7 @@ class Trainer:
         self.relay = Relay(relay_group, shapes, ctx.device)
         self.clock = PhaseClock(ctx.device)
         self.telemetry = TelemetryWriter(ctx.run_dir.metrics(ctx.rank))
+        self.gpu_util = UtilizationSampler(nvml_utilization_reader(ctx.device))  # no reader on CPU
         self.batches = {round_: self._batches(round_) for round_ in ("weights", "arch")}
         self.last_loss: dict[int, float] = {}
         self.fault_step = injected_fault_step(ctx.rank)
@@ -196,6 +205,9 @@ class Trainer:
         return {block: float(loss) for block, loss in losses.items()}
 
     def _record(self, task: Task, losses: dict[int, float], done: int, total: int) -> None:
+        memory = current_memory_bytes(self.ctx.device)
+        # the kernel's peak RSS lags the current RSS by a few pages: a peak is never below the present
+        peak = max(peak_memory_bytes(self.ctx.device), memory)
         record: dict[str, Any] = {
             "time": time.time(),
             "rank": self.ctx.rank,
@@ -206,10 +218,14 @@ class Trainer:
             "loss": {str(block): value for block, value in losses.items()},
             "phases": self.clock.phases(),
             "samples": task.rows[1] - task.rows[0],
-            "peak_mem": peak_memory_bytes(self.ctx.device),
+            "peak_mem": peak,
+            "cur_mem": memory,
             "done": done,
             "total": total,
         }
+        gpu_util = self.gpu_util.sample()
+        if gpu_util is not None:
+            record["gpu_util"] = gpu_util
         if task.round == "weights":
             self.last_loss.update(losses)
         else:
@@ -227,7 +243,8 @@ class Trainer:
             return
         for block in task.train:
             state = {**self.students[block].state(), "loss": self.last_loss.get(block)}
-            checkpoint.save_block(self.ctx.run_dir.checkpoints, block, step_done, state)
+            common = self.ctx.plan.num_blocks if self.ctx.plan.is_pipeline else None  # see resume_steps
+            checkpoint.save_block(self.ctx.run_dir.checkpoints, block, step_done, state, common)
         append_event(self.ctx.run_dir.events, "checkpoint", rank=self.ctx.rank, blocks=list(task.train), step=step_done)
 
     def _owns_update(self, task: Task) -> bool:

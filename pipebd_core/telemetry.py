@@ -1,4 +1,4 @@
-"""Per-rank telemetry: phase timing, peak memory, and a buffered JSONL writer.
+"""Per-rank telemetry: phase timing, current and peak memory, GPU utilisation, and a buffered JSONL writer.
 
 One line per task per rank in `metrics/rank-<r>.jsonl`. Lines are buffered in memory and flushed
 by a background thread at least once a second, so training never waits on the disk.
@@ -6,13 +6,17 @@ by a background thread at least once a second, so training never waits on the di
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import resource
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 PHASES = ("data", "recv_wait", "teacher", "send", "student", "allreduce", "barrier", "optim")
@@ -59,6 +63,94 @@ def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+_PROCESS: psutil.Process | None = None
+
+
+def current_memory_bytes(device: torch.device) -> int:
+    """CUDA memory allocated now on GPU, resident set size of the process now on CPU."""
+    global _PROCESS
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    if _PROCESS is None:
+        _PROCESS = psutil.Process()
+    return int(_PROCESS.memory_info().rss)
+
+
+def nvml_index(cuda_index: int, visible: str | None) -> int:
+    """The NVML index of CUDA device `cuda_index`: NVML counts every GPU of the machine, CUDA only the
+    ones CUDA_VISIBLE_DEVICES lists (in its order). Entries that are not integers (UUIDs) cannot be
+    mapped here: ValueError."""
+    if not visible or not visible.strip():
+        return cuda_index
+    entries = [entry.strip() for entry in visible.split(",")]
+    if cuda_index >= len(entries):
+        raise ValueError(f"CUDA device {cuda_index} is not among CUDA_VISIBLE_DEVICES={visible}")
+    return int(entries[cuda_index])
+
+
+def nvml_handle(nvml: Any, cuda_index: int, uuid: str, visible: str | None) -> Any:
+    """NVML's handle of CUDA device `cuda_index`: by the UUID CUDA reports for it (right whatever
+    CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER say), else by its index mapped through `visible`
+    (CUDA_VISIBLE_DEVICES)."""
+    if uuid:
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+        except nvml.NVMLError:
+            pass
+    return nvml.nvmlDeviceGetHandleByIndex(nvml_index(cuda_index, visible))
+
+
+def nvml_utilization_reader(
+    device: torch.device, nvml: Any = None, uuid: str | None = None
+) -> Callable[[], int] | None:
+    """A function that reads the GPU utilisation (percent of the last sample period with a kernel running)
+    of `device` from NVML; None where NVML cannot say: a CPU device, nvidia-ml-py missing, no driver,
+    a device (a MIG slice) without utilisation. `nvml` is the pynvml module (imported here when None);
+    `uuid` the device's CUDA UUID (asked of torch when None)."""
+    if device.type != "cuda":
+        return None
+    try:
+        if nvml is None:
+            nvml = importlib.import_module("pynvml")
+        nvml.nvmlInit()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if uuid is None:
+            uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+        handle = nvml_handle(nvml, index, uuid, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        nvml.nvmlDeviceGetUtilizationRates(handle)  # raises here if this device cannot report it
+    except Exception:  # ImportError, NVMLError (no library, no driver, not supported), no such device
+        return None
+    return lambda: int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+
+
+class UtilizationSampler:
+    """Reads a slow gauge (NVML GPU utilisation) at most once every `interval` seconds and hands back the
+    last value in between, so that asking on every step costs nothing. No reader: always None. A read
+    that fails gives None, and the sampler stops reading (NVML went away)."""
+
+    def __init__(
+        self,
+        read: Callable[[], int] | None,
+        interval: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._read, self._interval, self._clock = read, interval, clock
+        self._value: int | None = None
+        self._at: float | None = None
+
+    def sample(self) -> int | None:
+        if self._read is None:
+            return None
+        now = self._clock()
+        if self._at is None or now - self._at >= self._interval:
+            self._at = now
+            try:
+                self._value = self._read()
+            except Exception:
+                self._read, self._value = None, None
+        return self._value
 
 
 class TelemetryWriter:

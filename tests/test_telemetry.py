@@ -10,11 +10,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
-from pipebd_core.telemetry import PHASES, PhaseClock, TelemetryWriter
+from pipebd_core.telemetry import (
+    PHASES,
+    PhaseClock,
+    TelemetryWriter,
+    UtilizationSampler,
+    current_memory_bytes,
+    nvml_handle,
+    nvml_index,
+    nvml_utilization_reader,
+)
 from tests.helpers import tiny_spec
 
 
@@ -52,7 +62,115 @@ def test_every_rank_writes_one_line_per_step_with_all_fields(finished_run: Calla
         assert first["blocks"] == blocks and set(first["loss"]) == {str(b) for b in blocks}
         assert set(first["phases"]) >= {"data", "recv_wait", "teacher", "student", "optim", "send"}
         assert first["samples"] == 10 and first["peak_mem"] > 0 and first["epoch"] == 0
+        assert all(0 < line["cur_mem"] <= line["peak_mem"] for line in lines)  # RSS now, never above its peak
+        assert all("gpu_util" not in line for line in lines)  # CPU ranks: no NVML utilisation
         assert lines[-1]["done"] == lines[-1]["total"] == 8
     received = [json.loads(line)["phases"]["recv_wait"] for line in run_dir.metrics(1).read_text().splitlines()]
     loaded = [json.loads(line)["phases"]["data"] for line in run_dir.metrics(0).read_text().splitlines()]
     assert sum(received) > 0 and sum(loaded) > 0
+
+
+def test_current_memory_is_the_resident_set_now_and_follows_allocations() -> None:
+    cpu = torch.device("cpu")
+    before = current_memory_bytes(cpu)
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    during = current_memory_bytes(cpu)
+    assert during - before > 32 * 2**20
+    del block
+
+
+class FakeUtilization:
+    def __init__(self, gpu: int) -> None:
+        self.gpu = gpu
+
+
+class FakeNvml:
+    """pynvml's functions the reader calls, for a machine of 4 GPUs; a handle is the NVML index."""
+
+    class NVMLError(Exception):
+        pass
+
+    UUIDS = ("GPU-aaaa", "GPU-bbbb", "GPU-cccc", "GPU-dddd")
+
+    def __init__(self, init_error: bool = False) -> None:
+        self.init_error = init_error
+        self.reads = 0
+        self.value = 40
+
+    def nvmlInit(self) -> None:
+        if self.init_error:
+            raise self.NVMLError("NVML Shared Library Not Found")
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if not 0 <= index < len(self.UUIDS):
+            raise self.NVMLError("Invalid Argument")
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        if uuid not in self.UUIDS:
+            raise self.NVMLError("Not Found")
+        return self.UUIDS.index(uuid)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> FakeUtilization:
+        self.reads += 1
+        return FakeUtilization(self.value + handle)
+
+
+def test_without_nvml_or_a_gpu_there_is_no_utilization() -> None:
+    assert nvml_utilization_reader(torch.device("cpu"), FakeNvml()) is None  # CPU ranks never ask NVML
+    assert nvml_utilization_reader(torch.device("cuda", 0), FakeNvml(init_error=True)) is None  # nvmlInit raises
+    if not torch.cuda.is_available():
+        assert nvml_utilization_reader(torch.device("cuda", 0)) is None  # the real pynvml: no driver, no GPU
+    sampler = UtilizationSampler(None)
+    assert sampler.sample() is None and sampler.sample() is None
+
+
+def test_utilization_is_read_at_most_every_interval_and_reused_between() -> None:
+    nvml, now = FakeNvml(), [100.0]
+    sampler = UtilizationSampler(lambda: nvml.nvmlDeviceGetUtilizationRates(0).gpu, interval=0.5, clock=lambda: now[0])
+    assert sampler.sample() == 40 and nvml.reads == 1
+    nvml.value = 90
+    for step in range(10):  # steps 40 ms apart: the same reading
+        now[0] += 0.04
+        assert sampler.sample() == 40, step
+    assert nvml.reads == 1
+    now[0] += 0.2  # 0.6 s after the first read
+    assert sampler.sample() == 90 and nvml.reads == 2
+    now[0] += 0.49
+    assert sampler.sample() == 90 and nvml.reads == 2
+
+
+def test_a_failing_read_gives_no_value_and_stops_reading() -> None:
+    calls = []
+
+    def read() -> int:
+        calls.append(1)
+        raise RuntimeError("NVML went away")
+
+    now = [0.0]
+    sampler = UtilizationSampler(read, interval=0.5, clock=lambda: now[0])
+    assert sampler.sample() is None
+    now[0] += 5
+    assert sampler.sample() is None and len(calls) == 1
+
+
+def test_a_gpu_rank_reads_its_own_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    nvml = FakeNvml()
+    read = nvml_utilization_reader(torch.device("cuda", 1), nvml, uuid="dddd")  # torch's UUIDs lack "GPU-"
+    assert read is not None and read() == 40 + 3
+    unknown = nvml_utilization_reader(torch.device("cuda", 1), nvml, uuid="ffff")  # by CUDA_VISIBLE_DEVICES
+    assert unknown is not None and unknown() == 40 + 3
+    assert nvml_utilization_reader(torch.device("cuda", 2), nvml, uuid="") is None  # not a visible device
+
+
+def test_cuda_indices_map_through_cuda_visible_devices_to_nvml() -> None:
+    nvml = FakeNvml()
+    assert nvml_handle(nvml, 0, "cccc", None) == 2 and nvml_handle(nvml, 0, "GPU-bbbb", "3") == 1
+    assert nvml_handle(nvml, 0, "", "3,1") == 3 and nvml_handle(nvml, 1, "", None) == 1
+    assert nvml_index(1, None) == 1 and nvml_index(1, "") == 1
+    assert nvml_index(0, "3,1") == 3 and nvml_index(1, " 3, 1 ") == 1
+    with pytest.raises(ValueError):
+        nvml_index(2, "3,1")
+    with pytest.raises(ValueError):
+        nvml_index(0, "GPU-8e3c1b1d")
