@@ -1,8 +1,9 @@
 """The FastAPI application factory.
 
 `create_app(settings)` migrates the database, connects the Celery producer, mounts the API under
-`/api/v1`, `/healthz`, `/metrics` and the dashboard seam, and runs the lost-job reaper in the
-background while the app serves.
+`/api/v1`, `/healthz`, `/metrics`, the schema and its documentation (`/openapi.json`, `/docs`,
+`/redoc`: behind the tokens, see app/web/docs.py) and the dashboard seam, and runs the lost-job
+reaper in the background while the app serves.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from app.db import migrate
 from app.monitoring import JobCollector
 from app.queue import make_celery
 from app.reaper import reap_lost_jobs
+from app.web import docs
 
 API_PREFIX = "/api/v1"
 log = logging.getLogger("pipebd.api")
@@ -59,6 +61,10 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         summary="Pipelined blockwise knowledge distillation jobs: submit, follow, cancel, download.",
         version="0.1.0",
         lifespan=lifespan,
+        # FastAPI's own schema and docs routes answer anyone; app/web/docs.py serves them behind the tokens
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.celery = make_celery(settings)
@@ -67,5 +73,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     for router in (jobs.router, metrics.router, logs.router, artifacts.router, events.router):
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(health.router)
+    app.include_router(docs.schema_router)
+    app.include_router(docs.pages_router)
     web.install(app)
     return app

@@ -28,22 +28,51 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+# Routes without a token: /healthz (documented as open) and the login form itself; /static (vendored
+# public assets) is a mount, not a route.
+OPEN_ROUTES = {("GET", "/healthz")}
+DOCS = ("/docs", "/docs/oauth2-redirect", "/redoc")
+
+
 def test_every_route_but_health_needs_a_token(client: TestClient) -> None:
     job_id = client.post("/api/v1/jobs", json=tiny_job(), headers=bearer(SUBMIT)).json()["id"]
-    for path in (
-        "/metrics",
-        "/api/v1/jobs",
-        f"/api/v1/jobs/{job_id}",
-        f"/api/v1/jobs/{job_id}/metrics",
-        f"/api/v1/jobs/{job_id}/logs",
-        f"/api/v1/jobs/{job_id}/artifacts",
-        f"/api/v1/jobs/{job_id}/events",
-    ):
-        assert client.get(path).status_code == 401, path
-    for page in ("/", f"/jobs/{job_id}", "/jobs/new", "/compare"):  # the dashboard asks for the token instead
+    schema = client.get("/openapi.json", headers=bearer(READ)).json()
+    # every API route the schema documents, so a route added later is checked too
+    routes = [
+        (method.upper(), path.format(job_id=job_id, name="plan.json"))
+        for path, item in schema["paths"].items()
+        for method in item
+        if (method.upper(), path) not in OPEN_ROUTES
+    ]
+    assert len(routes) >= 12 and ("GET", f"/api/v1/jobs/{job_id}/events") in routes
+    for method, path in [*routes, ("GET", "/openapi.json")]:
+        answer = client.request(method, path)
+        assert answer.status_code == 401, (method, path, answer.status_code)
+        assert answer.headers["www-authenticate"] == "Bearer", (method, path)
+    for page in ("/", f"/jobs/{job_id}", "/jobs/new", "/compare", *DOCS):  # the dashboard asks for the token instead
         answer = client.get(page, follow_redirects=False)
         assert answer.status_code == 303 and answer.headers["location"].startswith("/login?next="), page
+    assert client.get("/docs", follow_redirects=False).headers["location"] == "/login?next=/docs"
+    assert client.get("/openapi.json", headers=bearer("unknown-token-0123456789abcdef")).status_code == 401
     assert client.get("/healthz").status_code == 200
+    assert client.get(f"/api/v1/jobs/{job_id}", headers=bearer(READ)).json()["state"] == "queued"  # nothing changed it
+
+
+def test_docs_take_the_read_scope_by_header_or_dashboard_cookie(client: TestClient) -> None:
+    assert "/api/v1/jobs" in client.get("/openapi.json", headers=bearer(READ)).json()["paths"]
+    assert client.get("/openapi.json", cookies={"pipebd_token": READ}).status_code == 200  # what /docs fetches
+    for page in DOCS:
+        answer = client.get(page, cookies={"pipebd_token": READ}, follow_redirects=False)
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/html"), page
+    assert "url: '/openapi.json'" in client.get("/docs", cookies={"pipebd_token": READ}).text
+    assert "/openapi.json" in client.get("/redoc", headers=bearer(SUBMIT)).text
+
+
+def test_docs_stay_open_without_tokens(tmp_path: Path) -> None:
+    open_client = TestClient(create_app(make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")))
+    assert "/api/v1/jobs" in open_client.get("/openapi.json").json()["paths"]
+    for page in DOCS:
+        assert open_client.get(page, follow_redirects=False).status_code == 200, page
 
 
 def test_read_scope_reads_and_submit_scope_does_everything(client: TestClient) -> None:

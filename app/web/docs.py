@@ -1,0 +1,54 @@
+"""The API's schema and its interactive documentation, behind the same tokens as everything else.
+
+FastAPI's own `/docs`, `/redoc` and `/openapi.json` answer anyone; the app turns them off and serves
+them here instead. With `PIPEBD_API_TOKENS` set, `/openapi.json` needs a `read` token (401 without,
+like the API) and the documentation pages are dashboard pages: a browser without the `pipebd_token`
+cookie is sent to the login page, and with it the pages' own fetch of `/openapi.json` is authorized
+by that cookie. Without tokens they are open, as the rest of the service is.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from app.auth import require
+from app.web.access import ViewerDep
+from app.web.routing import PageRoute
+
+OPENAPI_URL = "/openapi.json"
+DOCS_URL = "/docs"
+OAUTH2_REDIRECT_URL = "/docs/oauth2-redirect"
+REDOC_URL = "/redoc"
+
+schema_router = APIRouter(dependencies=[Depends(require("read"))])
+pages_router = APIRouter(route_class=PageRoute)
+
+
+def _prefixed(request: Request, path: str) -> str:
+    return request.scope.get("root_path", "").rstrip("/") + path
+
+
+@schema_router.get(OPENAPI_URL, include_in_schema=False)
+def openapi_schema(request: Request) -> JSONResponse:
+    return JSONResponse(request.app.openapi())
+
+
+@pages_router.get(DOCS_URL, include_in_schema=False)
+def swagger_ui(request: Request, _: ViewerDep) -> HTMLResponse:
+    return get_swagger_ui_html(
+        openapi_url=_prefixed(request, OPENAPI_URL),
+        title=f"{request.app.title} - Swagger UI",
+        oauth2_redirect_url=_prefixed(request, OAUTH2_REDIRECT_URL),
+    )
+
+
+@pages_router.get(OAUTH2_REDIRECT_URL, include_in_schema=False)
+def swagger_ui_redirect(_: ViewerDep) -> HTMLResponse:
+    return get_swagger_ui_oauth2_redirect_html()
+
+
+@pages_router.get(REDOC_URL, include_in_schema=False)
+def redoc(request: Request, _: ViewerDep) -> HTMLResponse:
+    return get_redoc_html(openapi_url=_prefixed(request, OPENAPI_URL), title=f"{request.app.title} - ReDoc")
