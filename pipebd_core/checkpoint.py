@@ -19,21 +19,33 @@ def should_checkpoint(step_done: int, steps_per_epoch: int, total_steps: int, ev
     """Whether to save after `step_done` steps (a count, not an index)."""
     if step_done == total_steps:
         return True
-    if every is not None:
-        return step_done % every == 0
-    return step_done % steps_per_epoch == 0
+    if every is not None and step_done % every == 0:
+        return True
+    return step_done % steps_per_epoch == 0  # at least one per epoch, whatever the interval
 
 
-def save_block(folder: Path, block: int, step_done: int, state: dict[str, Any]) -> Path:
+def save_block(folder: Path, block: int, step_done: int, state: dict[str, Any], num_blocks: int | None = None) -> Path:
+    """Write one block's checkpoint atomically, then prune that block's old ones.
+
+    With `num_blocks`, pruning keeps every step the slowest block may still need: a pipelined
+    resume needs one step saved by all blocks, and an upstream stage can run steps ahead.
+    """
     directory = folder / f"block-{block}"
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step-{step_done:09d}.pt"
     temporary = path.with_suffix(".tmp")
     torch.save({"step": step_done, **state}, temporary)
     temporary.replace(path)
+    slowest = _slowest_newest_step(folder, num_blocks) if num_blocks is not None else None
     for old in sorted(directory.glob("step-*.pt"))[:-KEEP_PER_BLOCK]:
-        old.unlink(missing_ok=True)
+        if slowest is None or int(old.stem.split("-")[1]) < slowest:
+            old.unlink(missing_ok=True)
     return path
+
+
+def _slowest_newest_step(folder: Path, num_blocks: int) -> int:
+    """The newest step of the block that has saved the least far (0 while any block has saved nothing)."""
+    return min((saved_steps(folder, block)[-1:] or [0])[0] for block in range(num_blocks))
 
 
 def saved_steps(folder: Path, block: int) -> list[int]:

@@ -42,3 +42,24 @@ def test_pipelined_modes_resume_every_block_from_one_common_step(tmp_path: Path)
     assert resume_steps(tmp_path, 3, common=True) == [4, 4, 4]
     assert resume_steps(tmp_path, 3, common=False) == [8, 8, 4]
     assert resume_steps(tmp_path, 4, common=True) == [0, 0, 0, 0]
+
+
+def test_pruning_keeps_the_step_the_slowest_block_needs(tmp_path: Path) -> None:
+    from pipebd_core.checkpoint import save_block
+
+    for step in range(1, 9):  # an upstream stage with checkpoint_every 1 runs ahead of block 1
+        save_block(tmp_path, 0, step, {"student": {}}, num_blocks=2)
+    save_block(tmp_path, 1, 2, {"student": {}}, num_blocks=2)
+    assert resume_steps(tmp_path, 2, common=True) == [2, 2]
+    save_block(tmp_path, 0, 9, {"student": {}}, num_blocks=2)  # now prunes down to block 1's newest step
+    assert saved_steps(tmp_path, 0) == [2, 3, 4, 5, 6, 7, 8, 9]
+    save_block(tmp_path, 1, 8, {"student": {}}, num_blocks=2)
+    save_block(tmp_path, 0, 10, {"student": {}}, num_blocks=2)
+    assert saved_steps(tmp_path, 0) == [8, 9, 10] and resume_steps(tmp_path, 2, common=True) == [8, 8]
+
+
+def test_every_epoch_is_checkpointed_whatever_the_interval() -> None:
+    from pipebd_core.checkpoint import should_checkpoint
+
+    saved = [step for step in range(1, 13) if should_checkpoint(step, 4, 12, every=5)]
+    assert saved == [4, 5, 8, 10, 12]
