@@ -63,16 +63,16 @@ def available(session: Session, job: Job) -> list[tuple[Artifact, int | None]]:
 
 
 def metrics_csv(session: Session, job: Job) -> str:
-    """One row per telemetry line: position, loss per block, phase seconds, samples, peak memory."""
+    """One row per telemetry line: position, loss per block, phase seconds, samples, peak and current memory,
+    GPU utilisation (empty on CPU ranks)."""
     rows = session.exec(
         select(JobMetric).where(JobMetric.job_id == job.id).order_by(col(JobMetric.rank), col(JobMetric.seq))
     ).all()
     blocks = sorted({int(block) for row in rows for block in row.record.get("loss", {})})
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(
-        ["rank", "seq", "epoch", "step", "time", *(f"loss_{b}" for b in blocks), *PHASES, "samples", "peak_mem"]
-    )
+    position = ["rank", "seq", "epoch", "step", "time", *(f"loss_{b}" for b in blocks), *PHASES]
+    writer.writerow([*position, "samples", "peak_mem", "cur_mem", "gpu_util"])
     for row in rows:
         record = row.record
         loss, phases = record.get("loss", {}), record.get("phases", {})
@@ -87,6 +87,8 @@ def metrics_csv(session: Session, job: Job) -> str:
                 *(phases.get(phase, "") for phase in PHASES),
                 record.get("samples", ""),
                 record.get("peak_mem", ""),
+                record.get("cur_mem", ""),
+                record.get("gpu_util", ""),
             ]
         )
     return out.getvalue()

@@ -3,9 +3,10 @@
 The points of one rank are cut into `max_points` consecutive buckets. A bucket becomes one point:
 the last line's position (seq, epoch, step, time), the mean loss of each block, and, so that no spike
 disappears from a chart, each block's minimum and maximum loss over the bucket (`loss_min`,
-`loss_max`); phase times are averaged, peak memory is the bucket's maximum. Undownsampled points
-have `count` 1 and min = max = the loss. Points that already stand for several lines (the rollups of
-app/rollups.py) merge the same way, weighted by their `count`.
+`loss_max`); phase times are averaged, peak memory and current memory (`cur_mem`) are the bucket's
+maximum, GPU utilisation (`gpu_util`, CUDA ranks only) the mean over the lines that have one.
+Undownsampled points have `count` 1 and min = max = the loss. Points that already stand for several
+lines (the rollups of app/rollups.py) merge the same way, weighted by their `count`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def to_point(record: dict[str, Any], seq: int) -> Point:
         "phases": dict(record.get("phases", {})),
         "samples": record.get("samples"),
         "peak_mem": record.get("peak_mem"),
+        "cur_mem": record.get("cur_mem"),
+        "gpu_util": record.get("gpu_util"),
         "count": 1,
     }
 
@@ -59,6 +62,11 @@ def _weighted_means(points: list[Point], field: str) -> dict[str, float]:
     return {key: sums[key] / weights[key] for key in sums}
 
 
+def _mean(weighted: list[tuple[float, int]]) -> float | None:
+    """The mean of (value, count) pairs, each value standing for `count` lines; None for no pairs."""
+    return sum(v * c for v, c in weighted) / sum(c for _, c in weighted) if weighted else None
+
+
 def merge(points: list[Point]) -> Point:
     """One point standing for consecutive points of one rank (each may itself stand for several lines)."""
     last = points[-1]
@@ -69,6 +77,8 @@ def merge(points: list[Point]) -> Point:
             low[block] = min(low.get(block, math.inf), point["loss_min"][block])
             high[block] = max(high.get(block, -math.inf), point["loss_max"][block])
     memory = [point["peak_mem"] for point in points if point["peak_mem"] is not None]
+    current = [point["cur_mem"] for point in points if point.get("cur_mem") is not None]
+    utilization = [(point["gpu_util"], point["count"]) for point in points if point.get("gpu_util") is not None]
     counted = [(point["samples"], point["count"]) for point in points if point["samples"] is not None]
     return {
         **last,
@@ -76,8 +86,10 @@ def merge(points: list[Point]) -> Point:
         "loss_min": low,
         "loss_max": high,
         "phases": _weighted_means(points, "phases"),
-        "samples": sum(s * c for s, c in counted) / sum(c for _, c in counted) if counted else None,
+        "samples": _mean(counted),
         "peak_mem": max(memory) if memory else None,
+        "cur_mem": max(current) if current else None,
+        "gpu_util": _mean(utilization),
         "count": sum(point["count"] for point in points),
     }
 

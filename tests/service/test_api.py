@@ -120,6 +120,7 @@ def test_metrics_are_downsampled_keeping_each_buckets_extremes(client: TestClien
     assert client.get(f"{JOBS}/{job.id}/metrics", params={"rank": 2}).status_code == 422
     csv = client.get(f"{JOBS}/{job.id}/artifacts/metrics.csv")
     assert csv.status_code == 200 and csv.text.splitlines()[0].startswith("rank,seq,epoch,step,time,loss_0,data")
+    assert csv.text.splitlines()[0].endswith(",samples,peak_mem,cur_mem,gpu_util")
     assert len(csv.text.splitlines()) == 11
 
 

@@ -41,3 +41,19 @@ def test_spikes_survive_downsampling_per_block_and_rank() -> None:
     assert rank0[0]["loss"]["0"] == 11.0 / 3 and rank0[0]["loss_min"]["1"] == 2.0
     assert [p["seq"] for p in rank0] == [2, 5, 8] and [p["peak_mem"] for p in rank0] == [2, 5, 8]
     assert [p["count"] for p in result if p["rank"] == 1] == [2, 1, 1]
+
+
+def test_current_memory_keeps_each_buckets_highest_and_gpu_utilization_its_mean() -> None:
+    def gpu_point(seq: int, current: int, util: int | None) -> dict:  # type: ignore[type-arg]
+        record = {"rank": 0, "step": seq, "time": float(seq), "loss": {"0": 1.0}, "peak_mem": 20, "cur_mem": current}
+        return to_point(record if util is None else {**record, "gpu_util": util}, seq)
+
+    lines = [(5, 10), (9, 30), (4, None), (3, 50), (2, 70), (1, 90), (2, 80)]
+    first, second = downsample([gpu_point(seq, c, u) for seq, (c, u) in enumerate(lines, start=1)], 2)
+    assert (first["count"], second["count"]) == (4, 3)
+    assert (first["cur_mem"], second["cur_mem"]) == (9, 2) and first["peak_mem"] == 20
+    assert first["gpu_util"] == 30.0 and second["gpu_util"] == 80.0  # the line without one does not count
+    merged = downsample([first, second], 1)[0]  # rollups of rollups: weighted by the lines they stand for
+    assert merged["cur_mem"] == 9 and merged["gpu_util"] == (30.0 * 4 + 80.0 * 3) / 7
+    cpu = downsample([point(0, i, {"0": 1.0}) for i in range(4)], 2)  # lines from before these fields
+    assert [(p["cur_mem"], p["gpu_util"]) for p in cpu] == [(None, None), (None, None)]
