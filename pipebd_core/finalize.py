@@ -3,7 +3,8 @@ network, report top-1 accuracies where the data set has labels, and write summar
 
 Rank 0 does this once every block's final checkpoint exists. It waits on files, not on a
 collective, so a rank that finishes early (layerwise scheduling) never hits a process-group timeout;
-if another rank dies, torchrun stops this one.
+if another rank dies, torchrun stops this one, and if the run directory goes silent with blocks
+still missing, rank 0 fails rather than wait forever.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pipebd_core.spec import Spec
 from pipebd_core.workloads import Workload
 
 POLL_SECONDS = 0.2
+FINAL_WAIT_MIN_S = 300.0  # silence in the run directory before rank 0 gives up on a missing block
 EVAL_BATCH = 64
 
 
@@ -33,12 +35,38 @@ class StudentBlocks(nn.Module):
         self.blocks = nn.ModuleList(blocks)
 
 
-def wait_for_final_checkpoints(run_dir: RunDir, num_blocks: int, total_steps: int) -> None:
+def wait_for_final_checkpoints(run_dir: RunDir, num_blocks: int, total_steps: int, stall_s: float) -> None:
+    """Wait until every block's last checkpoint exists.
+
+    The other ranks are still training while their telemetry or checkpoints change; if nothing in
+    the run directory has changed for `stall_s` seconds, the blocks still missing will never come
+    (their rank exited without them), and waiting longer would hang the job.
+    """
     missing = set(range(num_blocks))
-    while missing:
+    last_activity = time.time()
+    while True:
         missing = {b for b in missing if total_steps not in checkpoint.saved_steps(run_dir.checkpoints, b)}
-        if missing:
-            time.sleep(POLL_SECONDS)
+        if not missing:
+            return
+        last_activity = max(last_activity, _newest_change(run_dir))
+        if time.time() - last_activity > stall_s:
+            raise RuntimeError(
+                f"blocks {sorted(missing)} have no final checkpoint (step {total_steps}) and no rank has written"
+                f" anything for {stall_s:.0f} s; the ranks that own them stopped without saving"
+            )
+        time.sleep(POLL_SECONDS)
+
+
+def _newest_change(run_dir: RunDir) -> float:
+    """The newest modification time of the ranks' telemetry and checkpoints."""
+    times = [0.0]
+    for folder in (run_dir.root / "metrics", run_dir.checkpoints):
+        for path in folder.rglob("*") if folder.exists() else []:
+            try:
+                times.append(path.stat().st_mtime)
+            except FileNotFoundError:  # a checkpoint pruned while we looked
+                continue
+    return max(times)
 
 
 def load_final_students(run_dir: RunDir, workload: Workload, total_steps: int) -> tuple[list[nn.Module], list[Any]]:
@@ -84,7 +112,8 @@ def accuracy_report(spec: Spec, workload: Workload, compressed: nn.Module, devic
 
 
 def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, device: torch.device) -> dict[str, Any]:
-    wait_for_final_checkpoints(run_dir, workload.num_blocks, total_steps)
+    stall_s = max(FINAL_WAIT_MIN_S, 5 * spec.schedule.timeout_s)
+    wait_for_final_checkpoints(run_dir, workload.num_blocks, total_steps, stall_s)
     students, losses = load_final_students(run_dir, workload, total_steps)
     torch.save(StudentBlocks(students).state_dict(), run_dir.student)
     summary: dict[str, Any] = {

@@ -14,6 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from pipebd_core.costmodel import CostModel
 from pipebd_core.data import Stream, build_dataset, check_dataset, split_streams, steps_per_epoch, total_steps
 from pipebd_core.plan import Plan
@@ -87,8 +89,26 @@ def resolve_plan(spec: Spec) -> Plan:
     return plan
 
 
+def check_devices(spec: Spec) -> None:
+    """The devices this node has for the ranks, checked before any process starts."""
+    schedule = spec.schedule
+    if schedule.device == "cpu":
+        return
+    if not torch.cuda.is_available():
+        if schedule.device == "cuda":
+            raise SpecError("schedule.device: 'cuda' but CUDA is not available on this machine; use 'auto' or 'cpu'")
+        return
+    gpus = torch.cuda.device_count()
+    if schedule.nproc > gpus:
+        raise SpecError(
+            f"schedule.nproc: {schedule.nproc} ranks need one GPU each but this machine has {gpus};"
+            f" use --nproc {gpus} or fewer, or schedule.device: cpu"
+        )
+
+
 def prepare_run(spec: Spec, out: Path | None = None) -> RunDir:
     """Validate everything, then create the run directory with spec.json and plan.json."""
+    check_devices(spec)
     plan = resolve_plan(spec)
     root = out if out is not None else default_run_dir(spec)
     if (root / "spec.json").exists():

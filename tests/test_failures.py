@@ -70,6 +70,20 @@ def test_a_workload_that_cannot_be_built_fails_before_launch(tmp_path: Path, wor
     assert not (tmp_path / "run").exists()
 
 
+def test_devices_the_node_lacks_are_refused_before_launch(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        overrides, message = [f"schedule.nproc={torch.cuda.device_count() + 1}"], "ranks need one GPU each"
+    else:
+        overrides, message = ["schedule.device=cuda"], "schedule.device: 'cuda' but CUDA is not available"
+    spec = write_spec(tmp_path, tiny_document())
+    result = pipebd("run", str(spec), "--out", str(tmp_path / "run"), *[a for o in overrides for a in ("--set", o)])
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_dataset_names_the_path(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
     spec = write_spec(tmp_path, tiny_document(data={"dataset": "cifar10", "root": str(missing)}))
