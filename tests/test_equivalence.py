@@ -33,6 +33,8 @@ def test_training_changes_the_students(single_rank: dict[str, torch.Tensor]) -> 
 
 
 CASES: list[tuple[str, int, Any]] = [
+    *[(mode, 1, None) for mode in ("dp", "ls", "ir", "tr")],  # single_rank is tr_dpu's
+    ("hybrid", 1, [{"start": 0, "stop": 4, "replicas": 1}]),
     *[(mode, nproc, None) for mode in ("dp", "ls", "ir", "tr", "tr_dpu") for nproc in (2, 3)],
     ("hybrid", 3, [{"start": 0, "stop": 1, "replicas": 1}, {"start": 1, "stop": 4, "replicas": 2}]),
     ("hybrid", 3, [{"start": 0, "stop": 2, "replicas": 2}, {"start": 2, "stop": 4, "replicas": 1}]),
