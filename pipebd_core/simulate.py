@@ -27,6 +27,7 @@ class Segment:
     step: int
     start: float
     end: float
+    round: str = "weights"  # NAS: "arch" for the architecture round of an update step
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
@@ -64,7 +65,8 @@ class Simulation:
     def _add(self, state: RankState, kind: str, block: int | None, duration: float) -> None:
         start = state.clock
         state.clock += duration
-        self.segments.append(Segment(state.rank, kind, block, state.tasks[state.index].step, start, state.clock))
+        task = state.tasks[state.index]
+        self.segments.append(Segment(state.rank, kind, block, task.step, start, state.clock, task.round))
 
     def _advance(self, state: RankState) -> bool:
         """Run as many phases of this rank as its dependencies allow; True if anything moved."""

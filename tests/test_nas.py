@@ -109,6 +109,20 @@ def test_layer_counts_must_match_the_blocks() -> None:
         build_workload(parse_spec(nas_document(workload={"layers_per_block": [1, 1]})))
 
 
+@pytest.mark.parametrize("starts", [[0, 4, 7, 11, 14, 18], [4, 7], [0, 7, 4], [0, 1], [0], "0,4"])
+def test_a_split_mobilenet_cannot_take_is_refused(starts: object) -> None:
+    layers = [1] * (len(starts) if isinstance(starts, list) else 2)
+    document = nas_document(workload={"options": {"block_starts": starts}, "layers_per_block": layers})
+    with pytest.raises(SpecError, match=r"workload\.options\.block_starts: .* is not a split of MobileNetV2"):
+        build_workload(parse_spec(document))
+
+
+def test_a_custom_split_builds_matching_blocks() -> None:
+    document = nas_document(workload={"options": {"block_starts": [0, 2, 17]}, "layers_per_block": [1, 2, 1]})
+    workload = build_workload(parse_spec(document))
+    assert workload.num_blocks == 3 and [len(s.layers) for s in workload.student_blocks] == [1, 2, 1]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     code, run_dir = run_job(parse_spec(nas_document()), tmp_path_factory.mktemp("nas") / "run")
@@ -168,6 +182,8 @@ def test_auto_plans_and_runs_the_search(reference: Path, tmp_path: Path) -> None
     assert code == 0, run_dir.rank_errors()
     plan = run_dir.read_json(run_dir.plan)
     assert plan["search"] == {"from_step": 2, "every": 2} and plan["alternatives"]
-    arch_rounds = [s for s in plan["simulation"]["chosen"]["segments"] if s["kind"] == "student"]
-    assert arch_rounds
+    segments = plan["simulation"]["chosen"]["segments"]
+    arch_steps = {s["step"] for s in segments if s["kind"] == "student" and s["round"] == "arch"}
+    simulated = {s["step"] for s in segments}
+    assert arch_steps == {step for step in simulated if (step + 1) % 2 == 0}  # steady state: every 2nd step
     assert_same_weights(load_students(run_dir), torch.load(reference / "student.pt", weights_only=True))

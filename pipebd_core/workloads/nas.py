@@ -165,9 +165,31 @@ def _derive(blocks: Sequence[nn.Module]) -> tuple[dict[str, Any], nn.Module]:
     return architecture, nn.Sequential(*modules).eval()
 
 
+def _block_starts(value: Any) -> tuple[int, ...]:
+    """Where blocks begin among MobileNetV2's 19 feature modules (0: stem conv, 1-17: inverted
+    residuals, 18: head conv). Block 0 holds the stem and the first layer, the last block the head."""
+    last_start = 17
+    ok = isinstance(value, list | tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    starts = tuple(value) if ok else ()
+    if (
+        len(starts) < 2
+        or starts[0] != 0
+        or any(b <= a for a, b in itertools.pairwise(starts))
+        or (len(starts) > 1 and starts[1] < 2)
+        or starts[-1] > last_start
+    ):
+        raise SpecError(
+            f"workload.options.block_starts: {value!r} is not a split of MobileNetV2's features; give two or"
+            " more increasing feature indices starting at 0, the second at least 2 (block 0 holds the stem and"
+            f" the first layer) and the last at most {last_start} (the last block holds the head),"
+            f" e.g. {list(BLOCK_STARTS)}"
+        )
+    return starts
+
+
 def build_nas_workload(spec: Spec) -> Workload:
     w, seed = spec.workload, spec.train.seed
-    starts = tuple(w.options.get("block_starts", BLOCK_STARTS))
+    starts = _block_starts(w.options.get("block_starts", BLOCK_STARTS))
     if len(starts) != len(w.layers_per_block):
         raise SpecError(
             f"workload.layers_per_block has {len(w.layers_per_block)} entries but the teacher is cut into"
