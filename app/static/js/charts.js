@@ -11,14 +11,32 @@ export function seriesStyle(index) {
   return { stroke: PALETTE[index % PALETTE.length], dash: DASHES[index % DASHES.length], width: 2 };
 }
 
-// Series named `<name> min` / `<name> max` are drawn thin and dotted in the colour of `<name>`.
+// Companion series are drawn thin in the colour of the series they belong to: `<name> min` and
+// `<name> max` dotted (a loss point's range), `<name> peak` dashed (memory's peak next to memory
+// in use), `GPU util <name>` solid with a marker at each point (NVML utilisation next to the busy
+// share). A companion whose own series is absent is drawn as a series of its own.
+const COMPANIONS = [
+  [/^(.*) (min|max)$/, { dash: [1, 3], width: 1 }],
+  [/^(.*) peak$/, { dash: [5, 4], width: 1 }],
+  [/^GPU util (.*)$/, { dash: [], width: 1, points: { show: true, size: 4, fill: "#ffffff" } }],
+];
+
+function companionOf(key, keys) {
+  for (const [pattern, style] of COMPANIONS) {
+    const found = pattern.exec(String(key));
+    if (found && keys.includes(found[1])) return { owner: found[1], style };
+  }
+  return null;
+}
+
 function stylesOf(keys) {
-  const main = keys.filter((key) => !/ (min|max)$/.test(String(key)));
+  const main = keys.filter((key) => !companionOf(key, keys));
   return keys.map((key) => {
-    const range = / (min|max)$/.exec(String(key));
-    if (!range) return seriesStyle(main.indexOf(key));
-    const index = main.indexOf(String(key).slice(0, -4));
-    return { stroke: PALETTE[Math.max(0, index) % PALETTE.length], dash: [1, 3], width: 1 };
+    const companion = companionOf(key, keys);
+    if (!companion) return { ...seriesStyle(main.indexOf(key)), points: { show: false } };
+    const stroke = PALETTE[main.indexOf(companion.owner) % PALETTE.length];
+    const points = { show: false, stroke, ...companion.style.points };
+    return { ...companion.style, stroke, points };
   });
 }
 
@@ -57,7 +75,7 @@ export class LiveChart {
       series: [
         { label: xLabel },
         ...this.source.keys.map((key, index) => {
-          const series = { label: String(key), ...styles[index], spanGaps: true, points: { show: false } };
+          const series = { label: String(key), ...styles[index], spanGaps: true };
           if (format) series.value = (_, v) => (v === null || v === undefined ? "—" : format(v));
           return series;
         }),

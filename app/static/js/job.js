@@ -22,7 +22,7 @@ const charts = {
     xLabel: "s since start", yLabel: "samples/s",
   }),
   util: new LiveChart(document.getElementById("chart-util"), telemetry.util, {
-    xLabel: "s since start", yLabel: "busy", yRange: [0, 1], format: (v) => `${Math.round(v * 100)}%`,
+    xLabel: "s since start", yLabel: "busy / GPU util", yRange: [0, 1], format: (v) => `${Math.round(v * 100)}%`,
   }),
   memory: new LiveChart(document.getElementById("chart-memory"), telemetry.memory, {
     xLabel: "s since start", yLabel: "memory", format: mebibytes,

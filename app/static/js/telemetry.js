@@ -69,7 +69,11 @@ export class JobTelemetry {
     const span = previous === undefined ? taskSeconds * count : point.time - previous;
     if (span > 0) this.util.add(x, `rank ${rank}`, Math.min(1, busy / span));
     this.lastTime.set(rank, point.time);
-    if (point.peak_mem) this.memory.add(x, `rank ${rank}`, point.peak_mem / MIB);
+    // NVML's GPU utilisation (percent), on CUDA ranks only; drawn next to the busy share, as a fraction
+    if (Number.isFinite(point.gpu_util)) this.util.add(x, `GPU util rank ${rank}`, point.gpu_util / 100);
+    // memory in use at each task (a downsampled point: its bucket's highest), and the peak so far
+    if (point.cur_mem) this.memory.add(x, `rank ${rank}`, point.cur_mem / MIB);
+    if (point.peak_mem) this.memory.add(x, `rank ${rank} peak`, point.peak_mem / MIB);
     const distilled = ((point.samples ?? 0) * count * (point.blocks?.length ?? 1)) / this.blocksInModel(point);
     this.rate.add("samples/s", x, distilled);
     if (point.arch) this.hasArchitecture = true;
