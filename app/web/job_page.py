@@ -23,6 +23,7 @@ from app.models import Job
 from app.web import queries
 from app.web.access import ViewerDep
 from app.web.analysis import LABELS, find_bottleneck, rank_loads
+from app.web.architecture import architecture_view
 from app.web.routing import PageError, PageRoute
 from app.web.templating import render
 from app.web.views import job_row, plan_view
@@ -104,8 +105,8 @@ class JobParts:
     def architecture(self) -> dict[str, Any]:
         names = (self.plan or {}).get("block_names") or []
         searched = self.job.spec.get("workload", {}).get("kind") == "nas"
-        found = queries.latest_architecture(self.session, self.job) if searched else {}
-        return {"architecture": found, "block_names": names}
+        history = queries.architecture_history(self.session, self.job) if searched else {}
+        return {"blocks": architecture_view(history, names)}
 
     def builders(self) -> dict[str, Callable[[], dict[str, Any]]]:
         return {

@@ -1,5 +1,6 @@
 """What the dashboard pages read: recent telemetry per rank, the last event id, state history,
-the engine's lifecycle events, the plan and summary files, and the latest NAS architecture."""
+the engine's lifecycle events, the plan and summary files, and the history of a NAS job's architecture
+probabilities."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from app.models import Job, JobEvent, JobMetric
 
 RECENT_TASKS = 40  # telemetry lines per rank behind the bottleneck analysis and the compare table
 ENGINE_EVENTS = 200  # lifecycle lines of events.jsonl shown on a job page, newest kept
-ARCH_LINES = 100  # newest telemetry lines per rank searched for architecture probabilities
 
 
 def recent_records(session: Session, job: Job, per_rank: int = RECENT_TASKS) -> dict[int, list[dict[str, Any]]]:
@@ -76,11 +76,18 @@ def engine_events(job: Job, limit: int = ENGINE_EVENTS) -> list[dict[str, Any]]:
     return events
 
 
-def latest_architecture(session: Session, job: Job, per_rank: int = ARCH_LINES) -> dict[int, list[list[float]]]:
-    """NAS jobs: the newest candidate probabilities of each block (layers x candidates)."""
-    found: dict[int, list[list[float]]] = {}
-    for records in recent_records(session, job, per_rank).values():
-        for record in reversed(records):
-            for block, layers in (record.get("arch") or {}).items():
-                found.setdefault(int(block), layers)
-    return dict(sorted(found.items()))
+def architecture_history(session: Session, job: Job) -> dict[int, list[tuple[int, list[list[float]]]]]:
+    """NAS jobs: per block, (step, probabilities of each layer's candidates) at every architecture update,
+    oldest first. Only the architecture rounds' lines are read (their `arch`); an update reported by
+    several ranks (replicas) is taken once, from the lowest rank."""
+    record = col(JobMetric.record)
+    query = (
+        select(JobMetric.step, record["arch"])
+        .where(JobMetric.job_id == job.id, record["round"].as_string() == "arch")
+        .order_by(col(JobMetric.step), col(JobMetric.rank))
+    )
+    found: dict[int, dict[int, list[list[float]]]] = {}
+    for step, arch in session.exec(query).all():
+        for block, layers in (arch or {}).items():
+            found.setdefault(int(block), {}).setdefault(int(step), layers)
+    return {block: sorted(updates.items()) for block, updates in sorted(found.items())}

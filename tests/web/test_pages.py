@@ -265,23 +265,77 @@ def test_without_tokens_the_login_page_sends_you_on(web: TestClient) -> None:
     assert answer.status_code == 303 and answer.headers["location"] == "/compare"
 
 
-def test_nas_jobs_show_the_latest_candidate_probabilities_per_block(web: TestClient, sqlite_settings: Settings) -> None:
-    job = insert_job(sqlite_settings, "running", started_at=time.time(), heartbeat_at=time.time())
+def uniform(count: int, lead: int | None = None, p: float = 0.0) -> list[float]:
+    """`count` candidate probabilities: equal, or `lead` at `p` and the rest sharing what is left."""
+    if lead is None:
+        return [1.0 / count] * count
+    rest = (1.0 - p) / (count - 1)
+    return [p if index == lead else rest for index in range(count)]
+
+
+def test_nas_jobs_show_each_blocks_candidate_probabilities_over_time(client: TestClient, settings: Settings) -> None:
+    job = insert_job(settings, "running", started_at=time.time(), heartbeat_at=time.time())
     assert job.id is not None
-    with Session(get_engine(sqlite_settings.database)) as session:
+    # block 0: layer 0 may be skipped (7 candidates: 6 MBConv and zero), layer 1 may not (6); it first
+    # leans to mbconv_k3_e3, then settles on zero. Block 1 is updated 60 times, by two replicas.
+    updates = {
+        4: {"0": [uniform(7), uniform(6)]},
+        8: {"0": [uniform(7, lead=0, p=0.4), uniform(6, lead=3, p=0.3)]},
+        12: {"0": [uniform(7, lead=6, p=0.55), uniform(6, lead=3, p=0.5)]},
+    }
+    with Session(get_engine(settings.database)) as session:
+        seq = 0
+        for step, arch in updates.items():
+            seq += 1
+            weights = {"time": 1.0, "rank": 0, "step": step, "round": "weights", "blocks": [0], "loss": {"0": 1.0}}
+            session.add(JobMetric(job_id=job.id, rank=0, seq=seq, epoch=0, step=step, time=1.0, record=weights))
+            seq += 1
+            record = {"time": 1.0, "rank": 0, "step": step, "round": "arch", "blocks": [0], "arch": arch}
+            session.add(JobMetric(job_id=job.id, rank=0, seq=seq, epoch=0, step=step, time=1.0, record=record))
+        for step in range(60):
+            for rank in (0, 1):
+                arch = {"1": [uniform(6, lead=1, p=0.2 + 0.01 * step)]}
+                record = {"time": 1.0, "rank": rank, "step": step, "round": "arch", "blocks": [1], "arch": arch}
+                session.add(
+                    JobMetric(job_id=job.id, rank=rank, seq=1000 + step, epoch=0, step=step, time=1.0, record=record)
+                )
         stored = session.get(Job, job.id)
         assert stored is not None
         stored.spec = {**stored.spec, "workload": {"kind": "nas"}}
-        older = {"0": [[0.5, 0.5], [0.2, 0.3, 0.5]]}
-        newer = {"0": [[0.1, 0.9], [0.6, 0.3, 0.1]]}  # layers of 2 and 3 candidates
-        for seq, arch in ((1, older), (2, newer)):
-            record = {"time": time.time(), "rank": 0, "step": seq, "round": "arch", "blocks": [0], "arch": arch}
-            session.add(JobMetric(job_id=job.id, rank=0, seq=seq, epoch=0, step=seq, time=1.0, record=record))
         session.add(stored)
         session.commit()
-    part = web.get(f"/jobs/{job.id}/partials/architecture").text
-    assert "Block 0" in part
-    assert re.findall(r'class="best">([0-9.]+) ★', part) == ["0.90", "0.60"]  # the newest, most likely per layer
-    assert part.count("no candidate") == 1  # the 2-candidate layer has no third cell
-    plain = insert_job(sqlite_settings, "succeeded")
-    assert "heatmap" not in web.get(f"/jobs/{plain.id}/partials/architecture").text
+    page = client.get(f"/jobs/{job.id}").text
+    assert re.search(r'<section class="card" id="part-architecture" aria-label="Architecture search">', page)  # shown
+    part = client.get(f"/jobs/{job.id}/partials/architecture").text
+    first, second = part.split('<section class="arch-block"')[1:]
+    assert 'data-block="0"' in first and 'data-block="1"' in second
+    steps = [re.findall(r'<span class="visually-hidden">step </span>(\d+)</th>', block) for block in (first, second)]
+    assert steps[0] == ["4", "8", "12"]  # every update of block 0, oldest first
+    assert len(steps[1]) == 24 and steps[1][0] == "0" and steps[1][-1] == "59"  # 60 updates, thinned, ends kept
+    assert "24 of its 60 updates (evenly spaced)" in second and 'data-updates="60"' in second
+    rows = first.split("<tbody>")[1].split("</tbody>")[0].split("<tr>")[1:]
+    # each layer's choice now and, per update, how likely that choice was (percent) and who led instead
+    assert re.search(r'<td class="choice"><span class="mono">zero</span> 55%</td>', rows[0])
+    assert re.search(r'<td class="choice"><span class="mono">mbconv_k5_e6</span> 50%</td>', rows[1])
+    cells = [re.findall(r"<td style=\"--p: ([0-9.]+)\"[^>]*>(\d+)", row) for row in rows]
+    assert cells[0] == [("0.143", "14"), ("0.100", "10"), ("0.550", "55")]
+    assert cells[1] == [("0.167", "17"), ("0.300", "30"), ("0.500", "50")]
+    assert re.findall(r'class="other" title="([^"]+)"', rows[0]) == ["step 8: zero 10.0%; mbconv_k3_e3 led with 40.0%"]
+    assert "%, mbconv_k3_e3 led with 40%</span>" in rows[0]  # the same, for screen readers
+    # every candidate at the newest update, by name, the most likely marked
+    latest = first.split('<details class="arch-latest"')[1]
+    names = re.findall(r'<th scope="col" class="mono">([a-z0-9_]+)</th>', latest)
+    assert names == [
+        "mbconv_k3_e3",
+        "mbconv_k3_e6",
+        "mbconv_k5_e3",
+        "mbconv_k5_e6",
+        "mbconv_k7_e3",
+        "mbconv_k7_e6",
+        "zero",
+    ]
+    assert re.findall(r'class="best">([0-9.]+) ★', latest) == ["0.55", "0.50"]
+    assert latest.count("no candidate") == 1  # layer 1 cannot be skipped: no zero cell
+    assert "c0" not in part
+    plain = insert_job(settings, "succeeded")
+    assert "heatmap" not in client.get(f"/jobs/{plain.id}/partials/architecture").text

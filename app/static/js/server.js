@@ -43,7 +43,8 @@ export async function request(url, options = {}) {
 export const getJSON = (url) => request(url);
 
 // Server-rendered parts of a page (templates/partials): fetch the HTML again and swap it in,
-// keeping the keyboard focus on the element with the same id.
+// keeping the keyboard focus on the element with the same id, and what the reader changed in it:
+// which <details> with an id are open, and how far each element with an id is scrolled sideways.
 export async function fetchPart(url) {
   const response = await fetch(url, { headers: { Accept: "text/html" } });
   if (response.redirected && new URL(response.url).pathname === "/login") {
@@ -57,7 +58,17 @@ export async function refreshPart(element, url) {
   const html = await fetchPart(url);
   if (html === null) return false;
   const focused = document.activeElement && element.contains(document.activeElement) ? document.activeElement.id : null;
+  const opened = new Map([...element.querySelectorAll("details[id]")].map((details) => [details.id, details.open]));
+  const scrolled = [...element.querySelectorAll("[id]")].filter((node) => node.scrollLeft > 0).map((node) => [node.id, node.scrollLeft]);
   element.innerHTML = html;
+  for (const [id, open] of opened) {
+    const details = document.getElementById(id);
+    if (details && element.contains(details)) details.open = open;
+  }
+  for (const [id, left] of scrolled) {
+    const node = document.getElementById(id);
+    if (node && element.contains(node)) node.scrollLeft = left;
+  }
   if (focused) document.getElementById(focused)?.focus();
   return true;
 }

@@ -1,0 +1,171 @@
+"""Browser tier: the job page's memory and utilisation charts and the NAS heat maps, in Chromium
+against the real app (uvicorn) reading telemetry rows as a worker stores them (no job runs here).
+
+Memory is drawn as memory in use per rank, with each rank's peak as a companion series; NVML's GPU
+utilisation joins the busy share where the lines carry it; each NAS block's heat map shows its
+updates over time with candidate names, gains a column live when an update arrives on the event
+stream (keeping what the reader opened), and can be reached with the keyboard.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlmodel import Session
+
+from app.config import Settings
+from app.db import get_engine
+from app.main import create_app
+from app.models import Job, JobEvent, JobMetric
+from tests.service.conftest import make_settings
+from tests.service.factories import insert_job
+from tests.service.live import serve
+from tests.web.browser import PHONE, watched_page
+
+pytestmark = pytest.mark.timeout(300)
+MIB = 2**20
+LINES = 12  # telemetry lines per rank in the history
+SEVEN = [1 / 7] * 7  # a layer that may be skipped: 6 MBConv candidates and zero
+
+
+def leaning(lead: int, p: float, count: int = 7) -> list[float]:
+    return [p if index == lead else (1 - p) / (count - 1) for index in range(count)]
+
+
+def line(rank: int, seq: int, arch: dict[str, list[list[float]]] | None = None) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "time": 1000.0 + seq + 0.1 * rank,
+        "rank": rank,
+        "epoch": 0,
+        "step": seq - 1,
+        "round": "weights",
+        "blocks": [rank],
+        "loss": {str(rank): 1.0 / seq},
+        "phases": {"teacher": 0.2, "student": 0.5, "recv_wait": 0.3 * rank},
+        "samples": 8,
+        # memory in use goes up and down (a saw tooth); the peak only rises
+        "cur_mem": (100 + 10 * rank + (seq % 4) * 20) * MIB,
+        "peak_mem": (100 + 10 * rank + min(seq, 4) * 20) * MIB,
+        "gpu_util": 50 + 5 * rank + seq,
+        "done": seq,
+        "total": 100,
+    }
+    if arch is not None:
+        record.update(round="arch", arch=arch, loss={})
+    return record
+
+
+def store(settings: Settings, job_id: int, records: list[dict[str, Any]]) -> None:
+    """Lines and the metrics event that carries them to open pages, as the worker stores them."""
+    with Session(get_engine(settings.database)) as session:
+        rows = [
+            JobMetric(job_id=job_id, rank=r["rank"], seq=r["done"], epoch=0, step=r["step"], time=r["time"], record=r)
+            for r in records
+        ]
+        session.add_all(rows)
+        session.flush()
+        data = {"first_id": rows[0].id, "last_id": rows[-1].id, "progress": 0.2, "samples_per_s": 10.0}
+        session.add(JobEvent(job_id=job_id, kind="metrics", data=data))
+        session.commit()
+
+
+@pytest.fixture(scope="module")
+def nas_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int, Settings]]:
+    folder: Path = tmp_path_factory.mktemp("telemetry")
+    settings = make_settings(folder, f"sqlite:///{folder / 'pipebd.db'}", stale_after_s=3600)
+    app = create_app(settings)
+    job = insert_job(settings, "running", started_at=1000.0, heartbeat_at=time.time() + 3600)
+    assert job.id is not None
+    with Session(get_engine(settings.database)) as session:
+        stored = session.get(Job, job.id)
+        assert stored is not None
+        stored.spec = {**stored.spec, "workload": {"kind": "nas"}}
+        session.add(stored)
+        session.commit()
+    history = [line(rank, seq) for seq in range(1, LINES + 1) for rank in (0, 1)]
+    history += [line(0, LINES + 1, {"0": [SEVEN]}), line(0, LINES + 2, {"0": [leaning(0, 0.4)]})]
+    store(settings, job.id, history)
+    with serve(app) as url:
+        yield url, job.id, settings
+
+
+# JobTelemetry itself, imported by the page: which series each field feeds
+SERIES_OF_RECORDS = """async () => {
+    const { JobTelemetry } = await import('/static/js/telemetry.js');
+    const t = new JobTelemetry({ startedAt: 0, numBlocks: 1, nproc: 1 });
+    const base = { rank: 0, step: 0, blocks: [0], loss: { 0: 1 }, phases: { teacher: 0.5 }, samples: 4 };
+    t.addRecords([
+        { ...base, time: 1, done: 1, cur_mem: 300 * 2 ** 20, peak_mem: 300 * 2 ** 20, gpu_util: 80 },
+        { ...base, time: 2, done: 2, cur_mem: 100 * 2 ** 20, peak_mem: 300 * 2 ** 20 },
+    ]);
+    return { memory: [t.memory.keys, t.memory.data()], util: [t.util.keys, t.util.data()] };
+}"""
+
+
+def test_memory_in_use_and_its_peak_per_rank_and_gpu_utilization(
+    browser: Any, nas_job: tuple[str, int, Settings]
+) -> None:
+    url, job_id, _ = nas_job
+    with watched_page(browser, url) as watched:
+        page = watched.page
+        page.goto(f"/jobs/{job_id}")
+        page.wait_for_selector("body[data-ready='1']")
+        memory = page.locator("#chart-memory")
+        assert int(memory.get_attribute("data-points") or 0) == 2 * (2 * LINES + 2)  # in use and peak, every line
+        legend = memory.locator(".u-legend").inner_text()
+        for label in ("rank 0", "rank 0 peak", "rank 1", "rank 1 peak"):
+            assert label in legend, legend
+        assert "Memory in use per rank" in memory.locator("figcaption").inner_text()
+        util = page.locator("#chart-util .u-legend").inner_text()
+        assert "GPU util rank 0" in util and "GPU util rank 1" in util, util
+        series = page.evaluate(SERIES_OF_RECORDS)
+        keys, (xs, *columns) = series["memory"]
+        assert keys == ["rank 0", "rank 0 peak"] and xs == [1, 2]
+        assert columns == [[300, 100], [300, 300]]  # in use falls back, the peak stays
+        keys, (xs, *columns) = series["util"]
+        assert keys == ["rank 0", "GPU util rank 0"] and columns[1] == [0.8, None]  # a line without NVML: a gap
+        assert watched.errors == []
+
+
+def test_nas_heat_maps_show_candidate_history_grow_live_and_take_the_keyboard(
+    browser: Any, nas_job: tuple[str, int, Settings]
+) -> None:
+    url, job_id, settings = nas_job
+    with watched_page(browser, url) as watched:
+        page = watched.page
+        page.goto(f"/jobs/{job_id}")
+        page.wait_for_selector("body[data-ready='1']")
+        section = page.locator("#part-architecture")
+        assert section.is_visible()
+        steps = page.locator("#arch-0-wrap thead th.step")
+        assert steps.all_text_contents() == ["step 12", "step 13"]  # "step " for screen readers only
+        choice = page.locator("#arch-0-wrap td.choice").inner_text()
+        assert choice == "mbconv_k3_e3 40%", choice
+        page.click("#arch-0-latest summary")  # the reader opens every candidate's probability
+        assert page.locator("#arch-0-latest th.mono").all_inner_texts()[-1] == "zero"
+        store(settings, job_id, [line(0, LINES + 3, {"0": [leaning(6, 0.6)]})])  # a new update, live
+        page.wait_for_function("document.querySelectorAll('#arch-0-wrap thead th.step').length === 3", timeout=30_000)
+        assert page.locator("#arch-0-wrap td.choice").inner_text() == "zero 60%"
+        title = page.locator("#arch-0-wrap td.other").get_attribute("title")
+        assert title == "step 13: zero 10.0%; mbconv_k3_e3 led with 40.0%"
+        assert page.locator("#arch-0-latest").evaluate("details => details.open") is True  # kept open
+        assert page.evaluate("document.body.dataset.ready") == "1"  # no reload
+        region = page.locator("#arch-0-wrap")
+        assert region.get_attribute("role") == "region"
+        assert page.locator(f"#{region.get_attribute('aria-labelledby')}").inner_text().startswith("Block 0")
+        for _ in range(120):
+            page.keyboard.press("Tab")
+            if page.evaluate("document.activeElement.id") == "arch-0-wrap":
+                break
+        else:
+            raise AssertionError("the heat map cannot be reached with the Tab key")
+        watched.screenshot("job-nas-1280")
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(300)
+        assert watched.overflow() == 0
+        watched.screenshot("job-nas-390")
+        assert watched.errors == []
