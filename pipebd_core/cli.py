@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from pipebd_core.bench import format_table, run_bench
+from pipebd_core.checkpoint import resume_steps
 from pipebd_core.launch import Steps, cost_model, default_run_dir, prepare_run, start_ranks
 from pipebd_core.plan import Plan, PlanError
 from pipebd_core.planner import search
@@ -88,6 +89,16 @@ def follow(run_dir: RunDir, spec: Spec) -> int:
     return 0
 
 
+def describe_resume(run_dir: RunDir) -> str:
+    """Where each block picks up, as the ranks will compute it (pipelined plans resume at one common step)."""
+    plan = Plan.from_json(run_dir.read_json(run_dir.plan))
+    starts = resume_steps(run_dir.checkpoints, plan.num_blocks, common=plan.is_pipeline)
+    total = plan.details["total_steps"]
+    if not any(starts):
+        return f"no checkpoint to resume from, so every block starts again from step 0 of {total}"
+    return ", ".join(f"block {block} at step {step}/{total}" for block, step in enumerate(starts))
+
+
 def command_run(args: argparse.Namespace) -> int:
     try:
         if args.resume:
@@ -97,6 +108,7 @@ def command_run(args: argparse.Namespace) -> int:
             spec = parse_spec(run_dir.read_json(run_dir.spec))
             run_dir.clear_errors()  # the errors of the interrupted attempt are not this attempt's
             append_event(run_dir.events, "resumed")
+            print(f"pipebd: resuming: {describe_resume(run_dir)}", file=sys.stderr)
         else:
             if args.spec is None:
                 return fail("give a spec file, or --resume DIR")

@@ -26,6 +26,10 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path: Path, mode:
 
     result = pipebd("run", "--resume", str(run_dir.root))
     assert result.returncode == 0, result.stderr
+    expected = (
+        "block 0 at step 4/8, block 1 at step 0/8" if mode == "dp" else "block 0 at step 4/8, block 1 at step 4/8"
+    )
+    assert f"pipebd: resuming: {expected}" in result.stderr
     assert_same_weights(load_students(run_dir), plain_loop(spec))
     started = [json.loads(line) for line in run_dir.events.read_text().splitlines()]
     resumed_at = [e["start_steps"] for e in started if e["event"] == "rank_started"][-1]
