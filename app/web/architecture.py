@@ -79,9 +79,14 @@ class BlockHistory:
 
 
 def block_history(
-    block: int, updates: list[tuple[int, list[list[float]]]], name: str | None = None, most: int = MAX_COLUMNS
+    block: int,
+    updates: list[tuple[int, list[list[float]]]],
+    name: str | None = None,
+    most: int = MAX_COLUMNS,
+    total: int | None = None,
 ) -> BlockHistory:
-    """The heat map of one block from its updates (step, layers x candidates), oldest first."""
+    """The heat map of one block from its updates (step, layers x candidates), oldest first; `total`:
+    how many updates there were, when `updates` holds only some of them (already thinned)."""
     drawn = [updates[index] for index in spaced(len(updates), most)]
     newest = updates[-1][1]
     layers = []
@@ -98,15 +103,21 @@ def block_history(
         layers.append(LayerHistory(index, names[choice], latest[choice], cells, list(zip(names, latest, strict=True))))
     widest = max((len(latest) for latest in newest), default=0)
     steps = [step for step, _ in drawn]
-    return BlockHistory(block, name, steps, len(updates), layers, candidate_names(widest))
+    return BlockHistory(block, name, steps, max(total or 0, len(updates)), layers, candidate_names(widest))
 
 
 def architecture_view(
-    history: dict[int, list[tuple[int, list[list[float]]]]], block_names: list[str], most: int = MAX_COLUMNS
+    history: dict[int, list[tuple[int, list[list[float]]]]],
+    block_names: list[str],
+    updates: dict[int, int] | None = None,
+    most: int = MAX_COLUMNS,
 ) -> list[BlockHistory]:
-    """Every block with at least one update, in block order."""
+    """Every block with at least one update, in block order; `updates`: per block, how many architecture
+    updates it had, when `history` holds only some of them."""
     return [
-        block_history(block, updates, block_names[block] if block < len(block_names) else None, most)
-        for block, updates in sorted(history.items())
-        if updates
+        block_history(
+            block, found, block_names[block] if block < len(block_names) else None, most, (updates or {}).get(block)
+        )
+        for block, found in sorted(history.items())
+        if found
     ]

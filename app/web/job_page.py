@@ -23,7 +23,7 @@ from app.models import Job
 from app.web import queries
 from app.web.access import ViewerDep
 from app.web.analysis import LABELS, find_bottleneck, rank_loads
-from app.web.architecture import architecture_view
+from app.web.architecture import MAX_COLUMNS, architecture_view, spaced
 from app.web.routing import PageError, PageRoute
 from app.web.templating import render
 from app.web.views import job_row, plan_view
@@ -105,8 +105,12 @@ class JobParts:
     def architecture(self) -> dict[str, Any]:
         names = (self.plan or {}).get("block_names") or []
         searched = self.job.spec.get("workload", {}).get("kind") == "nas"
-        history = queries.architecture_history(self.session, self.job) if searched else {}
-        return {"blocks": architecture_view(history, names)}
+        if not searched:
+            return {"blocks": []}
+        steps = queries.architecture_steps(self.session, self.job)  # every update; at most MAX_COLUMNS drawn
+        drawn = {block: [found[i] for i in spaced(len(found), MAX_COLUMNS)] for block, found in steps.items()}
+        history = queries.architecture_history(self.session, self.job, drawn)
+        return {"blocks": architecture_view(history, names, {block: len(found) for block, found in steps.items()})}
 
     def builders(self) -> dict[str, Callable[[], dict[str, Any]]]:
         return {

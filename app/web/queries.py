@@ -76,18 +76,39 @@ def engine_events(job: Job, limit: int = ENGINE_EVENTS) -> list[dict[str, Any]]:
     return events
 
 
-def architecture_history(session: Session, job: Job) -> dict[int, list[tuple[int, list[list[float]]]]]:
-    """NAS jobs: per block, (step, probabilities of each layer's candidates) at every architecture update,
-    oldest first. Only the architecture rounds' lines are read (their `arch`); an update reported by
-    several ranks (replicas) is taken once, from the lowest rank."""
+def architecture_steps(session: Session, job: Job) -> dict[int, list[int]]:
+    """NAS jobs: per block, the training steps at which its architecture was updated, ascending (one scan
+    of the job's lines for their `round` and `blocks`, without decoding their probabilities)."""
+    record = col(JobMetric.record)
+    query = select(JobMetric.step, record["blocks"]).where(
+        JobMetric.job_id == job.id, record["round"].as_string() == "arch"
+    )
+    steps: dict[int, set[int]] = {}
+    for step, blocks in session.exec(query).all():
+        for block in blocks or []:
+            steps.setdefault(int(block), set()).add(int(step))
+    return {block: sorted(found) for block, found in sorted(steps.items())}
+
+
+def architecture_history(
+    session: Session, job: Job, steps: dict[int, list[int]]
+) -> dict[int, list[tuple[int, list[list[float]]]]]:
+    """NAS jobs: per block, (step, probabilities of each layer's candidates) at the block's architecture
+    updates of `steps`, oldest first. An update reported by several ranks (replicas) is taken once, from
+    the lowest rank."""
+    wanted = sorted({step for block_steps in steps.values() for step in block_steps})
+    if not wanted:
+        return {}
     record = col(JobMetric.record)
     query = (
         select(JobMetric.step, record["arch"])
-        .where(JobMetric.job_id == job.id, record["round"].as_string() == "arch")
+        .where(JobMetric.job_id == job.id, col(JobMetric.step).in_(wanted), record["round"].as_string() == "arch")
         .order_by(col(JobMetric.step), col(JobMetric.rank))
     )
+    chosen = {block: set(block_steps) for block, block_steps in steps.items()}
     found: dict[int, dict[int, list[list[float]]]] = {}
     for step, arch in session.exec(query).all():
         for block, layers in (arch or {}).items():
-            found.setdefault(int(block), {}).setdefault(int(step), layers)
+            if int(step) in chosen.get(int(block), ()):
+                found.setdefault(int(block), {}).setdefault(int(step), layers)
     return {block: sorted(updates.items()) for block, updates in sorted(found.items())}

@@ -17,6 +17,7 @@ from app.web.analysis import (
     rank_loads,
     summarize,
 )
+from app.web.architecture import block_history, candidate_names, spaced
 from app.web.compare import Compared, with_speedups
 from app.web.templating import blocks, duration, size
 from app.web.views import job_row, plan_text, plan_view, stages_text
@@ -225,3 +226,17 @@ def test_speed_ups_are_over_the_first_measured_dp_job() -> None:
     assert [r.speedup for r in rows] == [None, 3.0, 1.0]
     unmeasured = with_speedups([row(4, "dp", None)])
     assert unmeasured[0].speedup is None and not unmeasured[0].baseline
+
+
+def test_architecture_history_columns_names_and_leaders() -> None:
+    assert spaced(5, 24) == [0, 1, 2, 3, 4]
+    assert spaced(100, 5) == [0, 25, 50, 74, 99] and spaced(100, 1) == [99]
+    assert candidate_names(7)[-1] == "zero" and candidate_names(6)[0] == "mbconv_k3_e3"
+    assert candidate_names(3) == ["c0", "c1", "c2"]  # not a supernet layer: no names to give
+    updates = [(step, [[0.1 * step, 1 - 0.1 * step] + [0.0] * 4]) for step in range(1, 10)]  # k3_e3 takes over
+    history = block_history(2, updates, "features.7", most=4, total=40)
+    assert history.steps == [1, 4, 6, 9] and history.updates == 40 and history.thinned
+    (layer,) = history.layers
+    assert layer.chosen == "mbconv_k3_e3" and layer.chosen_p == pytest.approx(0.9)
+    assert [cell.other_leads for cell in layer.cells if cell] == [True, True, False, False]  # k3_e6 led until 5
+    assert [cell.leader for cell in layer.cells if cell][:2] == ["mbconv_k3_e6", "mbconv_k3_e6"]
