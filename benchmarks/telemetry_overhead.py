@@ -6,7 +6,7 @@ The steps are those of the bundled tiny example (`examples/tiny-custom.yaml`: 4 
 12 of 8x8 images), the smallest work per step we ship, so the telemetry's share of a step is at its
 largest here. Each "with" step does what a rank does for its line: phase marks, current and peak
 memory, the (rate-limited) GPU utilisation sample, the record, and the buffered writer (flushed to
-disk by its thread every second). Runs alternate with and without, on one thread, and the medians
+disk by its thread every second). Runs alternate (ABBA) with and without, on one thread, and the medians
 are compared. On CUDA the telemetry also reads each step's loss and phase timings back from the GPU;
 that wait is not measured here (this benchmark runs on the CPU).
 """
@@ -117,9 +117,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         writer = TelemetryWriter(Path(folder) / "rank-0.jsonl")
         try:
-            for _ in range(args.repeats):
-                without.append(train_steps(args.steps, None))
-                with_telemetry.append(train_steps(args.steps, writer))
+            for repeat in range(args.repeats):  # ABBA: neither arm always runs first
+                for arm in (0, 1) if repeat % 2 == 0 else (1, 0):
+                    if arm == 0:
+                        without.append(train_steps(args.steps, None))
+                    else:
+                        with_telemetry.append(train_steps(args.steps, writer))
         finally:
             writer.close()
         lines = sum(1 for _ in (Path(folder) / "rank-0.jsonl").open())
