@@ -87,7 +87,16 @@ class CostModel:
         return float(self.blocks[block]["allreduce_s"][str(replicas)]["median"])
 
     def activation_bytes(self, boundary: int, batch: int) -> int:
-        return 4 * batch * math.prod(self.profile["shapes"][boundary])
+        measured = self.profile.get("boundary_bytes_per_sample")
+        if measured:
+            return int(batch * measured[boundary])
+        return 4 * batch * math.prod(self.profile["shapes"][boundary])  # profiles from before it was measured
+
+    def backward_bytes(self, block: int, batch: int) -> int:
+        """What a student step adds at its peak: measured on CUDA, else the tensors autograd keeps."""
+        saved = at_batch(self.blocks[block]["saved_bytes"], batch)
+        peak = self.blocks[block].get("student_peak_bytes")
+        return int(max(saved, at_batch(peak, batch))) if peak else int(saved)
 
     def stage(self, start: int, stop: int, replicas: int) -> StageCost:
         batch = self.per_replica(replicas)
@@ -112,7 +121,7 @@ class CostModel:
         relay = (self.activation_bytes(start, batch) if start > 0 else 0) + (
             2 * self.activation_bytes(stop, batch) if stop < self.num_blocks else 0
         )
-        backward = max(at_batch(self.blocks[b]["saved_bytes"], batch) for b in blocks)
+        backward = max(self.backward_bytes(b, batch) for b in blocks)
         return int(self.profile["baseline_bytes"] + weights + activations + relay + backward)
 
     def fits(self, cost: StageCost) -> bool:

@@ -5,7 +5,8 @@ every block (so all ranks load the node as training does); rank 0 pools every ra
 writes one profile. Per block and per per-replica batch size b = ceil(B/k), k = 1..N:
 teacher forward time, student forward+backward+update time, and the bytes the student's backward
 keeps alive; per boundary, point-to-point time between rank pairs; per group size, the all-reduce
-time of each block's gradients; the time to load b samples. Each value is the median of all trials
+time of each block's gradients; the time to load b samples; the bytes per sample of every boundary
+tensor as the blocks produce it; on CUDA, the peak memory of each student step. Each value is the median of all trials
 (after warm-up) and comes with its spread (p90 - p10) / median.
 """
 
@@ -98,10 +99,23 @@ def measure_block(
         "teacher": timed(teacher_step, trials, device),
         "student": timed(functools.partial(student_step, "weights"), trials, device),
         "saved_bytes": saved_bytes(student.module, x),
+        "output_bytes_per_sample": target.numel() * target.element_size() // batch,
     }
     if student.supernet is not None:
         result["student_arch"] = timed(functools.partial(student_step, "arch"), trials, device)
+    if device.type == "cuda":
+        result["student_peak_bytes"] = cuda_peak_bytes(functools.partial(student_step, "weights"), device)
     return result
+
+
+def cuda_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
+    """The GPU memory `fn` allocates at its peak above what was allocated before it (CUDA only)."""
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - before)
 
 
 def measure_data(spec: Spec, batch_sizes: list[int], trials: int, device: torch.device) -> dict[int, list[float]]:
@@ -191,6 +205,7 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any
         "allreduce": measure_all_reduce(param_counts, trials, device) if distributed else {},
         "param_counts": param_counts,
         "baseline_bytes": baseline_memory_bytes(device),
+        "input_bytes_per_sample": sample.numel() * sample.element_size(),
     }
 
 
@@ -220,6 +235,7 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
                 "student_s": {str(b): pooled("blocks", (index, b), "student") for b in batches},
                 "student_arch_s": {str(b): pooled("blocks", (index, b), "student_arch") for b in batches},
                 "saved_bytes": {str(b): first["blocks"][(index, b)]["saved_bytes"] for b in batches},
+                **peak_bytes(measurements, index, batches),
                 "teacher_param_bytes": 4 * probe["teacher_params"][index],
                 "student_param_bytes": 4 * probe["student_params"][index],
                 "allreduce_s": {str(k): pooled("allreduce", (k, index)) for k in range(2, spec.schedule.nproc + 1)},
@@ -234,10 +250,26 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
         "device_memory_bytes": device_memory_bytes(device, spec.schedule.nproc),
         "baseline_bytes": max(m["baseline_bytes"] for m in measurements),
         "shapes": probe["shapes"],
+        "boundary_bytes_per_sample": [
+            first["input_bytes_per_sample"],
+            *(first["blocks"][(index, batches[0])]["output_bytes_per_sample"] for index in range(len(blocks))),
+        ],
         "blocks": blocks,
         "data_s": {str(b): pooled("data", b) for b in batches},
         "p2p_s": [{str(b): pooled("p2p", (i, b)) for b in batches} for i in boundaries],
         "measured_at": time.time(),
+    }
+
+
+def peak_bytes(measurements: list[dict[str, Any]], index: int, batches: list[int]) -> dict[str, Any]:
+    """`student_peak_bytes` per batch (the largest any rank saw), where the ranks measured it (CUDA)."""
+    found = [m["blocks"][(index, b)].get("student_peak_bytes") for m in measurements for b in batches]
+    if any(value is None for value in found):
+        return {}
+    return {
+        "student_peak_bytes": {
+            str(b): max(m["blocks"][(index, b)]["student_peak_bytes"] for m in measurements) for b in batches
+        }
     }
 
 

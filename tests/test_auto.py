@@ -24,6 +24,8 @@ def test_profile_is_measured_once_then_reused(cache: Path) -> None:
     assert profile["batch_sizes"] == [10, 5] and len(profile["blocks"]) == 4
     assert profile["blocks"][0]["student_s"]["5"]["median"] > 0
     assert profile["p2p_s"][1]["10"]["trials"] > 0 and profile["blocks"][2]["allreduce_s"]["2"]["median"] > 0
+    # float32 boundaries, as the blocks produced them: 3x8x8 input, then 8 or 16 channels (one stride-2 block)
+    assert profile["boundary_bytes_per_sample"] == [4 * 3 * 64, 4 * 8 * 64, 4 * 16 * 64, 4 * 8 * 16, 4 * 16 * 16]
     started = time.monotonic()
     again, cached = obtain_profile(spec)
     assert cached and again == profile and time.monotonic() - started < 1.0

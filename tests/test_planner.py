@@ -76,6 +76,18 @@ def test_plans_that_exceed_memory_are_rejected() -> None:
         best_plan(nothing)
 
 
+def test_memory_uses_measured_boundary_bytes_and_cuda_peaks_where_the_profile_has_them() -> None:
+    assumed = CostModel(fake_profile(TEACHER, STUDENT, 2))
+    profile = fake_profile(TEACHER, STUDENT, 2)
+    assert assumed.activation_bytes(1, 6) == 4 * 6 * 16  # shapes [4, 2, 2] at float32
+    profile["boundary_bytes_per_sample"] = [2 * 16] * (len(TEACHER) + 1)  # e.g. half-precision activations
+    profile["blocks"][0]["student_peak_bytes"] = {"12": 50_000, "6": 25_000}  # CUDA: more than autograd keeps
+    measured = CostModel(profile)
+    assert measured.activation_bytes(1, 6) == 2 * 6 * 16
+    assert measured.backward_bytes(0, 6) == 25_000 and measured.backward_bytes(1, 6) == 1000 * 6
+    assert measured.stage(0, 1, 2).memory_bytes > assumed.stage(0, 1, 2).memory_bytes
+
+
 def test_planning_twenty_blocks_on_eight_devices_finds_the_exact_optimum_of_a_known_case() -> None:
     # 16 blocks of cost 1 and 4 of cost 4 (32 in all) on 8 ranks: 4 per rank is achievable and optimal
     teacher = [1.0] * 16 + [4.0] * 4
