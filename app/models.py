@@ -40,7 +40,7 @@ class Job(SQLModel, table=True):
     worker: str | None = Field(default=None, max_length=200)
     host: str | None = Field(default=None, max_length=200)
     worker_pid: int | None = None  # the worker process running the job, on `host`
-    pid: int | None = None  # the torchrun agent, leader of its own process group
+    pid: int | None = None  # the torchrun agent (the profiling one while starting), leader of its own session
     run_dir: str | None = None
     progress: float = 0.0
     samples_per_s: float | None = None

@@ -4,8 +4,9 @@ A launched job is lost when its heartbeat is older than `stale_after_s` and its 
 gone. Whether the process is gone can be seen only on the worker's host; from another host a stale
 heartbeat is enough. A lost job is failed with `worker_lost`; when it ran on this host and its
 torchrun process group is still alive (the worker was killed, its ranks were not), the group is
-killed too, so no orphan holds a device. The API runs this periodically; every worker runs it at
-start-up.
+killed too, so no orphan holds a device. While a job is starting that group is its profiling job's
+(the worker records that torchrun as the job's pid; it runs under the job's run directory). The API
+runs this periodically; every worker runs it at start-up.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ LOST_MESSAGE = "the worker {worker} stopped sending heartbeats ({age:.0f} s) whi
 
 
 def kill_orphans(job: Job) -> list[int]:
-    """Kill the job's torchrun process group when it lives on this host; returns the pids found."""
+    """Kill the job's torchrun process group (training or profiling) when it lives on this host; returns
+    the pids found."""
     if job.pid is None or job.host != socket.gethostname():
         return []
     try:

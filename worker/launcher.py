@@ -2,7 +2,9 @@
 
 claim      compare-and-set queued -> starting (a job is launched at most once, whoever else got it)
 prepare    the engine's prepare_run writes spec.json and plan.json (profiling first when asked);
-           heartbeats continue meanwhile
+           heartbeats continue meanwhile; a profiling torchrun runs in its own session under the run
+           directory, is recorded as the job's pid (so the reaper can kill it if this worker dies)
+           and is stopped at once on cancel, deletion or shutdown
 launch     torchrun in its own session (one process group for the whole job), -> running
 follow     every poll: telemetry and logs into the database, the job's state (cancel requests),
            heartbeats, the wall-clock limit, the worker shutting down
@@ -23,7 +25,6 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-import psutil
 from sqlalchemy import update
 from sqlmodel import col
 
@@ -45,8 +46,9 @@ from app.models import Job, now
 from pipebd_core.launch import prepare_run, start_ranks
 from pipebd_core.plan import Plan
 from pipebd_core.processes import stop_process_tree
+from pipebd_core.profiles import ProfilingWatch, watch_profiling
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import parse_spec
+from pipebd_core.spec import Spec, parse_spec
 from worker.diagnosis import diagnose
 from worker.streaming import TelemetryStreamer
 
@@ -92,6 +94,7 @@ class JobRunner:
         self.database = settings.database
         self.extra_env = extra_env or {}
         self.last_heartbeat = 0.0
+        self.profiler: subprocess.Popen[bytes] | None = None  # the profiling torchrun while one runs
 
     def run(self) -> str:
         """The job's final state, or 'not claimed' when it was not queued (another worker, cancelled)."""
@@ -132,7 +135,10 @@ class JobRunner:
             self.last_heartbeat = time.time()
 
     def prepare(self) -> RunDir | None:
-        """prepare_run in a thread while heartbeating; None when the job ended meanwhile (cancel, failure)."""
+        """prepare_run in a thread while heartbeating; None when the job ended meanwhile (cancel, failure).
+
+        A profiling job is stopped as soon as the job is cancelled or deleted or the worker shuts down.
+        """
         with session_scope(self.database) as session:
             job = session.get(Job, self.job_id)
             assert job is not None
@@ -140,15 +146,23 @@ class JobRunner:
         path = free_run_dir(self.settings.runs, self.job_id)
         record(self.database, self.job_id, run_dir=str(path))
         with ThreadPoolExecutor(max_workers=1) as pool:
-            future: Future[RunDir] = pool.submit(prepare_run, spec, path)
+            future: Future[RunDir] = pool.submit(self.prepare_watched, spec, path)
             while not future.done():
                 self.heartbeat()
-                if current_state(self.database, self.job_id) == CANCELLING and self.settings.worker_slots == 1:
-                    stop_profilers()
+                state = current_state(self.database, self.job_id)
+                if state == CANCELLING or state is None or state in FINAL or SHUTDOWN.is_set():
+                    self.stop_profiler()
                 wait([future], timeout=self.settings.poll_s)
             error = future.exception()
-        if current_state(self.database, self.job_id) == CANCELLING:
+        state = current_state(self.database, self.job_id)
+        if state == CANCELLING:
             move(self.database, self.job_id, CANCELLED, [CANCELLING], termination_reason="user_cancelled")
+            return None
+        if state != STARTING:  # deleted, or failed by the reaper meanwhile
+            return None
+        if SHUTDOWN.is_set():
+            message = f"the worker {self.settings.worker_name} was shut down while the job was starting"
+            move(self.database, self.job_id, FAILED, [STARTING], termination_reason="worker_lost", error=message)
             return None
         if error is not None:
             message = f"{type(error).__name__}: {error}"
@@ -157,6 +171,26 @@ class JobRunner:
         run_dir = future.result()
         record(self.database, self.job_id, plan_summary=plan_summary(run_dir.read_json(run_dir.plan)))
         return run_dir
+
+    def prepare_watched(self, spec: Spec, path: Path) -> RunDir:
+        """prepare_run, its profiling job (if any) in `path`/profiling and known to this runner and the database."""
+        watch = ProfilingWatch(path / "profiling", self.profiling_started, self.profiling_ended, self.extra_env)
+        with watch_profiling(watch):
+            return prepare_run(spec, path)
+
+    def profiling_started(self, process: subprocess.Popen[bytes]) -> None:
+        self.profiler = process
+        record(self.database, self.job_id, pid=process.pid)
+
+    def profiling_ended(self, process: subprocess.Popen[bytes]) -> None:
+        self.profiler = None
+        record(self.database, self.job_id, pid=None)
+
+    def stop_profiler(self) -> None:
+        profiler = self.profiler
+        if profiler is not None and profiler.poll() is None:
+            killed = stop_process_tree(profiler, self.settings.kill_grace_s)
+            log.info("job %s: stopped its profiling job (%d processes outlived SIGTERM)", self.job_id, len(killed))
 
     def launch_and_follow(self, run_dir: RunDir) -> str:
         spec = parse_spec(run_dir.read_json(run_dir.spec))
@@ -219,14 +253,3 @@ class JobRunner:
             exit_code=code,
         )
         return FAILED
-
-
-def stop_profilers() -> None:
-    """Cancel during profiling: stop this worker's profiling torchrun (only safe with one job per worker)."""
-    for child in psutil.Process().children(recursive=False):
-        try:
-            if "pipebd_core.profiler" in " ".join(child.cmdline()):
-                for member in [*child.children(recursive=True), child]:
-                    member.kill()
-        except psutil.NoSuchProcess:
-            continue

@@ -1,10 +1,12 @@
 """Service tier: the launcher in this process, on a real database with real torchrun jobs: the wall-clock
-limit and a worker shutting down both stop every rank and end the job with their reason."""
+limit and a worker shutting down (while the job runs, or while it profiles) stop every rank and end the
+job with their reason."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 from sqlmodel import Session
 
@@ -15,15 +17,16 @@ from app.models import Job
 from app.specs import spec_hash
 from pipebd_core.spec import parse_spec
 from tests.service.conftest import make_settings
-from tests.service.factories import long_job
+from tests.service.factories import long_job, tiny_job
+from tests.service.slow_data import FACTORY as SLOW_DATA
 from tests.service.workers import rank_processes, wait_for
 from worker import launcher
 from worker.launcher import JobRunner
 
 
-def queued_job(settings: Settings) -> int:
+def queued_job(settings: Settings, document: dict[str, Any] | None = None) -> int:
     migrate(settings.database)
-    spec = parse_spec(long_job())
+    spec = parse_spec(document or long_job())
     with Session(get_engine(settings.database), expire_on_commit=False) as session:
         job_id = create_job(session, spec=spec, request_hash=spec_hash(spec), idempotency_key=None).job.id
     assert job_id is not None
@@ -64,3 +67,25 @@ def test_a_worker_shutting_down_stops_its_job_as_worker_lost(tmp_path: Path) -> 
     assert outcome == ["failed"] and job.termination_reason == "worker_lost"
     assert job.error == f"the worker {settings.worker_name} was shut down while the job ran"
     assert job.run_dir is not None and rank_processes(job.run_dir) == []
+
+
+def test_a_worker_shutting_down_while_profiling_stops_the_profiler(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", kill_grace_s=2.0, poll_s=0.1)
+    data = {"dataset": "custom", "factory": SLOW_DATA, "options": {"delay_s": 1.0}, "batch_size": 4}
+    job_id = queued_job(settings, tiny_job("slow-profile", schedule={"profile": True}, data=data))
+    outcome: list[str] = []
+    runner = threading.Thread(target=lambda: outcome.append(JobRunner(job_id, settings).run()))
+    runner.start()
+    try:
+        wait_for(lambda: stored(settings, job_id).pid is not None, 120, "the profiling job to start")
+        run_dir = stored(settings, job_id).run_dir
+        assert run_dir is not None
+        wait_for(lambda: len(rank_processes(run_dir)) >= 3, 60, "the profiler's ranks")  # agent and 2 ranks
+        launcher.SHUTDOWN.set()
+        runner.join(timeout=15)
+    finally:
+        launcher.SHUTDOWN.clear()
+    job = stored(settings, job_id)
+    assert outcome == ["failed"] and job.termination_reason == "worker_lost"
+    assert job.error == f"the worker {settings.worker_name} was shut down while the job was starting"
+    assert job.pid is None and rank_processes(run_dir) == []

@@ -1,26 +1,34 @@
 """Service tier: a real Celery worker process on the embedded SQLite broker runs real torchrun jobs.
 
 One worker serves the module. It advertises 3 devices and runs with PIPEBD_INJECT_FAULT="2:1", which
-makes rank 2 raise at step 1: 2-rank jobs are unaffected, a 3-rank job is the crash test.
+makes rank 2 raise at step 1: 2-rank jobs are unaffected, a 3-rank job is the crash test. The tests of
+a job stopped while it profiles (cancel, the worker killed) start workers of their own with 2 slots.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from sqlmodel import Session
 
 from app.config import Settings
+from app.db import get_engine
 from app.main import create_app
+from app.models import Job
 from tests.service.conftest import make_settings
 from tests.service.factories import long_job, tiny_job
+from tests.service.slow_data import FACTORY as SLOW_DATA
 from tests.service.sse import read_events
 from tests.service.workers import WorkerProcess, rank_processes, start_worker, wait_for
 
@@ -136,3 +144,107 @@ def test_cancel_stops_every_rank(service: tuple[TestClient, Settings, WorkerProc
     assert client.post(f"/api/v1/jobs/{job_id}/cancel").json()["state"] == "cancelled"  # idempotent
     events = [json.dumps(e) for e in read_events(client.get(f"/api/v1/jobs/{job_id}/events").text)]
     assert any('"cancelling"' in e for e in events) and any('"cancelled"' in e for e in events)
+
+
+# --- stopped while profiling -----------------------------------------------------------------------------
+
+
+def slow_profiling_job() -> dict[str, Any]:
+    """A 2-rank job with profiling whose samples take 1 s to load: the profiler sleeps for tens of seconds."""
+    data = {"dataset": "custom", "factory": SLOW_DATA, "options": {"delay_s": 1.0}, "batch_size": 4}
+    return tiny_job("slow-profile", schedule={"profile": True}, data=data)
+
+
+def profiling_settings(folder: Path, **overrides: object) -> Settings:
+    allowlist = f"pipebd_core.workloads,{SLOW_DATA.partition(':')[0]}"
+    return make_settings(folder, f"sqlite:///{folder / 'pipebd.db'}", factory_allowlist=allowlist, **overrides)
+
+
+def start_two_slot_worker(settings: Settings, name: str) -> WorkerProcess:
+    # two jobs at once: stopping a profiler must not rely on it being the worker's only child
+    return start_worker(settings, name, devices=2, extra_env={"PIPEBD_WORKER_SLOTS": "2"})
+
+
+def profiler_processes(run_dir: str) -> list[psutil.Process]:
+    """The job's profiling torchrun and ranks: they run in <run_dir>/profiling and name it."""
+    return [p for p in rank_processes(run_dir) if "pipebd_core.profiler" in " ".join(p.info["cmdline"] or [])]
+
+
+def wait_profiling(client: TestClient, job_id: int, run_dir: str, worker: WorkerProcess) -> list[psutil.Process]:
+    def started() -> list[psutil.Process] | None:
+        found = profiler_processes(run_dir)
+        return found if len(found) >= 3 else None  # the torchrun agent and both ranks
+
+    found: list[psutil.Process] = wait_for(started, JOB_TIMEOUT_S, "the profiler's ranks", worker.output)
+    assert client.get(f"/api/v1/jobs/{job_id}").json()["state"] == "starting"
+    return found
+
+
+def stored_pid(settings: Settings, job_id: int) -> int | None:
+    with Session(get_engine(settings.database)) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job.pid
+
+
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def nothing_left(profiling: list[psutil.Process], run_dir: str) -> bool:
+    return not any(alive(p) for p in profiling) and rank_processes(run_dir) == []
+
+
+def test_cancel_while_profiling_stops_the_profiler_at_once(tmp_path: Path) -> None:
+    settings = profiling_settings(tmp_path)
+    with TestClient(create_app(settings)) as client:
+        worker = start_two_slot_worker(settings, "profiling")
+        try:
+            job_id = client.post("/api/v1/jobs", json=slow_profiling_job()).json()["id"]
+            run_dir = str(settings.runs / f"job-{job_id}")
+            profiling = wait_profiling(client, job_id, run_dir, worker)
+            agent = stored_pid(settings, job_id)  # recorded on the job while it starts
+            assert agent in {p.pid for p in profiling} and os.getsid(agent) == agent  # a session of its own
+            asked = time.time()
+            assert client.post(f"/api/v1/jobs/{job_id}/cancel").json()["state"] == "cancelling"
+            job = wait_state(client, job_id, {"cancelled", "failed", "succeeded"}, CANCEL_DEADLINE_S, worker)
+            assert job["state"] == "cancelled" and job["termination_reason"] == "user_cancelled", job["error"]
+            left = CANCEL_DEADLINE_S - (time.time() - asked)
+            wait_for(lambda: nothing_left(profiling, run_dir), left, "the profiler and its ranks to exit")
+            stopped_s = time.time() - asked
+            events = read_events(client.get(f"/api/v1/jobs/{job_id}/events").text)
+            states = [e["data"]["state"] for e in events if e.get("event") == "state"]
+            assert states == ["queued", "starting", "cancelling", "cancelled"]  # never launched the engine
+            assert stored_pid(settings, job_id) is None
+            print(f"cancel while profiling: cancelled and every process gone {stopped_s:.1f} s after the request")
+        finally:
+            worker.stop()
+
+
+def test_a_worker_killed_while_profiling_leaves_no_profiler_behind(tmp_path: Path) -> None:
+    settings = profiling_settings(tmp_path, stale_after_s=3.0, reaper_interval_s=0.5)
+    with TestClient(create_app(settings)) as client:
+        worker = start_two_slot_worker(settings, "doomed")
+        try:
+            job_id = client.post("/api/v1/jobs", json=slow_profiling_job()).json()["id"]
+            run_dir = str(settings.runs / f"job-{job_id}")
+            profiling = wait_profiling(client, job_id, run_dir, worker)
+            os.kill(worker.process.pid, signal.SIGKILL)  # its profiling torchrun lives on in its own session
+            worker.process.wait()
+            killed = time.time()
+            assert all(alive(p) for p in profiling)
+
+            def lost() -> dict[str, Any] | None:
+                job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}").json()
+                return job if job["state"] == "failed" else None
+
+            job = wait_for(lost, 30, "the reaper", worker.output)
+            assert job["termination_reason"] == "worker_lost"
+            assert "stopped sending heartbeats" in job["error"] and "while the job was starting" in job["error"]
+            wait_for(lambda: nothing_left(profiling, run_dir), 15, "the orphaned profiler to be killed")
+            print(f"worker killed while profiling: profiler gone {time.time() - killed:.1f} s after the kill")
+        finally:
+            worker.stop()
