@@ -22,6 +22,7 @@ from app.web.access import ViewerDep
 from app.web.analysis import JobSummary, summarize
 from app.web.routing import PageRoute
 from app.web.templating import render
+from app.web.views import mode_text, plan_detail
 
 MAX_COMPARED = 4  # each unfinished job holds an event stream open; browsers allow six connections per host
 PICKER_JOBS = 20  # recent jobs offered as checkboxes when no ids are given
@@ -34,10 +35,12 @@ IdQuery = Annotated[list[str] | None, Query(description="a job id; repeat for se
 @dataclass
 class Compared:
     job: Job
-    mode: str
+    mode: str  # as submitted (`auto`, not what auto chose): `dp` jobs are the baseline
     summary: JobSummary
     speedup: float | None = None
     baseline: bool = False
+    shown_mode: str = ""  # `dp`, `auto → hybrid`: what the mode column and the curves' legend say
+    plan: str | None = None  # the plan in a few words (its stages), once planned
 
 
 def parse_ids(ids: str | None, id_list: list[str] | None) -> list[int]:
@@ -71,8 +74,8 @@ def compared(session: Session, job: Job) -> Compared:
         int(job.spec.get("data", {}).get("batch_size") or 1),
         summary_file.get("final_loss"),
     )
-    mode = plan.get("mode") or job.spec.get("schedule", {}).get("mode", "?")
-    return Compared(job, str(mode), summary)
+    mode = job.spec.get("schedule", {}).get("mode") or plan.get("mode") or "?"
+    return Compared(job, str(mode), summary, shown_mode=mode_text(job), plan=plan_detail(job))
 
 
 def with_speedups(rows: list[Compared]) -> list[Compared]:
@@ -101,7 +104,7 @@ def script_config(session: Session, rows: list[Compared]) -> list[dict[str, Any]
         {
             "id": row.job.id,
             "name": row.job.name,
-            "mode": row.mode,
+            "mode": row.shown_mode,
             "final": row.job.state in FINAL,
             "startedAt": row.job.started_at,
             "batchSize": int(row.job.spec.get("data", {}).get("batch_size") or 1),
@@ -122,7 +125,7 @@ def compare_page(
         "rows": rows,
         "error": error,
         "ids_text": ids if error else ",".join(str(row.job.id) for row in rows),
-        "recent": recent,
+        "recent": [(job, mode_text(job)) for job in recent],
         "config": script_config(session, rows),
         "max_compared": MAX_COMPARED,
     }

@@ -34,20 +34,62 @@ def stages_text(stages: list[dict[str, Any]]) -> str:
     return " | ".join(parts)
 
 
-def plan_text(job: Job) -> str:
-    """The mode and the plan in a few words, from the plan summary or, before planning, the spec."""
+# what the plan `auto` chose amounts to, by the mode that runs the same layout
+CHOICE_WORDS = {
+    "ir": "one stage of every block on every rank, each on its share of the batch",
+    "tr_dpu": "one rank per stage, no barrier",
+    "hybrid": "stages on one or more ranks each, replicated stages splitting the batch",
+}
+
+
+def chosen_mode(plan: dict[str, Any]) -> str | None:
+    """The mode a plan runs as: its own, or for `auto` the mode of the layout it chose (`ir`: one stage of
+    every block on all ranks; `tr_dpu`: one rank per stage; `hybrid`: replicated stages); None before
+    `auto` has planned."""
+    mode = plan.get("mode")
+    if mode and mode != "auto":
+        return str(mode)
+    stages = plan.get("stages") or []
+    if not stages:
+        return None
+    if len(stages) == 1:
+        return "ir"
+    return "tr_dpu" if all(stage.get("replicas", 1) == 1 for stage in stages) else "hybrid"
+
+
+def mode_text(job: Job) -> str:
+    """The mode as submitted and, for `auto` once planned, what it chose: `dp`, `auto`, `auto → hybrid`."""
+    submitted = str(job.spec.get("schedule", {}).get("mode") or "")
+    summary = job.plan_summary or {}
+    resolved = chosen_mode(summary) if summary else None
+    if not submitted:
+        return resolved or "?"
+    if resolved is None or resolved == submitted:
+        return submitted
+    return f"{submitted} → {resolved}"
+
+
+def plan_detail(job: Job) -> str | None:
+    """The plan in a few words without its mode (`0–1 ×2 | 2–3`), None before planning."""
     summary = job.plan_summary
     if not summary:
-        schedule = job.spec.get("schedule", {})
-        mode = schedule.get("mode", "?")
+        return None
+    if summary.get("stages"):
+        return stages_text(summary["stages"])
+    if summary.get("mode") == "ls":
+        return f"blocks bin-packed on {job.nproc} ranks"
+    return f"{job.nproc} ranks, data parallel per block"
+
+
+def plan_text(job: Job) -> str:
+    """The mode and the plan in a few words (`auto → hybrid: 0 ×2 | 1–3`), or, before planning, the
+    submitted mode on its ranks."""
+    detail = plan_detail(job)
+    if detail is None:
+        mode = job.spec.get("schedule", {}).get("mode", "?")
         suffix = ", planned when it starts" if mode == "auto" else ""
         return f"{mode} on {job.nproc} rank{'s' if job.nproc != 1 else ''}{suffix}"
-    mode = summary.get("mode", "?")
-    if summary.get("stages"):
-        return f"{mode}: {stages_text(summary['stages'])}"
-    if mode == "ls":
-        return f"ls: blocks bin-packed on {job.nproc} ranks"
-    return f"{mode}: {job.nproc} ranks, data parallel per block"
+    return f"{mode_text(job)}: {detail}"
 
 
 def job_row(job: Job, now: float | None = None) -> JobRow:
@@ -114,6 +156,7 @@ class Alternative:
 @dataclass
 class PlanView:
     mode: str
+    chosen: str | None  # the mode the plan runs as (for auto: the layout it chose)
     nproc: int
     batch_size: int
     block_names: list[str]
@@ -124,6 +167,11 @@ class PlanView:
     predicted_step_s: float | None = None
     ideal_step_s: float | None = None
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def auto_choice(self) -> str | None:
+        """For `auto`, the layout it chose in words."""
+        return CHOICE_WORDS.get(self.chosen or "") if self.mode == "auto" else None
 
 
 def _rank_rows(plan: dict[str, Any], num_blocks: int) -> list[RankRow]:
@@ -175,6 +223,7 @@ def plan_view(plan: dict[str, Any]) -> PlanView:
     ]
     return PlanView(
         mode=plan.get("mode", "?"),
+        chosen=chosen_mode(plan),
         nproc=int(plan.get("nproc", 0)),
         batch_size=int(plan.get("batch_size", 0)),
         block_names=names,

@@ -20,7 +20,7 @@ from app.web.analysis import (
 from app.web.architecture import block_history, candidate_names, spaced
 from app.web.compare import Compared, with_speedups
 from app.web.templating import blocks, duration, size
-from app.web.views import job_row, plan_text, plan_view, stages_text
+from app.web.views import chosen_mode, job_row, mode_text, plan_text, plan_view, stages_text
 
 ZERO = {
     "data": 0.0,
@@ -200,13 +200,44 @@ def test_list_rows_describe_plan_duration_and_eta() -> None:
         "mode": "tr_dpu",
         "stages": [{"start": 0, "stop": 2, "replicas": 1}, {"start": 2, "stop": 4, "replicas": 1}],
     }
-    assert plan_text(job) == "tr_dpu: 0–1 | 2–3"
+    assert plan_text(job) == "auto → tr_dpu: 0–1 | 2–3"  # the mode submitted, and what auto chose
     job.started_at, job.progress = 100.0, 0.25
     row = job_row(job, now=140.0)
     assert row.elapsed_s == 40.0 and row.eta_s == pytest.approx(120.0) and row.cancellable
     job.state, job.finished_at = "succeeded", 150.0
     row = job_row(job, now=999.0)
     assert row.elapsed_s == 50.0 and row.eta_s is None and not row.cancellable
+
+
+def stage(start: int, stop: int, replicas: int = 1) -> dict[str, int]:
+    return {"start": start, "stop": stop, "replicas": replicas}
+
+
+def test_the_mode_shown_is_the_one_submitted_with_what_auto_chose() -> None:
+    def job(mode: str, summary: dict[str, Any] | None) -> Job:
+        spec = {"schedule": {"mode": mode}}
+        return Job(id=1, name="a", state="running", nproc=2, queue="q", spec=spec, plan_summary=summary)
+
+    # plan.json keeps `auto` as its mode; what auto chose is the mode that lays out the same stages
+    assert chosen_mode({"mode": "auto", "stages": [stage(0, 4, 2)]}) == "ir"
+    assert chosen_mode({"mode": "auto", "stages": [stage(0, 1), stage(1, 4)]}) == "tr_dpu"
+    assert chosen_mode({"mode": "auto", "stages": [stage(0, 1, 2), stage(1, 4)]}) == "hybrid"
+    assert chosen_mode({"mode": "auto"}) is None and chosen_mode({"mode": "ls"}) == "ls"
+    assert mode_text(job("auto", None)) == "auto"  # not planned yet
+    assert mode_text(job("auto", {"mode": "auto", "stages": [stage(0, 4, 2)]})) == "auto → ir"
+    assert mode_text(job("auto", {"mode": "hybrid", "stages": [stage(0, 1, 2), stage(1, 4)]})) == "auto → hybrid"
+    assert mode_text(job("dp", {"mode": "dp"})) == "dp" and mode_text(job("ls", None)) == "ls"
+    assert plan_text(job("auto", {"mode": "auto", "stages": [stage(0, 1, 1), stage(1, 4)]})) == "auto → tr_dpu: 0 | 1–3"
+    assert plan_text(job("dp", {"mode": "dp"})) == "dp: 2 ranks, data parallel per block"
+    assert plan_text(job("ls", {"mode": "ls"})) == "ls: blocks bin-packed on 2 ranks"
+    view = plan_view({"mode": "auto", "nproc": 2, "num_blocks": 4, "batch_size": 8, "stages": [], "ranks": []})
+    assert view.chosen is None and view.auto_choice is None
+    replicated = [
+        {**stage(0, 1, 2), "ranks": [0, 1], "rows": [[0, 4], [4, 8]]},
+        {**stage(1, 4), "ranks": [2], "rows": [[0, 8]]},
+    ]
+    view = plan_view({"mode": "auto", "nproc": 3, "num_blocks": 4, "batch_size": 8, "stages": replicated})
+    assert view.chosen == "hybrid" and view.auto_choice is not None and "replicated" in view.auto_choice
 
 
 def test_template_filters() -> None:

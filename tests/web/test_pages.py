@@ -180,18 +180,124 @@ def test_new_job_page_is_prefilled_from_the_bundled_examples(web: TestClient) ->
     assert unknown.status_code == 422 and 'id="example-error"' in unknown.text
 
 
-def test_compare_table_and_errors_next_to_the_ids_field(web: TestClient, sqlite_settings: Settings) -> None:
-    base = insert_job(sqlite_settings, "succeeded", plan_summary={"mode": "dp", "num_blocks": 1})
-    fast = insert_job(sqlite_settings, "succeeded", plan_summary={"mode": "tr_dpu", "num_blocks": 1})
-    for job in (base, fast):
-        assert job.id is not None
-        insert_metrics(sqlite_settings, job.id, 0, [0.5, 0.4, 0.3])
-    page = web.get("/compare", params={"ids": f"{fast.id},{base.id}"})
+MIB = 2**20
+IR_PLAN = {"mode": "auto", "nproc": 2, "num_blocks": 2, "stages": [{"start": 0, "stop": 2, "replicas": 2}]}
+
+
+def store_lines(settings: Settings, job_id: int, records: list[dict[str, Any]]) -> None:
+    """Telemetry lines and the metrics event that carries them, as the worker stores them."""
+    with Session(get_engine(settings.database)) as session:
+        rows = [
+            JobMetric(job_id=job_id, rank=r["rank"], seq=r["done"], epoch=0, step=r["step"], time=r["time"], record=r)
+            for r in records
+        ]
+        session.add_all(rows)
+        session.flush()
+        session.add(JobEvent(job_id=job_id, kind="metrics", data={"first_id": rows[0].id, "last_id": rows[-1].id}))
+        session.commit()
+
+
+def insert_submitted(settings: Settings, mode: str, **fields: Any) -> Job:
+    """A job as submitted in `mode` (2 ranks, batches of 10 rows)."""
+    job = insert_job(settings, **fields)
+    with Session(get_engine(settings.database), expire_on_commit=False) as session:
+        stored = session.get(Job, job.id)
+        assert stored is not None
+        stored.spec = {**stored.spec, "schedule": {**stored.spec["schedule"], "mode": mode}}
+        session.add(stored)
+        session.commit()
+        return stored
+
+
+def telemetry(rank: int, task_s: float, losses: list[dict[str, float]], peak_mib: int) -> list[dict[str, Any]]:
+    """Back-to-back tasks of `task_s` seconds on 5 rows (half the batch), task i training the blocks of
+    `losses[i]` (block -> loss); the rank's memory peaks at `peak_mib` from its 7th task on."""
+    return [
+        {
+            "time": 1000.0 + i * task_s,
+            "rank": rank,
+            "epoch": 0,
+            "step": i - 1,
+            "blocks": [int(block) for block in loss],
+            "loss": loss,
+            "phases": {"teacher": 0.4 * task_s, "student": 0.4 * task_s, "allreduce": 0.2 * task_s},
+            "samples": 5,
+            "peak_mem": (peak_mib if i >= 7 else 100) * MIB,
+            "done": i,
+            "total": len(losses),
+        }
+        for i, loss in enumerate(losses, start=1)
+    ]
+
+
+def compare_cells(html: str, job_id: int | None) -> dict[str, str]:
+    """The text of each classed cell of a job's row of the compare table (its key-value items joined by ` | `)."""
+    row = re.search(rf'<tr data-job="{job_id}">(.*?)</tr>', html, re.S)
+    assert row is not None, f"no row for job {job_id}"
+    cells = re.findall(r'<td class="([a-z-]+)">(.*?)</td>', row.group(1), re.S)
+    return {
+        name: " | ".join(re.findall(r'<span class="kv">(.*?)</span>', text)) or re.sub(r"<[^>]+>", "", text)
+        for name, text in cells
+    }
+
+
+def test_compare_table_computes_speed_up_memory_and_losses_from_telemetry(
+    web: TestClient, sqlite_settings: Settings
+) -> None:
+    # dp: each rank trains one block per 1 s task (block 0 for 5 tasks, then block 1) on 5 rows; the
+    # model has 2 blocks, so each task distils 5 x 1/2 samples: 2 ranks x 2.5 / 1 s = 5 samples/s.
+    dp = insert_submitted(sqlite_settings, "dp", state="succeeded", plan_summary={"mode": "dp", "num_blocks": 2})
+    # auto chose ir: each rank trains both blocks per 0.5 s task on 5 rows: 2 x (5 x 2/2) / 0.5 s = 20 samples/s
+    auto = insert_submitted(sqlite_settings, "auto", state="succeeded", plan_summary=IR_PLAN)
+    assert dp.id is not None and auto.id is not None
+    for rank in (0, 1):
+        dp_losses = [{"0" if i <= 5 else "1": 1 / i + 0.1 * rank} for i in range(1, 11)]
+        store_lines(sqlite_settings, dp.id, telemetry(rank, 1.0, dp_losses, 200 + 100 * rank))
+        ir_losses = [{"0": 0.5 / i + 0.01 * rank, "1": 0.8 / i + 0.01 * rank} for i in range(1, 11)]
+        store_lines(sqlite_settings, auto.id, telemetry(rank, 0.5, ir_losses, 150))
+    page = web.get("/compare", params={"ids": f"{auto.id},{dp.id}"})
     assert page.status_code == 200
-    assert re.findall(r'<tr data-job="(\d+)"', page.text) == [str(fast.id), str(base.id)]
-    assert re.search(rf'#{base.id} tiny</a> <span class="tag">baseline</span>', page.text)  # the dp job
-    assert page.text.count("×1.00") == 2  # equal telemetry, equal speed
-    assert web.get("/compare/partials/table", params={"ids": f"{base.id}"}).status_code == 200
+    assert re.findall(r'<tr data-job="(\d+)"', page.text) == [str(auto.id), str(dp.id)]
+    assert re.search(rf'#{dp.id} tiny</a> <span class="tag">baseline</span>', page.text)  # dp, though listed second
+    cells = compare_cells(page.text, auto.id)
+    assert cells["mode"] == "auto → ir: 0–1 ×2"  # as submitted, what auto chose, and its plan
+    assert cells["rate"] == "20.0" and cells["step"] == "500 ms"  # batches of 10 rows at 20 samples/s
+    assert cells["speedup"] == "×4.00"  # 20 / 5 samples/s
+    assert cells["peak-mem"] == "150.0 MiB"
+    # each block's loss at its latest step (9), averaged over the ranks: (0.05 + 0.06) / 2, (0.08 + 0.09) / 2
+    assert cells["losses"] == "0: 0.055 | 1: 0.085"
+    cells = compare_cells(page.text, dp.id)
+    assert cells["mode"] == "dp: 2 ranks, data parallel per block"
+    assert cells["rate"] == "5.0" and cells["step"] == "2000 ms" and cells["speedup"] == "×1.00"
+    assert cells["peak-mem"] == "300.0 MiB"  # rank 1's peak, the higher
+    assert cells["losses"] == "0: 0.25 | 1: 0.15"  # block 0 last at step 4: (0.2 + 0.3) / 2; block 1: (0.1 + 0.2) / 2
+    config = embedded_json(page.text, "compare-config")
+    assert [job["mode"] for job in config] == ["auto → ir", "dp"]  # the curves' legend
+    assert f'#{auto.id} tiny <span class="subtle">(auto → ir, succeeded)' in page.text  # the picker
+    table = web.get("/compare/partials/table", params={"ids": f"{dp.id},{auto.id}"})
+    assert compare_cells(table.text, auto.id)["speedup"] == "×4.00"
+
+
+def test_auto_jobs_say_what_auto_chose_on_the_list_and_the_job_page(
+    web: TestClient, sqlite_settings: Settings, tmp_path: Path
+) -> None:
+    run = write_run(tmp_path / "run")  # two unreplicated stages on 2 ranks: the layout tr_dpu runs
+    plan = {**json.loads((run / "plan.json").read_text()), "mode": "auto"}
+    plan["mode_step_s"] = {"dp": 0.04, "ir": 0.02, "tr_dpu": 0.01, "hybrid": 0.01}
+    (run / "plan.json").write_text(json.dumps(plan))
+    summary = {key: plan[key] for key in ("mode", "nproc", "num_blocks", "stages")}
+    auto = insert_submitted(sqlite_settings, "auto", state="succeeded", run_dir=str(run), plan_summary=summary)
+    waiting = insert_submitted(sqlite_settings, "auto", state="queued")
+    listing = web.get("/").text
+    assert re.search(rf'id="job-{auto.id}".*?<td data-label="Plan">auto → tr_dpu: 0–1 \| 2–3</td>', listing, re.S)
+    assert re.search(rf'id="job-{waiting.id}".*?<td data-label="Plan">auto on 2 ranks, planned when', listing, re.S)
+    page = web.get(f"/jobs/{auto.id}").text
+    assert "<dt>Plan</dt><dd>auto → tr_dpu: 0–1 | 2–3</dd>" in page
+    assert '<strong id="plan-mode">auto → tr_dpu</strong>' in page and "laid out as mode tr_dpu would be" in page
+    assert re.findall(r'<tr class="chosen"><td>(\w+)</td>', page) == ["tr_dpu"]  # its row of predicted steps
+
+
+def test_compare_ids_errors_are_shown_next_to_the_field(web: TestClient) -> None:
     for ids, message in (
         ("abc", "&#39;abc&#39; is not a job id"),
         ("424242", "job 424242 does not exist"),
