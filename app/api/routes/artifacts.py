@@ -2,27 +2,37 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import FileResponse
 
+from app.api.schemas import AUTH_ERRORS, JOB_ERRORS, ArtifactList, Plan, job_errors
 from app.artifacts import CSV_ARTIFACT, FILE_ARTIFACTS, METRICS_CSV, available, file_path, has_metrics, metrics_csv
 from app.deps import JobDep, ReadAccess, SessionDep
 
-router = APIRouter(prefix="/jobs/{job_id}", tags=["artifacts"])
+router = APIRouter(prefix="/jobs/{job_id}", tags=["artifacts"], responses=AUTH_ERRORS)
+DOWNLOAD_TYPES = sorted({artifact.media_type for artifact in [*FILE_ARTIFACTS.values(), CSV_ARTIFACT]})
 
 
-@router.get("/plan", dependencies=[ReadAccess])
-def read_plan(job: JobDep) -> Any:
-    """The resolved plan (stages, routes, what each rank runs, predictions when profiled)."""
+@router.get(
+    "/plan",
+    dependencies=[ReadAccess],
+    response_model=Plan,
+    response_model_exclude_unset=True,  # optional keys a plan lacks stay absent
+    responses=job_errors(not_found="the job has no plan yet (a worker writes it before launch)"),
+)
+def read_plan(job: JobDep) -> dict[str, Any]:
+    """The resolved plan (stages, routes, what each rank runs, predictions when profiled): plan.json."""
     path = file_path(job, "plan.json")
     if path is None:
         raise HTTPException(404, f"job {job.id} is {job.state} and has no plan yet; a worker writes it before launch")
-    return FileResponse(path, media_type="application/json")
+    plan: dict[str, Any] = json.loads(path.read_text())
+    return plan
 
 
-@router.get("/artifacts", dependencies=[ReadAccess])
+@router.get("/artifacts", dependencies=[ReadAccess], response_model=ArtifactList, responses=JOB_ERRORS)
 def list_artifacts(job: JobDep, session: SessionDep, request: Request) -> dict[str, Any]:
     """What can be downloaded now; files appear as the job writes them (weights at the end)."""
     items = [
@@ -38,7 +48,21 @@ def list_artifacts(job: JobDep, session: SessionDep, request: Request) -> dict[s
     return {"job_id": job.id, "state": job.state, "data": items}
 
 
-@router.get("/artifacts/{name}", dependencies=[ReadAccess], response_model=None)
+@router.get(
+    "/artifacts/{name}",
+    dependencies=[ReadAccess],
+    response_model=None,
+    response_class=FileResponse,  # documents no JSON body: the 200 content types are listed below
+    responses={
+        200: {
+            "description": "the file, as an attachment named `job-<id>-<name>`",
+            "content": {
+                media_type: {"schema": {"type": "string", "format": "binary"}} for media_type in DOWNLOAD_TYPES
+            },
+        },
+        **job_errors(not_found="the job has no artifact of this name (yet)"),
+    },
+)
 def read_artifact(name: str, job: JobDep, session: SessionDep) -> Response:
     """Download one artifact by name."""
     if name == METRICS_CSV and has_metrics(session, job):

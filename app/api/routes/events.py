@@ -7,13 +7,26 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 
+from app.api.schemas import AUTH_ERRORS, job_errors
 from app.deps import JobDep, ReadAccess, SettingsDep
 from app.events import stream
 
-router = APIRouter(prefix="/jobs/{job_id}/events", tags=["events"])
+router = APIRouter(prefix="/jobs/{job_id}/events", tags=["events"], responses=AUTH_ERRORS)
 
 
-@router.get("", dependencies=[ReadAccess], response_class=StreamingResponse)
+@router.get(
+    "",
+    dependencies=[ReadAccess],
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "Server-Sent Events: `state`, `metrics` and `log` events with ids, keep-alive comments,"
+            " then `end` once the job has finished",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **job_errors(invalid="`Last-Event-ID` is not an event id of this stream"),
+    },
+)
 def follow_job(
     job: JobDep,
     request: Request,

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, 
 from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
+from app.api.schemas import AUTH_ERRORS, ErrorMessage, InvalidRequest, job_errors
 from app.db import get_engine
 from app.deps import JobDep, ReadAccess, SessionDep, SettingsDep, SubmitAccess
 from app.jobs import ConflictError, Created, create_job, delete_job, discard_job, list_jobs, waiting_reason
@@ -17,7 +18,7 @@ from app.queue import enqueue
 from app.specs import BodyError, parse_body, spec_hash, validate_document
 from pipebd_core.spec import SpecError
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=AUTH_ERRORS)
 
 SPEC_BODY: dict[str, Any] = {
     "requestBody": {
@@ -74,6 +75,16 @@ def _store_and_enqueue(request: Request, document: dict[str, Any], key: str | No
     response_model=JobDetail,
     dependencies=[SubmitAccess],
     openapi_extra=SPEC_BODY,
+    responses={
+        400: {"model": ErrorMessage, "description": "the body is not a JSON or YAML document"},
+        415: {"model": ErrorMessage, "description": "a Content-Type other than JSON or YAML"},
+        422: {
+            "model": InvalidRequest,
+            "description": "bad spec fields (one item per field, with its `loc`), a spec refused by the server's"
+            " data roots or factory allowlist, or an Idempotency-Key already used for another spec",
+        },
+        503: {"model": ErrorMessage, "description": "the broker did not accept the job; nothing was stored"},
+    },
 )
 async def submit_job(
     request: Request,
@@ -92,7 +103,14 @@ async def submit_job(
     return detail_of(created.job)
 
 
-@router.get("", response_model=JobsPublic, dependencies=[ReadAccess])
+@router.get(
+    "",
+    response_model=JobsPublic,
+    dependencies=[ReadAccess],
+    responses={
+        422: {"model": InvalidRequest, "description": "an unknown `state`, a `limit` too large, a bad `cursor`"}
+    },
+)
 def read_jobs(
     session: SessionDep,
     settings: SettingsDep,
@@ -114,13 +132,13 @@ def read_jobs(
     return JobsPublic(data=[JobPublic(**job.model_dump()) for job in jobs], next_cursor=next_cursor)
 
 
-@router.get("/{job_id}", response_model=JobDetail, dependencies=[ReadAccess])
+@router.get("/{job_id}", response_model=JobDetail, dependencies=[ReadAccess], responses=job_errors())
 def read_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobDetail:
     """State, timestamps, progress, plan summary, termination reason and error text."""
     return detail_of(job, waiting_reason(session, job=job, stale_after_s=settings.stale_after_s))
 
 
-@router.post("/{job_id}/cancel", response_model=JobDetail, dependencies=[SubmitAccess])
+@router.post("/{job_id}/cancel", response_model=JobDetail, dependencies=[SubmitAccess], responses=job_errors())
 def cancel_job(job: JobDep, session: SessionDep) -> JobDetail:
     """Cancel: a queued job ends at once; a running one is stopped by its worker. Idempotent."""
     assert job.id is not None
@@ -130,7 +148,12 @@ def cancel_job(job: JobDep, session: SessionDep) -> JobDetail:
     return detail_of(job)
 
 
-@router.delete("/{job_id}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[SubmitAccess])
+@router.delete(
+    "/{job_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    dependencies=[SubmitAccess],
+    responses=job_errors(conflict="the job has not finished: cancel it and wait for it to end"),
+)
 def remove_job(job: JobDep, session: SessionDep) -> Response:
     """Delete a finished job with its metrics, events and files; 409 while it is not finished."""
     try:

@@ -7,13 +7,22 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
+from app.api.schemas import AUTH_ERRORS, LogChunk, job_errors
 from app.deps import JobDep, ReadAccess
 
-router = APIRouter(prefix="/jobs/{job_id}/logs", tags=["logs"])
+router = APIRouter(prefix="/jobs/{job_id}/logs", tags=["logs"], responses=AUTH_ERRORS)
 CHUNK_MAX = 1 << 20
 
 
-@router.get("", dependencies=[ReadAccess])
+@router.get(
+    "",
+    dependencies=[ReadAccess],
+    response_model=LogChunk,
+    responses=job_errors(
+        not_found="the job has no logs yet (they appear once a worker starts it)",
+        invalid="`rank` is not one of the job's ranks",
+    ),
+)
 def read_logs(
     job: JobDep,
     rank: Annotated[int | None, Query(ge=0, description="a rank's log; omitted: the launcher (torchrun) log")] = None,

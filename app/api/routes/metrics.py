@@ -8,16 +8,23 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 from sqlmodel import col, select
 
+from app.api.schemas import AUTH_ERRORS, MetricsPage, job_errors
 from app.deps import JobDep, ReadAccess, SessionDep
 from app.downsample import downsample, to_point
 from app.models import JobMetric
 from app.rollups import chart_points
 
-router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"])
+router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=AUTH_ERRORS)
 MAX_POINTS_LIMIT = 10_000
 
 
-@router.get("", dependencies=[ReadAccess])
+@router.get(
+    "",
+    dependencies=[ReadAccess],
+    response_model=MetricsPage,
+    response_model_exclude_unset=True,  # points of old rollups have no cur_mem, gpu_util: not added as nulls
+    responses=job_errors(invalid="`rank` is not one of the job's ranks"),
+)
 def read_metrics(
     job: JobDep,
     session: SessionDep,

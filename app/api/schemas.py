@@ -1,0 +1,261 @@
+"""Response shapes of the REST API that app/models.py does not define: what /openapi.json documents.
+
+Each model describes exactly the body its route builds today, so declaring it changes no response:
+
+- `MetricsPage` and `MetricPoint`: `GET /jobs/{id}/metrics`, chart points as `app.downsample.to_point`
+  and `merge` make them (a raw telemetry line has `count` 1; a bucket or rollup stands for `count`
+  lines). Rollups stored before `cur_mem` and `gpu_util` existed lack those two keys, and the route
+  leaves them out (`response_model_exclude_unset`) rather than adding nulls.
+- `Plan`: `GET /jobs/{id}/plan`, the engine's plan.json (`pipebd_core.plan.Plan.to_json` plus the
+  details `pipebd_core.launch.resolve_plan` adds). Every model of the plan allows extra keys, so a key
+  written by another engine version is passed through, never dropped; optional keys that a plan lacks
+  stay absent (`response_model_exclude_unset`).
+- `LogChunk`, `ArtifactList`, `Health`: the logs, artifact list and `/healthz` bodies.
+- `ErrorMessage`, `InvalidRequest`, `AUTH_ERRORS` and `job_errors`: the error bodies routes raise, for
+  their `responses=`.
+
+Numbers that the engine writes as integers in some lines and floats in others (samples, GPU
+utilisation, times, losses) are `Number`: an int stays an int and a float a float in the body, where
+a plain `float` field would turn 10 into 10.0.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
+
+
+# --- errors -------------------------------------------------------------------------------------------
+
+
+class ErrorMessage(BaseModel):
+    """An error: what went wrong and what would work."""
+
+    detail: str = Field(description="what went wrong, with the values involved and what would work")
+
+
+class FieldError(BaseModel):
+    """One bad field of a request: its location and the reason."""
+
+    model_config = ConfigDict(extra="allow")
+
+    loc: list[str | int] = Field(description="where: `body`, `query`, `path` or `header`, then the field's path")
+    msg: str = Field(description="why the value is refused")
+    type: str = Field(description="the kind of error, e.g. `spec_error`, `int_parsing`, `missing`")
+
+
+class InvalidRequest(BaseModel):
+    """422: a bad parameter or spec field. `detail` is one message, or one item per bad field."""
+
+    detail: str | list[FieldError] = Field(description="a message, or the bad fields (`loc`, `msg`, `type`)")
+
+
+ResponseDoc = dict[int | str, dict[str, Any]]
+
+AUTH_ERRORS: ResponseDoc = {
+    401: {"model": ErrorMessage, "description": "PIPEBD_API_TOKENS is set and no or an unknown bearer token came"},
+    403: {"model": ErrorMessage, "description": "the token's scope is too low (`read` for a `submit` route)"},
+}
+
+
+def job_errors(not_found: str = "", invalid: str = "", conflict: str = "") -> ResponseDoc:
+    """The error responses of a route under /jobs/{job_id}: 404 (no such job, or `not_found`), 422 (a bad
+    parameter, or `invalid`), and 409 when `conflict` says when."""
+    docs: ResponseDoc = {
+        404: {
+            "model": ErrorMessage,
+            "description": "no job has this id (it may have been deleted)" + (f", or {not_found}" if not_found else ""),
+        },
+        422: {
+            "model": InvalidRequest,
+            "description": "a path or query parameter is not valid" + (f", or {invalid}" if invalid else ""),
+        },
+    }
+    if conflict:
+        docs[409] = {"model": ErrorMessage, "description": conflict}
+    return docs
+
+
+JOB_ERRORS = job_errors()
+
+
+# --- metrics ------------------------------------------------------------------------------------------
+
+
+class MetricPoint(BaseModel):
+    """One chart point of one rank: a telemetry line, or a bucket of consecutive lines merged."""
+
+    rank: int = Field(description="the rank that wrote the line(s)")
+    seq: int = Field(description="the rank's line counter (1, 2, ...) of the last line in the point")
+    epoch: int | None = Field(description="epoch of the last line")
+    step: int | None = Field(description="training step of the last line")
+    time: Number | None = Field(description="Unix time (seconds) of the last line")
+    blocks: list[int] = Field(description="blocks the last line trained")
+    loss: dict[str, Number] = Field(description="loss per block (keyed by block index): the mean over the lines")
+    loss_min: dict[str, Number] = Field(description="lowest loss per block over the lines (the loss itself for one)")
+    loss_max: dict[str, Number] = Field(description="highest loss per block over the lines (the loss itself for one)")
+    phases: dict[str, Number] = Field(
+        description="seconds per phase of a step (data, recv_wait, teacher, send, student, allreduce, barrier,"
+        " optim): the mean over the lines"
+    )
+    samples: Number | None = Field(description="rows of the batch per line (mean over the lines)")
+    peak_mem: int | None = Field(description="peak memory in bytes (CUDA max allocated, or peak RSS on CPU): maximum")
+    cur_mem: int | None = Field(
+        default=None,
+        description="memory in use in bytes (CUDA allocated, or RSS on CPU): maximum; absent from points of rollups"
+        " stored before it was recorded",
+    )
+    gpu_util: Number | None = Field(
+        default=None,
+        description="GPU utilisation in percent (NVML), mean over the lines that have it; null on CPU ranks,"
+        " absent from points of rollups stored before it was recorded",
+    )
+    count: int = Field(description="telemetry lines the point stands for (1: not downsampled)")
+
+
+class MetricsPage(BaseModel):
+    """A job's telemetry for charts: at most `max_points` points per rank, in rank then line order."""
+
+    job_id: int = Field(description="the job")
+    total: int = Field(description="telemetry lines the points stand for")
+    downsampled: bool = Field(description="true when there are fewer points than lines")
+    max_points: int = Field(description="points per rank at most, as asked")
+    points: list[MetricPoint] = Field(description="per rank (ascending), in line order")
+
+
+# --- logs ---------------------------------------------------------------------------------------------
+
+
+class LogChunk(BaseModel):
+    """A chunk of a log file, read from a byte offset; poll again from `next_offset` to follow it."""
+
+    job_id: int = Field(description="the job")
+    rank: int | None = Field(description="the rank whose log this is; null for the launcher (torchrun) log")
+    file: str = Field(description="the log's file name: `launcher.log` or `rank-<r>.log`")
+    offset: int = Field(description="byte offset the chunk starts at")
+    next_offset: int = Field(description="byte offset after the chunk: the `offset` of the next call")
+    size: int = Field(description="the file's size in bytes now (0 before it exists)")
+    text: str = Field(description="the chunk's bytes as UTF-8 (bytes that are not UTF-8 replaced by U+FFFD)")
+
+
+# --- artifacts ----------------------------------------------------------------------------------------
+
+
+class ArtifactEntry(BaseModel):
+    """One artifact that can be downloaded now."""
+
+    name: str = Field(description="its name, e.g. `student.pt`, `plan.json`, `metrics.csv`")
+    media_type: str = Field(description="the Content-Type of the download")
+    size: int | None = Field(description="size in bytes; null for one generated on download (metrics.csv)")
+    description: str = Field(description="what it holds")
+    url: str = Field(description="the path to download it from")
+
+
+class ArtifactList(BaseModel):
+    """What a job has to download now; files appear as the job writes them (weights at the end)."""
+
+    job_id: int = Field(description="the job")
+    state: str = Field(description="the job's state now")
+    data: list[ArtifactEntry] = Field(description="the artifacts, files first, then metrics.csv once there are lines")
+
+
+# --- plan ---------------------------------------------------------------------------------------------
+
+
+class PlanStage(BaseModel):
+    """A pipeline stage: blocks [start, stop), replicated on `ranks`, each replica with its rows."""
+
+    model_config = ConfigDict(extra="allow")
+
+    start: int = Field(description="first block of the stage")
+    stop: int = Field(description="block after the stage's last one")
+    replicas: int = Field(description="ranks running the stage")
+    ranks: list[int] = Field(description="those ranks, consecutive")
+    rows: list[list[int]] = Field(description="per replica, its [start, stop) rows of the global batch")
+
+
+class PlanRoute(BaseModel):
+    """Rows [start, stop) of the batch's activations sent from rank `src` to rank `dst` at a stage boundary."""
+
+    model_config = ConfigDict(extra="allow")
+
+    src: int = Field(description="producing rank")
+    dst: int = Field(description="consuming rank")
+    boundary: int = Field(description="the block whose input the activations are")
+    start: int = Field(description="first row")
+    stop: int = Field(description="row after the last")
+
+
+class PlanRank(BaseModel):
+    """What one rank does, in words a dashboard can show."""
+
+    model_config = ConfigDict(extra="allow")
+
+    rank: int = Field(description="the rank")
+    blocks: list[int] = Field(description="blocks it trains")
+    rows: list[int] = Field(description="[start, stop) rows of the global batch it works on")
+    stage: int | None = Field(default=None, description="its stage (pipeline modes only)")
+    role: str = Field(description="`stage`, `replica`, `own blocks` (ls) or `all blocks in turn` (dp)")
+
+
+class Plan(BaseModel):
+    """The resolved plan (plan.json): stages, routes, what each rank runs, shapes, cost estimates, and
+    predictions when the job was profiled. Keys not listed here are passed through as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    mode: str = Field(description="the schedule: `tr`, `tr_dpu`, `ir`, `hybrid`, `ls` or `dp`")
+    nproc: int = Field(description="ranks")
+    num_blocks: int = Field(description="blocks of the workload")
+    batch_size: int = Field(description="rows of the global batch")
+    stages: list[PlanStage] = Field(description="pipeline stages in order; empty for ls and dp")
+    routes: list[PlanRoute] = Field(description="activation transfers between stages; empty for ls and dp")
+    assignment: list[list[int]] = Field(description="ls: the blocks of each rank; empty otherwise")
+    ranks: list[PlanRank] = Field(description="what each rank runs, by rank")
+    block_names: list[str] | None = Field(default=None, description="a name per block")
+    shapes: list[Any] | None = Field(default=None, description="activation shape (one sample) at each block boundary")
+    num_samples: int | None = Field(default=None, description="training samples per epoch")
+    steps_per_epoch: int | None = Field(default=None, description="optimiser steps per epoch")
+    total_steps: int | None = Field(default=None, description="optimiser steps of the job")
+    streams: dict[str, Any] | None = Field(
+        default=None, description="the sample ranges of the `weights` stream and, for NAS, the `arch` stream"
+    )
+    search: dict[str, Any] | None = Field(
+        default=None, description="NAS only: `from_step` and `every` of the architecture updates; null otherwise"
+    )
+    estimates: dict[str, Any] | None = Field(
+        default=None, description="the probe's per-block FLOPs and parameter counts of teachers and students"
+    )
+    warnings: list[str] | None = Field(default=None, description="what the workload factory warned about")
+    profile: dict[str, Any] | None = Field(
+        default=None, description="profiled jobs: where the measured costs came from (`cached`, `device`, `key`)"
+    )
+    predicted_step_s: Number | None = Field(default=None, description="profiled jobs: simulated seconds per step")
+    ideal_step_s: Number | None = Field(default=None, description="profiled jobs: the lower bound on a step")
+    mode_step_s: dict[str, Number] | None = Field(
+        default=None, description="profiled jobs: simulated seconds per step of each mode"
+    )
+    alternatives: list[dict[str, Any]] | None = Field(
+        default=None, description="profiled jobs: the best plans found, ranked (stages, step_s, memory_bytes, ...)"
+    )
+    plans_considered: int | None = Field(default=None, description="profiled jobs: plans that fit in memory")
+    stages_rejected_for_memory: int | None = Field(
+        default=None, description="profiled jobs: stage choices refused because they would not fit"
+    )
+    simulation: dict[str, Any] | None = Field(
+        default=None, description="profiled jobs: simulated timelines (`step_s`, `segments`) per mode and `chosen`"
+    )
+
+
+# --- health -------------------------------------------------------------------------------------------
+
+
+class Health(BaseModel):
+    """Whether the database and the broker answer."""
+
+    status: str = Field(description="`ok` when both answer, else `unavailable` (with status 503)")
+    database: str = Field(description="`ok`, or `unreachable: <error>`")
+    broker: str = Field(description="`ok`, or `unreachable: <error>`")
