@@ -2,13 +2,16 @@
 against the real app (uvicorn) reading telemetry rows as a worker stores them (no job runs here).
 
 Memory is drawn as memory in use per rank, with each rank's peak as a companion series; NVML's GPU
-utilisation joins the busy share where the lines carry it; each NAS block's heat map shows its
-updates over time with candidate names, gains a column live when an update arrives on the event
-stream (keeping what the reader opened), and can be reached with the keyboard.
+utilisation joins the busy share where the lines carry it; each chart has a collapsed table of its
+latest values (the text equivalent of hovering over it) that follows new lines while open; each NAS
+block's heat map shows its updates over time with candidate names, gains a column live when an
+update arrives on the event stream (keeping what the reader opened), and can be reached with the
+keyboard.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,10 +109,25 @@ SERIES_OF_RECORDS = """async () => {
 }"""
 
 
+def open_values(page: Any, chart: str) -> list[list[str]]:
+    """Opens the chart's "Latest values" with the keyboard; the rows of its table, cell by cell."""
+    page.focus(f"#chart-{chart}-values summary")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f"#chart-{chart}-values[open]:not([data-rows='0'])")
+    return values_of(page, chart)
+
+
+def values_of(page: Any, chart: str) -> list[list[str]]:
+    rows: list[list[str]] = page.locator(f"#chart-{chart}-values tbody tr").evaluate_all(
+        "rows => rows.map(row => [...row.cells].map(cell => cell.textContent))"
+    )
+    return rows
+
+
 def test_memory_in_use_and_its_peak_per_rank_and_gpu_utilization(
     browser: Any, nas_job: tuple[str, int, Settings]
 ) -> None:
-    url, job_id, _ = nas_job
+    url, job_id, settings = nas_job
     with watched_page(browser, url) as watched:
         page = watched.page
         page.goto(f"/jobs/{job_id}")
@@ -128,6 +146,23 @@ def test_memory_in_use_and_its_peak_per_rank_and_gpu_utilization(
         assert columns == [[300, 100], [300, 300]]  # in use falls back, the peak stays
         keys, (xs, *columns) = series["util"]
         assert keys == ["rank 0", "GPU util rank 0"] and columns[1] == [0.8, None]  # a line without NVML: a gap
+        # each chart's text equivalent: a collapsed table of the latest values, opened with the keyboard.
+        # Rank 0's latest line is its second architecture update (line 14), rank 1's its line 12.
+        assert page.locator(".chart-values[open]").count() == 0
+        assert open_values(page, "memory") == [["rank 0", "140 MiB", "180 MiB"], ["rank 1", "110 MiB", "190 MiB"]]
+        assert open_values(page, "util") == [["rank 0", "70%", "64%"], ["rank 1", "70%", "67%"]]  # 0.7 s busy a second
+        assert open_values(page, "loss") == [["block 0", "11", "0.08333"], ["block 1", "11", "0.08333"]]  # 1 / 12
+        throughput = open_values(page, "throughput")
+        assert [row[0].split(" (")[0] for row in throughput][:2] == ["latest", "average since the start"]
+        assert all(re.fullmatch(r"\d+(\.\d)?", row[1]) for row in throughput), throughput
+        store(settings, job_id, [line(1, LINES + 1)])  # rank 1's next line, live: the open tables follow
+        page.wait_for_function("document.querySelector('#chart-memory-values tbody').textContent.includes('130 MiB')")
+        assert values_of(page, "loss")[1] == ["block 1", "12", "0.07692"]  # 1 / 13
+        assert values_of(page, "util")[1] == ["rank 1", "70%", "68%"]
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(300)
+        assert watched.overflow() == 0
+        watched.screenshot("job-latest-values-390")
         assert watched.errors == []
 
 

@@ -4,6 +4,7 @@
 import { LiveChart } from "./charts.js";
 import { mebibytes } from "./format.js";
 import { drawGantt, measuredWindow, showEmpty } from "./gantt.js";
+import { LatestValues } from "./latest.js";
 import { LogPanel } from "./logs.js";
 import { followJob, getJSON, handleCancelButtons, refreshPart, throttle } from "./server.js";
 import { JobTelemetry } from "./telemetry.js";
@@ -28,7 +29,15 @@ const charts = {
     xLabel: "s since start", yLabel: "memory", format: mebibytes,
   }),
 };
-const drawCharts = () => Object.values(charts).forEach((chart) => chart.update());
+// each chart's text equivalent: a collapsed table of the latest values under it
+const latest = new LatestValues(
+  telemetry,
+  Object.fromEntries(Object.keys(charts).map((name) => [name, document.getElementById(`chart-${name}-values`)])),
+);
+const drawCharts = () => {
+  Object.values(charts).forEach((chart) => chart.update());
+  latest.update();
+};
 
 let logs = null;
 const part = (name) => refreshPart(document.getElementById(`part-${name}`), `/jobs/${config.id}/partials/${name}`);

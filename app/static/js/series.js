@@ -99,6 +99,24 @@ export class RateWindows {
     }
   }
 
+  // One key's latest window, average since x = 0 and highest window, per second (null without amounts).
+  summary(key) {
+    const sums = this.windows.get(key);
+    if (!sums?.size) return null;
+    const [xs, ...columns] = this.data();
+    const values = columns[this.keys.indexOf(key)];
+    const filled = values.map((value, index) => [value, xs[index]]).filter(([value]) => value !== null);
+    const total = [...sums.values()].reduce((a, b) => a + b, 0);
+    const until = this.latest.get(key);
+    return {
+      latest: filled[filled.length - 1][0],
+      mean: until > 0 ? total / until : null,
+      highest: Math.max(...filled.map(([value]) => value)),
+      width: this.width,
+      until,
+    };
+  }
+
   data() {
     const indices = [...new Set([...this.windows.values()].flatMap((sums) => [...sums.keys()]))].sort((a, b) => a - b);
     const xs = indices.map((index) => (index + 0.5) * this.width);

@@ -36,6 +36,8 @@ export class JobTelemetry {
     this.lastTime = new Map();
     this.recent = new Map();
     this.hasArchitecture = false;
+    this.blockLatest = new Map(); // block -> {step, sum, count}: its loss at the latest step reported
+    this.rankLatest = new Map(); // rank -> {step, busy, gpuUtil, curMem, peakMem} of its latest line
   }
 
   // The rate windows' width, chosen once from the span of the history (about 150 windows).
@@ -60,24 +62,59 @@ export class JobTelemetry {
     if (this.t0 === null) this.t0 = point.time - taskSeconds;
     const x = point.time - this.t0;
     if (point.round !== "arch") {
-      for (const [block, value] of Object.entries(point.loss ?? {})) this.loss.add(point.step, `block ${block}`, value);
+      for (const [block, value] of Object.entries(point.loss ?? {})) {
+        this.loss.add(point.step, `block ${block}`, value);
+        this.keepLatestLoss(block, point.step, value);
+      }
       this.lossPoints.push(point);
       if (this.lossRange) addRange(this.lossRange, point);
     }
+    const latest = this.rankLatest.get(rank) ?? { peakMem: 0 };
+    latest.step = point.step;
     const busy = (taskSeconds - sum(WAITS.map((phase) => phases[phase] ?? 0))) * count;
     const previous = this.lastTime.get(rank);
     const span = previous === undefined ? taskSeconds * count : point.time - previous;
-    if (span > 0) this.util.add(x, `rank ${rank}`, Math.min(1, busy / span));
+    if (span > 0) {
+      latest.busy = Math.min(1, busy / span);
+      this.util.add(x, `rank ${rank}`, latest.busy);
+    }
     this.lastTime.set(rank, point.time);
     // NVML's GPU utilisation (percent), on CUDA ranks only; drawn next to the busy share, as a fraction
-    if (Number.isFinite(point.gpu_util)) this.util.add(x, `GPU util rank ${rank}`, point.gpu_util / 100);
+    latest.gpuUtil = Number.isFinite(point.gpu_util) ? point.gpu_util / 100 : null;
+    if (latest.gpuUtil !== null) this.util.add(x, `GPU util rank ${rank}`, latest.gpuUtil);
     // memory in use at each task (a downsampled point: its bucket's highest), and the peak so far
+    latest.curMem = point.cur_mem ?? null;
+    latest.peakMem = Math.max(latest.peakMem, point.peak_mem ?? 0);
+    this.rankLatest.set(rank, latest);
     if (point.cur_mem) this.memory.add(x, `rank ${rank}`, point.cur_mem / MIB);
     if (point.peak_mem) this.memory.add(x, `rank ${rank} peak`, point.peak_mem / MIB);
     const distilled = ((point.samples ?? 0) * count * (point.blocks?.length ?? 1)) / this.blocksInModel(point);
     this.rate.add("samples/s", x, distilled);
     if (point.arch) this.hasArchitecture = true;
     return true;
+  }
+
+  keepLatestLoss(block, step, value) {
+    if (!Number.isFinite(value)) return;
+    const latest = this.blockLatest.get(block);
+    if (!latest || step > latest.step) this.blockLatest.set(block, { step, sum: value, count: 1 });
+    else if (step === latest.step) {
+      latest.sum += value;
+      latest.count += 1;
+    }
+  }
+
+  // What the charts show last, for their text equivalents: each block's loss at the latest step it
+  // was reported (averaged over the ranks reporting it), by block.
+  latestLosses() {
+    return [...this.blockLatest.entries()]
+      .sort(([a], [b]) => Number(a) - Number(b))
+      .map(([block, { step, sum: total, count }]) => ({ block, step, loss: total / count }));
+  }
+
+  // Each rank's latest busy share, GPU utilisation, memory in use and peak memory so far, by rank.
+  latestRanks() {
+    return [...this.rankLatest.entries()].sort(([a], [b]) => a - b).map(([rank, latest]) => ({ rank, ...latest }));
   }
 
   // Each block's loss with the lowest and highest value each point stands for (downsampled points
