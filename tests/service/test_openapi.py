@@ -1,0 +1,276 @@
+"""Service tier: /openapi.json documents every response body, and real bodies match their declared models.
+
+Every GET route under /api/v1 (and /healthz) must declare its 200 body: a JSON schema with properties
+or a `$ref` to one, or, for the downloads and the event stream, the media types it sends. Then a job
+with a real plan.json (resolved by the engine for the tiny workload, with predictions from a profile
+written by hand), logs and telemetry (lines, rollups, and rollups stored before `cur_mem` existed) is
+read through the API: each body validates against the route's `response_model`, and is exactly what
+the code behind it builds (same keys, same values, same int or float types), so the models drop nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import BaseModel
+from sqlmodel import Session, col, select
+
+import pipebd_core.launch as launch
+from app.api import schemas
+from app.config import Settings
+from app.db import get_engine
+from app.downsample import to_point
+from app.lifecycle import RUNNING
+from app.models import JobMetric
+from app.rollups import RollupBuilder, chart_points
+from tests.fake_profiles import fake_profile
+from tests.helpers import tiny_spec
+from tests.service.factories import insert_job, insert_metrics
+
+API = "/api/v1"
+JOBS = f"{API}/jobs"
+NOT_JSON = {  # routes whose 200 body is not JSON: the media types they must document
+    f"{JOBS}/{{job_id}}/artifacts/{{name}}": {"application/octet-stream", "application/json", "text/csv"},
+    f"{JOBS}/{{job_id}}/events": {"text/event-stream"},
+}
+
+
+def same_json(left: Any, right: Any, path: str = "$") -> list[str]:
+    """Where two decoded JSON values differ, types included (1 is not 1.0), key order aside."""
+    if type(left) is not type(right):
+        return [f"{path}: {left!r} ({type(left).__name__}) != {right!r} ({type(right).__name__})"]
+    if isinstance(left, dict):
+        if left.keys() != right.keys():
+            return [f"{path}: keys {sorted(left)} != {sorted(right)}"]
+        return [issue for key in left for issue in same_json(left[key], right[key], f"{path}.{key}")]
+    if isinstance(left, list):
+        if len(left) != len(right):
+            return [f"{path}: {len(left)} items != {len(right)}"]
+        return [
+            issue for i, (a, b) in enumerate(zip(left, right, strict=True)) for issue in same_json(a, b, f"{path}[{i}]")
+        ]
+    return [] if left == right else [f"{path}: {left!r} != {right!r}"]
+
+
+def declared_model(client: TestClient, path: str) -> type[BaseModel]:
+    """The model that /openapi.json names for the 200 body of GET `path` (one of app/api/schemas.py)."""
+    responses = client.get("/openapi.json").json()["paths"][path]["get"]["responses"]
+    name = responses["200"]["content"]["application/json"]["schema"]["$ref"].removeprefix("#/components/schemas/")
+    model = getattr(schemas, name, None)
+    assert isinstance(model, type) and issubclass(model, BaseModel), f"GET {path}: {name} is not in app/api/schemas"
+    return model
+
+
+def check_body(client: TestClient, route_path: str, url: str, expected: Any) -> dict[str, Any]:
+    """GET `url`: 200, the body validates against the route's model and is `expected` exactly."""
+    response = client.get(url)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    model = declared_model(client, route_path)
+    parsed = model.model_validate(body)
+    assert not same_json(parsed.model_dump(mode="json", exclude_unset=True), body)
+    issues = same_json(body, expected)
+    assert not issues, issues[:5]
+    return body
+
+
+def resolve(schema: dict[str, Any], document: dict[str, Any]) -> dict[str, Any]:
+    ref = schema.get("$ref")
+    if ref is None:
+        return schema
+    resolved: dict[str, Any] = document["components"]["schemas"][ref.removeprefix("#/components/schemas/")]
+    return resolved
+
+
+def test_every_get_route_documents_its_body(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    checked = []
+    for path, operations in document["paths"].items():
+        if not (path.startswith(f"{API}/") or path == "/healthz") or "get" not in operations:
+            continue
+        checked.append(path)
+        content = operations["get"]["responses"]["200"].get("content", {})
+        if path in NOT_JSON:
+            assert NOT_JSON[path] <= set(content), f"GET {path}: 200 documents {sorted(content)}"
+            assert all(media.get("schema") for media in content.values()), f"GET {path}: {content}"
+            continue
+        schema = content.get("application/json", {}).get("schema", {})
+        assert "$ref" in schema or "properties" in schema, f"GET {path}: the 200 body has no schema ({schema})"
+        assert resolve(schema, document).get("properties"), f"GET {path}: {schema} has no properties"
+    assert len(checked) >= 9  # jobs, job, plan, metrics, logs, artifacts, artifact, events, healthz
+
+
+def test_error_responses_are_documented(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    expected = {
+        ("get", f"{JOBS}/{{job_id}}"): {"404", "422"},
+        ("post", f"{JOBS}/{{job_id}}/cancel"): {"404", "422"},
+        ("delete", f"{JOBS}/{{job_id}}"): {"404", "409", "422"},
+        ("get", f"{JOBS}/{{job_id}}/plan"): {"404", "422"},
+        ("get", f"{JOBS}/{{job_id}}/metrics"): {"404", "422"},
+        ("get", f"{JOBS}/{{job_id}}/logs"): {"404", "422"},
+        ("get", f"{JOBS}/{{job_id}}/artifacts"): {"404", "422"},
+        ("get", f"{JOBS}/{{job_id}}/artifacts/{{name}}"): {"404", "422"},
+        ("get", f"{JOBS}/{{job_id}}/events"): {"404", "422"},
+        ("post", JOBS): {"400", "415", "422", "503"},
+        ("get", JOBS): {"422"},
+        ("get", "/healthz"): {"503"},
+    }
+    for (method, path), codes in expected.items():
+        responses = paths[path][method]["responses"]
+        assert codes <= set(responses), f"{method.upper()} {path} documents {sorted(responses)}"
+        for code in codes:
+            assert "$ref" in responses[code]["content"]["application/json"]["schema"], (method, path, code)
+        if path != "/healthz":
+            assert {"401", "403"} <= set(responses), f"{method.upper()} {path}: the token errors"
+
+
+def test_models_describe_every_field() -> None:
+    for name in dir(schemas):
+        model = getattr(schemas, name)
+        if isinstance(model, type) and issubclass(model, BaseModel) and model.__module__ == schemas.__name__:
+            assert model.__doc__, name
+            missing = [field for field, info in model.model_fields.items() if not info.description]
+            assert not missing, f"{name}: no description for {missing}"
+
+
+@pytest.fixture(scope="module")
+def profiled_plan() -> dict[str, Any]:
+    """plan.json of the 2-rank tiny job as the engine writes it, with the predictions of a profiled job."""
+    profile = fake_profile([1.0, 2.0, 1.0, 1.5], [0.2, 0.3, 0.2, 0.1], nproc=2, batch_size=10)
+    with pytest.MonkeyPatch.context() as patch:  # no profiling run: the cached profile is this one
+        patch.setattr(launch, "obtain_profile", lambda spec: (profile, True))
+        plan = launch.resolve_plan(tiny_spec(schedule={"mode": "tr_dpu", "nproc": 2, "profile": True})).to_json()
+    written: dict[str, Any] = json.loads(json.dumps(plan, default=str))  # as RunDir.write_json writes it
+    return written
+
+
+def test_plan_logs_and_artifacts_match_their_models(
+    client: TestClient, settings: Settings, tmp_path: Path, profiled_plan: dict[str, Any]
+) -> None:
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    plan = {**profiled_plan, "from_a_newer_engine": {"kept": [1, 2.5, None]}}  # unknown keys pass through
+    plan["stages"] = [{**stage, "note": "kept"} for stage in plan["stages"]]
+    assert {"predicted_step_s", "alternatives", "simulation", "estimates", "routes", "ranks"} <= plan.keys()
+    (run / "plan.json").write_text(json.dumps(plan, indent=2))
+    (run / "logs" / "rank-1.log").write_bytes("épochs \xff\n".encode() + b"\xff done\n")
+    job = insert_job(settings, state=RUNNING, run_dir=str(run))
+    plan_path = f"{JOBS}/{{job_id}}/plan"
+    check_body(client, plan_path, f"{JOBS}/{job.id}/plan", plan)
+    dp_plan = launch.resolve_plan(tiny_spec(schedule={"mode": "dp", "nproc": 2, "profile": False})).to_json()
+    (run / "plan.json").write_text(json.dumps(dp_plan, indent=2))
+    check_body(client, plan_path, f"{JOBS}/{job.id}/plan", json.loads(json.dumps(dp_plan)))  # no predictions
+
+    text = (run / "logs" / "rank-1.log").read_bytes()
+    logs = check_body(
+        client,
+        f"{JOBS}/{{job_id}}/logs",
+        f"{JOBS}/{job.id}/logs?rank=1&offset=1&limit=8",  # from inside the "é" to inside the "ÿ"
+        {
+            "job_id": job.id,
+            "rank": 1,
+            "file": "rank-1.log",
+            "offset": 1,
+            "next_offset": 9,
+            "size": len(text),
+            "text": text[1:9].decode("utf-8", "replace"),
+        },
+    )
+    assert logs["text"].startswith("\ufffdpochs") and logs["text"].endswith("\ufffd")
+    launcher = f"{JOBS}/{job.id}/logs"
+    expected_launcher = {"job_id": job.id, "rank": None, "file": "launcher.log", "offset": 0, "next_offset": 0}
+    check_body(client, f"{JOBS}/{{job_id}}/logs", launcher, {**expected_launcher, "size": 0, "text": ""})
+
+    entry = {"media_type": "application/json", "description": "the resolved plan", "name": "plan.json"}
+    size = (run / "plan.json").stat().st_size
+    expected = {
+        "job_id": job.id,
+        "state": RUNNING,
+        "data": [{**entry, "size": size, "url": f"{JOBS}/{job.id}/artifacts/plan.json"}],
+    }
+    check_body(client, f"{JOBS}/{{job_id}}/artifacts", f"{JOBS}/{job.id}/artifacts", expected)
+
+
+def telemetry(rank: int, seq: int, gpu: bool) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "time": 1000.0 + seq,
+        "rank": rank,
+        "epoch": seq // 50,
+        "step": seq - 1,
+        "round": "weights",
+        "blocks": [rank],
+        "loss": {str(rank): 1.0 / seq},
+        "phases": {"data": 0.001, "teacher": 0.01 * (seq % 3), "student": 0.02},
+        "samples": 5,
+        "peak_mem": 1000 + seq,
+        "cur_mem": 900 + seq,
+        "done": seq,
+        "total": 300,
+    }
+    if gpu and seq % 4:  # NVML answers now and then: integer percentages
+        record["gpu_util"] = seq % 100
+    return record
+
+
+def test_metrics_match_their_model(client: TestClient, settings: Settings) -> None:
+    job = insert_job(settings, state=RUNNING)
+    assert job.id is not None
+    builder = RollupBuilder(job.id)
+    with Session(get_engine(settings.database)) as session:
+        for rank in (0, 1):
+            rows = [
+                JobMetric(job_id=job.id, rank=rank, seq=seq, epoch=r["epoch"], step=r["step"], time=r["time"], record=r)
+                for seq in range(1, 301)
+                for r in [telemetry(rank, seq, gpu=rank == 0)]
+            ]
+            rollups = builder.add([to_point(row.record, row.seq) for row in rows])
+            if rank == 1:  # rollups stored before cur_mem and gpu_util were recorded
+                for rollup in rollups:
+                    rollup.point = {k: v for k, v in rollup.point.items() if k not in ("cur_mem", "gpu_util")}
+            session.add_all([*rows, *rollups])
+        session.commit()
+    route = f"{JOBS}/{{job_id}}/metrics"
+    for max_points in (500, 100, 40, 7):
+        with Session(get_engine(settings.database)) as session:
+            points, total = chart_points(session, job.id, [0, 1], max_points)
+        expected = {"job_id": job.id, "total": total, "downsampled": len(points) < total, "max_points": max_points}
+        body = check_body(
+            client, route, f"{JOBS}/{job.id}/metrics?max_points={max_points}", {**expected, "points": points}
+        )
+        assert {type(p["samples"]) for p in body["points"] if p["count"] == 1} <= {int}  # not turned into 5.0
+    old = client.get(f"{JOBS}/{job.id}/metrics", params={"rank": 1, "max_points": 100}).json()["points"]
+    assert old[0]["count"] == 4 and "cur_mem" not in old[0] and "gpu_util" not in old[0]  # not added as nulls
+
+    other = insert_job(settings, state=RUNNING)
+    assert other.id is not None
+    insert_metrics(settings, other.id, rank=0, losses=[1.0, 0.5, 2.0])  # lines without cur_mem: null
+    page = check_body(
+        client,
+        route,
+        f"{JOBS}/{other.id}/metrics?since_step=1",
+        {
+            "job_id": other.id,
+            "total": 2,
+            "downsampled": False,
+            "max_points": 500,
+            "points": page_points(settings, other.id),
+        },
+    )
+    assert page["points"][0]["cur_mem"] is None and page["points"][0]["step"] == 1
+
+
+def page_points(settings: Settings, job_id: int) -> list[dict[str, Any]]:
+    with Session(get_engine(settings.database)) as session:
+        query = select(JobMetric).where(JobMetric.job_id == job_id, JobMetric.step >= 1).order_by(col(JobMetric.seq))
+        return [to_point(row.record, row.seq) for row in session.exec(query).all()]
+
+
+def test_health_matches_its_model(client: TestClient) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert schemas.Health.model_validate(response.json()).model_dump() == response.json()
