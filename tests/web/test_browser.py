@@ -2,10 +2,11 @@
 worker, SQLite database and broker) running real torchrun jobs of 2 gloo ranks on the CPU.
 
 One service for the module. A job is submitted through the form (after a bad field was shown next
-to its line) and followed on its page until `succeeded` while the loss chart gains points without a
-reload; the schedules have one row per rank and the bottleneck is named; a running job is cancelled
-from the list with the keyboard; the compare page shows both. No console errors; screenshots go to
-test-output/.
+to its line, the page fitting a phone screen) and followed on its page until `succeeded` while the
+loss chart gains points without a reload; the schedules have one row per rank and the bottleneck is
+named; a running job is cancelled from the list with the keyboard; the compare page shows both, each
+measured one with a numeric speed-up and its mode as submitted (the values themselves are checked
+from known telemetry in test_pages.py). No console errors; screenshots go to test-output/.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 from app.lifecycle import FINAL
 from tests.service.factories import long_job, tiny_job
 from tests.service.workers import wait_for
-from tests.web.browser import NETWORK_ERROR, PHONE, Watched, pipebd_up, watched_page
+from tests.web.browser import DESKTOP, NETWORK_ERROR, PHONE, Watched, pipebd_up, watched_page
 
 pytestmark = pytest.mark.timeout(600)
 JOB_TIMEOUT_S = 180
@@ -85,6 +86,11 @@ def submit_bad_then_good(watched: Watched) -> int:
     assert editor.get_attribute("aria-invalid") == "true"
     assert "  nproc: 0" in (page.locator("#curl-command").text_content() or "")  # inside a closed <details>
     watched.screenshot("new-job-field-error")
+    page.set_viewport_size(PHONE)  # the editor and its error list fit a phone: nothing to scroll sideways
+    page.wait_for_timeout(300)
+    assert watched.overflow() == 0
+    watched.screenshot("new-job-field-error-390")
+    page.set_viewport_size(DESKTOP)
     # the only console line so far is the browser's own report of the API's 422 answer
     assert [error.split(" (")[0] for error in watched.errors] == [NETWORK_ERROR.format(status=422)]
     watched.errors.clear()
@@ -175,6 +181,14 @@ def finished_jobs(service: str, count: int) -> list[int]:
     return wait_for(lambda: finished()[:count] if len(finished()) >= count else None, JOB_TIMEOUT_S, "finished jobs")
 
 
+# each row of the compare table: its classed cells' text (the mode without its plan) and whether it is the baseline
+COMPARE_CELLS = """rows => rows.map(row => ({
+    ...Object.fromEntries([...row.querySelectorAll('td[class]')].map(td => [td.className, td.innerText.trim()])),
+    mode: row.querySelector('td.mode .mode-name').textContent,
+    baseline: row.querySelector('th .tag') !== null,
+}))"""
+
+
 def test_compare_page_puts_jobs_side_by_side(browser: Any, service: str) -> None:
     ids = finished_jobs(service, 2)
     with watched_page(browser, service) as watched:
@@ -184,6 +198,13 @@ def test_compare_page_puts_jobs_side_by_side(browser: Any, service: str) -> None
         assert page.locator("#compare-rows tbody tr").evaluate_all("rows => rows.map(r => r.dataset.job)") == [
             str(i) for i in ids
         ]
+        # each measured job has a numeric speed-up over the baseline (itself 1.00); the mode is as submitted
+        cells = page.locator("#compare-rows tbody tr").evaluate_all(COMPARE_CELLS)
+        measured = [row for row in cells if row["rate"] != "—"]
+        assert measured and all(re.fullmatch(r"×\d+\.\d\d", row["speedup"]) for row in measured), cells
+        assert [row["speedup"] for row in cells if row["baseline"]] == ["×1.00"], cells
+        submitted = [api_job(service, job_id)["spec"]["schedule"]["mode"] for job_id in ids]
+        assert [row["mode"].split(" → ")[0] for row in cells] == submitted, cells
         assert int(page.locator("#chart-compare-loss").get_attribute("data-points") or 0) > 0
         assert page.locator("#chart-compare-loss .u-legend").inner_text().count("#") == 2  # one named curve per job
         watched.screenshot("compare-1280")

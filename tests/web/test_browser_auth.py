@@ -1,6 +1,7 @@
 """Browser tier: with tokens configured, the dashboard asks for a token once, keeps it in an
-HTTP-only cookie, and a read-only token sees no submit or cancel controls. Real Chromium against
-the real app served by uvicorn; no worker is needed (no job runs here)."""
+HTTP-only cookie, and a read-only token sees no submit or cancel controls; the login page (with and
+without its error) and the new-job page fit a 390 px phone screen. Real Chromium against the real app
+served by uvicorn; no worker is needed (no job runs here)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from app.main import create_app
 from tests.service.conftest import make_settings
 from tests.service.factories import insert_job
 from tests.service.live import serve
-from tests.web.browser import NETWORK_ERROR, PHONE, watched_page
+from tests.web.browser import DESKTOP, NETWORK_ERROR, PHONE, watched_page
 
 SUBMIT_TOKEN = "submit-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdef"
@@ -49,6 +50,10 @@ def test_the_token_is_asked_once_and_kept_in_a_cookie(browser: Any, secured: tup
         page.goto(f"/jobs/{job_id}")
         assert page.url.endswith(f"/login?next=/jobs/{job_id}")
         watched.screenshot("login")
+        page.set_viewport_size(PHONE)
+        assert watched.overflow() == 0  # nothing to scroll sideways on a phone
+        watched.screenshot("login-390")
+        page.set_viewport_size(DESKTOP)
         log_in(page, SUBMIT_TOKEN)
         page.wait_for_url(f"{url}/jobs/{job_id}")
         page.wait_for_selector("body[data-ready='1']")
@@ -60,6 +65,10 @@ def test_the_token_is_asked_once_and_kept_in_a_cookie(browser: Any, secured: tup
         assert page.locator(f"#cancel-{job_id}").count() == 1 and page.locator("nav a", has_text="New job").count() == 1
         page.goto("/jobs/new")
         page.wait_for_selector("body[data-ready='1']")
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(300)
+        assert watched.overflow() == 0
+        watched.screenshot("new-job-390")
         assert watched.errors == []
 
 
@@ -71,6 +80,10 @@ def test_a_read_only_token_sees_no_submit_or_cancel_controls(browser: Any, secur
         log_in(page, "a-token-this-server-never-heard-of")
         assert "does not know that token" in page.locator("#token-error").inner_text()
         assert page.locator("#token").get_attribute("aria-invalid") == "true"
+        page.set_viewport_size(PHONE)
+        assert watched.overflow() == 0  # the message wraps under the field
+        watched.screenshot("login-error-390")
+        page.set_viewport_size(DESKTOP)
         # the only console line so far is the browser's own report of the refused token's 401 answer
         assert [error.split(" (")[0] for error in watched.errors] == [NETWORK_ERROR.format(status=401)]
         watched.errors.clear()
