@@ -4,8 +4,8 @@ Every GET route under /api/v1 (and /healthz) must declare its 200 body: a JSON s
 or a `$ref` to one, or, for the downloads and the event stream, the media types it sends. Then a job
 with a real plan.json (resolved by the engine for the tiny workload, with predictions from a profile
 written by hand), logs and telemetry (lines, rollups, and rollups stored before `cur_mem` existed) is
-read through the API: each body validates against the route's `response_model`, and is exactly what
-the code behind it builds (same keys, same values, same int or float types), so the models drop nothing.
+read through the API: each body validates against the model /openapi.json names for it, and is exactly
+what the code behind it builds (same keys, same values, same int or float types), so the models drop nothing.
 """
 
 from __future__ import annotations
