@@ -318,6 +318,42 @@ def test_static_files_are_served_with_the_vendored_chart_library(web: TestClient
     assert imported is not None and imported.group(1) == vendor.name
 
 
+ASSET_TYPES = {".js": "javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+
+
+def page_assets(html: str) -> list[str]:
+    """Every URL a page's tags load or link to (`src=` and `href=`), in order."""
+    return re.findall(r'\b(?:src|href)="([^"]*)"', html)
+
+
+def assert_local_assets(client: TestClient, page: str) -> list[str]:
+    """The page names only /static files (which answer with their type) and nothing off the machine."""
+    html = client.get(page).text
+    assert "<script" in html and not re.search(r"https?://|//cdn|jsdelivr|googleapis|unpkg", html), html
+    assets = page_assets(html)
+    assert assets, html
+    for url in assets:
+        assert url.startswith("/static/"), (page, url)
+        answer = client.get(url)
+        kind = ASSET_TYPES[Path(url).suffix]
+        assert answer.status_code == 200 and kind in answer.headers["content-type"], (page, url, answer.status_code)
+        assert len(answer.content) > 0, url
+    return assets
+
+
+def test_api_docs_load_their_vendored_swagger_ui_and_redoc_not_a_cdn(web: TestClient) -> None:
+    swagger = assert_local_assets(web, "/docs")
+    assert any(url.endswith("/swagger-ui-bundle.js") for url in swagger)
+    assert any(url.endswith("/swagger-ui.css") for url in swagger)
+    redoc = assert_local_assets(web, "/redoc")
+    assert any(url.endswith("/redoc.standalone.js") for url in redoc)
+    for url in swagger + redoc:
+        local = REPO / "app" / url.removeprefix("/")
+        assert local.is_file(), url
+        if "/vendor/" in url:  # each vendored library keeps its licence and where it came from
+            assert (local.parent / "LICENSE").is_file() and (local.parent / "SOURCE").is_file(), url
+
+
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[tuple[TestClient, Settings]]:
     tokens = f"{SUBMIT_TOKEN}=submit,{READ_TOKEN}=read"
@@ -358,6 +394,19 @@ def test_read_only_tokens_see_no_submit_or_cancel_controls(secured: tuple[TestCl
     assert "Cancel job" not in client.get(f"/jobs/{job.id}").text
     new = client.get("/jobs/new")
     assert new.status_code == 403 and "Read-only token" in new.text
+
+
+def test_with_tokens_the_api_docs_need_a_login_but_their_assets_do_not(secured: tuple[TestClient, Settings]) -> None:
+    client, _ = secured
+    for page in ("/docs", "/redoc"):
+        assert client.get(page, follow_redirects=False).status_code == 303
+    assert log_in(client, READ_TOKEN, "/docs").status_code == 303
+    pages = {page: client.get(page) for page in ("/docs", "/redoc")}
+    client.cookies.clear()
+    for page, answer in pages.items():
+        assert answer.status_code == 200, page
+        for url in page_assets(answer.text):  # the browser fetches these with the cookie, but needs none
+            assert client.get(url, follow_redirects=False).status_code == 200, url
 
 
 def test_login_never_redirects_off_site(secured: tuple[TestClient, Settings]) -> None:
