@@ -93,7 +93,7 @@ SPEC_CASES = [
         ["schedule"],
         "the last stage stops at block 2 but the workload has 4 blocks",
     ),
-    (with_changes(workload={"options": {"bogus": 1}}), ["workload"], "TypeError"),
+    (with_changes(workload={"options": {"bogus": 1}}), ["workload", "options"], "does not accept ['bogus']"),
 ]
 
 

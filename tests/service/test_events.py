@@ -46,16 +46,16 @@ def test_stream_follows_a_job_to_its_end(live: tuple[str, Settings]) -> None:
     job_id = job.id
 
     def worker_side() -> None:
-        time.sleep(0.8)  # long enough for a keep-alive comment first
+        time.sleep(0.8)  # long enough for a keep-alive comment (every 0.3 s) first
         move(settings, job_id, STARTING, QUEUED)
         move(settings, job_id, RUNNING, STARTING)
         insert_metrics(settings, job_id, rank=0, losses=[0.5, 0.4])
         move(settings, job_id, FAILED, RUNNING, termination_reason="rank_error", error="Traceback ...")
 
     thread = threading.Thread(target=worker_side)
-    thread.start()
     with httpx.stream("GET", f"{url}/api/v1/jobs/{job_id}/events", timeout=30) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
+        thread.start()  # once the stream is open, however slowly the server answered on a busy machine
         body = "".join(response.iter_text())
     thread.join()
     events = read_events(body)
