@@ -91,3 +91,20 @@ def insert_metrics(settings: Settings, job_id: int, rank: int, losses: list[floa
         data = {"first_id": rows[0].id, "last_id": rows[-1].id, "progress": 0.5, "samples_per_s": 10.0}
         session.add(JobEvent(job_id=job_id, kind="metrics", data=data))
         session.commit()
+
+
+def store_lines(
+    settings: Settings, job_id: int, records: list[dict[str, Any]], event: dict[str, Any] | None = None
+) -> None:
+    """Telemetry lines (engine records) and the metrics event that carries them to open pages, as the worker
+    stores them; `event` adds fields to that event (progress, samples/s)."""
+    with Session(get_engine(settings.database)) as session:
+        rows = [
+            JobMetric(job_id=job_id, rank=r["rank"], seq=r["done"], epoch=0, step=r["step"], time=r["time"], record=r)
+            for r in records
+        ]
+        session.add_all(rows)
+        session.flush()
+        data = {"first_id": rows[0].id, "last_id": rows[-1].id, **(event or {})}
+        session.add(JobEvent(job_id=job_id, kind="metrics", data=data))
+        session.commit()

@@ -23,9 +23,9 @@ from sqlmodel import Session
 from app.config import Settings
 from app.db import get_engine
 from app.main import create_app
-from app.models import Job, JobEvent, JobMetric
+from app.models import Job
 from tests.service.conftest import make_settings
-from tests.service.factories import insert_job
+from tests.service.factories import insert_job, store_lines
 from tests.service.live import serve
 from tests.web.browser import PHONE, watched_page
 
@@ -63,17 +63,7 @@ def line(rank: int, seq: int, arch: dict[str, list[list[float]]] | None = None) 
 
 
 def store(settings: Settings, job_id: int, records: list[dict[str, Any]]) -> None:
-    """Lines and the metrics event that carries them to open pages, as the worker stores them."""
-    with Session(get_engine(settings.database)) as session:
-        rows = [
-            JobMetric(job_id=job_id, rank=r["rank"], seq=r["done"], epoch=0, step=r["step"], time=r["time"], record=r)
-            for r in records
-        ]
-        session.add_all(rows)
-        session.flush()
-        data = {"first_id": rows[0].id, "last_id": rows[-1].id, "progress": 0.2, "samples_per_s": 10.0}
-        session.add(JobEvent(job_id=job_id, kind="metrics", data=data))
-        session.commit()
+    store_lines(settings, job_id, records, {"progress": 0.2, "samples_per_s": 10.0})
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +107,11 @@ def open_values(page: Any, chart: str) -> list[list[str]]:
     return values_of(page, chart)
 
 
+def open_job_page(page: Any, job_id: int) -> None:
+    page.goto(f"/jobs/{job_id}")
+    page.wait_for_selector("body[data-ready='1']")
+
+
 def values_of(page: Any, chart: str) -> list[list[str]]:
     rows: list[list[str]] = page.locator(f"#chart-{chart}-values tbody tr").evaluate_all(
         "rows => rows.map(row => [...row.cells].map(cell => cell.textContent))"
@@ -130,8 +125,7 @@ def test_memory_in_use_and_its_peak_per_rank_and_gpu_utilization(
     url, job_id, settings = nas_job
     with watched_page(browser, url) as watched:
         page = watched.page
-        page.goto(f"/jobs/{job_id}")
-        page.wait_for_selector("body[data-ready='1']")
+        open_job_page(page, job_id)
         memory = page.locator("#chart-memory")
         assert int(memory.get_attribute("data-points") or 0) == 2 * (2 * LINES + 2)  # in use and peak, every line
         legend = memory.locator(".u-legend").inner_text()
@@ -172,8 +166,7 @@ def test_nas_heat_maps_show_candidate_history_grow_live_and_take_the_keyboard(
     url, job_id, settings = nas_job
     with watched_page(browser, url) as watched:
         page = watched.page
-        page.goto(f"/jobs/{job_id}")
-        page.wait_for_selector("body[data-ready='1']")
+        open_job_page(page, job_id)
         section = page.locator("#part-architecture")
         assert section.is_visible()
         steps = page.locator("#arch-0-wrap thead th.step")

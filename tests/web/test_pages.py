@@ -24,7 +24,7 @@ from app.main import create_app
 from app.models import Job, JobEvent, JobMetric
 from app.web.new_job import bundled_examples
 from tests.service.conftest import make_settings
-from tests.service.factories import insert_job, insert_metrics
+from tests.service.factories import insert_job, insert_metrics, store_lines
 
 SUBMIT_TOKEN = "submit-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdef"
@@ -182,19 +182,6 @@ def test_new_job_page_is_prefilled_from_the_bundled_examples(web: TestClient) ->
 
 MIB = 2**20
 IR_PLAN = {"mode": "auto", "nproc": 2, "num_blocks": 2, "stages": [{"start": 0, "stop": 2, "replicas": 2}]}
-
-
-def store_lines(settings: Settings, job_id: int, records: list[dict[str, Any]]) -> None:
-    """Telemetry lines and the metrics event that carries them, as the worker stores them."""
-    with Session(get_engine(settings.database)) as session:
-        rows = [
-            JobMetric(job_id=job_id, rank=r["rank"], seq=r["done"], epoch=0, step=r["step"], time=r["time"], record=r)
-            for r in records
-        ]
-        session.add_all(rows)
-        session.flush()
-        session.add(JobEvent(job_id=job_id, kind="metrics", data={"first_id": rows[0].id, "last_id": rows[-1].id}))
-        session.commit()
 
 
 def insert_submitted(settings: Settings, mode: str, **fields: Any) -> Job:
