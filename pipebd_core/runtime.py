@@ -223,6 +223,9 @@ class Trainer:
             "done": done,
             "total": total,
         }
+        paths = {str(block): drawn for block in task.train if (drawn := self.students[block].sampled()) is not None}
+        if paths:
+            record["paths"] = paths  # NAS: the candidates each layer drew this step (identical on every replica)
         gpu_util = self.gpu_util.sample()
         if gpu_util is not None:
             record["gpu_util"] = gpu_util

@@ -96,6 +96,12 @@ class StudentBlock:
     def probabilities(self) -> list[list[float]] | None:
         return self.supernet.probabilities() if self.supernet is not None else None
 
+    def sampled(self) -> list[list[int]] | None:
+        """The paths this step drew, per searchable layer (supernets with binary gates), else None."""
+        if self.supernet is None or self.supernet.mixed_layers()[0].gates == "softmax":
+            return None
+        return self.supernet.sampled()
+
     def state(self) -> dict[str, Any]:
         state = {"student": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.arch_optimizer is not None:

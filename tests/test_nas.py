@@ -14,6 +14,7 @@ import pytest
 import torch
 import torchvision
 
+from pipebd_core.rundir import RunDir
 from pipebd_core.spec import SpecError, parse_spec
 from pipebd_core.workloads import build_workload, path_generator
 from pipebd_core.workloads.supernet import BinaryGates, MixedLayer, SupernetBlock
@@ -174,6 +175,24 @@ def test_every_mode_searches_exactly_like_one_rank(
     expected = torch.load(reference / "student.pt", weights_only=True)
     assert_same_weights(load_students(run_dir), expected)
     assert run_dir.architecture.read_text() == (reference / "architecture.json").read_text()
+    drawn, reference_drawn = paths_drawn(run_dir, nproc), paths_drawn(RunDir(reference), 1)
+    assert drawn.keys() == reference_drawn.keys()
+    for key, draws in drawn.items():  # every replica that trained a block at a step drew what one rank drew
+        assert draws == [reference_drawn[key][0]] * len(draws), key
+    if mode in ("dp", "ir", "hybrid"):  # replicated: some block is trained on two ranks at once
+        assert max(len(draws) for draws in drawn.values()) == 2
+
+
+def paths_drawn(run_dir: RunDir, nproc: int) -> dict[tuple[int, str, str], list[Any]]:
+    """(step, round, block) -> the paths each rank's telemetry says it drew for that block, one per rank."""
+    drawn: dict[tuple[int, str, str], list[Any]] = {}
+    for rank in range(nproc):
+        for line in run_dir.metrics(rank).read_text().splitlines():
+            record = json.loads(line)
+            for block, paths in record.get("paths", {}).items():
+                drawn.setdefault((record["step"], record["round"], block), []).append(paths)
+    assert drawn and len({json.dumps(v[0]) for v in drawn.values()}) > 1  # paths recorded, and they vary
+    return drawn
 
 
 def test_auto_plans_and_runs_the_search(reference: Path, tmp_path: Path) -> None:

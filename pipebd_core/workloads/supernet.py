@@ -98,6 +98,13 @@ class MixedLayer(nn.Module):
         self.active = (int(pair[0]), int(pair[1]))
         self.chosen = int(torch.multinomial(p[pair] / p[pair].sum(), 1, generator=generator))
 
+    def sampled(self) -> list[int]:
+        """This step's draw as candidate indices: the path (weights), or the pair then the open gate's
+        position in it (arch); empty with softmax gates, which draw nothing."""
+        if self.gates == "softmax":
+            return []
+        return list(self.active) if self.round == "weights" else [*self.active, self.chosen]
+
     def _op(self, index: int, x: torch.Tensor) -> torch.Tensor | None:
         return None if self.names[index] == ZERO else self.ops[index](x)
 
@@ -167,6 +174,10 @@ class SupernetBlock(nn.Module):
 
     def probabilities(self) -> list[list[float]]:
         return [layer.probabilities().tolist() for layer in self.mixed_layers()]
+
+    def sampled(self) -> list[list[int]]:
+        """Every searchable layer's draw for the current step (see MixedLayer.sampled)."""
+        return [layer.sampled() for layer in self.mixed_layers()]
 
     def derive(self) -> tuple[list[str], nn.Sequential]:
         """(chosen candidate per layer, the searched block as a standalone module)."""
