@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, field_serializer
+from pydantic import Field as Describe  # plain pydantic fields: the API's answer models below
 from sqlalchemy import JSON, Column, Index
 from sqlmodel import Field, SQLModel
 
@@ -113,19 +114,23 @@ def iso(value: float | None) -> str | None:
 class JobPublic(BaseModel):
     """A job in lists: its state and progress, never its spec."""
 
-    id: int
-    name: str
-    state: str
-    nproc: int
-    queue: str
-    created_at: float
-    updated_at: float
-    started_at: float | None
-    finished_at: float | None
-    progress: float
-    samples_per_s: float | None
-    termination_reason: str | None
-    worker: str | None
+    id: int = Describe(description="The job's id, as in /api/v1/jobs/{id}")
+    name: str = Describe(description="The spec's name")
+    state: str = Describe(
+        description="queued, starting, running, cancelling, succeeded, failed or cancelled (the last three are final)"
+    )
+    nproc: int = Describe(description="Ranks the job runs on: one per GPU, or CPU processes")
+    queue: str = Describe(description="The broker queue it waits in: workers with at least nproc devices read it")
+    created_at: float = Describe(description="When it was submitted (ISO 8601, UTC)")
+    updated_at: float = Describe(description="Its last state or progress change (ISO 8601, UTC)")
+    started_at: float | None = Describe(description="When a worker claimed it (ISO 8601, UTC)")
+    finished_at: float | None = Describe(description="When it reached a final state (ISO 8601, UTC)")
+    progress: float = Describe(description="Fraction of the training steps done, 0 to 1")
+    samples_per_s: float | None = Describe(description="Recent throughput, samples through every block per second")
+    termination_reason: str | None = Describe(
+        description="Why it ended: user_cancelled, exit_code, rank_error, oom, timeout, worker_lost or launch_error"
+    )
+    worker: str | None = Describe(description="The worker that runs or ran it")
 
     @field_serializer("created_at", "updated_at", "started_at", "finished_at")
     def _as_iso(self, value: float | None) -> str | None:
@@ -135,12 +140,14 @@ class JobPublic(BaseModel):
 class JobDetail(JobPublic):
     """One job: everything in the list entry plus its spec, plan summary, error and why it waits."""
 
-    spec: dict[str, Any]
-    plan_summary: dict[str, Any] | None
-    error: str | None
-    exit_code: int | None
-    heartbeat_at: float | None
-    waiting_reason: str | None = None
+    spec: dict[str, Any] = Describe(description="The spec as stored, with its defaults filled in (see the README)")
+    plan_summary: dict[str, Any] | None = Describe(
+        description="Mode, stages and predicted step time of the resolved plan; the whole plan is at .../plan"
+    )
+    error: str | None = Describe(description="The failing rank's traceback, or what else went wrong")
+    exit_code: int | None = Describe(description="torchrun's exit code")
+    heartbeat_at: float | None = Describe(description="The worker's last heartbeat for this job (ISO 8601, UTC)")
+    waiting_reason: str | None = Describe(None, description="For a queued job: what it waits for")
 
     @field_serializer("heartbeat_at")
     def _heartbeat_iso(self, value: float | None) -> str | None:
@@ -148,5 +155,7 @@ class JobDetail(JobPublic):
 
 
 class JobsPublic(BaseModel):
-    data: list[JobPublic]
-    next_cursor: str | None  # pass as `cursor` for the next (older) page; null on the last page
+    """A page of jobs, newest first."""
+
+    data: list[JobPublic] = Describe(description="At most `limit` jobs")
+    next_cursor: str | None = Describe(description="Pass as `cursor` for the next (older) page; null on the last page")

@@ -25,7 +25,7 @@ from app.config import Settings
 from app.db import get_engine
 from app.downsample import to_point
 from app.lifecycle import RUNNING
-from app.models import JobMetric
+from app.models import JobDetail, JobMetric, JobPublic, JobsPublic
 from app.rollups import RollupBuilder, chart_points
 from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_spec
@@ -130,9 +130,11 @@ def test_error_responses_are_documented(client: TestClient) -> None:
 
 
 def test_models_describe_every_field() -> None:
-    for name in dir(schemas):
-        model = getattr(schemas, name)
-        if isinstance(model, type) and issubclass(model, BaseModel) and model.__module__ == schemas.__name__:
+    answers = [getattr(schemas, name) for name in dir(schemas)] + [JobPublic, JobDetail, JobsPublic]
+    for model in answers:
+        name = getattr(model, "__name__", "")
+        ours = model.__module__ in (schemas.__name__, "app.models") if isinstance(model, type) else False
+        if ours and issubclass(model, BaseModel):
             assert model.__doc__, name
             missing = [field for field, info in model.model_fields.items() if not info.description]
             assert not missing, f"{name}: no description for {missing}"
