@@ -38,7 +38,7 @@ def save_block(folder: Path, block: int, step_done: int, state: dict[str, Any], 
     temporary.replace(path)
     slowest = _slowest_newest_step(folder, num_blocks) if num_blocks is not None else None
     for old in sorted(directory.glob("step-*.pt"))[:-KEEP_PER_BLOCK]:
-        if slowest is None or int(old.stem.split("-")[1]) < slowest:
+        if slowest is None or _step_of(old) < slowest:
             old.unlink(missing_ok=True)
     return path
 
@@ -48,9 +48,14 @@ def _slowest_newest_step(folder: Path, num_blocks: int) -> int:
     return min((saved_steps(folder, block)[-1:] or [0])[0] for block in range(num_blocks))
 
 
+def _step_of(path: Path) -> int:
+    """The step a checkpoint file (`step-<s>.pt`) was saved after."""
+    return int(path.stem.split("-")[1])
+
+
 def saved_steps(folder: Path, block: int) -> list[int]:
     directory = folder / f"block-{block}"
-    return sorted(int(path.stem.split("-")[1]) for path in directory.glob("step-*.pt"))
+    return sorted(_step_of(path) for path in directory.glob("step-*.pt"))
 
 
 def load_block(folder: Path, block: int, step_done: int) -> dict[str, Any]:

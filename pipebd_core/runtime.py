@@ -244,9 +244,9 @@ class Trainer:
             step_done, self.ctx.steps_per_epoch, self.ctx.total_steps, spec.train.checkpoint_every
         ):
             return
+        common = self.ctx.plan.num_blocks if self.ctx.plan.is_pipeline else None  # see resume_steps
         for block in task.train:
             state = {**self.students[block].state(), "loss": self.last_loss.get(block)}
-            common = self.ctx.plan.num_blocks if self.ctx.plan.is_pipeline else None  # see resume_steps
             checkpoint.save_block(self.ctx.run_dir.checkpoints, block, step_done, state, common)
         append_event(self.ctx.run_dir.events, "checkpoint", rank=self.ctx.rank, blocks=list(task.train), step=step_done)
 

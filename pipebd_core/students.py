@@ -98,9 +98,8 @@ class StudentBlock:
 
     def sampled(self) -> list[list[int]] | None:
         """The paths this step drew, per searchable layer (supernets with binary gates), else None."""
-        if self.supernet is None or self.supernet.mixed_layers()[0].gates == "softmax":
-            return None
-        return self.supernet.sampled()
+        drawn = self.supernet.sampled() if self.supernet is not None else []
+        return drawn if any(drawn) else None  # softmax gates draw nothing
 
     def state(self) -> dict[str, Any]:
         state = {"student": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}

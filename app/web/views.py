@@ -60,8 +60,7 @@ def chosen_mode(plan: dict[str, Any]) -> str | None:
 def mode_text(job: Job) -> str:
     """The mode as submitted and, for `auto` once planned, what it chose: `dp`, `auto`, `auto → hybrid`."""
     submitted = str(job.spec.get("schedule", {}).get("mode") or "")
-    summary = job.plan_summary or {}
-    resolved = chosen_mode(summary) if summary else None
+    resolved = chosen_mode(job.plan_summary or {})
     if not submitted:
         return resolved or "?"
     if resolved is None or resolved == submitted:

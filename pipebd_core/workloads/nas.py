@@ -175,7 +175,7 @@ def _block_starts(value: Any) -> tuple[int, ...]:
         len(starts) < 2
         or starts[0] != 0
         or any(b <= a for a, b in itertools.pairwise(starts))
-        or (len(starts) > 1 and starts[1] < 2)
+        or starts[1] < 2
         or starts[-1] > last_start
     ):
         raise SpecError(
