@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sqlmodel import Session, col, select
 
-from app.models import Job, JobMetric
+from app.core.tables import Job, JobMetric
 from pipebd_core.rundir import RunDir
 from pipebd_core.telemetry import PHASES
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from fastapi import HTTPException, Request, status
 
-from app.config import Scope, Settings
+from app.core.settings import Scope, Settings
 
 COOKIE = "pipebd_token"
 SCOPE_RANK = {"read": 0, "submit": 1}

@@ -43,7 +43,7 @@ def command_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.auth import check_bind
-    from app.config import get_settings
+    from app.core.settings import get_settings
     from app.main import create_app
 
     _environment(args)
@@ -94,8 +94,8 @@ def _interrupt(*_: object) -> None:
 
 def command_up(args: argparse.Namespace) -> int:
     from app.auth import check_bind
-    from app.config import get_settings
-    from app.db import migrate
+    from app.core.database import migrate
+    from app.core.settings import get_settings
 
     _environment(args)
     settings = get_settings()

@@ -11,9 +11,9 @@ from fastapi import Depends, HTTPException, Request, status
 from sqlmodel import Session
 
 from app.auth import require
-from app.config import Settings
-from app.db import get_engine
-from app.models import Job
+from app.core.database import get_engine
+from app.core.settings import Settings
+from app.core.tables import Job
 
 
 def get_app_settings(request: Request) -> Settings:

@@ -16,9 +16,9 @@ from typing import Any
 import anyio
 from sqlmodel import col, select
 
-from app.db import session_scope
-from app.lifecycle import FINAL
-from app.models import Job, JobEvent, JobMetric
+from app.core.database import session_scope
+from app.core.lifecycle import FINAL
+from app.core.tables import Job, JobEvent, JobMetric
 
 BATCH = 200  # events read per query
 RETRY_MS = 2000  # how soon EventSource clients reconnect after a dropped connection

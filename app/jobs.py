@@ -16,9 +16,9 @@ from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from app.lifecycle import FINAL, QUEUED
-from app.models import Job, JobEvent, JobMetric, JobMetricRollup, Worker
-from app.queue import queue_name
+from app.core.lifecycle import FINAL, QUEUED
+from app.core.queue import queue_name
+from app.core.tables import Job, JobEvent, JobMetric, JobMetricRollup, Worker
 from pipebd_core.spec import Spec
 
 

@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry
 
 from app import web
 from app.api.routes import artifacts, events, health, jobs, logs, metrics
-from app.config import Settings, get_settings
-from app.db import migrate
+from app.core.database import migrate
+from app.core.queue import make_celery
+from app.core.reaper import reap_lost_jobs
+from app.core.settings import Settings, get_settings
 from app.monitoring import JobCollector
-from app.queue import make_celery
-from app.reaper import reap_lost_jobs
 from app.web import docs
 
 API_PREFIX = "/api/v1"

@@ -17,9 +17,9 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func
 from sqlmodel import select
 
-from app.db import ping, session_scope
-from app.lifecycle import QUEUED, RUNNING, STATES
-from app.models import Job, Worker
+from app.core.database import ping, session_scope
+from app.core.lifecycle import QUEUED, RUNNING, STATES
+from app.core.tables import Job, Worker
 
 BROKER_TIMEOUT_S = 3.0
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from app.config import Settings
+from app.core.settings import Settings
 from pipebd_core.launch import resolve_plan
 from pipebd_core.plan import PlanError
 from pipebd_core.spec import Spec, SpecError, parse_spec

@@ -31,15 +31,15 @@ from sqlalchemy import insert
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.config import Settings  # noqa: E402
-from app.db import get_engine, migrate  # noqa: E402
-from app.downsample import to_point  # noqa: E402
+from app.core.database import get_engine, migrate  # noqa: E402
+from app.core.downsample import to_point  # noqa: E402
+from app.core.queue import queue_name  # noqa: E402
+from app.core.rollups import RollupBuilder  # noqa: E402
+from app.core.settings import Settings  # noqa: E402
+from app.core.tables import Job, JobEvent, JobMetric, JobMetricRollup  # noqa: E402
 from app.main import create_app  # noqa: E402
-from app.models import Job, JobEvent, JobMetric, JobMetricRollup  # noqa: E402
-from app.queue import queue_name  # noqa: E402
-from app.rollups import RollupBuilder  # noqa: E402
-from pipebd_core.costmodel import CostModel  # noqa: E402
-from pipebd_core.resolve import mode_plans, predictions  # noqa: E402
+from pipebd_core.planning.costmodel import CostModel  # noqa: E402
+from pipebd_core.planning.resolve import mode_plans, predictions  # noqa: E402
 from tests.fake_profiles import fake_profile  # noqa: E402
 from tests.service.factories import tiny_job  # noqa: E402
 from tests.service.live import serve  # noqa: E402
@@ -135,7 +135,7 @@ def fill(database: str, runs: Path, points: int) -> int:
         rows = [{**row, "job_id": job_id} for row in telemetry(plan, points)]
         for first in range(0, len(rows), INSERT_BATCH):
             connection.execute(insert(JobMetric), rows[first : first + INSERT_BATCH])
-        # the chart rollups the worker's streamer writes with the lines (app/rollups.py)
+        # the chart rollups the worker's streamer writes with the lines (app/core/rollups.py)
         rollups = RollupBuilder(job_id).add([to_point(row["record"], row["seq"]) for row in rows])
         connection.execute(insert(JobMetricRollup), [rollup.model_dump(exclude={"id"}) for rollup in rollups])
         connection.execute(

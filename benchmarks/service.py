@@ -33,11 +33,11 @@ from sqlalchemy import insert
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.config import Settings  # noqa: E402
-from app.db import get_engine, migrate  # noqa: E402
+from app.core.database import get_engine, migrate  # noqa: E402
+from app.core.queue import queue_name  # noqa: E402
+from app.core.settings import Settings  # noqa: E402
+from app.core.tables import Job  # noqa: E402
 from app.main import create_app  # noqa: E402
-from app.models import Job  # noqa: E402
-from app.queue import queue_name  # noqa: E402
 from tests.service.factories import tiny_job  # noqa: E402
 from tests.service.live import serve  # noqa: E402
 from tests.service.services import POSTGRES_DEFAULT, create_database, drop_database, free_port, postgres_answers  # noqa: E402

@@ -10,9 +10,9 @@ from alembic import context
 from sqlalchemy import text
 from sqlmodel import SQLModel
 
-from app import models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from app.config import get_settings
-from app.db import get_engine
+from app.core import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+from app.core.database import get_engine
+from app.core.settings import get_settings
 
 MIGRATION_LOCK_ID = 7_421_003  # an arbitrary constant shared by every PipeBD process
 

@@ -12,13 +12,13 @@ from pipebd_core.bench import format_table, run_bench
 from pipebd_core.checkpoint import resume_steps
 from pipebd_core.launch import Steps, cost_model, default_run_dir, prepare_run, start_ranks
 from pipebd_core.plan import Plan, PlanError
-from pipebd_core.planner import search
+from pipebd_core.planning.planner import search
+from pipebd_core.planning.profiles import ProfileError, obtain_profile
+from pipebd_core.planning.resolve import mode_plans
+from pipebd_core.planning.simulate import simulate
 from pipebd_core.processes import stop_process_tree
-from pipebd_core.profiles import ProfileError, obtain_profile
 from pipebd_core.progress import MetricsFollower
-from pipebd_core.resolve import mode_plans
 from pipebd_core.rundir import RunDir
-from pipebd_core.simulate import simulate
 from pipebd_core.spec import MODES, Spec, SpecError, load_spec, parse_spec
 from pipebd_core.telemetry import append_event
 

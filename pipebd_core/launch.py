@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from pipebd_core.costmodel import CostModel
 from pipebd_core.data import Stream, build_dataset, check_dataset, split_streams, steps_per_epoch, total_steps
 from pipebd_core.plan import Plan
-from pipebd_core.probe import probe_workload
+from pipebd_core.planning.costmodel import CostModel
+from pipebd_core.planning.probe import probe_workload
+from pipebd_core.planning.profiles import cache_path, obtain_profile
+from pipebd_core.planning.resolve import make_plan, predictions
 from pipebd_core.processes import rank_environment, torchrun_command
-from pipebd_core.profiles import cache_path, obtain_profile
-from pipebd_core.resolve import make_plan, predictions
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
 from pipebd_core.telemetry import append_event

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipebd_core.profiles import CACHE_ENV
+from pipebd_core.planning.profiles import CACHE_ENV
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from tests.helpers import run_job

@@ -13,8 +13,8 @@ from pipebd_core.plan import (
     routes_between,
     shard_rows,
 )
-from pipebd_core.probe import BlockProbe
-from pipebd_core.resolve import make_plan
+from pipebd_core.planning.probe import BlockProbe
+from pipebd_core.planning.resolve import make_plan
 from pipebd_core.spec import ScheduleSpec, StageSpec
 
 

@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from pipebd_core.costmodel import CostModel
 from pipebd_core.plan import Plan, PlanError, build_stages
-from pipebd_core.planner import best_plan, search
-from pipebd_core.resolve import mode_plans
-from pipebd_core.simulate import simulate
+from pipebd_core.planning.costmodel import CostModel
+from pipebd_core.planning.planner import best_plan, search
+from pipebd_core.planning.resolve import mode_plans
+from pipebd_core.planning.simulate import simulate
 from pipebd_core.spec import StageSpec
 from tests.fake_profiles import fake_profile
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pipebd_core.plan import Plan
-from pipebd_core.probe import BlockProbe
-from pipebd_core.resolve import make_plan
+from pipebd_core.planning.probe import BlockProbe
+from pipebd_core.planning.resolve import make_plan
 from pipebd_core.schedule import WORLD, count_tasks, rank_tasks
 from pipebd_core.spec import ScheduleSpec, StageSpec
 

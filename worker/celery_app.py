@@ -11,8 +11,8 @@ from typing import Any
 
 from celery.signals import worker_shutting_down
 
-from app.config import get_settings
-from app.queue import make_celery
+from app.core.queue import make_celery
+from app.core.settings import get_settings
 from worker.launcher import SHUTDOWN
 
 celery_app = make_celery(get_settings())

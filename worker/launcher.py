@@ -28,9 +28,8 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import col
 
-from app.config import Settings
-from app.db import session_scope
-from app.lifecycle import (
+from app.core.database import session_scope
+from app.core.lifecycle import (
     ALLOWED_MOVES,
     CANCELLED,
     CANCELLING,
@@ -42,11 +41,12 @@ from app.lifecycle import (
     SUCCEEDED,
     transition,
 )
-from app.models import Job, now
+from app.core.settings import Settings
+from app.core.tables import Job, now
 from pipebd_core.launch import prepare_run, start_ranks
 from pipebd_core.plan import Plan
+from pipebd_core.planning.profiles import ProfilingWatch, watch_profiling
 from pipebd_core.processes import stop_process_tree
-from pipebd_core.profiles import ProfilingWatch, watch_profiling
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
 from worker.diagnosis import diagnose

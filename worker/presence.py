@@ -12,10 +12,10 @@ import threading
 from sqlalchemy import func
 from sqlmodel import col, select
 
-from app.config import Settings
-from app.db import session_scope
-from app.lifecycle import ACTIVE
-from app.models import Job, Worker, now
+from app.core.database import session_scope
+from app.core.lifecycle import ACTIVE
+from app.core.settings import Settings
+from app.core.tables import Job, Worker, now
 
 log = logging.getLogger("pipebd.worker")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import os
 
-from app.config import get_settings
-from app.db import migrate
-from app.queue import queues_for
-from app.reaper import reap_lost_jobs
+from app.core.database import migrate
+from app.core.queue import queues_for
+from app.core.reaper import reap_lost_jobs
+from app.core.settings import get_settings
 from worker.devices import detect_devices
 from worker.presence import Presence
 

@@ -1,7 +1,7 @@
 """Bringing a running job's files into the database: telemetry lines in batches, log lines, progress.
 
 Each poll reads the complete lines the ranks appended since the last poll and writes, in one
-transaction, the `job_metric` rows (and the chart rollups they complete, app/rollups.py), one
+transaction, the `job_metric` rows (and the chart rollups they complete, app/core/rollups.py), one
 `metrics` event naming their id range, `log` events, and the job's progress and samples/s. The event
 stream of the API replays exactly these events.
 """
@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import Session, col
 
-from app.db import session_scope
-from app.downsample import to_point
-from app.models import Job, JobEvent, JobMetric, now
-from app.rollups import RollupBuilder
+from app.core.database import session_scope
+from app.core.downsample import to_point
+from app.core.rollups import RollupBuilder
+from app.core.tables import Job, JobEvent, JobMetric, now
 from pipebd_core.plan import Plan
 from pipebd_core.progress import FileTail, MetricsFollower
 from pipebd_core.rundir import RunDir

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 
-from app.config import get_settings
-from app.db import session_scope
-from app.models import Job
-from app.queue import TASK_NAME
+from app.core.database import session_scope
+from app.core.queue import TASK_NAME
+from app.core.settings import get_settings
+from app.core.tables import Job
 from worker.celery_app import celery_app
 from worker.devices import DevicePool, detect_devices
 from worker.launcher import JobRunner

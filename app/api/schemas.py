@@ -1,8 +1,10 @@
-"""Response shapes of the REST API that app/models.py does not define: what /openapi.json documents.
+"""Every response shape of the REST API: what /openapi.json documents.
 
 Each model describes exactly the body its route builds today, so declaring it changes no response:
 
-- `MetricsPage` and `MetricPoint`: `GET /jobs/{id}/metrics`, chart points as `app.downsample.to_point`
+- `JobPublic`, `JobDetail`, `JobsPublic`: a job in lists, one job, a page of jobs (times as ISO 8601, UTC).
+
+- `MetricsPage` and `MetricPoint`: `GET /jobs/{id}/metrics`, chart points as `app.core.downsample.to_point`
   and `merge` make them (a raw telemetry line has `count` 1; a bucket or rollup stands for `count`
   lines). Rollups stored before `cur_mem` and `gpu_util` existed lack those two keys, and the route
   leaves them out (`response_model_exclude_unset`) rather than adding nulls.
@@ -21,9 +23,10 @@ a plain `float` field would turn 10 into 10.0.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_serializer
 
 Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
 
@@ -259,3 +262,60 @@ class Health(BaseModel):
     status: str = Field(description="`ok` when both answer, else `unavailable` (with status 503)")
     database: str = Field(description="`ok`, or `unreachable: <error>`")
     broker: str = Field(description="`ok`, or `unreachable: <error>`")
+
+
+# --- jobs ---------------------------------------------------------------------------------------------
+
+
+def iso(value: float | None) -> str | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
+
+
+class JobPublic(BaseModel):
+    """A job in lists: its state and progress, never its spec."""
+
+    id: int = Field(description="The job's id, as in /api/v1/jobs/{id}")
+    name: str = Field(description="The spec's name")
+    state: str = Field(
+        description="queued, starting, running, cancelling, succeeded, failed or cancelled (the last three are final)"
+    )
+    nproc: int = Field(description="Ranks the job runs on: one per GPU, or CPU processes")
+    queue: str = Field(description="The broker queue it waits in: workers with at least nproc devices read it")
+    created_at: float = Field(description="When it was submitted (ISO 8601, UTC)")
+    updated_at: float = Field(description="Its last state or progress change (ISO 8601, UTC)")
+    started_at: float | None = Field(description="When a worker claimed it (ISO 8601, UTC)")
+    finished_at: float | None = Field(description="When it reached a final state (ISO 8601, UTC)")
+    progress: float = Field(description="Fraction of the training steps done, 0 to 1")
+    samples_per_s: float | None = Field(description="Recent throughput, samples through every block per second")
+    termination_reason: str | None = Field(
+        description="Why it ended: user_cancelled, exit_code, rank_error, oom, timeout, worker_lost or launch_error"
+    )
+    worker: str | None = Field(description="The worker that runs or ran it")
+
+    @field_serializer("created_at", "updated_at", "started_at", "finished_at")
+    def _as_iso(self, value: float | None) -> str | None:
+        return iso(value)
+
+
+class JobDetail(JobPublic):
+    """One job: everything in the list entry plus its spec, plan summary, error and why it waits."""
+
+    spec: dict[str, Any] = Field(description="The spec as stored, with its defaults filled in (see the README)")
+    plan_summary: dict[str, Any] | None = Field(
+        description="Mode, stages and predicted step time of the resolved plan; the whole plan is at .../plan"
+    )
+    error: str | None = Field(description="The failing rank's traceback, or what else went wrong")
+    exit_code: int | None = Field(description="torchrun's exit code")
+    heartbeat_at: float | None = Field(description="The worker's last heartbeat for this job (ISO 8601, UTC)")
+    waiting_reason: str | None = Field(None, description="For a queued job: what it waits for")
+
+    @field_serializer("heartbeat_at")
+    def _heartbeat_iso(self, value: float | None) -> str | None:
+        return iso(value)
+
+
+class JobsPublic(BaseModel):
+    """A page of jobs, newest first."""
+
+    data: list[JobPublic] = Field(description="At most `limit` jobs")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null on the last page")

@@ -14,9 +14,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from sqlmodel import Session, col, select
 
+from app.core.lifecycle import FINAL
+from app.core.tables import Job
 from app.deps import SessionDep
-from app.lifecycle import FINAL
-from app.models import Job
 from app.web import queries
 from app.web.access import ViewerDep
 from app.web.analysis import JobSummary, summarize

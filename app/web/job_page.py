@@ -16,10 +16,10 @@ from fastapi.responses import HTMLResponse
 from sqlmodel import Session
 
 from app.artifacts import available
+from app.core.lifecycle import FINAL
+from app.core.tables import Job
 from app.deps import SessionDep, SettingsDep
 from app.jobs import waiting_reason
-from app.lifecycle import FINAL
-from app.models import Job
 from app.web import queries
 from app.web.access import ViewerDep
 from app.web.analysis import LABELS, find_bottleneck, rank_loads

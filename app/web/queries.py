@@ -12,7 +12,7 @@ from typing import Any
 from sqlmodel import Session, col, func, select
 
 from app.artifacts import file_path
-from app.models import Job, JobEvent, JobMetric
+from app.core.tables import Job, JobEvent, JobMetric
 
 RECENT_TASKS = 40  # telemetry lines per rank behind the bottleneck analysis and the compare table
 ENGINE_EVENTS = 200  # lifecycle lines of events.jsonl shown on a job page, newest kept

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.lifecycle import CANCELLING, FINAL, QUEUED, RUNNING, STARTING
-from app.models import Job
+from app.core.lifecycle import CANCELLING, FINAL, QUEUED, RUNNING, STARTING
+from app.core.tables import Job
 from app.web.templating import blocks as block_text
 
 CANCELLABLE = (QUEUED, STARTING, RUNNING)

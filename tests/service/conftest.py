@@ -9,8 +9,8 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import get_engine
+from app.core.database import get_engine
+from app.core.settings import Settings
 from app.main import create_app
 from tests.service.services import Service, create_database, drop_database, start_postgres, start_redis
 

@@ -10,10 +10,10 @@ from typing import Any
 import redis
 from sqlmodel import Session, func, select
 
-from app.config import Settings
-from app.db import get_engine
-from app.models import Job, JobEvent, JobMetric
-from app.queue import queue_name
+from app.core.database import get_engine
+from app.core.queue import queue_name
+from app.core.settings import Settings
+from app.core.tables import Job, JobEvent, JobMetric
 from tests.helpers import tiny_document
 
 

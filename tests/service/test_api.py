@@ -9,9 +9,9 @@ from __future__ import annotations
 import yaml
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.lifecycle import FAILED, QUEUED, RUNNING, STARTING
-from app.models import Job, JobEvent
+from app.core.lifecycle import FAILED, QUEUED, RUNNING, STARTING
+from app.core.settings import Settings
+from app.core.tables import Job, JobEvent
 from tests.service.factories import broker_messages, count_rows, insert_job, insert_metrics, tiny_job
 
 JOBS = "/api/v1/jobs"

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from app.auth import check_bind
 from app.cli import main
-from app.config import Settings
+from app.core.settings import Settings
 from app.main import create_app
 from tests.service.conftest import make_settings
 from tests.service.factories import tiny_job

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
+from app.core.settings import Settings
+from app.core.tables import Job, JobEvent
 from app.main import create_app
-from app.models import Job, JobEvent
 from tests.service.conftest import make_settings
 from tests.service.factories import broker_messages, count_rows, tiny_job
 

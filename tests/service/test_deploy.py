@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from app.cli import build_parser, command_api, command_worker
-from app.config import Settings
+from app.core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 

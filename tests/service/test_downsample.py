@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.downsample import bucket_bounds, downsample, to_point
+from app.core.downsample import bucket_bounds, downsample, to_point
 
 
 def point(rank: int, seq: int, losses: dict[str, float], peak: int = 0) -> dict:  # type: ignore[type-arg]

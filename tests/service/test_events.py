@@ -16,9 +16,9 @@ import httpx
 import pytest
 from sqlmodel import Session
 
-from app.config import Settings
-from app.db import get_engine, migrate
-from app.lifecycle import FAILED, QUEUED, RUNNING, STARTING, transition
+from app.core.database import get_engine, migrate
+from app.core.lifecycle import FAILED, QUEUED, RUNNING, STARTING, transition
+from app.core.settings import Settings
 from app.main import create_app
 from tests.service.conftest import make_settings
 from tests.service.factories import insert_job, insert_metrics

@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlmodel import Session
 
-from app.config import Settings
-from app.db import get_engine, migrate
+from app.core.database import get_engine, migrate
+from app.core.settings import Settings
+from app.core.tables import Job
 from app.jobs import create_job
-from app.models import Job
 from app.specs import spec_hash
 from pipebd_core.spec import parse_spec
 from tests.service.conftest import make_settings

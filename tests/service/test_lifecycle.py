@@ -10,9 +10,8 @@ import threading
 import pytest
 from sqlmodel import Session, select
 
-from app.config import Settings
-from app.db import get_engine, migrate
-from app.lifecycle import (
+from app.core.database import get_engine, migrate
+from app.core.lifecycle import (
     ALLOWED_MOVES,
     CANCELLED,
     CANCELLING,
@@ -28,7 +27,8 @@ from app.lifecycle import (
     request_cancel,
     transition,
 )
-from app.models import Job, JobEvent
+from app.core.settings import Settings
+from app.core.tables import Job, JobEvent
 from tests.service.factories import insert_job
 
 

@@ -9,8 +9,8 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 from sqlmodel import SQLModel
 
-from app import models  # noqa: F401
-from app.db import alembic_config, get_engine, migrate
+from app.core import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+from app.core.database import alembic_config, get_engine, migrate
 
 
 def test_migrations_from_empty_match_the_models(database_url: str) -> None:

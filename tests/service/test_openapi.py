@@ -21,12 +21,13 @@ from sqlmodel import Session, col, select
 
 import pipebd_core.launch as launch
 from app.api import schemas
-from app.config import Settings
-from app.db import get_engine
-from app.downsample import to_point
-from app.lifecycle import RUNNING
-from app.models import JobDetail, JobMetric, JobPublic, JobsPublic
-from app.rollups import RollupBuilder, chart_points
+from app.api.schemas import JobDetail, JobPublic, JobsPublic
+from app.core.database import get_engine
+from app.core.downsample import to_point
+from app.core.lifecycle import RUNNING
+from app.core.rollups import RollupBuilder, chart_points
+from app.core.settings import Settings
+from app.core.tables import JobMetric
 from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_spec
 from tests.service.factories import insert_job, insert_metrics
@@ -133,7 +134,7 @@ def test_models_describe_every_field() -> None:
     answers = [getattr(schemas, name) for name in dir(schemas)] + [JobPublic, JobDetail, JobsPublic]
     for model in answers:
         name = getattr(model, "__name__", "")
-        ours = model.__module__ in (schemas.__name__, "app.models") if isinstance(model, type) else False
+        ours = model.__module__ in (schemas.__name__, "app.core.tables") if isinstance(model, type) else False
         if ours and issubclass(model, BaseModel):
             assert model.__doc__, name
             missing = [field for field, info in model.model_fields.items() if not info.description]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
+from app.core.settings import Settings
 from app.main import create_app
 from tests.service.conftest import make_settings
 from tests.service.factories import long_job

@@ -1,4 +1,4 @@
-"""Service tier: chart rollups (app/rollups.py) on SQLite and PostgreSQL. Written with the lines as
+"""Service tier: chart rollups (app/core/rollups.py) on SQLite and PostgreSQL. Written with the lines as
 the worker stores them, they are read back as at most `max_points` points per rank, every line
 counted once, every spike kept; a rank whose rollups do not add up is downsampled from its lines."""
 
@@ -11,11 +11,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlmodel import Session, col, func, select
 
-from app.config import Settings
-from app.db import get_engine, migrate
-from app.downsample import downsample, to_point
-from app.models import JobMetric, JobMetricRollup
-from app.rollups import LEVELS, RollupBuilder, chart_points
+from app.core.database import get_engine, migrate
+from app.core.downsample import downsample, to_point
+from app.core.rollups import LEVELS, RollupBuilder, chart_points
+from app.core.settings import Settings
+from app.core.tables import JobMetric, JobMetricRollup
 from tests.service.factories import insert_job, insert_metrics
 
 

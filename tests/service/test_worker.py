@@ -22,10 +22,10 @@ import torch
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
-from app.config import Settings
-from app.db import get_engine
+from app.core.database import get_engine
+from app.core.settings import Settings
+from app.core.tables import Job
 from app.main import create_app
-from app.models import Job
 from tests.service.conftest import make_settings
 from tests.service.factories import long_job, tiny_job
 from tests.service.slow_data import FACTORY as SLOW_DATA
@@ -167,7 +167,7 @@ def start_two_slot_worker(settings: Settings, name: str) -> WorkerProcess:
 
 def profiler_processes(run_dir: str) -> list[psutil.Process]:
     """The job's profiling torchrun and ranks: they run in <run_dir>/profiling and name it."""
-    return [p for p in rank_processes(run_dir) if "pipebd_core.profiler" in " ".join(p.info["cmdline"] or [])]
+    return [p for p in rank_processes(run_dir) if "pipebd_core.planning.profiler" in " ".join(p.info["cmdline"] or [])]
 
 
 def wait_profiling(client: TestClient, job_id: int, run_dir: str, worker: WorkerProcess) -> list[psutil.Process]:

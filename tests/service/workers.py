@@ -15,9 +15,9 @@ from typing import Any
 import psutil
 from sqlmodel import Session
 
-from app.config import Settings
-from app.db import get_engine
-from app.models import Worker
+from app.core.database import get_engine
+from app.core.settings import Settings
+from app.core.tables import Worker
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pipebd_core.profiles import CACHE_ENV
+from pipebd_core.planning.profiles import CACHE_ENV
 from tests.service.services import free_port
 from tests.service.workers import REPO, wait_for
 

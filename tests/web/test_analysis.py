@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.models import Job
+from app.core.tables import Job
 from app.web.analysis import (
     JobSummary,
     find_bottleneck,

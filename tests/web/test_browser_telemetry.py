@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from sqlmodel import Session
 
-from app.config import Settings
-from app.db import get_engine
+from app.core.database import get_engine
+from app.core.settings import Settings
+from app.core.tables import Job
 from app.main import create_app
-from app.models import Job
 from tests.service.conftest import make_settings
 from tests.service.factories import insert_job, store_lines
 from tests.service.live import serve

@@ -18,10 +18,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, func, select
 
-from app.config import Settings
-from app.db import get_engine
+from app.core.database import get_engine
+from app.core.settings import Settings
+from app.core.tables import Job, JobEvent, JobMetric
 from app.main import create_app
-from app.models import Job, JobEvent, JobMetric
 from app.web.new_job import bundled_examples
 from tests.service.conftest import make_settings
 from tests.service.factories import insert_job, insert_metrics, store_lines

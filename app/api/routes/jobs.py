@@ -8,13 +8,13 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, 
 from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
-from app.api.schemas import AUTH_ERRORS, ErrorMessage, InvalidRequest, job_errors
-from app.db import get_engine
+from app.api.schemas import AUTH_ERRORS, ErrorMessage, InvalidRequest, JobDetail, JobPublic, JobsPublic, job_errors
+from app.core.database import get_engine
+from app.core.lifecycle import STATES, request_cancel
+from app.core.queue import enqueue
+from app.core.tables import Job
 from app.deps import JobDep, ReadAccess, SessionDep, SettingsDep, SubmitAccess
 from app.jobs import ConflictError, Created, create_job, delete_job, discard_job, list_jobs, waiting_reason
-from app.lifecycle import STATES, request_cancel
-from app.models import Job, JobDetail, JobPublic, JobsPublic
-from app.queue import enqueue
 from app.specs import BodyError, parse_body, spec_hash, validate_document
 from pipebd_core.spec import SpecError
 

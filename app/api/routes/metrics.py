@@ -1,5 +1,5 @@
 """Telemetry of a job: per-rank points from the database, downsampled on the server for charts
-(from the rollups of app/rollups.py for long series, so a long job's chart stays cheap)."""
+(from the rollups of app/core/rollups.py for long series, so a long job's chart stays cheap)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from fastapi import APIRouter, HTTPException, Query
 from sqlmodel import col, select
 
 from app.api.schemas import AUTH_ERRORS, MetricsPage, job_errors
+from app.core.downsample import downsample, to_point
+from app.core.rollups import chart_points
+from app.core.tables import JobMetric
 from app.deps import JobDep, ReadAccess, SessionDep
-from app.downsample import downsample, to_point
-from app.models import JobMetric
-from app.rollups import chart_points
 
 router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=AUTH_ERRORS)
 MAX_POINTS_LIMIT = 10_000

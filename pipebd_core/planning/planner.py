@@ -12,8 +12,8 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-from pipebd_core.costmodel import CostModel, StageCost
 from pipebd_core.plan import PlanError
+from pipebd_core.planning.costmodel import CostModel, StageCost
 
 TOP_K = 10
 

@@ -18,7 +18,7 @@ from alembic.config import Config
 from sqlalchemy import Engine, event, text
 from sqlmodel import Session, create_engine
 
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 SQLITE_BUSY_TIMEOUT_S = 30  # a writer waits this long for another writer instead of failing
 
 

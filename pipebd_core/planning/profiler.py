@@ -1,6 +1,6 @@
 """The profiler: measures every block on the devices the job will use, with every rank busy.
 
-Run as `torchrun ... -m pipebd_core.profiler --spec SPEC.json --out PROFILE.json`. Each rank measures
+Run as `torchrun ... -m pipebd_core.planning.profiler --spec SPEC.json --out PROFILE.json`. Each rank measures
 every block (so all ranks load the node as training does); rank 0 pools every rank's trials and
 writes one profile. Per block and per per-replica batch size b = ceil(B/k), k = 1..N:
 teacher forward time, student forward+backward+update time, and the bytes the student's backward
@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core.data import BatchLoader, build_dataset
-from pipebd_core.probe import probe_workload
+from pipebd_core.planning.probe import probe_workload
 from pipebd_core.ranks import join_process_group, pick_device, redirect_output_to_log, write_rank_error
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
@@ -297,7 +297,7 @@ def profile_ranks(run_dir: RunDir, trials: int) -> None:
 
 @record
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m pipebd_core.profiler", description="one profiling rank")
+    parser = argparse.ArgumentParser(prog="python -m pipebd_core.planning.profiler", description="one profiling rank")
     parser.add_argument("--run-dir", required=True, help="folder with spec.json; profile.json is written there")
     parser.add_argument("--trials", type=int, default=5, help="timed trials per measurement, after warm-up")
     args = parser.parse_args(argv)

@@ -19,8 +19,8 @@ from collections import defaultdict
 from sqlalchemy import Text, cast
 from sqlmodel import Session, col, func, select
 
-from app.downsample import Point, downsample, merge, to_point
-from app.models import JobMetric, JobMetricRollup
+from app.core.downsample import Point, downsample, merge, to_point
+from app.core.tables import JobMetric, JobMetricRollup
 
 FACTOR = 4  # runs of a level merged into one run of the next
 LEVELS = tuple(FACTOR ** (power + 1) for power in range(8))  # lines per run: 4, 16, ..., 65536

@@ -20,9 +20,9 @@ import time
 import psutil
 from sqlmodel import col, select
 
-from app.db import session_scope
-from app.lifecycle import ACTIVE, FAILED, transition
-from app.models import Job
+from app.core.database import session_scope
+from app.core.lifecycle import ACTIVE, FAILED, transition
+from app.core.tables import Job
 
 LOST_MESSAGE = "the worker {worker} stopped sending heartbeats ({age:.0f} s) while the job was {state}"
 

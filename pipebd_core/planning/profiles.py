@@ -1,6 +1,6 @@
 """Profiles on disk: keyed by workload, data (its loader workers included), batch size, device kind
 and count, so planning again is instant. A missing profile is measured by a torchrun job of
-`pipebd_core.profiler`, started (like the training job) in a session of its own so the whole tree
+`pipebd_core.planning.profiler`, started (like the training job) in a session of its own so the whole tree
 can be stopped at once. A caller that must be able to stop it from elsewhere (the service's worker,
 on cancel or shutdown; the reaper, when the worker died) wraps the call in `watch_profiling`: the
 profiling job then runs in the folder it names and reports its torchrun process when it starts and
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from pipebd_core.planning.profiler import PROFILE_FILE
 from pipebd_core.processes import rank_environment, stop_process_tree, torchrun_command
-from pipebd_core.profiler import PROFILE_FILE
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 
@@ -111,7 +111,9 @@ def measure(spec: Spec, trials: int = 5) -> dict[str, Any]:
     run_dir = RunDir(folder)
     try:
         run_dir.write_json(run_dir.spec, spec.model_dump(mode="json"))
-        command = torchrun_command(spec.schedule.nproc, run_dir, "pipebd_core.profiler", "--trials", str(trials))
+        command = torchrun_command(
+            spec.schedule.nproc, run_dir, "pipebd_core.planning.profiler", "--trials", str(trials)
+        )
         with (folder / "launcher.log").open("wb") as log:
             process = subprocess.Popen(
                 command,

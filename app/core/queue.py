@@ -12,7 +12,7 @@ from typing import Any
 from celery import Celery
 from kombu.transport import sqlalchemy as kombu_sqlalchemy
 
-from app.config import Settings
+from app.core.settings import Settings
 
 TASK_NAME = "pipebd.run_job"
 SQLITE_BROKER_POLL_S = 0.1  # how often a worker polls the SQLite broker for a new message

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipebd_core.costmodel import CostModel
 from pipebd_core.plan import Plan, PlanError, balanced_partition, build_stages, longest_first_assignment, shard_rows
-from pipebd_core.planner import best_plan, search
-from pipebd_core.probe import BlockProbe
-from pipebd_core.simulate import simulate
+from pipebd_core.planning.costmodel import CostModel
+from pipebd_core.planning.planner import best_plan, search
+from pipebd_core.planning.probe import BlockProbe
+from pipebd_core.planning.simulate import simulate
 from pipebd_core.spec import ScheduleSpec, StageSpec
 
 PREDICTED_MODES = ("dp", "ls", "ir", "tr", "tr_dpu", "hybrid")

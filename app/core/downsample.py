@@ -6,7 +6,7 @@ disappears from a chart, each block's minimum and maximum loss over the bucket (
 `loss_max`); phase times are averaged, peak memory and current memory (`cur_mem`) are the bucket's
 maximum, GPU utilisation (`gpu_util`, CUDA ranks only) the mean over the lines that have one.
 Undownsampled points have `count` 1 and min = max = the loss. Points that already stand for several
-lines (the rollups of app/rollups.py) merge the same way, weighted by their `count`.
+lines (the rollups of app/core/rollups.py) merge the same way, weighted by their `count`.
 """
 
 from __future__ import annotations

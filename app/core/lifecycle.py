@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import Session
 
-from app.models import Job, JobEvent, now
+from app.core.tables import Job, JobEvent, now
 
 QUEUED, STARTING, RUNNING, CANCELLING = "queued", "starting", "running", "cancelling"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"

@@ -1,20 +1,18 @@
-"""Database tables (SQLModel) and the shapes the API returns.
+"""Database tables (SQLModel).
 
 Tables: `job` (one row per submitted spec and its lifecycle), `job_metric` (one telemetry line of one
 rank), `job_metric_rollup` (runs of consecutive lines merged for charts of long jobs), `job_event`
 (what an event stream replays: state changes, metric batches, log lines) and `worker` (each worker's
 advertised devices and last heartbeat). Times are Unix seconds in the
-database and ISO 8601 (UTC) in the API. The Alembic migrations in migrations/ create the same schema.
+database (the API's answer models in app/api/schemas.py show them as ISO 8601, UTC). The Alembic
+migrations in migrations/ create the same schema.
 """
 
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, field_serializer
-from pydantic import Field as Describe  # plain pydantic fields: the API's answer models below
 from sqlalchemy import JSON, Column, Index
 from sqlmodel import Field, SQLModel
 
@@ -68,7 +66,7 @@ class JobMetric(SQLModel, table=True):
 
 
 class JobMetricRollup(SQLModel, table=True):
-    """Consecutive telemetry lines of one rank merged into one chart point (see app/rollups.py)."""
+    """Consecutive telemetry lines of one rank merged into one chart point (see app/core/rollups.py)."""
 
     __tablename__ = "job_metric_rollup"
     __table_args__ = (
@@ -82,7 +80,7 @@ class JobMetricRollup(SQLModel, table=True):
     lines: int  # telemetry lines merged: 4, 16, 64, ...
     first_seq: int
     last_seq: int
-    point: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # as app.downsample.merge makes it
+    point: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # as app.core.downsample.merge makes it
 
 
 class JobEvent(SQLModel, table=True):
@@ -105,57 +103,3 @@ class Worker(SQLModel, table=True):
     started_at: float = Field(default_factory=now)
     last_seen: float = Field(default_factory=now)
     running: int = 0
-
-
-def iso(value: float | None) -> str | None:
-    return None if value is None else datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
-
-
-class JobPublic(BaseModel):
-    """A job in lists: its state and progress, never its spec."""
-
-    id: int = Describe(description="The job's id, as in /api/v1/jobs/{id}")
-    name: str = Describe(description="The spec's name")
-    state: str = Describe(
-        description="queued, starting, running, cancelling, succeeded, failed or cancelled (the last three are final)"
-    )
-    nproc: int = Describe(description="Ranks the job runs on: one per GPU, or CPU processes")
-    queue: str = Describe(description="The broker queue it waits in: workers with at least nproc devices read it")
-    created_at: float = Describe(description="When it was submitted (ISO 8601, UTC)")
-    updated_at: float = Describe(description="Its last state or progress change (ISO 8601, UTC)")
-    started_at: float | None = Describe(description="When a worker claimed it (ISO 8601, UTC)")
-    finished_at: float | None = Describe(description="When it reached a final state (ISO 8601, UTC)")
-    progress: float = Describe(description="Fraction of the training steps done, 0 to 1")
-    samples_per_s: float | None = Describe(description="Recent throughput, samples through every block per second")
-    termination_reason: str | None = Describe(
-        description="Why it ended: user_cancelled, exit_code, rank_error, oom, timeout, worker_lost or launch_error"
-    )
-    worker: str | None = Describe(description="The worker that runs or ran it")
-
-    @field_serializer("created_at", "updated_at", "started_at", "finished_at")
-    def _as_iso(self, value: float | None) -> str | None:
-        return iso(value)
-
-
-class JobDetail(JobPublic):
-    """One job: everything in the list entry plus its spec, plan summary, error and why it waits."""
-
-    spec: dict[str, Any] = Describe(description="The spec as stored, with its defaults filled in (see the README)")
-    plan_summary: dict[str, Any] | None = Describe(
-        description="Mode, stages and predicted step time of the resolved plan; the whole plan is at .../plan"
-    )
-    error: str | None = Describe(description="The failing rank's traceback, or what else went wrong")
-    exit_code: int | None = Describe(description="torchrun's exit code")
-    heartbeat_at: float | None = Describe(description="The worker's last heartbeat for this job (ISO 8601, UTC)")
-    waiting_reason: str | None = Describe(None, description="For a queued job: what it waits for")
-
-    @field_serializer("heartbeat_at")
-    def _heartbeat_iso(self, value: float | None) -> str | None:
-        return iso(value)
-
-
-class JobsPublic(BaseModel):
-    """A page of jobs, newest first."""
-
-    data: list[JobPublic] = Describe(description="At most `limit` jobs")
-    next_cursor: str | None = Describe(description="Pass as `cursor` for the next (older) page; null on the last page")

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipebd_core.comm import SEND_WINDOW
-from pipebd_core.costmodel import CostModel
 from pipebd_core.plan import Plan
+from pipebd_core.planning.costmodel import CostModel
 from pipebd_core.schedule import WORLD, Task, rank_tasks
 
 
