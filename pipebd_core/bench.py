@@ -16,18 +16,22 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pipebd_core.launch import Steps, cost_model, prepare_run, start_ranks
+from pipebd_core.launch import prepare_run
+from pipebd_core.outcomes import SUCCEEDED
 from pipebd_core.plan import Plan
+from pipebd_core.planning.profiles import ProfileError, load_cached
+from pipebd_core.planning.resolve import cost_model, step_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
+from pipebd_core.supervisor import Supervisor
 
 STEADY_STATE_SKIP = 2  # steps of a pipeline excluded as warm-up and fill
-RUN_TIMEOUT_S = 3600
+RUN_TIMEOUT_S = 3600.0
 
 
 def bench_spec(spec: Spec, mode: str, steps: int) -> Spec:
     """The spec with `mode`, exactly `steps` optimiser steps per block, and no explicit stages unless hybrid."""
-    per_epoch = Steps.of(spec).per_epoch
+    per_epoch = step_plan(spec).per_epoch
     document = spec.model_dump(mode="json")
     document["schedule"].update({"mode": mode, "profile": True})
     if mode != "hybrid":
@@ -59,17 +63,14 @@ def measured_step_s(plan: Plan, metrics: list[list[dict[str, Any]]], steps: int)
 
 def run_once(spec: Spec, out: Path) -> dict[str, Any]:
     run_dir = prepare_run(spec, out)
-    process = start_ranks(spec, run_dir)
-    code = process.wait(timeout=RUN_TIMEOUT_S)
-    if code != 0:
-        errors = run_dir.rank_errors()
-        reason = errors[0]["message"] if errors else f"exit code {code}"
-        raise RuntimeError(f"bench: mode {spec.schedule.mode} failed: {reason} (see {out})")
+    outcome = Supervisor(run_dir, time_limit_s=RUN_TIMEOUT_S).run()
+    if outcome.result != SUCCEEDED:
+        raise RuntimeError(f"bench: mode {spec.schedule.mode} {outcome.result} in {outcome.phase}: {outcome.error}")
     plan = Plan.from_json(run_dir.read_json(run_dir.plan))
     metrics = read_metrics(run_dir, plan.nproc)
     run_dir.compressed_model.unlink(missing_ok=True)  # hundreds of MB nobody reads here
     return {
-        "measured_step_s": measured_step_s(plan, metrics, plan.details["total_steps"]),
+        "measured_step_s": measured_step_s(plan, metrics, plan.step_plan.total),
         "peak_mem_bytes": [max(record["peak_mem"] for record in records) for records in metrics],
         "predicted_step_s": plan.details.get("predicted_step_s"),
         "stages": [{"start": s.start, "stop": s.stop, "replicas": s.replicas} for s in plan.stages],
@@ -103,8 +104,6 @@ def summarise(spec: Spec, runs: dict[str, list[dict[str, Any]]], ideal_step_s: f
 
 def run_bench(spec: Spec, modes: list[str], steps: int, repeats: int, out: Path, keep: bool = False) -> dict[str, Any]:
     """Run every mode `repeats` times, interleaved; returns the report (also written to out/bench.json)."""
-    first = bench_spec(spec, modes[0], steps)
-    model, origin = cost_model(first, Steps.of(first))
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     for repeat in range(repeats):
         order = modes[repeat % len(modes) :] + modes[: repeat % len(modes)]
@@ -113,13 +112,18 @@ def run_bench(spec: Spec, modes: list[str], steps: int, repeats: int, out: Path,
             runs[mode].append(run_once(bench_spec(spec, mode, steps), folder))
             if not keep:
                 shutil.rmtree(folder, ignore_errors=True)
+    first = bench_spec(spec, modes[0], steps)
+    profile = load_cached(first)  # the first run profiled (or found the cache); every run planned from it
+    if profile is None:
+        raise ProfileError(f"bench: no cached profile of {spec.name} after the runs; was the cache removed?")
+    model = cost_model(first, profile)
     report = {
         "name": spec.name,
         "nproc": spec.schedule.nproc,
         "batch_size": spec.data.batch_size,
         "steps": steps,
         "repeats": repeats,
-        "device": origin["device"],
+        "device": profile["device"],
         "ideal_step_s": model.ideal_step(),
         "modes": summarise(spec, runs, model.ideal_step()),
     }

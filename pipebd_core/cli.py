@@ -1,26 +1,38 @@
-"""The `pipebd` command line."""
+"""The `pipebd` command line: run, profile, plan and bench a spec on this machine.
+
+`pipebd run` prepares a run directory and hands it to the supervisor (supervisor.py), the same one
+the service's workers use; its watcher here draws a progress line and turns Ctrl-C or SIGTERM into a
+cancel.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 
 from pipebd_core.bench import format_table, run_bench
 from pipebd_core.checkpoint import resume_steps
-from pipebd_core.launch import Steps, cost_model, default_run_dir, prepare_run, start_ranks
+from pipebd_core.launch import default_run_dir, prepare_run
+from pipebd_core.outcomes import CANCELLED, SUCCEEDED
+from pipebd_core.phases import PLAN, PhaseRecord
 from pipebd_core.plan import Plan, PlanError
 from pipebd_core.planning.planner import search
-from pipebd_core.planning.profiles import ProfileError, obtain_profile
-from pipebd_core.planning.resolve import mode_plans
+from pipebd_core.planning.profiles import ProfileError
+from pipebd_core.planning.resolve import cost_model, mode_plans
 from pipebd_core.planning.simulate import simulate
-from pipebd_core.processes import stop_process_tree
+from pipebd_core.profiling import obtain_profile
 from pipebd_core.progress import MetricsFollower
-from pipebd_core.rundir import RunDir
+from pipebd_core.rundir import DISTILL, RunDir
 from pipebd_core.spec import MODES, Spec, SpecError, load_spec, parse_spec
+from pipebd_core.supervisor import Outcome, Supervisor, Watcher
 from pipebd_core.telemetry import append_event
+
+QUIET_PRINT_S = 5.0  # without a terminal, print progress this often
 
 
 def fail(message: str) -> int:
@@ -37,50 +49,79 @@ def load_run_spec(args: argparse.Namespace) -> Spec:
     return load_spec(args.spec, overrides)
 
 
-def print_failure(run_dir: RunDir, returncode: int) -> None:
-    errors = run_dir.rank_errors()
-    if errors:
-        first = errors[0]
-        print(f"\npipebd: rank {first['rank']} failed: {first['type']}: {first['message']}", file=sys.stderr)
-        print(first["traceback"], file=sys.stderr)
-        return
-    log = run_dir.root / "logs" / "launcher.log"
-    tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-    print(f"\npipebd: the ranks exited with code {returncode}; launcher log:\n{tail}", file=sys.stderr)
+class ProgressLine(Watcher):
+    """The terminal's view of a job: a line per phase change and a progress line while ranks train."""
+
+    def __init__(self, run_dir: RunDir, spec: Spec) -> None:
+        self.run_dir, self.spec = run_dir, spec
+        self.follower: MetricsFollower | None = None
+        self.interactive = sys.stderr.isatty()
+        self.last_print = 0.0
+        self.said: dict[str, str] = {}
+
+    def phases_changed(self, records: list[PhaseRecord]) -> None:
+        for record in records:
+            status = record.outcome or record.state
+            if record.state == "pending" or self.said.get(record.name) == status:
+                continue
+            self.said[record.name] = status
+            took = f" in {record.duration_s:.1f} s" if record.outcome and record.duration_s is not None else ""
+            why = f" ({record.reason})" if record.reason else ""
+            self.say(f"pipebd: {record.name}: {status}{took}{why}")
+            if record.name == PLAN and record.outcome == SUCCEEDED:
+                for warning in self.run_dir.read_json(self.run_dir.plan).get("warnings") or []:
+                    self.say(f"pipebd: warning: {warning}")
+
+    def tick(self, phase: str) -> None:
+        if phase != DISTILL:
+            return
+        self.follow()
+        if self.interactive or time.time() - self.last_print > QUIET_PRINT_S:
+            self.print_progress("\r" if self.interactive else "\n")
+
+    def drain(self, phase: str) -> None:
+        if phase == DISTILL:
+            self.follow()
+            self.print_progress("\n")
+
+    def follow(self) -> None:
+        if self.follower is None:
+            self.follower = MetricsFollower(self.run_dir, Plan.from_json(self.run_dir.read_json(self.run_dir.plan)))
+        self.follower.poll()
+
+    def print_progress(self, end: str) -> None:
+        assert self.follower is not None
+        head = f"[{self.spec.name} {self.spec.schedule.mode} x{self.spec.schedule.nproc}]"
+        print(f"{head} {self.follower.progress.describe()}", end=end, file=sys.stderr, flush=True)
+        self.last_print = time.time()
+
+    def say(self, line: str) -> None:
+        if self.interactive and self.follower is not None:
+            line = "\n" + line
+        print(line, file=sys.stderr, flush=True)
 
 
-def follow(run_dir: RunDir, spec: Spec) -> int:
-    """Launch the ranks, draw a progress line until they exit, report the outcome."""
-    plan = Plan.from_json(run_dir.read_json(run_dir.plan))
-    process = start_ranks(spec, run_dir)
-    follower = MetricsFollower(run_dir, plan)
-    interactive = sys.stderr.isatty()
-    last_print = 0.0
+def interrupt_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def supervise(run_dir: RunDir, spec: Spec) -> int:
+    """Run the job's phases with a progress line; report the outcome as an exit code."""
+    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)  # a kill is a cancel, like Ctrl-C
     try:
-        while process.poll() is None:
-            time.sleep(0.25)
-            follower.poll()
-            if interactive or time.time() - last_print > 5:
-                end = "\r" if interactive else "\n"
-                print(
-                    f"[{spec.name} {spec.schedule.mode} x{spec.schedule.nproc}] {follower.progress.describe()}",
-                    end=end,
-                    file=sys.stderr,
-                    flush=True,
-                )
-                last_print = time.time()
-    except KeyboardInterrupt:
-        stop_process_tree(process)
-        append_event(run_dir.events, "cancelled", reason="keyboard interrupt")
-        print("\npipebd: interrupted; every rank was stopped", file=sys.stderr)
+        outcome = Supervisor(run_dir, ProgressLine(run_dir, spec)).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return report(run_dir, outcome)
+
+
+def report(run_dir: RunDir, outcome: Outcome) -> int:
+    if outcome.result == CANCELLED:
+        print(f"pipebd: cancelled during {outcome.phase}; every process was stopped", file=sys.stderr)
         return 130
-    follower.poll()
-    print(f"[{spec.name}] {follower.progress.describe()}", file=sys.stderr)
-    if process.returncode != 0:
-        append_event(run_dir.events, "failed", returncode=process.returncode)
-        print_failure(run_dir, process.returncode)
+    if outcome.result != SUCCEEDED:
+        print(f"pipebd: the {outcome.phase} phase failed ({outcome.reason}): {outcome.error}", file=sys.stderr)
         return 1
-    append_event(run_dir.events, "finished")
     summary = run_dir.read_json(run_dir.summary)
     print(f"pipebd: done: {run_dir.root}")
     for key in ("student_top1", "teacher_top1"):
@@ -91,9 +132,11 @@ def follow(run_dir: RunDir, spec: Spec) -> int:
 
 def describe_resume(run_dir: RunDir) -> str:
     """Where each block picks up, as the ranks will compute it (pipelined plans resume at one common step)."""
+    if not run_dir.plan.exists():
+        return "the run had not been planned yet, so it starts again from its first unfinished phase"
     plan = Plan.from_json(run_dir.read_json(run_dir.plan))
     starts = resume_steps(run_dir.checkpoints, plan.num_blocks, common=plan.is_pipeline)
-    total = plan.details["total_steps"]
+    total = plan.step_plan.total
     if not any(starts):
         return f"no checkpoint to resume from, so every block starts again from step 0 of {total}"
     return ", ".join(f"block {block} at step {step}/{total}" for block, step in enumerate(starts))
@@ -103,10 +146,9 @@ def command_run(args: argparse.Namespace) -> int:
     try:
         if args.resume:
             run_dir = RunDir(Path(args.resume))
-            if not run_dir.spec.exists():
-                return fail(f"--resume {args.resume}: no spec.json there; is it a run directory?")
+            if not run_dir.spec.exists() or not run_dir.phases.exists():
+                return fail(f"--resume {args.resume}: no spec.json and phases.json there; is it a run directory?")
             spec = parse_spec(run_dir.read_json(run_dir.spec))
-            run_dir.clear_errors()  # the errors of the interrupted attempt are not this attempt's
             append_event(run_dir.events, "resumed")
             print(f"pipebd: resuming: {describe_resume(run_dir)}", file=sys.stderr)
         else:
@@ -117,9 +159,7 @@ def command_run(args: argparse.Namespace) -> int:
     except (SpecError, PlanError, ProfileError) as error:
         return fail(str(error))
     print(f"pipebd: run directory {run_dir.root}", file=sys.stderr)
-    for warning in run_dir.read_json(run_dir.plan).get("warnings") or []:
-        print(f"pipebd: warning: {warning}", file=sys.stderr)
-    return follow(run_dir, spec)
+    return supervise(run_dir, spec)
 
 
 def command_profile(args: argparse.Namespace) -> int:
@@ -146,12 +186,12 @@ def command_profile(args: argparse.Namespace) -> int:
 def command_plan(args: argparse.Namespace) -> int:
     try:
         spec = load_run_spec(args)
-        model, _ = cost_model(spec, Steps.of(spec))
+        model = cost_model(spec, obtain_profile(spec)[0])
         result = search(model)
         modes = {mode: simulate(plan, model)[0] for mode, plan in mode_plans(model).items()}
     except (SpecError, PlanError, ProfileError) as error:
         return fail(str(error))
-    report = {
+    report_ = {
         "plans": [plan.to_json() for plan in result.plans],
         "plans_considered": result.considered,
         "stages_rejected_for_memory": result.rejected_for_memory,
@@ -159,7 +199,7 @@ def command_plan(args: argparse.Namespace) -> int:
         "ideal_step_s": model.ideal_step(),
     }
     if args.json:
-        print(json.dumps(report, indent=1))
+        print(json.dumps(report_, indent=1))
         return 0
     print(f"{result.considered} plans fit in memory; the best {len(result.plans)}:")
     for rank, plan in enumerate(result.plans, start=1):

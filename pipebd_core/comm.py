@@ -8,7 +8,6 @@ which bounds memory while letting a producer run ahead of its consumers.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -124,11 +123,3 @@ def resolve_group(task: Task, stage_groups: dict[int, dist.ProcessGroup]) -> dis
     if task.group == WORLD:
         return dist.group.WORLD
     return stage_groups[task.group]
-
-
-def timed_wait(handles: list[Handle | None]) -> float:
-    started = time.perf_counter()
-    for handle in handles:
-        if handle is not None:
-            handle.wait()
-    return time.perf_counter() - started

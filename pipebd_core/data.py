@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pipebd_core.imports import call_factory
+from pipebd_core.plan import Stream
 from pipebd_core.spec import Spec, SpecError
 
 Sample = tuple[torch.Tensor, Any]
@@ -112,15 +112,6 @@ def total_steps(spec: Spec, num_samples: int) -> int:
     """Optimiser steps per block: epochs x steps_per_epoch, capped by train.max_steps."""
     steps = spec.train.epochs * steps_per_epoch(spec, num_samples)
     return min(steps, spec.train.max_steps) if spec.train.max_steps else steps
-
-
-@dataclass(frozen=True)
-class Stream:
-    """A range of sample indices with its own seeded batch order: training batches, or held-out ones."""
-
-    name: str  # "train", or "arch" for the batches of architecture updates (nas)
-    first: int  # first sample index of the range
-    count: int  # samples in the range
 
 
 def split_streams(spec: Spec, num_samples: int, holdout: float | None) -> tuple[Stream, Stream | None]:

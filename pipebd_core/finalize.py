@@ -1,29 +1,31 @@
-"""After training: gather every block's final weights into student.pt, assemble the compressed
-network, report top-1 accuracies where the data set has labels, and write summary.json.
+"""The `finalize` phase: gather every block's final weights into student.pt, assemble the compressed
+network (or derive the searched one), report top-1 accuracies where the data set has labels, and
+write summary.json.
 
-Rank 0 does this once every block's final checkpoint exists. It waits on files, not on a
-collective, so a rank that finishes early (layerwise scheduling) never hits a process-group timeout;
-if another rank dies, torchrun stops this one, and if the run directory goes silent with blocks
-still missing, rank 0 fails rather than wait forever.
+Run as one process, `python -m pipebd_core.finalize --run-dir DIR`, after the `distill` phase
+succeeded, so every block's final checkpoint is there; a missing one is an error that says which.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import time
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core import checkpoint
 from pipebd_core.data import build_dataset, iterate_eval_batches
+from pipebd_core.phases import FINALIZE
+from pipebd_core.plan import Plan
+from pipebd_core.ranks import phase_entry, pick_device
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import Spec
-from pipebd_core.workloads import Workload
+from pipebd_core.spec import Spec, parse_spec
+from pipebd_core.telemetry import append_event
+from pipebd_core.workloads import Workload, build_workload
 
-POLL_SECONDS = 0.2
-FINAL_WAIT_MIN_S = 300.0  # silence in the run directory before rank 0 gives up on a missing block
 EVAL_BATCH = 64
 
 
@@ -35,38 +37,14 @@ class StudentBlocks(nn.Module):
         self.blocks = nn.ModuleList(blocks)
 
 
-def wait_for_final_checkpoints(run_dir: RunDir, num_blocks: int, total_steps: int, stall_s: float) -> None:
-    """Wait until every block's last checkpoint exists.
-
-    The other ranks are still training while their telemetry or checkpoints change; if nothing in
-    the run directory has changed for `stall_s` seconds, the blocks still missing will never come
-    (their rank exited without them), and waiting longer would hang the job.
-    """
-    missing = set(range(num_blocks))
-    last_activity = time.time()
-    while True:
-        missing = {b for b in missing if total_steps not in checkpoint.saved_steps(run_dir.checkpoints, b)}
-        if not missing:
-            return
-        last_activity = max(last_activity, _newest_change(run_dir))
-        if time.time() - last_activity > stall_s:
-            raise RuntimeError(
-                f"blocks {sorted(missing)} have no final checkpoint (step {total_steps}) and no rank has written"
-                f" anything for {stall_s:.0f} s; the ranks that own them stopped without saving"
-            )
-        time.sleep(POLL_SECONDS)
-
-
-def _newest_change(run_dir: RunDir) -> float:
-    """The newest modification time of the ranks' telemetry and checkpoints."""
-    times = [0.0]
-    for folder in (run_dir.root / "metrics", run_dir.checkpoints):
-        for path in folder.rglob("*") if folder.exists() else []:
-            try:
-                times.append(path.stat().st_mtime)
-            except FileNotFoundError:  # a checkpoint pruned while we looked
-                continue
-    return max(times)
+def check_final_checkpoints(run_dir: RunDir, num_blocks: int, total_steps: int) -> None:
+    """Every block's last checkpoint must exist: the distill phase writes it after the last step."""
+    missing = [b for b in range(num_blocks) if total_steps not in checkpoint.saved_steps(run_dir.checkpoints, b)]
+    if missing:
+        raise RuntimeError(
+            f"blocks {missing} have no final checkpoint (step {total_steps}) in {run_dir.checkpoints};"
+            " the distill phase did not finish them: resume the run to train them"
+        )
 
 
 def load_final_students(run_dir: RunDir, workload: Workload, total_steps: int) -> tuple[list[nn.Module], list[Any]]:
@@ -112,8 +90,7 @@ def accuracy_report(spec: Spec, workload: Workload, compressed: nn.Module, devic
 
 
 def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, device: torch.device) -> dict[str, Any]:
-    stall_s = max(FINAL_WAIT_MIN_S, 5 * spec.schedule.timeout_s)
-    wait_for_final_checkpoints(run_dir, workload.num_blocks, total_steps, stall_s)
+    check_final_checkpoints(run_dir, workload.num_blocks, total_steps)
     students, losses = load_final_students(run_dir, workload, total_steps)
     torch.save(StudentBlocks(students).state_dict(), run_dir.student)
     summary: dict[str, Any] = {
@@ -135,3 +112,22 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
         summary.update(accuracy_report(spec, workload, compressed, device))
     run_dir.write_json(run_dir.summary, summary)
     return summary
+
+
+def run_finalize(run_dir: RunDir) -> None:
+    spec = parse_spec(run_dir.read_json(run_dir.spec))
+    plan = Plan.from_json(run_dir.read_json(run_dir.plan))
+    device = pick_device(spec, 0)
+    summary = finalize(run_dir, spec, build_workload(spec), plan.step_plan.total, device)
+    print(f"pipebd: finalize: wrote {', '.join(sorted(p.name for p in run_dir.root.glob('*.pt')))}", flush=True)
+    append_event(run_dir.events, "artifacts_written", final_loss=summary["final_loss"])
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipebd_core.finalize", description="the finalize phase")
+    phase_entry(FINALIZE, parser, lambda run_dir, _: run_finalize(run_dir), argv, own_log=False)
+
+
+if __name__ == "__main__":
+    main()

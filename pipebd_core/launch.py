@@ -1,92 +1,39 @@
-"""Prepare a run directory and launch the ranks with torchrun.
+"""Prepare a run directory, and start what each phase runs.
 
-`prepare_run` does every check that can fail before a process starts (spec, data set, plan), so a
-bad job never leaves half a run behind it. `start_ranks` starts `torchrun --standalone` (a free port
-is picked by torchrun) in a session of its own, so the whole process tree can be signalled at once.
+`prepare_run` does every check that can fail before a process starts (spec, devices, data set,
+workload, a plan without a profile), so a bad job never leaves half a run behind it; it writes
+spec.json and phases.json. The supervisor (supervisor.py) then runs the phases; this module says how
+to start each: `skip_reason` (a cached profile), `run_local` (the plan phase), `start_phase` (the
+torchrun or single process of the others, in a session of its own so the whole tree can be signalled
+at once) and `complete` (a measured profile goes into the cache).
 """
 
 from __future__ import annotations
 
-import math
+import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from pipebd_core.data import Stream, build_dataset, check_dataset, split_streams, steps_per_epoch, total_steps
-from pipebd_core.plan import Plan
-from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.planning.probe import probe_workload
-from pipebd_core.planning.profiles import cache_path, obtain_profile
-from pipebd_core.planning.resolve import make_plan, predictions
+from pipebd_core.phases import PHASE_KINDS, PLAN, PROFILE, PhaseRecord, new_records, write_records
+from pipebd_core.plan import PlanError
+from pipebd_core.planning import profiles
+from pipebd_core.planning.resolve import resolve_plan
 from pipebd_core.processes import rank_environment, torchrun_command
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import Spec, SpecError
+from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.telemetry import append_event
-from pipebd_core.workloads import build_workload, search_settings
+
+PROFILE_TRIALS = 5  # timed trials per profiled measurement
 
 
 def default_run_dir(spec: Spec, base: Path = Path("runs")) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return base / f"{spec.name}-{stamp}"
-
-
-@dataclass(frozen=True)
-class Steps:
-    """How a spec's data turns into optimiser steps: streams, counts, and when architecture updates happen."""
-
-    train: Stream
-    arch: Stream | None
-    per_epoch: int
-    total: int
-    search: dict[str, int] | None
-
-    @classmethod
-    def of(cls, spec: Spec) -> Steps:
-        settings = search_settings(spec)
-        train, arch = split_streams(spec, check_dataset(spec), settings.holdout if settings else None)
-        total = total_steps(spec, train.count)
-        search = None
-        if settings is not None:
-            search = {"from_step": math.ceil(settings.warmup * total), "every": settings.update_every}
-        return cls(train, arch, steps_per_epoch(spec, train.count), total, search)
-
-
-def cost_model(spec: Spec, steps: Steps) -> tuple[CostModel, dict[str, Any]]:
-    """The cost model from the (cached or measured) profile, and where the profile came from."""
-    profile, cached = obtain_profile(spec)
-    origin = {"cached": cached, "device": profile["device"], "key": str(cache_path(spec))}
-    return CostModel(profile, steps.search["every"] if steps.search else None), origin
-
-
-def resolve_plan(spec: Spec) -> Plan:
-    """Check the data, build and probe the workload once (on CPU), profile if asked, resolve the plan."""
-    steps = Steps.of(spec)
-    workload = build_workload(spec)
-    sample = build_dataset(spec)[0][0]
-    probe = probe_workload(workload, tuple(sample.shape))
-    model, origin = cost_model(spec, steps) if spec.schedule.profile else (None, None)
-    plan = make_plan(spec.schedule, workload.num_blocks, spec.data.batch_size, probe, model)
-    plan.details.update(
-        {
-            "block_names": workload.block_names,
-            "shapes": probe.shapes,
-            "num_samples": steps.train.count,
-            "steps_per_epoch": steps.per_epoch,
-            "total_steps": steps.total,
-            "streams": {"weights": asdict(steps.train), "arch": asdict(steps.arch) if steps.arch else None},
-            "search": steps.search,
-            "estimates": probe.to_json(),
-            "warnings": workload.warnings,
-        }
-    )
-    if model is not None:
-        plan.details["profile"] = origin
-        plan.details.update(predictions(plan, model))
-    return plan
 
 
 def check_devices(spec: Spec) -> None:
@@ -106,32 +53,104 @@ def check_devices(spec: Spec) -> None:
         )
 
 
+def preflight(spec: Spec) -> None:
+    """The launch checks that need no profile: data set, workload, plan (`auto`, which plans from a
+    profile, is checked as `ir`, one of its candidates that runs wherever the batch splits over nproc).
+    Raises SpecError or PlanError naming what to change."""
+    document = spec.model_dump(mode="json")
+    document["schedule"]["profile"] = False
+    if document["schedule"]["mode"] == "auto":
+        document["schedule"].update(mode="ir", stages=None)
+    try:
+        resolve_plan(parse_spec(document), None)
+    except (SpecError, PlanError):
+        raise
+    except Exception as error:  # user factories may raise anything; say which and why
+        raise SpecError(
+            f"workload: building the workload or data set failed: {type(error).__name__}: {error}"
+        ) from None
+
+
 def prepare_run(spec: Spec, out: Path | None = None) -> RunDir:
-    """Validate everything, then create the run directory with spec.json and plan.json."""
+    """Validate everything, then create the run directory with spec.json and phases.json."""
     check_devices(spec)
-    plan = resolve_plan(spec)
+    preflight(spec)
     root = out if out is not None else default_run_dir(spec)
-    if (root / "spec.json").exists():
-        raise SpecError(f"--out {root}: a run already lives there; use --resume {root} or another folder")
     run_dir = RunDir(root)
+    if run_dir.spec.exists():
+        raise SpecError(f"--out {root}: a run already lives there; use --resume {root} or another folder")
     root.mkdir(parents=True, exist_ok=True)
     run_dir.write_json(run_dir.spec, spec.model_dump(mode="json"))
-    run_dir.write_json(run_dir.plan, plan.to_json())
-    append_event(run_dir.events, "prepared", mode=plan.mode, nproc=plan.nproc)
+    write_records(run_dir, new_records(spec))
+    append_event(run_dir.events, "prepared", mode=spec.schedule.mode, nproc=spec.schedule.nproc)
     return run_dir
 
 
-def start_ranks(spec: Spec, run_dir: RunDir, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start torchrun in its own session; its output goes to logs/launcher.log."""
-    log_path = run_dir.root / "logs" / "launcher.log"
+def skip_reason(run_dir: RunDir, spec: Spec, phase: str, refresh: bool = False) -> str | None:
+    """Why `phase` need not run: the profile phase finds a cached profile (copied to profile.json)."""
+    if phase != PROFILE or refresh:
+        return None
+    cached = profiles.load_cached(spec)
+    if cached is None:
+        return None
+    run_dir.write_json(run_dir.profile, cached)
+    return profiles.describe_cached(cached, spec)
+
+
+def run_local(run_dir: RunDir, spec: Spec, phase: str) -> None:
+    """The phases that run in the supervising process: `plan` writes plan.json."""
+    assert phase == PLAN, f"phase {phase!r} does not run locally"
+    profile = run_dir.read_json(run_dir.profile) if spec.schedule.profile else None
+    run_dir.write_json(run_dir.plan, resolve_plan(spec, profile).to_json())
+
+
+def phase_command(run_dir: RunDir, spec: Spec, phase: str, trials: int = PROFILE_TRIALS) -> list[str]:
+    kind = PHASE_KINDS[phase]
+    assert kind.module is not None, f"phase {phase!r} runs no process"
+    extra = ["--trials", str(trials)] if phase == PROFILE else []
+    if kind.runs == "torchrun":
+        return torchrun_command(spec.schedule.nproc, run_dir, kind.module, *extra)
+    return [sys.executable, "-m", kind.module, "--run-dir", str(run_dir.root.resolve()), *extra]
+
+
+def start_phase(
+    run_dir: RunDir,
+    spec: Spec,
+    phase: str,
+    extra_env: dict[str, str] | None = None,
+    trials: int = PROFILE_TRIALS,
+) -> subprocess.Popen[bytes]:
+    """Start the phase's processes in a session of their own; their output goes to its launcher log."""
+    run_dir.clear_errors(phase)  # the errors of an earlier attempt are not this one's
+    log_path = run_dir.launcher_log(phase)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            torchrun_command(spec.schedule.nproc, run_dir),
-            env=rank_environment(spec, run_dir, extra_env),
+            phase_command(run_dir, spec, phase, trials),
+            env=rank_environment(spec, extra_env),
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True,  # its own process group: stopped as a whole, never half
         )
-    append_event(run_dir.events, "launched", pid=process.pid, nproc=spec.schedule.nproc)
+    append_event(run_dir.events, "launched", phase=phase, pid=process.pid)
     return process
+
+
+def complete(run_dir: RunDir, spec: Spec, phase: str) -> None:
+    """After a phase succeeded: a measured profile goes into the cache."""
+    if phase == PROFILE:
+        if not run_dir.profile.exists():
+            raise profiles.ProfileError(f"the profile phase ended without writing {run_dir.profile}")
+        profiles.store(spec, run_dir.read_json(run_dir.profile))
+
+
+def temporary_run(spec: Spec, phases: list[str]) -> RunDir:
+    """A throw-away run directory for a job of just `phases` (`pipebd profile`, `pipebd plan`)."""
+    run_dir = RunDir(Path(tempfile.mkdtemp(prefix="pipebd-")))
+    run_dir.write_json(run_dir.spec, spec.model_dump(mode="json"))
+    write_records(run_dir, [PhaseRecord.of(name) for name in phases])
+    return run_dir
+
+
+def remove(run_dir: RunDir) -> None:
+    shutil.rmtree(run_dir.root, ignore_errors=True)

@@ -21,6 +21,60 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True)
+class Stream:
+    """A range of sample indices with its own seeded batch order: training batches, or held-out ones."""
+
+    name: str  # "train", or "arch" for the batches of architecture updates (nas)
+    first: int  # first sample index of the range
+    count: int  # samples in the range
+
+
+@dataclass(frozen=True)
+class SearchSchedule:
+    """When architecture updates run (nas): after each `every`-th weight step from step `from_step`."""
+
+    from_step: int
+    every: int
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How a spec's data turns into optimiser steps: counts, the sample streams, the architecture updates."""
+
+    total: int  # optimiser steps per block in the whole run
+    per_epoch: int
+    train: Stream
+    arch: Stream | None = None  # nas: the held-out batches of architecture updates
+    search: SearchSchedule | None = None
+
+    def stream(self, round_: str) -> Stream | None:
+        return self.train if round_ == "weights" else self.arch
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "total_steps": self.total,
+            "steps_per_epoch": self.per_epoch,
+            "num_samples": self.train.count,
+            "streams": {"weights": asdict(self.train), "arch": asdict(self.arch) if self.arch else None},
+            "search": asdict(self.search) if self.search else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepPlan:
+        streams, search = data["streams"], data.get("search")
+        return cls(
+            total=data["total_steps"],
+            per_epoch=data["steps_per_epoch"],
+            train=Stream(**streams["weights"]),
+            arch=Stream(**streams["arch"]) if streams.get("arch") else None,
+            search=SearchSchedule(**search) if search else None,
+        )
+
+
+STEP_KEYS = ("total_steps", "steps_per_epoch", "num_samples", "streams", "search")
+
+
+@dataclass(frozen=True)
 class Route:
     """Rows [start, stop) of the global batch, sent from `src` to `dst` at block boundary `boundary`."""
 
@@ -60,7 +114,17 @@ class Plan:
     batch_size: int
     stages: list[Stage] = field(default_factory=list)  # pipeline modes
     assignment: list[list[int]] = field(default_factory=list)  # ls: blocks per rank
-    details: dict[str, Any] = field(default_factory=dict)  # shapes, costs, predictions
+    steps: StepPlan | None = None  # None only in plans built for the planner's own comparisons
+    shapes: list[list[int]] = field(default_factory=list)  # per-sample shape of x_0 .. x_B
+    block_names: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)  # informational: estimates, predictions, warnings
+
+    @property
+    def step_plan(self) -> StepPlan:
+        """The step counts and streams; a plan the runtime follows always has them."""
+        if self.steps is None:
+            raise PlanError("this plan has no step counts: it was built to compare plans, not to run")
+        return self.steps
 
     @property
     def is_pipeline(self) -> bool:
@@ -98,6 +162,9 @@ class Plan:
             "routes": routes,
             "assignment": self.assignment,
             "ranks": [describe_rank(self, rank) for rank in range(self.nproc)],
+            **(self.steps.to_json() if self.steps else {}),
+            "shapes": self.shapes,
+            "block_names": self.block_names,
             **self.details,
         }
 
@@ -107,9 +174,18 @@ class Plan:
             Stage(s["start"], s["stop"], tuple(s["ranks"]), tuple(tuple(r) for r in s["rows"])) for s in data["stages"]
         ]
         known = {"mode", "nproc", "num_blocks", "batch_size", "stages", "routes", "assignment", "ranks"}
-        details = {key: value for key, value in data.items() if key not in known}
+        known.update(STEP_KEYS, {"shapes", "block_names"})
         return cls(
-            data["mode"], data["nproc"], data["num_blocks"], data["batch_size"], stages, data["assignment"], details
+            mode=data["mode"],
+            nproc=data["nproc"],
+            num_blocks=data["num_blocks"],
+            batch_size=data["batch_size"],
+            stages=stages,
+            assignment=data["assignment"],
+            steps=StepPlan.from_json(data) if "total_steps" in data else None,
+            shapes=data.get("shapes", []),
+            block_names=data.get("block_names", []),
+            details={key: value for key, value in data.items() if key not in known},
         )
 
 
@@ -120,9 +196,15 @@ def shard_rows(batch_size: int, replicas: int) -> list[tuple[int, int]]:
             f"a batch of {batch_size} rows cannot be split over {replicas} replicas (a shard would be empty);"
             f" use at most {batch_size} replicas or a batch of at least {replicas}"
         )
-    base, extra = divmod(batch_size, replicas)
+    return even_ranges(batch_size, replicas)
+
+
+def even_ranges(length: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` consecutive [start, stop) ranges covering `length` items, sizes differing by at most one
+    (the larger ones first)."""
+    base, extra = divmod(length, parts)
     bounds, start = [], 0
-    for index in range(replicas):
+    for index in range(parts):
         stop = start + base + (1 if index < extra else 0)
         bounds.append((start, stop))
         start = stop

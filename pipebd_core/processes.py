@@ -17,20 +17,17 @@ import psutil
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 
-RANK_LOGS_ENV = "PIPEBD_RANK_LOG_DIR"  # ranks send their stdout/stderr to files here
-
-
 # What ranks may inherit from the launcher's PIPEBD_ variables; the rest (service secrets, database
 # and broker URLs) stays out of the job's processes.
 RANK_VISIBLE = ("PIPEBD_CACHE_DIR", "PIPEBD_INJECT_FAULT")
 
 
-def rank_environment(spec: Spec, run_dir: RunDir, extra: dict[str, str] | None = None) -> dict[str, str]:
+def rank_environment(spec: Spec, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job's processes: the launcher's, less service secrets, plus `extra`."""
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("PIPEBD_") or k in RANK_VISIBLE}
     env = {**inherited, **(extra or {})}
     threads = str(spec.schedule.threads_per_rank)
     env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"})
-    env[RANK_LOGS_ENV] = str((run_dir.root / "logs").resolve())
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
     return env
 

@@ -1,6 +1,8 @@
-"""Follow a running job from its telemetry files: progress, losses and throughput.
+"""Follow a running phase from its telemetry files: progress, losses and throughput, computed once here.
 
-Used by `pipebd run` for its progress bar and by the service's workers to stream metrics.
+`pipebd run` draws its progress line from a `MetricsFollower`, and the service's workers store the
+same numbers; both read a phase's fraction from `phase_fraction` and a job's from
+`phases.job_fraction`, so the CLI and the dashboard never disagree (resumed runs included).
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipebd_core.plan import Plan
-from pipebd_core.rundir import RunDir
-from pipebd_core.schedule import count_tasks
+from pipebd_core.rundir import DISTILL, RunDir
 
 
 @dataclass
@@ -36,19 +37,41 @@ class FileTail:
         return [line.decode("utf-8", "replace") for line in lines if line]
 
 
+@dataclass(frozen=True)
+class TaskCounts:
+    """A phase's tasks over all ranks: done by this attempt, done before it (resumed), in all."""
+
+    done: int
+    skipped: int
+    whole: int
+
+    @classmethod
+    def of(cls, latest: dict[int, dict[str, Any]], nproc: int) -> TaskCounts:
+        """From each rank's latest line: `done` of this attempt's `total` tasks, and `skipped`, what an
+        earlier attempt did. A rank that has not reported yet counts as nothing done of the largest
+        whole reported."""
+        if not latest:
+            return cls(0, 0, 1)
+        wholes = [record["total"] + record.get("skipped", 0) for record in latest.values()]
+        done = sum(record["done"] for record in latest.values())
+        skipped = sum(record.get("skipped", 0) for record in latest.values())
+        return cls(done, skipped, max(1, sum(wholes) + max(wholes) * (nproc - len(latest))))
+
+
+def phase_fraction(latest: dict[int, dict[str, Any]], nproc: int) -> float:
+    """The fraction of a phase's tasks done, resumed ones included (see TaskCounts.of)."""
+    counts = TaskCounts.of(latest, nproc)
+    return min(1.0, (counts.done + counts.skipped) / counts.whole)
+
+
 @dataclass
 class Progress:
-    """The latest state of every rank, folded from their telemetry lines."""
+    """The latest state of every rank of a phase, folded from their telemetry lines."""
 
     plan: Plan
     started: float = field(default_factory=time.time)
     latest: dict[int, dict[str, Any]] = field(default_factory=dict)
     losses: dict[int, float] = field(default_factory=dict)
-    totals: list[int] = field(default_factory=list)  # tasks per rank in a whole run, counted once
-
-    def __post_init__(self) -> None:
-        steps, start = self.plan.details["total_steps"], [0] * self.plan.num_blocks
-        self.totals = [count_tasks(self.plan, rank, steps, start) for rank in range(self.plan.nproc)]
 
     def add(self, record: dict[str, Any]) -> None:
         self.latest[record["rank"]] = record
@@ -57,17 +80,13 @@ class Progress:
 
     @property
     def fraction(self) -> float:
-        totals = self.totals
-        done = [self.latest.get(rank, {}).get("done", 0) for rank in range(self.plan.nproc)]
-        # a resumed rank reports its own total, which is smaller: count its skipped tasks as done
-        for rank, record in self.latest.items():
-            done[rank] += totals[rank] - record["total"]
-        return sum(done) / max(1, sum(totals))
+        return phase_fraction(self.latest, self.plan.nproc)
 
     def samples_per_s(self) -> float:
         """Samples taken through every block per second, so every mode is measured in the same unit."""
         elapsed = max(1e-9, time.time() - self.started)
-        return self.fraction * self.plan.details["total_steps"] * self.plan.batch_size / elapsed
+        counts = TaskCounts.of(self.latest, self.plan.nproc)  # this attempt's work only
+        return counts.done / counts.whole * self.plan.step_plan.total * self.plan.batch_size / elapsed
 
     def describe(self) -> str:
         slowest = min(self.latest.values(), key=lambda r: r["done"] / max(1, r["total"]), default=None)
@@ -77,10 +96,10 @@ class Progress:
 
 
 class MetricsFollower:
-    """Tails metrics/rank-*.jsonl of a run and keeps a Progress up to date."""
+    """Tails metrics/<phase>/rank-*.jsonl of a run and keeps a Progress up to date."""
 
-    def __init__(self, run_dir: RunDir, plan: Plan) -> None:
-        self.tails = [FileTail(run_dir.metrics(rank)) for rank in range(plan.nproc)]
+    def __init__(self, run_dir: RunDir, plan: Plan, phase: str = DISTILL) -> None:
+        self.tails = [FileTail(run_dir.metrics(rank, phase)) for rank in range(plan.nproc)]
         self.progress = Progress(plan)
 
     def poll(self) -> list[dict[str, Any]]:

@@ -1,17 +1,18 @@
-"""Rank-side set-up shared by training and profiling ranks: device, process group, logs, errors."""
+"""The process side of every phase: device, process group, logs, errors, and the entry point's frame."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from pipebd_core.processes import RANK_LOGS_ENV
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from pipebd_core.telemetry import append_event
@@ -38,19 +39,17 @@ def join_process_group(spec: Spec, device: torch.device, world: int) -> None:
     dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
 
 
-def redirect_output_to_log() -> None:
-    """Send this rank's stdout and stderr to logs/rank-<r>.log when the launcher asks for it."""
-    folder = os.environ.get(RANK_LOGS_ENV)
-    if not folder:
-        return
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    log = os.open(Path(folder) / f"rank-{os.environ.get('RANK', '0')}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+def redirect_output_to_log(run_dir: RunDir, phase: str) -> None:
+    """Send this rank's stdout and stderr to the run directory's log of this rank in `phase`."""
+    path = run_dir.log(int(os.environ.get("RANK", "0")), phase)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
 
 
-def write_rank_error(run_dir: RunDir, error: BaseException) -> None:
+def write_rank_error(run_dir: RunDir, error: BaseException, phase: str) -> None:
     rank = int(os.environ.get("RANK", "0"))
     record_ = {
         "rank": rank,
@@ -59,5 +58,27 @@ def write_rank_error(run_dir: RunDir, error: BaseException) -> None:
         "message": str(error),
         "traceback": "".join(traceback.format_exception(error)),
     }
-    run_dir.write_json(run_dir.error(rank), record_)
-    append_event(run_dir.events, "rank_error", rank=rank, type=record_["type"], message=record_["message"])
+    run_dir.write_json(run_dir.error(rank, phase), record_)
+    append_event(run_dir.events, "rank_error", phase=phase, rank=rank, type=record_["type"], message=record_["message"])
+
+
+def phase_entry(
+    phase: str,
+    parser: argparse.ArgumentParser,
+    body: Callable[[RunDir, argparse.Namespace], None],
+    argv: list[str] | None = None,
+    own_log: bool = True,
+) -> None:
+    """A phase process's `main`: parse `--run-dir` (and the parser's own options), send this process's
+    output to its log in the run directory (`own_log`; a single-process phase writes to the launcher
+    log the supervisor gave it), run `body`, and on an exception leave its traceback in errors/<phase>/."""
+    parser.add_argument("--run-dir", required=True, help="the run directory the supervisor prepared")
+    args = parser.parse_args(argv)
+    run_dir = RunDir(Path(args.run_dir))
+    if own_log:
+        redirect_output_to_log(run_dir, phase)
+    try:
+        body(run_dir, args)
+    except Exception as error:
+        write_rank_error(run_dir, error, phase)
+        raise

@@ -1,19 +1,26 @@
 """The run directory: the contract between the launcher, the ranks and the service.
 
-Everything a job produces lives here, so it survives any crash of the service:
+Everything a job produces lives here, so it survives any crash of the service. Every path below is
+spelt out once, in `RunDir`; nothing else joins names onto a run directory.
 
-    spec.json                 the resolved spec
-    plan.json                 stages, routes, what each rank runs, block shapes and cost estimates
-    events.jsonl              lifecycle events (launched, checkpoint, rank_error, finished, ...)
-    metrics/rank-<r>.jsonl    one telemetry line per rank per task
-    logs/rank-<r>.log         each rank's stdout and stderr (when launched by the CLI or a worker)
-    errors/rank-<r>.json      the traceback of a rank that raised
-    checkpoints/block-<i>/step-<s>.pt   student, optimiser state and step of block i after step s
-    student.pt                state_dict of nn.ModuleList `blocks` (keys blocks.<i>.<param>)
-    compressed_model.pt       the assembled compressed network (compression workloads)
-    architecture.json         nas: the chosen candidate of every searchable layer, per block
-    searched_model.pt         nas: the searched network as a standalone model
-    summary.json              final losses, accuracies, wall time
+    spec.json                          the resolved spec
+    phases.json                        the job's phases in order, each with its state and outcome
+    profile.json                       the profile the plan was made from (measured, or the cached one)
+    plan.json                          stages, routes, what each rank runs, block shapes and cost estimates
+    events.jsonl                       lifecycle events (phase_started, launched, checkpoint, finished, ...)
+    logs/<phase>/launcher.log          torchrun's output for that phase (or the phase process's own)
+    logs/<phase>/rank-<r>.log          each rank's stdout and stderr
+    errors/<phase>/rank-<r>.json       the traceback of a rank that raised
+    metrics/<phase>/rank-<r>.jsonl     one telemetry line per rank per task
+    checkpoints/block-<i>/step-<s>.pt  student, optimiser state and step of block i after step s
+    student.pt                         state_dict of nn.ModuleList `blocks` (keys blocks.<i>.<param>)
+    compressed_model.pt                the assembled compressed network (compression workloads)
+    architecture.json                  nas: the chosen candidate of every searchable layer, per block
+    searched_model.pt                  nas: the searched network as a standalone model
+    summary.json                       final losses, accuracies, wall time
+
+`OUTPUTS` lists the top-level files with their media type and meaning: the service offers exactly
+these for download.
 """
 
 from __future__ import annotations
@@ -23,55 +30,103 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+DISTILL = "distill"  # the phase whose files a caller means when it names none (see pipebd_core.phases)
+
+
+@dataclass(frozen=True)
+class Output:
+    """A documented top-level file of a run directory."""
+
+    name: str
+    media_type: str
+    description: str
+
+
+OUTPUTS: tuple[Output, ...] = (
+    Output("student.pt", "application/octet-stream", "trained students: state_dict, keys blocks.<i>.*"),
+    Output("compressed_model.pt", "application/octet-stream", "assembled compressed network (torch.load)"),
+    Output("architecture.json", "application/json", "nas: the chosen candidate of every searchable layer"),
+    Output("searched_model.pt", "application/octet-stream", "nas: the searched network, standalone (torch.load)"),
+    Output("summary.json", "application/json", "final losses and accuracies"),
+    Output("plan.json", "application/json", "the resolved plan"),
+    Output("profile.json", "application/json", "the profile the plan was made from"),
+    Output("phases.json", "application/json", "the job's phases with their states and outcomes"),
+    Output("spec.json", "application/json", "the resolved spec"),
+    Output("events.jsonl", "application/x-ndjson", "lifecycle events written by the engine"),
+)
+
 
 @dataclass(frozen=True)
 class RunDir:
     root: Path
 
+    def output(self, name: str) -> Path:
+        """The path of documented output `name` (see OUTPUTS)."""
+        if name not in {output.name for output in OUTPUTS}:
+            raise KeyError(f"{name!r} is not a run-directory output; outputs: {', '.join(o.name for o in OUTPUTS)}")
+        return self.root / name
+
     @property
     def spec(self) -> Path:
-        return self.root / "spec.json"
+        return self.output("spec.json")
+
+    @property
+    def phases(self) -> Path:
+        return self.output("phases.json")
+
+    @property
+    def profile(self) -> Path:
+        return self.output("profile.json")
 
     @property
     def plan(self) -> Path:
-        return self.root / "plan.json"
+        return self.output("plan.json")
 
     @property
     def events(self) -> Path:
-        return self.root / "events.jsonl"
+        return self.output("events.jsonl")
 
     @property
     def summary(self) -> Path:
-        return self.root / "summary.json"
+        return self.output("summary.json")
 
     @property
     def student(self) -> Path:
-        return self.root / "student.pt"
+        return self.output("student.pt")
 
     @property
     def compressed_model(self) -> Path:
-        return self.root / "compressed_model.pt"
+        return self.output("compressed_model.pt")
 
     @property
     def architecture(self) -> Path:
-        return self.root / "architecture.json"
+        return self.output("architecture.json")
 
     @property
     def searched_model(self) -> Path:
-        return self.root / "searched_model.pt"
+        return self.output("searched_model.pt")
 
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
-    def metrics(self, rank: int) -> Path:
-        return self.root / "metrics" / f"rank-{rank}.jsonl"
+    def logs(self, phase: str = DISTILL) -> Path:
+        return self.root / "logs" / phase
 
-    def log(self, rank: int) -> Path:
-        return self.root / "logs" / f"rank-{rank}.log"
+    def log(self, rank: int, phase: str = DISTILL) -> Path:
+        return self.logs(phase) / f"rank-{rank}.log"
 
-    def error(self, rank: int) -> Path:
-        return self.root / "errors" / f"rank-{rank}.json"
+    def launcher_log(self, phase: str = DISTILL) -> Path:
+        return self.logs(phase) / "launcher.log"
+
+    def metrics(self, rank: int, phase: str = DISTILL) -> Path:
+        return self.root / "metrics" / phase / f"rank-{rank}.jsonl"
+
+    def errors(self, phase: str = DISTILL) -> Path:
+        return self.root / "errors" / phase
+
+    def error(self, rank: int, phase: str = DISTILL) -> Path:
+        return self.errors(phase) / f"rank-{rank}.json"
 
     def read_json(self, path: Path) -> Any:
         return json.loads(path.read_text())
@@ -83,12 +138,12 @@ class RunDir:
         temporary.write_text(json.dumps(data, indent=2, default=str))
         temporary.replace(path)
 
-    def rank_errors(self) -> list[dict[str, Any]]:
-        """Errors written by ranks that raised, earliest first (the first is the root cause)."""
-        folder = self.root / "errors"
-        errors = [json.loads(path.read_text()) for path in sorted(folder.glob("rank-*.json"))]
+    def rank_errors(self, phase: str = DISTILL) -> list[dict[str, Any]]:
+        """Errors written by ranks of `phase` that raised, earliest first (the first is the root cause)."""
+        errors = [json.loads(path.read_text()) for path in sorted(self.errors(phase).glob("rank-*.json"))]
         return sorted(errors, key=lambda error: error.get("time", 0.0))
 
-    def clear_errors(self) -> None:
-        for path in (self.root / "errors").glob("rank-*.json"):
+    def clear_errors(self, phase: str) -> None:
+        """Forget the rank errors of an earlier attempt at `phase`."""
+        for path in self.errors(phase).glob("rank-*.json"):
             path.unlink()

@@ -20,10 +20,10 @@ import torch.distributed as dist
 
 from pipebd_core import checkpoint
 from pipebd_core.comm import PendingReceive, Relay, make_groups, resolve_group
-from pipebd_core.data import BatchLoader, Stream
-from pipebd_core.plan import Plan
+from pipebd_core.data import BatchLoader
+from pipebd_core.plan import Plan, StepPlan
 from pipebd_core.rundir import RunDir
-from pipebd_core.schedule import WORLD, Task, arch_update_index, rank_tasks
+from pipebd_core.schedule import WORLD, Task, arch_update_index, count_tasks, rank_tasks
 from pipebd_core.spec import Spec
 from pipebd_core.students import StudentBlock, with_sync_batchnorm
 from pipebd_core.telemetry import (
@@ -57,10 +57,16 @@ class RankContext:
     workload: Workload
     dataset: Any  # a torch Dataset, or None on ranks that only receive
     device: torch.device
-    steps_per_epoch: int
-    total_steps: int
+    steps: StepPlan  # step counts, the sample ranges each round's batches come from, architecture updates
     start_steps: list[int]  # per block: the first step still to run (resume)
-    streams: dict[str, Stream | None]  # per round: the sample range its batches come from
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps.total
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.steps.per_epoch
 
 
 def learning_rate(spec: Spec, step: int, total_steps: int) -> float:
@@ -84,7 +90,9 @@ class Trainer:
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
         spec, plan, workload = ctx.spec, ctx.plan, ctx.workload
-        self.tasks = list(rank_tasks(plan, ctx.rank, ctx.total_steps, ctx.start_steps))
+        self.tasks = list(rank_tasks(plan, ctx.rank, ctx.total_steps, ctx.start_steps, ctx.steps.search))
+        everything = count_tasks(plan, ctx.rank, ctx.total_steps, [0] * plan.num_blocks, ctx.steps.search)
+        self.skipped = everything - len(self.tasks)  # done before a resume: progress counts them as done
         teacher_blocks = sorted(set(chain.from_iterable(task.teacher for task in self.tasks)))
         trained_blocks = sorted(set(chain.from_iterable(task.train for task in self.tasks)))
         self.teachers = {b: workload.teacher_blocks[b].to(ctx.device) for b in teacher_blocks}
@@ -95,7 +103,7 @@ class Trainer:
             module = with_sync_batchnorm(workload.student_blocks[b], groups[b], ctx.device)
             self.students[b] = StudentBlock(b, module, workload.loss_of(b), spec, workload.search, ctx.device)
         self._restore()
-        shapes = [tuple(shape) for shape in plan.details["shapes"]]
+        shapes = [tuple(shape) for shape in plan.shapes]
         self.relay = Relay(relay_group, shapes, ctx.device)
         self.clock = PhaseClock(ctx.device)
         self.telemetry = TelemetryWriter(ctx.run_dir.metrics(ctx.rank))
@@ -119,14 +127,14 @@ class Trainer:
         rows = loading[0].rows
         assert all(task.rows == rows for task in loading), "a rank loads one row range in every task"
         keys = [self._batch_key(task) for task in loading]
-        stream = self.ctx.streams[round_]
+        stream = self.ctx.steps.stream(round_)
         return iter(BatchLoader(self.ctx.spec, self.ctx.dataset, rows, keys, self.ctx.device, stream))
 
     def _batch_key(self, task: Task) -> int:
         """Which batch of its stream a task trains on: the step, or the architecture update's index."""
         if task.round == "weights":
             return task.step
-        index = arch_update_index(task.step, self.ctx.plan.details.get("search"))
+        index = arch_update_index(task.step, self.ctx.steps.search)
         assert index is not None, f"step {task.step} has no architecture update"
         return index
 
@@ -222,6 +230,7 @@ class Trainer:
             "cur_mem": memory,
             "done": done,
             "total": total,
+            "skipped": self.skipped,
         }
         paths = {str(block): drawn for block in task.train if (drawn := self.students[block].sampled()) is not None}
         if paths:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from pipebd_core.plan import Plan, Route, shard_rows
+from pipebd_core.plan import Plan, Route, SearchSchedule, shard_rows
 
 WORLD = -1  # gradient group id meaning "all ranks"
 
@@ -41,15 +41,15 @@ class Task:
         return not self.receive
 
 
-def arch_update_index(step: int, search: dict[str, int] | None) -> int | None:
+def arch_update_index(step: int, search: SearchSchedule | None) -> int | None:
     """Which architecture update step `step` ends with, or None: every `every` steps from `from_step`."""
-    if search is None or step < search["from_step"]:
+    if search is None or step < search.from_step:
         return None
-    done = step + 1 - search["from_step"]
-    return done // search["every"] - 1 if done % search["every"] == 0 else None
+    done = step + 1 - search.from_step
+    return done // search.every - 1 if done % search.every == 0 else None
 
 
-def with_arch_rounds(tasks: Iterator[Task], search: dict[str, int] | None) -> Iterator[Task]:
+def with_arch_rounds(tasks: Iterator[Task], search: SearchSchedule | None) -> Iterator[Task]:
     """After each weight task of a step that updates the architecture, the same task in the arch round."""
     for task in tasks:
         if arch_update_index(task.step, search) is None:
@@ -59,15 +59,18 @@ def with_arch_rounds(tasks: Iterator[Task], search: dict[str, int] | None) -> It
             yield replace(task, round="arch")
 
 
-def rank_tasks(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -> Iterator[Task]:
-    """The tasks `rank` runs, in order; `start_steps[b]` is the first step block b still needs."""
+def rank_tasks(
+    plan: Plan, rank: int, total_steps: int, start_steps: list[int], search: SearchSchedule | None
+) -> Iterator[Task]:
+    """The tasks `rank` runs, in order; `start_steps[b]` is the first step block b still needs, `search`
+    when architecture updates follow weight steps (nas)."""
     if plan.mode == "dp":
         tasks = _data_parallel(plan, rank, total_steps, start_steps)
     elif plan.mode == "ls":
         tasks = _layerwise(plan, rank, total_steps, start_steps)
     else:
         tasks = _pipeline(plan, rank, total_steps, start_steps)
-    yield from with_arch_rounds(tasks, plan.details.get("search"))
+    yield from with_arch_rounds(tasks, search)
 
 
 def _data_parallel(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -> Iterator[Task]:
@@ -96,6 +99,6 @@ def _pipeline(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -
         yield Task(step, stage.blocks, tuple(stage.blocks), stage.rows_of(rank), receive, send, group, barrier)
 
 
-def count_tasks(plan: Plan, rank: int, total_steps: int, start_steps: list[int]) -> int:
+def count_tasks(plan: Plan, rank: int, total_steps: int, start_steps: list[int], search: SearchSchedule | None) -> int:
     """How many tasks `rank_tasks` yields."""
-    return sum(1 for _ in rank_tasks(plan, rank, total_steps, start_steps))
+    return sum(1 for _ in rank_tasks(plan, rank, total_steps, start_steps, search))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipebd_core.data import build_dataset, global_batch_indices, total_steps
-from pipebd_core.launch import prepare_run, start_ranks
-from pipebd_core.processes import stop_process_tree
+from pipebd_core.launch import prepare_run
+from pipebd_core.outcomes import SUCCEEDED
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
+from pipebd_core.supervisor import Supervisor
 from pipebd_core.workloads import build_workload
 from pipebd_core.workloads.tiny import make_blocks
 
@@ -48,18 +48,10 @@ def tiny_spec(**sections: dict[str, Any]) -> Spec:
 
 
 def run_job(spec: Spec, out: Path, env: dict[str, str] | None = None) -> tuple[int, RunDir]:
-    """Prepare and launch with torchrun, wait (bounded), return the exit code and run directory."""
+    """Prepare and run every phase under the supervisor (bounded); 0 when the job succeeded, else 1."""
     run_dir = prepare_run(spec, out)
-    return wait_job(spec, run_dir, env), run_dir
-
-
-def wait_job(spec: Spec, run_dir: RunDir, env: dict[str, str] | None = None) -> int:
-    process = start_ranks(spec, run_dir, env)
-    try:
-        return process.wait(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        stop_process_tree(process)
-        raise
+    outcome = Supervisor(run_dir, time_limit_s=RUN_TIMEOUT_S, extra_env=env).run()
+    return (0 if outcome.result == SUCCEEDED else 1), run_dir
 
 
 def load_students(run_dir: RunDir) -> dict[str, torch.Tensor]:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipebd_core.planning.profiles import CACHE_ENV, cache_path, obtain_profile, profile_key
+from pipebd_core.planning.profiles import CACHE_ENV, cache_path, profile_key
+from pipebd_core.profiling import obtain_profile
 from tests.helpers import assert_same_weights, load_students, plain_loop, run_job, tiny_spec
 
 

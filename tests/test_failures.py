@@ -1,4 +1,5 @@
-"""What users see when things go wrong: refused specs, missing data, impossible plans, failing ranks.
+"""What users see when things go wrong: refused specs, missing data, impossible plans, failing ranks,
+and a job cancelled from the terminal (Ctrl-C, SIGTERM) while it profiles or distils.
 
 Tier: the `pipebd` CLI as a subprocess, with 2-rank gloo runs through torchrun.
 """
@@ -7,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -125,3 +128,50 @@ def test_a_failing_rank_brings_every_rank_down_with_its_traceback(tmp_path: Path
     assert processes_mentioning(str(run)) == []
     events = [json.loads(line)["event"] for line in (run / "events.jsonl").read_text().splitlines()]
     assert "rank_error" in events and events[-1] == "failed"
+
+
+def start_pipebd(tmp_path: Path, document: dict) -> tuple[subprocess.Popen[str], Path]:
+    """`pipebd run` in the background, as a user's terminal would run it."""
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "pipebd_core.cli", "run", str(write_spec(tmp_path, document)), "--out", str(run)]
+    process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    return process, run
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def assert_cancelled_in(process: subprocess.Popen[str], run: Path, phase: str) -> None:
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert f"pipebd: cancelled during {phase}; every process was stopped" in stderr
+    assert processes_mentioning(str(run)) == []
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "cancelled" and events[-1]["phase"] == phase
+    assert events[-1]["reason"] == "user_cancelled"
+    phases = {entry["name"]: entry for entry in json.loads((run / "phases.json").read_text())}
+    assert phases[phase]["outcome"] == "cancelled" and phases["finalize"]["state"] == "pending"
+
+
+def test_ctrl_c_while_profiling_cancels_the_job_and_stops_the_profiler(tmp_path: Path) -> None:
+    from tests.service.slow_data import FACTORY as SLOW_DATA
+
+    data = {"dataset": "custom", "factory": SLOW_DATA, "options": {"delay_s": 1.0}, "batch_size": 4}
+    process, run = start_pipebd(tmp_path, tiny_document(schedule={"nproc": 2, "profile": True}, data=data))
+    profiler = "pipebd_core.planning.profiler"
+    wait_until(lambda: len(processes_mentioning(profiler)) >= 3, 120, "the profiler's agent and both ranks")
+    process.send_signal(signal.SIGINT)
+    assert_cancelled_in(process, run, "profile")
+
+
+def test_sigterm_while_distilling_cancels_the_job_and_stops_every_rank(tmp_path: Path) -> None:
+    long = tiny_document(schedule={"nproc": 2}, train={"epochs": 1000}, data={"num_samples": 400})
+    process, run = start_pipebd(tmp_path, long)
+    wait_until(lambda: (run / "metrics" / "distill" / "rank-0.jsonl").exists(), 120, "the ranks to train")
+    process.send_signal(signal.SIGTERM)
+    assert_cancelled_in(process, run, "distill")

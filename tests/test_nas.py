@@ -142,7 +142,7 @@ def test_every_block_searches_and_the_result_is_a_standalone_network(reference: 
     assert searched(torch.randn(2, 3, 16, 16)).shape == (2, 10)
     arch_lines = [
         json.loads(line)
-        for line in (reference / "metrics" / "rank-0.jsonl").read_text().splitlines()
+        for line in (reference / "metrics" / "distill" / "rank-0.jsonl").read_text().splitlines()
         if '"arch"' in line
     ]
     assert [line["step"] for line in arch_lines] == [3, 5]

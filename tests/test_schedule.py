@@ -16,7 +16,7 @@ def plan_for(mode: str, nproc: int, stages: list[StageSpec] | None = None, batch
 
 
 def test_dp_trains_blocks_one_after_another_rerunning_the_teacher_prefix() -> None:
-    tasks = list(rank_tasks(plan_for("dp", 2), 1, 3, [0] * 4))
+    tasks = list(rank_tasks(plan_for("dp", 2), 1, 3, [0] * 4, None))
     assert [(t.train, t.step) for t in tasks[:4]] == [((0,), 0), ((0,), 1), ((0,), 2), ((1,), 0)]
     assert tasks[5].teacher == range(0, 2) and tasks[-1].teacher == range(0, 4)
     assert all(t.rows == (5, 10) and t.group == WORLD and t.loads_data for t in tasks)
@@ -25,7 +25,7 @@ def test_dp_trains_blocks_one_after_another_rerunning_the_teacher_prefix() -> No
 def test_ls_runs_only_the_assigned_blocks_at_full_batch_alone() -> None:
     plan = plan_for("ls", 2)
     for rank in (0, 1):
-        tasks = list(rank_tasks(plan, rank, 2, [0] * 4))
+        tasks = list(rank_tasks(plan, rank, 2, [0] * 4, None))
         assert sorted({t.train[0] for t in tasks}) == plan.assignment[rank]
         assert all(t.rows == (0, 10) and t.group is None and t.teacher.start == 0 for t in tasks)
 
@@ -33,7 +33,7 @@ def test_ls_runs_only_the_assigned_blocks_at_full_batch_alone() -> None:
 def test_tr_relays_and_waits_at_a_barrier_while_tr_dpu_does_not() -> None:
     for mode, barrier in (("tr", True), ("tr_dpu", False)):
         plan = plan_for(mode, 2)
-        first, second = (list(rank_tasks(plan, rank, 3, [0] * 4)) for rank in (0, 1))
+        first, second = (list(rank_tasks(plan, rank, 3, [0] * 4, None)) for rank in (0, 1))
         assert [t.step for t in first] == [0, 1, 2]
         assert first[0].loads_data and first[0].send and not first[0].receive
         assert second[0].receive and not second[0].send
@@ -42,13 +42,13 @@ def test_tr_relays_and_waits_at_a_barrier_while_tr_dpu_does_not() -> None:
 
 def test_resume_skips_finished_steps() -> None:
     plan = plan_for("dp", 1)
-    tasks = list(rank_tasks(plan, 0, 4, [4, 4, 2, 0]))
+    tasks = list(rank_tasks(plan, 0, 4, [4, 4, 2, 0], None))
     assert [(t.train[0], t.step) for t in tasks] == [(2, 2), (2, 3), (3, 0), (3, 1), (3, 2), (3, 3)]
-    assert count_tasks(plan, 0, 4, [4, 4, 2, 0]) == len(tasks)
+    assert count_tasks(plan, 0, 4, [4, 4, 2, 0], None) == len(tasks)
 
 
 def test_replicated_stage_combines_gradients_in_its_group() -> None:
     plan = plan_for("hybrid", 3, [StageSpec(start=0, stop=1, replicas=1), StageSpec(start=1, stop=4, replicas=2)])
-    task = next(iter(rank_tasks(plan, 2, 1, [0] * 4)))
+    task = next(iter(rank_tasks(plan, 2, 1, [0] * 4, None)))
     assert task.group == 1 and task.rows == (5, 10) and task.train == (1, 2, 3)
     assert [(r.src, r.start, r.stop) for r in task.receive] == [(0, 5, 10)]

@@ -1,14 +1,14 @@
 """The profiler: measures every block on the devices the job will use, with every rank busy.
 
-Run as `torchrun ... -m pipebd_core.planning.profiler --spec SPEC.json --out PROFILE.json`. Each rank measures
-every block (so all ranks load the node as training does); rank 0 pools every rank's trials and
-writes one profile. Per block and per per-replica batch size b = ceil(B/k), k = 1..N:
-teacher forward time, student forward+backward+update time, and the bytes the student's backward
-keeps alive; per boundary, point-to-point time between rank pairs; per group size, the all-reduce
-time of each block's gradients; the time to load b samples; the bytes per sample of every boundary
-tensor as the blocks produce it; on CUDA, the peak memory of each student step. Each value is the median of all trials
-(after warm-up) and comes with its spread (p90 - p10) / median.
-"""
+Run by the job's `profile` phase as `torchrun ... -m pipebd_core.planning.profiler --run-dir DIR`: it
+reads DIR/spec.json, and each rank measures every block (so all ranks load the node as training
+does); rank 0 pools every rank's trials and writes DIR/profile.json. Per block and per per-replica
+batch size b = ceil(B/k), k = 1..N: teacher forward time, student forward+backward+update time, and
+the bytes the student's backward keeps alive; per boundary, point-to-point time between rank pairs;
+per group size, the all-reduce time of each block's gradients; the time to load b samples; the bytes
+per sample of every boundary tensor as the blocks produce it; on CUDA, the peak memory of each
+student step. Each value is the median of all trials (after warm-up) and comes with its spread
+(p90 - p10) / median."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -30,15 +29,15 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core.data import BatchLoader, build_dataset
+from pipebd_core.phases import PROFILE
 from pipebd_core.planning.probe import probe_workload
-from pipebd_core.ranks import join_process_group, pick_device, redirect_output_to_log, write_rank_error
+from pipebd_core.ranks import join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.students import StudentBlock
 from pipebd_core.workloads import Workload, build_workload
 
 WARMUP = 1
-PROFILE_FILE = "profile.json"
 
 
 def profile_batch_sizes(batch_size: int, nproc: int) -> list[int]:
@@ -290,7 +289,7 @@ def profile_ranks(run_dir: RunDir, trials: int) -> None:
     if world > 1:
         dist.all_gather_object(gathered, measured)
     if int(os.environ.get("RANK", "0")) == 0:
-        run_dir.write_json(run_dir.root / PROFILE_FILE, pool(gathered, spec, device))
+        run_dir.write_json(run_dir.profile, pool(gathered, spec, device))
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -298,16 +297,8 @@ def profile_ranks(run_dir: RunDir, trials: int) -> None:
 @record
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pipebd_core.planning.profiler", description="one profiling rank")
-    parser.add_argument("--run-dir", required=True, help="folder with spec.json; profile.json is written there")
     parser.add_argument("--trials", type=int, default=5, help="timed trials per measurement, after warm-up")
-    args = parser.parse_args(argv)
-    run_dir = RunDir(Path(args.run_dir))
-    redirect_output_to_log()
-    try:
-        profile_ranks(run_dir, args.trials)
-    except Exception as error:
-        write_rank_error(run_dir, error)
-        raise
+    phase_entry(PROFILE, parser, lambda run_dir, args: profile_ranks(run_dir, args.trials), argv)
 
 
 if __name__ == "__main__":

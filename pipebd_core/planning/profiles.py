@@ -1,67 +1,29 @@
-"""Profiles on disk: keyed by workload, data (its loader workers included), batch size, device kind
-and count, so planning again is instant. A missing profile is measured by a torchrun job of
-`pipebd_core.planning.profiler`, started (like the training job) in a session of its own so the whole tree
-can be stopped at once. A caller that must be able to stop it from elsewhere (the service's worker,
-on cancel or shutdown; the reaper, when the worker died) wraps the call in `watch_profiling`: the
-profiling job then runs in the folder it names and reports its torchrun process when it starts and
-ends.
+"""The profile cache: profiles on disk, keyed by workload, data (its loader workers included), batch
+size, device kind and count, so planning again is instant.
+
+Measuring is the job's `profile` phase (pipebd_core.planning.profiler under the supervisor); this
+module only names, reads and writes the cached results.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipebd_core.planning.profiler import PROFILE_FILE
-from pipebd_core.processes import rank_environment, stop_process_tree, torchrun_command
-from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 
 CACHE_ENV = "PIPEBD_CACHE_DIR"
-PROFILE_TIMEOUT_S = 1800
 FORMAT_VERSION = 1
 
 
 class ProfileError(RuntimeError):
-    """The profiling job failed; the message carries the failing rank's error."""
-
-
-ProcessHook = Callable[[subprocess.Popen[bytes]], None]
-
-
-@dataclass(frozen=True)
-class ProfilingWatch:
-    """How a caller follows the profiling job that `measure` may start in its thread."""
-
-    folder: Path  # the profiling run's folder: every one of its processes names it on its command line
-    started: ProcessHook  # called with the torchrun agent (leader of its own session) once it runs
-    ended: ProcessHook  # called after it exited or was stopped
-    extra_env: dict[str, str] = field(default_factory=dict)  # for the ranks too (a worker's devices)
-
-
-_WATCH: ContextVar[ProfilingWatch | None] = ContextVar("pipebd_profiling_watch", default=None)
-
-
-@contextlib.contextmanager
-def watch_profiling(watch: ProfilingWatch) -> Iterator[None]:
-    """Profiling jobs started by this thread inside the block are reported to `watch`."""
-    token = _WATCH.set(watch)
-    try:
-        yield
-    finally:
-        _WATCH.reset(token)
+    """No profile could be had; the message says why (the profiling job's error, a missing file)."""
 
 
 def cache_root() -> Path:
@@ -100,64 +62,17 @@ def load_cached(spec: Spec) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def measure(spec: Spec, trials: int = 5) -> dict[str, Any]:
-    """Run the profiler with torchrun on `spec.schedule.nproc` ranks and return the profile."""
-    watch = _WATCH.get()
-    if watch is None:
-        folder = Path(tempfile.mkdtemp(prefix="pipebd-profile-"))
-    else:
-        folder = watch.folder
-        folder.mkdir(parents=True, exist_ok=True)
-    run_dir = RunDir(folder)
-    try:
-        run_dir.write_json(run_dir.spec, spec.model_dump(mode="json"))
-        command = torchrun_command(
-            spec.schedule.nproc, run_dir, "pipebd_core.planning.profiler", "--trials", str(trials)
-        )
-        with (folder / "launcher.log").open("wb") as log:
-            process = subprocess.Popen(
-                command,
-                env=rank_environment(spec, run_dir, watch.extra_env if watch else None),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stopped as a whole, never half
-            )
-        code = wait_profiler(process, watch)
-        if code != 0:
-            errors = run_dir.rank_errors()
-            detail = errors[0]["traceback"] if errors else (folder / "launcher.log").read_text()[-3000:]
-            raise ProfileError(f"profiling failed (exit code {code}):\n{detail}")
-        return json.loads((folder / PROFILE_FILE).read_text())
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def wait_profiler(process: subprocess.Popen[bytes], watch: ProfilingWatch | None) -> int:
-    """The profiling job's exit code; it never outlives this call (timeout, Ctrl-C, a failing hook)."""
-    try:
-        if watch is not None:
-            watch.started(process)
-        try:
-            return process.wait(timeout=PROFILE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            stop_process_tree(process)
-            raise ProfileError(f"profiling took longer than {PROFILE_TIMEOUT_S} s and was stopped") from None
-    finally:
-        if process.poll() is None:
-            stop_process_tree(process)
-        if watch is not None:
-            watch.ended(process)
-
-
-def obtain_profile(spec: Spec, refresh: bool = False, trials: int = 5) -> tuple[dict[str, Any], bool]:
-    """(profile, whether it came from the cache); measures and caches it when needed."""
-    cached = None if refresh else load_cached(spec)
-    if cached is not None:
-        return cached, True
-    profile = measure(spec, trials)
+def store(spec: Spec, profile: dict[str, Any]) -> Path:
+    """Cache a measured profile (atomically); returns where it lies."""
     path = cache_path(spec)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps(profile, indent=1))
     temporary.replace(path)
-    return profile, False
+    return path
+
+
+def describe_cached(profile: dict[str, Any], spec: Spec) -> str:
+    """Why a profile phase was skipped: which cached profile it reuses and how old it is."""
+    age = time.time() - float(profile.get("measured_at", time.time()))
+    return f"cached profile {cache_path(spec).name}, measured {age / 60:.0f} min ago"

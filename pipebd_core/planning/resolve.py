@@ -1,4 +1,8 @@
-"""Resolve a spec's schedule into a plan, from measured costs when a profile is at hand.
+"""Resolve a spec into the plan the ranks follow, from measured costs when a profile is at hand.
+
+`resolve_plan` is the job's `plan` phase (and, without a profile, the preflight of every launch):
+the data set's step counts and streams, the workload's block shapes and FLOP estimates, and the
+schedule.
 
 With a profile: `auto` runs the best plan of the exact search, `tr`/`tr_dpu` without stages the best
 unreplicated plan, `ls` bin-packs measured task costs; plan.json then also records the ranked
@@ -8,14 +12,26 @@ profile (schedule.profile: false) stages are balanced on FLOP estimates.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from pipebd_core.plan import Plan, PlanError, balanced_partition, build_stages, longest_first_assignment, shard_rows
+from pipebd_core.data import build_dataset, check_dataset, split_streams, steps_per_epoch, total_steps
+from pipebd_core.plan import (
+    Plan,
+    PlanError,
+    SearchSchedule,
+    StepPlan,
+    balanced_partition,
+    build_stages,
+    longest_first_assignment,
+    shard_rows,
+)
 from pipebd_core.planning.costmodel import CostModel
 from pipebd_core.planning.planner import best_plan, search
-from pipebd_core.planning.probe import BlockProbe
+from pipebd_core.planning.probe import BlockProbe, probe_workload
 from pipebd_core.planning.simulate import simulate
-from pipebd_core.spec import ScheduleSpec, StageSpec
+from pipebd_core.spec import ScheduleSpec, Spec, StageSpec
+from pipebd_core.workloads import build_workload, search_settings
 
 PREDICTED_MODES = ("dp", "ls", "ir", "tr", "tr_dpu", "hybrid")
 SIMULATED_STEPS = 4
@@ -101,3 +117,36 @@ def predictions(plan: Plan, model: CostModel) -> dict[str, Any]:
         "stages_rejected_for_memory": result.rejected_for_memory,
         "simulation": simulations,
     }
+
+
+def step_plan(spec: Spec) -> StepPlan:
+    """How the spec's data turns into optimiser steps: streams, counts, when architecture updates happen."""
+    settings = search_settings(spec)
+    train, arch = split_streams(spec, check_dataset(spec), settings.holdout if settings else None)
+    total = total_steps(spec, train.count)
+    search = None
+    if settings is not None:
+        search = SearchSchedule(math.ceil(settings.warmup * total), settings.update_every)
+    return StepPlan(total, steps_per_epoch(spec, train.count), train, arch, search)
+
+
+def cost_model(spec: Spec, profile: dict[str, Any]) -> CostModel:
+    """The cost model of `profile`, with the spec's architecture-update rate (nas)."""
+    search = step_plan(spec).search
+    return CostModel(profile, search.every if search else None)
+
+
+def resolve_plan(spec: Spec, profile: dict[str, Any] | None) -> Plan:
+    """Check the data, build and probe the workload once (on CPU) and resolve the plan: from `profile`
+    when given (with the ranked alternatives and every mode's prediction), else from FLOP estimates."""
+    steps = step_plan(spec)
+    workload = build_workload(spec)
+    sample = build_dataset(spec)[0][0]
+    probe = probe_workload(workload, tuple(sample.shape))
+    model = CostModel(profile, steps.search.every if steps.search else None) if profile is not None else None
+    plan = make_plan(spec.schedule, workload.num_blocks, spec.data.batch_size, probe, model)
+    plan.steps, plan.shapes, plan.block_names = steps, probe.shapes, workload.block_names
+    plan.details.update({"estimates": probe.to_json(), "warnings": workload.warnings})
+    if model is not None:
+        plan.details.update(predictions(plan, model))
+    return plan

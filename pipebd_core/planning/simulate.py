@@ -10,11 +10,11 @@ and, by simulating two lengths, the steady-state time per global step without fi
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipebd_core.comm import SEND_WINDOW
-from pipebd_core.plan import Plan
+from pipebd_core.plan import Plan, SearchSchedule
 from pipebd_core.planning.costmodel import CostModel
 from pipebd_core.schedule import WORLD, Task, rank_tasks
 
@@ -46,10 +46,11 @@ class RankState:
 
 class Simulation:
     def __init__(self, plan: Plan, model: CostModel, steps: int) -> None:
-        search = {"from_step": 0, "every": model.arch_every} if model.arch_every else None
-        plan = replace(plan, details={**plan.details, "search": search})  # the search phase, past its warm-up
+        search = SearchSchedule(0, model.arch_every) if model.arch_every else None  # the search, past its warm-up
         self.plan, self.model, self.steps = plan, model, steps
-        self.ranks = [RankState(r, list(rank_tasks(plan, r, steps, [0] * plan.num_blocks))) for r in range(plan.nproc)]
+        self.ranks = [
+            RankState(r, list(rank_tasks(plan, r, steps, [0] * plan.num_blocks, search))) for r in range(plan.nproc)
+        ]
         self.segments: list[Segment] = []
         self.sent: dict[tuple[int, int, int], float] = {}  # (step, src, dst) -> time the send was posted
         self.received: dict[tuple[int, int, int], float] = {}  # (step, src, dst) -> time the rows arrived

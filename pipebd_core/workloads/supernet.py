@@ -23,7 +23,6 @@ from pipebd_core.workloads.loading import init_default
 
 CANDIDATES = ((3, 3), (3, 6), (5, 3), (5, 6), (7, 3), (7, 6))  # (kernel, expansion)
 ZERO = "zero"
-ROUNDS = ("weights", "arch")
 
 
 def candidate_name(kernel: int, expansion: int) -> str:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipebd_core.diagnosis import diagnose
 from pipebd_core.rundir import RunDir
-from worker.diagnosis import diagnose
 
 
 def rank_error(run_dir: RunDir, rank: int, kind: str, message: str, when: float) -> None:
     run_dir.write_json(
-        run_dir.error(rank),
+        run_dir.error(rank, "distill"),
         {
             "rank": rank,
             "time": when,
@@ -25,26 +25,24 @@ def test_the_earliest_rank_error_is_the_root_cause(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path)
     rank_error(run_dir, 0, "DistBackendError", "connection closed by peer", when=2.0)
     rank_error(run_dir, 1, "ValueError", "bad block", when=1.0)
-    reason, text = diagnose(run_dir, 1)
+    reason, text = diagnose(run_dir, "distill", 1)
     assert reason == "rank_error" and text.startswith("rank 1 failed: ValueError: bad block\nTraceback")
 
 
 def test_out_of_memory_is_named(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path)
     rank_error(run_dir, 3, "OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB", when=1.0)
-    assert diagnose(run_dir, 1)[0] == "oom"
+    assert diagnose(run_dir, "distill", 1)[0] == "oom"
     killed = RunDir(tmp_path / "killed")
-    (killed.root / "logs").mkdir(parents=True)
-    (killed.root / "logs" / "launcher.log").write_text(
-        "... exitcode: -9 (pid: 42) Signal 9 (SIGKILL) received by PID 42"
-    )
-    reason, text = diagnose(killed, 1)
+    killed.logs("distill").mkdir(parents=True)
+    killed.launcher_log("distill").write_text("... exitcode: -9 (pid: 42) Signal 9 (SIGKILL) received by PID 42")
+    reason, text = diagnose(killed, "distill", 1)
     assert reason == "oom" and "out-of-memory killer" in text and "SIGKILL" in text
 
 
 def test_otherwise_the_exit_code_and_the_launcher_log(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path)
-    (run_dir.root / "logs").mkdir()
-    (run_dir.root / "logs" / "launcher.log").write_text("torchrun: something odd\n")
-    reason, text = diagnose(run_dir, 3)
-    assert reason == "exit_code" and "exited with code 3" in text and text.endswith("something odd\n")
+    run_dir.logs("profile").mkdir(parents=True)
+    run_dir.launcher_log("profile").write_text("torchrun: something odd\n")
+    reason, text = diagnose(run_dir, "profile", 3)
+    assert reason == "exit_code" and "the profile phase exited with code 3" in text and text.endswith("something odd\n")

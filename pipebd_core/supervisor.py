@@ -1,0 +1,195 @@
+"""The one supervisor of a job's phases, for `pipebd run` and for the service's workers alike.
+
+`Supervisor(run_dir, watcher).run()` walks phases.json in order and runs every phase not yet done:
+skips what a cache already answers, runs local steps in this process, and starts the processes of
+the others (launch.py), polling each until it exits. On every poll it asks its `Watcher` whether to
+stop; the CLI's watcher draws a progress line and turns Ctrl-C or SIGTERM into a cancel, the
+worker's stores telemetry and heartbeats and reads cancel requests and shutdown. A stop, a wall-clock
+limit or an exception always stops the whole process tree before `run` returns, so no process
+outlives its phase. Why a process failed comes from `diagnosis.diagnose`.
+
+events.jsonl records, the same way whoever supervises:
+
+    phase_started {phase}      phase_finished {phase, outcome, duration_s, reason}
+    finished                   failed {reason, phase, error}          cancelled {reason, phase}
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass
+
+from pipebd_core import launch
+from pipebd_core.diagnosis import diagnose
+from pipebd_core.outcomes import CANCELLED, FAILED, SKIPPED, SUCCEEDED, Result, check_reason
+from pipebd_core.phases import PhaseRecord, read_records, write_records
+from pipebd_core.plan import PlanError
+from pipebd_core.planning.profiles import ProfileError
+from pipebd_core.processes import stop_process_tree
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec, SpecError, parse_spec
+from pipebd_core.telemetry import append_event
+
+ERROR_IN_EVENT_CHARS = 2000  # events.jsonl keeps the start of a failure's text; the whole is in errors/
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A watcher's request to stop the running phase, and how the job then ends."""
+
+    result: Result  # cancelled or failed
+    reason: str  # a termination reason (outcomes.py)
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job (or one phase) ended."""
+
+    result: Result
+    reason: str | None = None
+    error: str | None = None
+    exit_code: int | None = None
+    phase: str | None = None  # the phase it ended in, when it did not succeed
+
+
+class Watcher:
+    """What the caller does while phases run; every method may be left as it is."""
+
+    def phases_changed(self, records: list[PhaseRecord]) -> None:
+        """A phase started or ended (records: every phase, in order)."""
+
+    def process_changed(self, phase: str, process: subprocess.Popen[bytes] | None) -> None:
+        """A phase's process started (None: it is gone)."""
+
+    def tick(self, phase: str) -> Stop | None:
+        """Called about every `poll_s` while `phase` runs; a Stop ends it."""
+        return None
+
+    def drain(self, phase: str) -> None:
+        """The phase's process has exited: take in what it wrote last."""
+
+
+class Supervisor:
+    def __init__(
+        self,
+        run_dir: RunDir,
+        watcher: Watcher | None = None,
+        *,
+        poll_s: float = 0.25,
+        kill_grace_s: float = 10.0,
+        time_limit_s: float | None = None,
+        extra_env: dict[str, str] | None = None,
+        refresh_profile: bool = False,
+        profile_trials: int = launch.PROFILE_TRIALS,
+    ) -> None:
+        self.run_dir = run_dir
+        self.watcher = watcher or Watcher()
+        self.poll_s, self.kill_grace_s, self.time_limit_s = poll_s, kill_grace_s, time_limit_s
+        self.extra_env = extra_env or {}
+        self.refresh_profile, self.profile_trials = refresh_profile, profile_trials
+        self.spec: Spec = parse_spec(run_dir.read_json(run_dir.spec))
+        self.records = read_records(run_dir)
+        self.started = time.monotonic()
+
+    def run(self) -> Outcome:
+        """Run every phase not yet done, in order; the job's outcome (also appended to events.jsonl)."""
+        current: PhaseRecord | None = None
+        try:
+            for record in self.records:
+                if record.done:
+                    continue
+                current = record
+                outcome = self._run_phase(record)
+                if outcome.result != SUCCEEDED:
+                    return self._end(outcome)
+            return self._end(Outcome(SUCCEEDED))
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by the CLI; the tree is stopped
+            if current is not None and current.state != "ended":
+                self._finish_phase(current, CANCELLED, "user_cancelled")
+            name = current.name if current else None
+            return self._end(Outcome(CANCELLED, "user_cancelled", "interrupted", phase=name))
+
+    def _run_phase(self, record: PhaseRecord) -> Outcome:
+        skipped = launch.skip_reason(self.run_dir, self.spec, record.name, self.refresh_profile)
+        if skipped is not None:
+            self._finish_phase(record, SKIPPED, skipped)
+            return Outcome(SUCCEEDED)
+        record.start()
+        append_event(self.run_dir.events, "phase_started", phase=record.name)
+        self._publish()
+        outcome = self._run_local(record.name) if record.runs == "local" else self._run_process(record.name)
+        if outcome.result == SUCCEEDED:
+            try:
+                launch.complete(self.run_dir, self.spec, record.name)
+            except (ProfileError, OSError, ValueError) as error:
+                outcome = Outcome(FAILED, "launch_error", f"{type(error).__name__}: {error}", phase=record.name)
+        self._finish_phase(record, outcome.result, outcome.reason)
+        return outcome
+
+    def _run_local(self, phase: str) -> Outcome:
+        try:
+            launch.run_local(self.run_dir, self.spec, phase)
+        except (SpecError, PlanError, ProfileError, OSError) as error:
+            return Outcome(FAILED, "launch_error", f"{phase}: {error}", phase=phase)
+        return Outcome(SUCCEEDED)
+
+    def _run_process(self, phase: str) -> Outcome:
+        process = launch.start_phase(self.run_dir, self.spec, phase, self.extra_env, self.profile_trials)
+        self.watcher.process_changed(phase, process)
+        try:
+            stop = self._follow(phase, process)
+        finally:
+            if process.poll() is None:  # a stop, or an exception escaping (Ctrl-C): never leave it behind
+                stop_process_tree(process, self.kill_grace_s)
+            self.watcher.drain(phase)
+            self.watcher.process_changed(phase, None)
+        code = process.returncode
+        if stop is not None:
+            return Outcome(stop.result, stop.reason, stop.message, code, phase)
+        if code == 0:
+            return Outcome(SUCCEEDED, exit_code=0)
+        reason, error = diagnose(self.run_dir, phase, code)
+        return Outcome(FAILED, reason, error, code, phase)
+
+    def _follow(self, phase: str, process: subprocess.Popen[bytes]) -> Stop | None:
+        """Poll until the process exits (None) or a stop is asked for (the Stop)."""
+        while process.poll() is None:
+            stop = self.watcher.tick(phase) or self._over_time()
+            if stop is not None:
+                return stop
+            time.sleep(self.poll_s)
+        return None
+
+    def _over_time(self) -> Stop | None:
+        limit = self.time_limit_s
+        if limit is not None and time.monotonic() - self.started > limit:
+            return Stop(FAILED, "timeout", f"the job ran longer than {limit:g} s")
+        return None
+
+    def _finish_phase(self, record: PhaseRecord, result: str, reason: str | None) -> None:
+        record.end(result, reason)
+        duration = record.duration_s or 0.0
+        append_event(
+            self.run_dir.events, "phase_finished", phase=record.name, outcome=result, duration_s=duration, reason=reason
+        )
+        self._publish()
+
+    def _publish(self) -> None:
+        write_records(self.run_dir, self.records)
+        self.watcher.phases_changed(self.records)
+
+    def _end(self, outcome: Outcome) -> Outcome:
+        """Record how the job ended in events.jsonl (unless its run directory is gone: a deleted job)."""
+        check_reason(outcome.reason)
+        if not self.run_dir.root.exists():
+            return outcome
+        if outcome.result == SUCCEEDED:
+            append_event(self.run_dir.events, "finished")
+        elif outcome.result == CANCELLED:
+            append_event(self.run_dir.events, "cancelled", reason=outcome.reason, phase=outcome.phase)
+        else:
+            error = (outcome.error or "")[:ERROR_IN_EVENT_CHARS]
+            append_event(self.run_dir.events, "failed", reason=outcome.reason, phase=outcome.phase, error=error)
+        return outcome
