@@ -1,48 +1,34 @@
-"""What a job leaves behind, by name: files of its run directory and the metrics as CSV.
+"""What a job leaves behind, by name: the documented outputs of its run directory and the metrics as CSV.
 
-The API serves these from the run directory, so the API and the workers must share the runs folder
-(one machine, or a shared volume as in docker-compose.yml).
+The files are exactly `pipebd_core.rundir.OUTPUTS`, so whatever the engine documents can be listed and
+downloaded. The API serves them from the run directory, so the API and the workers must share the runs
+folder (one machine, or a shared volume as in docker-compose.yml).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
 from pathlib import Path
 
 from sqlmodel import Session, col, select
 
 from app.core.tables import Job, JobMetric
-from pipebd_core.rundir import RunDir
+from pipebd_core.rundir import OUTPUTS, Output, RunDir
 from pipebd_core.telemetry import PHASES
 
 METRICS_CSV = "metrics.csv"
 
 
-@dataclass(frozen=True)
-class Artifact:
-    name: str
-    media_type: str
-    description: str
-
-
-FILE_ARTIFACTS = {
-    "student.pt": Artifact("student.pt", "application/octet-stream", "trained students: state_dict, keys blocks.<i>.*"),
-    "compressed_model.pt": Artifact("compressed_model.pt", "application/octet-stream", "assembled compressed network"),
-    "plan.json": Artifact("plan.json", "application/json", "the resolved plan"),
-    "summary.json": Artifact("summary.json", "application/json", "final losses and accuracies"),
-    "spec.json": Artifact("spec.json", "application/json", "the resolved spec"),
-    "events.jsonl": Artifact("events.jsonl", "application/x-ndjson", "lifecycle events written by the engine"),
-}
-CSV_ARTIFACT = Artifact(METRICS_CSV, "text/csv", "every telemetry line of every rank")
+FILE_ARTIFACTS: dict[str, Output] = {output.name: output for output in OUTPUTS}
+CSV_ARTIFACT = Output(METRICS_CSV, "text/csv", "every telemetry line of every rank")
 
 
 def file_path(job: Job, name: str) -> Path | None:
     """The file behind artifact `name`, if the job has it."""
     if job.run_dir is None or name not in FILE_ARTIFACTS:
         return None
-    path = RunDir(Path(job.run_dir)).root / name
+    path = RunDir(Path(job.run_dir)).output(name)
     return path if path.is_file() else None
 
 
@@ -50,9 +36,9 @@ def has_metrics(session: Session, job: Job) -> bool:
     return session.exec(select(JobMetric.id).where(JobMetric.job_id == job.id).limit(1)).first() is not None
 
 
-def available(session: Session, job: Job) -> list[tuple[Artifact, int | None]]:
+def available(session: Session, job: Job) -> list[tuple[Output, int | None]]:
     """(artifact, size in bytes or None when generated) for everything the job has now."""
-    found: list[tuple[Artifact, int | None]] = []
+    found: list[tuple[Output, int | None]] = []
     for name, artifact in FILE_ARTIFACTS.items():
         path = file_path(job, name)
         if path is not None:

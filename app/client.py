@@ -37,6 +37,7 @@ class Follower:
 
     job_id: int
     state: str = "queued"
+    phase: str = ""
     progress: float = 0.0
     samples_per_s: float = 0.0
     losses: dict[str, float] = field(default_factory=dict)
@@ -44,6 +45,9 @@ class Follower:
     def add(self, event: Event) -> None:
         if event.name == "state":
             self.state = event.data["state"]
+        elif event.name == "phase":
+            self.phase = event.data["phase"]
+            self.progress = event.data.get("progress", self.progress)
         elif event.name == "metrics":
             self.progress = event.data.get("progress", self.progress)
             self.samples_per_s = event.data.get("samples_per_s") or 0.0
@@ -56,7 +60,9 @@ class Follower:
         loss = sum(self.losses.values()) / len(self.losses) if self.losses else float("nan")
         bar = "#" * filled + "." * (width - filled)
         speed = f"{self.samples_per_s:.1f} samples/s"
-        return f"job {self.job_id} [{bar}] {self.progress:6.1%} {self.state:<10} loss {loss:.4g} {speed}"
+        return (
+            f"job {self.job_id} [{bar}] {self.progress:6.1%} {self.state:<10} {self.phase:<8} loss {loss:.4g} {speed}"
+        )
 
 
 def headers(token: str | None) -> dict[str, str]:
@@ -136,8 +142,8 @@ def follow(server: str, token: str | None, job_id: int) -> str:
         if event.name == "end":
             final = event.data["state"]
             continue
-        due = interactive or event.name == "state" or time.time() - printed >= QUIET_PRINT_S
-        if event.name in ("state", "metrics") and due:
+        due = interactive or event.name in ("state", "phase") or time.time() - printed >= QUIET_PRINT_S
+        if event.name in ("state", "phase", "metrics") and due:
             print(follower.line(), end="\r" if interactive else "\n", file=sys.stderr, flush=True)
             printed = time.time()
     print(file=sys.stderr)

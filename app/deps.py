@@ -1,12 +1,11 @@
-"""FastAPI dependencies: the app's settings, a database session per request, the Celery producer,
-the job named in the path, and the two authorization levels."""
+"""FastAPI dependencies: the app's settings, a database session per request, the job named in the
+path, and the two authorization levels."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Annotated
 
-from celery import Celery
 from fastapi import Depends, HTTPException, Request, status
 from sqlmodel import Session
 
@@ -26,14 +25,8 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-def get_celery(request: Request) -> Celery:
-    celery: Celery = request.app.state.celery
-    return celery
-
-
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
-CeleryDep = Annotated[Celery, Depends(get_celery)]
 ReadAccess = Depends(require("read"))
 SubmitAccess = Depends(require("submit"))
 

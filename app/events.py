@@ -1,4 +1,4 @@
-"""Server-Sent Events for one job: state changes, metric batches and log lines, then `end`.
+"""Server-Sent Events for one job: state and phase changes, metric batches and log growth, then `end`.
 
 Every event carries its database id as the SSE `id`, so a client that reconnects with
 `Last-Event-ID` gets exactly the events it missed. Comment lines keep idle connections alive, and an

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from app.core.settings import Settings
-from pipebd_core.launch import resolve_plan
+from pipebd_core.launch import preflight
 from pipebd_core.plan import PlanError
 from pipebd_core.spec import Spec, SpecError, parse_spec
 
@@ -78,22 +78,6 @@ def policy_problems(spec: Spec, settings: Settings) -> list[str]:
                 " (an operator can extend PIPEBD_FACTORY_ALLOWLIST)"
             )
     return problems
-
-
-def preflight(spec: Spec) -> None:
-    """The engine's launch checks without profiling: data set, workload, plan. Raises SpecError."""
-    document = spec.model_dump(mode="json")
-    document["schedule"]["profile"] = False
-    if document["schedule"]["mode"] == "auto":  # auto plans from a profile; ir is one of its candidates,
-        document["schedule"].update(mode="ir", stages=None)  # and runs wherever the batch splits over nproc
-    try:
-        resolve_plan(parse_spec(document))
-    except (SpecError, PlanError):
-        raise
-    except Exception as error:  # user factories may raise anything; say which and why
-        raise SpecError(
-            f"workload: building the workload or data set failed: {type(error).__name__}: {error}"
-        ) from None
 
 
 def validate_document(document: dict[str, Any], settings: Settings) -> Spec:

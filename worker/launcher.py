@@ -1,16 +1,15 @@
-"""Running one job on this node: claim, prepare, launch torchrun, follow, stop, record the outcome.
+"""Running one job on this node: claim, prepare, run its phases under the supervisor, record the outcome.
 
 claim      compare-and-set queued -> starting (a job is launched at most once, whoever else got it)
-prepare    the engine's prepare_run writes spec.json and plan.json (profiling first when asked);
-           heartbeats continue meanwhile; a profiling torchrun runs in its own session under the run
-           directory, is recorded as the job's pid (so the reaper can kill it if this worker dies)
-           and is stopped at once on cancel, deletion or shutdown
-launch     torchrun in its own session (one process group for the whole job), -> running
-follow     every poll: telemetry and logs into the database, the job's state (cancel requests),
-           heartbeats, the wall-clock limit, the worker shutting down
-stop       SIGTERM to the torchrun agent, SIGKILL to every descendant still alive after a grace period
+prepare    the engine's prepare_run checks the spec, data, workload and a plan without profiling, and
+           writes the run directory's spec.json and phases.json; -> running
+phases     pipebd_core.supervisor runs profile, plan, distill, finalize, exactly as `pipebd run` does;
+           this module's watcher, on every poll: telemetry and log growth into the database (a phase's
+           processes are recorded as the job's pid, so the reaper can kill them if this worker dies),
+           heartbeats, the job's state (cancel requests), the worker shutting down; each phase change
+           is stored on the job and as a `phase` event
 outcome    succeeded, or failed with a reason (rank_error with the first rank's traceback, oom,
-           exit_code, timeout, worker_lost), or cancelled
+           exit_code, timeout, worker_lost, launch_error), or cancelled
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import socket
 import subprocess
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -29,35 +27,23 @@ from sqlalchemy import update
 from sqlmodel import col
 
 from app.core.database import session_scope
-from app.core.lifecycle import (
-    ALLOWED_MOVES,
-    CANCELLED,
-    CANCELLING,
-    FAILED,
-    FINAL,
-    QUEUED,
-    RUNNING,
-    STARTING,
-    SUCCEEDED,
-    transition,
-)
+from app.core.lifecycle import ALLOWED_MOVES, CANCELLING, FAILED, FINAL, QUEUED, RUNNING, STARTING, transition
 from app.core.settings import Settings
-from app.core.tables import Job, now
-from pipebd_core.launch import prepare_run, start_ranks
-from pipebd_core.plan import Plan
-from pipebd_core.planning.profiles import ProfilingWatch, watch_profiling
-from pipebd_core.processes import stop_process_tree
+from app.core.tables import Job, JobEvent, now
+from pipebd_core.launch import prepare_run
+from pipebd_core.outcomes import SUCCEEDED
+from pipebd_core.phases import PhaseRecord, current
+from pipebd_core.plan import PlanError
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import Spec, parse_spec
-from worker.diagnosis import diagnose
+from pipebd_core.spec import SpecError, parse_spec
+from pipebd_core.supervisor import Outcome, Stop, Supervisor, Watcher
 from worker.streaming import TelemetryStreamer
 
-SHUTDOWN = threading.Event()  # set when the worker is asked to stop: running jobs end as worker_lost
 log = logging.getLogger("pipebd.worker")
 
 
 def record(database: str, job_id: int, **fields: Any) -> None:
-    """Update fields that are not the state (heartbeat, pid, plan summary)."""
+    """Update fields that are not the state (heartbeat, pid, plan summary, phases)."""
     with session_scope(database) as session:
         session.execute(update(Job).where(col(Job.id) == job_id).values(**fields))
 
@@ -85,16 +71,67 @@ def free_run_dir(runs: Path, job_id: int) -> Path:
     return path if not path.exists() else runs / f"job-{job_id}-{int(time.time())}"
 
 
-class JobRunner:
-    """Runs job `job_id` to a final state; every exit path leaves no process behind."""
+class JobWatcher(Watcher):
+    """The worker's side of the supervisor: telemetry, heartbeats, phases and cancel requests."""
 
-    def __init__(self, job_id: int, settings: Settings, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, runner: JobRunner, run_dir: RunDir, nproc: int) -> None:
+        self.runner, self.run_dir = runner, run_dir
+        self.database, self.job_id = runner.database, runner.job_id
+        self.streamer = TelemetryStreamer(self.database, self.job_id, run_dir, nproc)
+        self.records: list[PhaseRecord] = []
+
+    def phases_changed(self, records: list[PhaseRecord]) -> None:
+        self.records = records
+        now_running = current(records)
+        name = now_running.name if now_running else records[-1].name
+        progress = self.streamer.progress(name, records)
+        data: dict[str, Any] = {"phase": name, "phases": [r.to_json() for r in records], **progress}
+        fields = dict(data)
+        if self.run_dir.plan.exists():
+            fields["plan_summary"] = plan_summary(self.run_dir.read_json(self.run_dir.plan))
+        with session_scope(self.database) as session:
+            session.execute(update(Job).where(col(Job.id) == self.job_id).values(**fields))
+            session.add(JobEvent(job_id=self.job_id, kind="phase", data=data))
+
+    def process_changed(self, phase: str, process: subprocess.Popen[bytes] | None) -> None:
+        record(self.database, self.job_id, pid=process.pid if process is not None else None)
+
+    def tick(self, phase: str) -> Stop | None:
+        self.streamer.poll(phase, self.records)
+        self.runner.heartbeat()
+        state = current_state(self.database, self.job_id)
+        if state == CANCELLING:
+            return Stop("cancelled", "user_cancelled")
+        if state is None or state in FINAL:  # deleted, or failed by the reaper: just stop
+            return Stop("failed", "worker_lost", f"the job was ended elsewhere ({state or 'deleted'})")
+        if self.runner.shutdown.is_set():
+            worker = self.runner.settings.worker_name
+            return Stop("failed", "worker_lost", f"the worker {worker} was shut down during the {phase} phase")
+        return None
+
+    def drain(self, phase: str) -> None:
+        self.streamer.poll(phase, self.records)
+
+
+class JobRunner:
+    """Runs job `job_id` to a final state; every exit path leaves no process behind.
+
+    `shutdown` is set when the worker is asked to stop: the running phase is stopped and the job ends
+    as worker_lost."""
+
+    def __init__(
+        self,
+        job_id: int,
+        settings: Settings,
+        shutdown: threading.Event,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.job_id = job_id
         self.settings = settings
         self.database = settings.database
+        self.shutdown = shutdown
         self.extra_env = extra_env or {}
         self.last_heartbeat = 0.0
-        self.profiler: subprocess.Popen[bytes] | None = None  # the profiling torchrun while one runs
 
     def run(self) -> str:
         """The job's final state, or 'not claimed' when it was not queued (another worker, cancelled)."""
@@ -104,7 +141,7 @@ class JobRunner:
             run_dir = self.prepare()
             if run_dir is None:
                 return current_state(self.database, self.job_id) or "deleted"
-            return self.launch_and_follow(run_dir)
+            return self.run_phases(run_dir)
         except Exception as error:
             log.exception("job %s: the worker failed", self.job_id)
             message = f"the worker failed while running the job: {type(error).__name__}: {error}"
@@ -135,121 +172,44 @@ class JobRunner:
             self.last_heartbeat = time.time()
 
     def prepare(self) -> RunDir | None:
-        """prepare_run in a thread while heartbeating; None when the job ended meanwhile (cancel, failure).
-
-        A profiling job is stopped as soon as the job is cancelled or deleted or the worker shuts down.
-        """
+        """The run directory with spec.json and phases.json, the job then `running`; None when the job
+        cannot run (failed as launch_error) or ended meanwhile (cancelled, deleted)."""
         with session_scope(self.database) as session:
             job = session.get(Job, self.job_id)
             assert job is not None
             spec = parse_spec(job.spec)
         path = free_run_dir(self.settings.runs, self.job_id)
-        record(self.database, self.job_id, run_dir=str(path))
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            future: Future[RunDir] = pool.submit(self.prepare_watched, spec, path)
-            while not future.done():
-                self.heartbeat()
-                state = current_state(self.database, self.job_id)
-                if state == CANCELLING or state is None or state in FINAL or SHUTDOWN.is_set():
-                    self.stop_profiler()
-                wait([future], timeout=self.settings.poll_s)
-            error = future.exception()
-        state = current_state(self.database, self.job_id)
-        if state == CANCELLING:
-            move(self.database, self.job_id, CANCELLED, [CANCELLING], termination_reason="user_cancelled")
-            return None
-        if state != STARTING:  # deleted, or failed by the reaper meanwhile
-            return None
-        if SHUTDOWN.is_set():
-            message = f"the worker {self.settings.worker_name} was shut down while the job was starting"
-            move(self.database, self.job_id, FAILED, [STARTING], termination_reason="worker_lost", error=message)
-            return None
-        if error is not None:
-            message = f"{type(error).__name__}: {error}"
-            move(self.database, self.job_id, FAILED, [STARTING], termination_reason="launch_error", error=message)
-            return None
-        run_dir = future.result()
-        record(self.database, self.job_id, plan_summary=plan_summary(run_dir.read_json(run_dir.plan)))
-        return run_dir
-
-    def prepare_watched(self, spec: Spec, path: Path) -> RunDir:
-        """prepare_run, its profiling job (if any) in `path`/profiling and known to this runner and the database."""
-        watch = ProfilingWatch(path / "profiling", self.profiling_started, self.profiling_ended, self.extra_env)
-        with watch_profiling(watch):
-            return prepare_run(spec, path)
-
-    def profiling_started(self, process: subprocess.Popen[bytes]) -> None:
-        self.profiler = process
-        record(self.database, self.job_id, pid=process.pid)
-
-    def profiling_ended(self, process: subprocess.Popen[bytes]) -> None:
-        self.profiler = None
-        record(self.database, self.job_id, pid=None)
-
-    def stop_profiler(self) -> None:
-        profiler = self.profiler
-        if profiler is not None and profiler.poll() is None:
-            killed = stop_process_tree(profiler, self.settings.kill_grace_s)
-            log.info("job %s: stopped its profiling job (%d processes outlived SIGTERM)", self.job_id, len(killed))
-
-    def launch_and_follow(self, run_dir: RunDir) -> str:
-        spec = parse_spec(run_dir.read_json(run_dir.spec))
-        plan = Plan.from_json(run_dir.read_json(run_dir.plan))
-        process = start_ranks(spec, run_dir, self.extra_env)
-        record(self.database, self.job_id, pid=process.pid)
-        move(self.database, self.job_id, RUNNING, [STARTING])
-        streamer = TelemetryStreamer(self.database, self.job_id, run_dir, plan)
         try:
-            return self.follow(process, run_dir, streamer)
-        finally:
-            if process.poll() is None:  # an exception escaped: never leave ranks behind
-                stop_process_tree(process, self.settings.kill_grace_s)
+            run_dir = prepare_run(spec, path)
+        except (SpecError, PlanError) as error:
+            move(self.database, self.job_id, FAILED, [STARTING], termination_reason="launch_error", error=str(error))
+            return None
+        record(self.database, self.job_id, run_dir=str(path))
+        if move(self.database, self.job_id, RUNNING, [STARTING]):
+            return run_dir
+        if current_state(self.database, self.job_id) == CANCELLING:
+            move(self.database, self.job_id, "cancelled", [CANCELLING], termination_reason="user_cancelled")
+        return None
 
-    def follow(self, process: subprocess.Popen[bytes], run_dir: RunDir, streamer: TelemetryStreamer) -> str:
-        started = time.time()
-        limit = self.settings.job_timeout_s
-        while process.poll() is None:
-            streamer.poll()
-            self.heartbeat()
-            state = current_state(self.database, self.job_id)
-            if state == CANCELLING:
-                return self.stop(process, streamer, CANCELLED, "user_cancelled", None)
-            if state is None or state in FINAL:  # deleted, or failed by the reaper: just stop
-                stop_process_tree(process, self.settings.kill_grace_s)
-                return state or "deleted"
-            if limit is not None and time.time() - started > limit:
-                return self.stop(process, streamer, FAILED, "timeout", f"the job ran longer than {limit:g} s")
-            if SHUTDOWN.is_set():
-                message = f"the worker {self.settings.worker_name} was shut down while the job ran"
-                return self.stop(process, streamer, FAILED, "worker_lost", message)
-            time.sleep(self.settings.poll_s)
-        streamer.poll()
-        return self.finish(process.returncode, run_dir)
-
-    def stop(
-        self, process: subprocess.Popen[bytes], streamer: TelemetryStreamer, target: str, reason: str, error: str | None
-    ) -> str:
-        killed = stop_process_tree(process, self.settings.kill_grace_s)
-        if killed:
-            log.info("job %s: killed %d processes that outlived SIGTERM", self.job_id, len(killed))
-        streamer.poll()
-        fields = {"termination_reason": reason, "error": error, "exit_code": process.returncode}
-        sources = [state for state in (STARTING, RUNNING, CANCELLING) if target in ALLOWED_MOVES[state]]
-        move(self.database, self.job_id, target, sources, **fields)
-        return current_state(self.database, self.job_id) or target
-
-    def finish(self, code: int, run_dir: RunDir) -> str:
-        if code == 0 and run_dir.summary.exists():
-            move(self.database, self.job_id, SUCCEEDED, [RUNNING, CANCELLING], exit_code=0, progress=1.0)
-            return SUCCEEDED
-        reason, error = diagnose(run_dir, code)
-        move(
-            self.database,
-            self.job_id,
-            FAILED,
-            [RUNNING, CANCELLING],
-            termination_reason=reason,
-            error=error,
-            exit_code=code,
+    def run_phases(self, run_dir: RunDir) -> str:
+        nproc = parse_spec(run_dir.read_json(run_dir.spec)).schedule.nproc
+        supervisor = Supervisor(
+            run_dir,
+            JobWatcher(self, run_dir, nproc),
+            poll_s=self.settings.poll_s,
+            kill_grace_s=self.settings.kill_grace_s,
+            time_limit_s=self.settings.job_timeout_s,
+            extra_env=self.extra_env,
         )
-        return FAILED
+        return self.finish(supervisor.run())
+
+    def finish(self, outcome: Outcome) -> str:
+        """Record the job's end; a job that ended elsewhere meanwhile (deleted, reaped) keeps that end."""
+        sources = [state for state in (STARTING, RUNNING, CANCELLING) if outcome.result in ALLOWED_MOVES[state]]
+        fields: dict[str, Any] = {"pid": None}
+        if outcome.result == SUCCEEDED:
+            fields.update(progress=1.0, phase_progress=1.0, exit_code=0)
+        else:
+            fields.update(termination_reason=outcome.reason, error=outcome.error, exit_code=outcome.exit_code)
+        move(self.database, self.job_id, outcome.result, sources, **fields)
+        return current_state(self.database, self.job_id) or "deleted"

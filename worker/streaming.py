@@ -1,14 +1,15 @@
-"""Bringing a running job's files into the database: telemetry lines in batches, log lines, progress.
+"""Bringing a running job's files into the database: telemetry lines in batches, log growth, progress.
 
-Each poll reads the complete lines the ranks appended since the last poll and writes, in one
-transaction, the `job_metric` rows (and the chart rollups they complete, app/core/rollups.py), one
-`metrics` event naming their id range, `log` events, and the job's progress and samples/s. The event
-stream of the API replays exactly these events.
+Each poll reads the complete telemetry lines the ranks appended since the last poll and writes, in
+one transaction, the `job_metric` rows (and the chart rollups they complete, app/core/rollups.py),
+one `metrics` event naming their id range, and the job's progress and samples/s (from
+pipebd_core.progress, as `pipebd run` computes them). Logs are not copied: a `log` event says which
+log of which phase grew to what size, and readers fetch the bytes from the run directory
+(`GET /api/v1/jobs/{id}/logs`). The event stream of the API replays exactly these events.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from sqlalchemy import update
@@ -18,81 +19,86 @@ from app.core.database import session_scope
 from app.core.downsample import to_point
 from app.core.rollups import RollupBuilder
 from app.core.tables import Job, JobEvent, JobMetric, now
+from pipebd_core.phases import PhaseRecord, job_fraction
 from pipebd_core.plan import Plan
-from pipebd_core.progress import FileTail, MetricsFollower
-from pipebd_core.rundir import RunDir
+from pipebd_core.progress import MetricsFollower
+from pipebd_core.rundir import DISTILL, RunDir
 
-LOG_LINES_PER_EVENT = 200  # longer bursts are split over several events
 LAUNCHER = "launcher"
+PHASES_WITH_METRICS = (DISTILL,)
 
 
 class TelemetryStreamer:
-    def __init__(self, database: str, job_id: int, run_dir: RunDir, plan: Plan) -> None:
-        self.database = database
-        self.job_id = job_id
-        self.follower = MetricsFollower(run_dir, plan)
+    def __init__(self, database: str, job_id: int, run_dir: RunDir, nproc: int) -> None:
+        self.database, self.job_id, self.run_dir, self.nproc = database, job_id, run_dir, nproc
+        self.followers: dict[str, MetricsFollower] = {}
         self.rollups = RollupBuilder(job_id)
-        self.logs: dict[str, FileTail] = {str(rank): FileTail(run_dir.log(rank)) for rank in range(plan.nproc)}
-        self.logs[LAUNCHER] = FileTail(run_dir.root / "logs" / "launcher.log")
-        self.lines_stored = 0
-        self.nproc, self.batch_size = plan.nproc, plan.batch_size
-        self.total_steps = int(plan.details.get("total_steps", 0))
-        self.started = time.time()
+        self.log_sizes: dict[tuple[str, str], int] = {}
 
-    def progress(self) -> tuple[float, float]:
-        """(fraction done, samples/s) from each rank's latest `done`/`total`.
+    def follower(self, phase: str) -> MetricsFollower | None:
+        """The telemetry of `phase`, once it has a plan to read it against."""
+        if phase not in PHASES_WITH_METRICS or not self.run_dir.plan.exists():
+            return None
+        if phase not in self.followers:
+            self.followers[phase] = MetricsFollower(
+                self.run_dir, Plan.from_json(self.run_dir.read_json(self.run_dir.plan))
+            )
+        return self.followers[phase]
 
-        Cheap on purpose: the engine's Progress.fraction enumerates every task of every rank on each
-        call (about a second for a 40,000-step job), which would stall heartbeats. A rank that has not
-        reported yet counts as nothing done of the largest total reported.
-        """
-        latest = self.follower.progress.latest
-        if not latest:
-            return 0.0, 0.0
-        largest = max(record["total"] for record in latest.values())
-        done = sum(record["done"] for record in latest.values())
-        total = sum(record["total"] for record in latest.values()) + largest * (self.nproc - len(latest))
-        fraction = min(1.0, done / max(1, total))
-        elapsed = max(1e-9, time.time() - self.started)
-        return fraction, fraction * self.total_steps * self.batch_size / elapsed
+    def progress(self, phase: str, records: list[PhaseRecord]) -> dict[str, float | None]:
+        """The job row's progress fields: the whole job's and `phase`'s fraction done, the phase's samples/s."""
+        follower = self.followers.get(phase)
+        fraction = follower.progress.fraction if follower is not None else 0.0
+        speed = follower.progress.samples_per_s() if follower is not None else None
+        return {"progress": job_fraction(records, fraction), "phase_progress": fraction, "samples_per_s": speed}
 
-    def poll(self) -> int:
-        """Store what is new; returns the number of telemetry lines stored."""
-        records = self.follower.poll()
-        logs = {source: tail.read_new() for source, tail in self.logs.items()}
-        logs = {source: lines for source, lines in logs.items() if lines}
-        if not records and not logs:
+    def poll(self, phase: str, records: list[PhaseRecord]) -> int:
+        """Store what is new in `phase`; returns the number of telemetry lines stored."""
+        follower = self.follower(phase)
+        lines = follower.poll() if follower is not None else []
+        grown = self.grown_logs(phase)
+        if not lines and not grown:
             return 0
         with session_scope(self.database) as session:
-            if records:
-                self._store_metrics(session, records)
-            for source, lines in logs.items():
-                for start in range(0, len(lines), LOG_LINES_PER_EVENT):
-                    chunk = lines[start : start + LOG_LINES_PER_EVENT]
-                    rank = None if source == LAUNCHER else int(source)
-                    session.add(JobEvent(job_id=self.job_id, kind="log", data={"rank": rank, "lines": chunk}))
-        self.lines_stored += len(records)
-        return len(records)
+            if lines:
+                self._store_metrics(session, lines, phase, records)
+            for source, size in grown:
+                rank = None if source == LAUNCHER else int(source)
+                session.add(JobEvent(job_id=self.job_id, kind="log", data={"phase": phase, "rank": rank, "size": size}))
+        return len(lines)
 
-    def _store_metrics(self, session: Session, records: list[dict[str, Any]]) -> None:
+    def grown_logs(self, phase: str) -> list[tuple[str, int]]:
+        """(source, size) of each log of `phase` that grew since the last poll."""
+        sources = {LAUNCHER: self.run_dir.launcher_log(phase)}
+        sources.update({str(rank): self.run_dir.log(rank, phase) for rank in range(self.nproc)})
+        grown = []
+        for source, path in sources.items():
+            size = path.stat().st_size if path.exists() else 0
+            if size > self.log_sizes.get((phase, source), 0):
+                self.log_sizes[(phase, source)] = size
+                grown.append((source, size))
+        return grown
+
+    def _store_metrics(
+        self, session: Session, lines: list[dict[str, Any]], phase: str, records: list[PhaseRecord]
+    ) -> None:
         rows = [
             JobMetric(
                 job_id=self.job_id,
-                rank=int(record["rank"]),
-                seq=int(record.get("done", 0)),
-                epoch=int(record.get("epoch", 0)),
-                step=int(record.get("step", 0)),
-                time=float(record.get("time", now())),
-                record=record,
+                rank=int(line["rank"]),
+                seq=int(line.get("done", 0)),
+                epoch=int(line.get("epoch", 0)),
+                step=int(line.get("step", 0)),
+                time=float(line.get("time", now())),
+                record=line,
             )
-            for record in records
+            for line in lines
         ]
         session.add_all(rows)
         session.add_all(self.rollups.add([to_point(row.record, row.seq) for row in rows]))
         session.flush()
-        fraction, speed = self.progress()
+        progress = self.progress(phase, records)
         ids = [row.id for row in rows if row.id is not None]
-        data = {"first_id": min(ids), "last_id": max(ids), "progress": fraction, "samples_per_s": speed}
+        data = {"first_id": min(ids), "last_id": max(ids), **progress}
         session.add(JobEvent(job_id=self.job_id, kind="metrics", data=data))
-        statement = update(Job).where(col(Job.id) == self.job_id).values(progress=fraction, samples_per_s=speed)
-        session.execute(statement)
+        session.execute(update(Job).where(col(Job.id) == self.job_id).values(**progress))

@@ -8,7 +8,7 @@ from app.core.database import session_scope
 from app.core.queue import TASK_NAME
 from app.core.settings import get_settings
 from app.core.tables import Job
-from worker.celery_app import celery_app
+from worker.celery_app import celery_app, shutting_down
 from worker.devices import DevicePool, detect_devices
 from worker.launcher import JobRunner
 
@@ -34,4 +34,4 @@ def run_job(job_id: int) -> str:
     if nproc is None:
         return "deleted"
     with device_pool().take(nproc) as env:
-        return JobRunner(job_id, get_settings(), env).run()
+        return JobRunner(job_id, get_settings(), shutting_down, env).run()

@@ -136,8 +136,11 @@ class LogChunk(BaseModel):
     """A chunk of a log file, read from a byte offset; poll again from `next_offset` to follow it."""
 
     job_id: int = Field(description="the job")
+    phase: str = Field(description="the phase whose log this is: profile, distill, finalize, ...")
     rank: int | None = Field(description="the rank whose log this is; null for the launcher (torchrun) log")
-    file: str = Field(description="the log's file name: `launcher.log` or `rank-<r>.log`")
+    file: str = Field(
+        description="the log's path in the run directory: `logs/<phase>/launcher.log` or `.../rank-<r>.log`"
+    )
     offset: int = Field(description="byte offset the chunk starts at")
     next_offset: int = Field(description="byte offset after the chunk: the `offset` of the next call")
     size: int = Field(description="the file's size in bytes now (0 before it exists)")
@@ -271,8 +274,25 @@ def iso(value: float | None) -> str | None:
     return None if value is None else datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
 
 
+class PhaseState(BaseModel):
+    """One phase of a job (pipebd_core.phases): where it stands and how it ended."""
+
+    name: str = Field(description="profile, plan, distill or finalize (in that order; later engines add more)")
+    runs: str = Field(description="what it runs: `torchrun` (a process per rank), `process` (one) or `local`")
+    state: str = Field(description="pending, running or ended")
+    outcome: str | None = Field(description="once ended: succeeded, failed, cancelled or skipped")
+    reason: str | None = Field(description="why it failed or was cancelled (a termination reason), or was skipped")
+    started_at: float | None = Field(description="when it started (ISO 8601, UTC)")
+    ended_at: float | None = Field(description="when it ended (ISO 8601, UTC)")
+    outputs: list[str] = Field(description="what it writes in the run directory")
+
+    @field_serializer("started_at", "ended_at")
+    def _as_iso(self, value: float | None) -> str | None:
+        return iso(value)
+
+
 class JobPublic(BaseModel):
-    """A job in lists: its state and progress, never its spec."""
+    """A job in lists: its state, current phase and progress, never its spec."""
 
     id: int = Field(description="The job's id, as in /api/v1/jobs/{id}")
     name: str = Field(description="The spec's name")
@@ -285,7 +305,9 @@ class JobPublic(BaseModel):
     updated_at: float = Field(description="Its last state or progress change (ISO 8601, UTC)")
     started_at: float | None = Field(description="When a worker claimed it (ISO 8601, UTC)")
     finished_at: float | None = Field(description="When it reached a final state (ISO 8601, UTC)")
-    progress: float = Field(description="Fraction of the training steps done, 0 to 1")
+    phase: str | None = Field(description="The phase running now, or the one that ran last; null before any")
+    phase_progress: float = Field(description="Fraction of the current phase done, 0 to 1")
+    progress: float = Field(description="Fraction of the whole job done, 0 to 1 (phases weighted by their work)")
     samples_per_s: float | None = Field(description="Recent throughput, samples through every block per second")
     termination_reason: str | None = Field(
         description="Why it ended: user_cancelled, exit_code, rank_error, oom, timeout, worker_lost or launch_error"
@@ -308,6 +330,9 @@ class JobDetail(JobPublic):
     exit_code: int | None = Field(description="torchrun's exit code")
     heartbeat_at: float | None = Field(description="The worker's last heartbeat for this job (ISO 8601, UTC)")
     waiting_reason: str | None = Field(None, description="For a queued job: what it waits for")
+    phases: list[PhaseState] = Field(
+        default_factory=list, description="Every phase of the job in order; empty until a worker prepared it"
+    )
 
     @field_serializer("heartbeat_at")
     def _heartbeat_iso(self, value: float | None) -> str | None:

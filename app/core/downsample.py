@@ -15,6 +15,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from pipebd_core.plan import even_ranges
+
 Point = dict[str, Any]
 
 
@@ -42,13 +44,7 @@ def to_point(record: dict[str, Any], seq: int) -> Point:
 
 def bucket_bounds(length: int, buckets: int) -> list[tuple[int, int]]:
     """`buckets` consecutive [start, stop) ranges covering `length` items, sizes differing by at most one."""
-    base, extra = divmod(length, buckets)
-    bounds, start = [], 0
-    for index in range(buckets):
-        stop = start + base + (1 if index < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
+    return even_ranges(length, buckets)
 
 
 def _weighted_means(points: list[Point], field: str) -> dict[str, float]:

@@ -18,6 +18,7 @@ from sqlalchemy import update
 from sqlmodel import Session
 
 from app.core.tables import Job, JobEvent, now
+from pipebd_core.outcomes import TERMINATION_REASONS
 
 QUEUED, STARTING, RUNNING, CANCELLING = "queued", "starting", "running", "cancelling"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
@@ -34,17 +35,6 @@ ALLOWED_MOVES: dict[str, frozenset[str]] = {
     FAILED: frozenset(),
     CANCELLED: frozenset(),
 }
-
-# Why a job ended other than by succeeding.
-TERMINATION_REASONS = (
-    "user_cancelled",  # someone asked to cancel it
-    "exit_code",  # the ranks exited non-zero without a rank error report
-    "rank_error",  # a rank raised; `error` holds its traceback
-    "oom",  # a rank ran out of memory (CUDA OOM, or killed by the kernel)
-    "timeout",  # it ran longer than PIPEBD_JOB_TIMEOUT_S
-    "worker_lost",  # its worker died or shut down while it ran
-    "launch_error",  # the worker could not prepare it (data gone, plan or profiling failed)
-)
 
 
 class TransitionError(ValueError):
@@ -67,7 +57,7 @@ def transition(session: Session, job_id: int, target: str, expected: Iterable[st
     sources = sorted(set(expected))
     for source in sources:
         check_move(source, target)
-    if fields.get("termination_reason") not in (None, *TERMINATION_REASONS):
+    if fields.get("termination_reason") not in (None, *TERMINATION_REASONS):  # the table: pipebd_core.outcomes
         raise TransitionError(f"unknown termination_reason {fields['termination_reason']!r}")
     stamp = now()
     values: dict[str, Any] = {"state": target, "updated_at": stamp, **fields}

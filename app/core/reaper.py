@@ -2,11 +2,11 @@
 
 A launched job is lost when its heartbeat is older than `stale_after_s` and its worker process is
 gone. Whether the process is gone can be seen only on the worker's host; from another host a stale
-heartbeat is enough. A lost job is failed with `worker_lost`; when it ran on this host and its
-torchrun process group is still alive (the worker was killed, its ranks were not), the group is
-killed too, so no orphan holds a device. While a job is starting that group is its profiling job's
-(the worker records that torchrun as the job's pid; it runs under the job's run directory). The API
-runs this periodically; every worker runs it at start-up.
+heartbeat is enough. A lost job is failed with `worker_lost`; when it ran on this host and the
+process group of its running phase is still alive (the worker was killed, its ranks were not), the
+group is killed too, so no orphan holds a device. Whatever the phase (profile, distill, finalize),
+the worker records its torchrun or process as the job's pid, and it names the job's run directory on
+its command line. The API runs this periodically; every worker runs it at start-up.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from app.core.database import session_scope
 from app.core.lifecycle import ACTIVE, FAILED, transition
 from app.core.tables import Job
 
-LOST_MESSAGE = "the worker {worker} stopped sending heartbeats ({age:.0f} s) while the job was {state}"
+LOST_MESSAGE = "the worker {worker} stopped sending heartbeats ({age:.0f} s) while the job was {state}{phase}"
 
 
 def kill_orphans(job: Job) -> list[int]:
@@ -74,7 +74,8 @@ def reap_lost_jobs(database: str, stale_after_s: float) -> list[int]:
             if fresh is None or fresh.state not in ACTIVE or (fresh.heartbeat_at or fresh.updated_at) >= cutoff:
                 continue  # it ended or its worker spoke meanwhile
             age = time.time() - (fresh.heartbeat_at or fresh.updated_at)
-            message = LOST_MESSAGE.format(worker=fresh.worker or "?", age=age, state=fresh.state)
+            phase = f" (phase {fresh.phase})" if fresh.phase else ""
+            message = LOST_MESSAGE.format(worker=fresh.worker or "?", age=age, state=fresh.state, phase=phase)
             if not transition(session, job.id, FAILED, [fresh.state], termination_reason="worker_lost", error=message):
                 continue
         kill_orphans(fresh)

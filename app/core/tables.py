@@ -2,7 +2,7 @@
 
 Tables: `job` (one row per submitted spec and its lifecycle), `job_metric` (one telemetry line of one
 rank), `job_metric_rollup` (runs of consecutive lines merged for charts of long jobs), `job_event`
-(what an event stream replays: state changes, metric batches, log lines) and `worker` (each worker's
+(what an event stream replays: state and phase changes, metric batches, log growth) and `worker` (each worker's
 advertised devices and last heartbeat). Times are Unix seconds in the
 database (the API's answer models in app/api/schemas.py show them as ISO 8601, UTC). The Alembic
 migrations in migrations/ create the same schema.
@@ -41,7 +41,10 @@ class Job(SQLModel, table=True):
     worker_pid: int | None = None  # the worker process running the job, on `host`
     pid: int | None = None  # the torchrun agent (the profiling one while starting), leader of its own session
     run_dir: str | None = None
-    progress: float = 0.0
+    phase: str | None = Field(default=None, max_length=20)  # the phase running now, else the one that ran last
+    phases: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))  # pipebd_core.phases records
+    phase_progress: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})  # of the current phase
+    progress: float = 0.0  # of the whole job (pipebd_core.phases.job_fraction)
     samples_per_s: float | None = None
     plan_summary: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     termination_reason: str | None = Field(default=None, max_length=32)
@@ -89,7 +92,7 @@ class JobEvent(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)  # the SSE event id
     job_id: int = Field(foreign_key="job.id")
-    kind: str = Field(max_length=16)  # state | metrics | log
+    kind: str = Field(max_length=16)  # state | phase | metrics | log
     data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     time: float = Field(default_factory=now)
 

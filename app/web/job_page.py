@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse
 from sqlmodel import Session
 
 from app.artifacts import available
-from app.core.lifecycle import FINAL
+from app.core.lifecycle import FINAL, SUCCEEDED
 from app.core.tables import Job
 from app.deps import SessionDep, SettingsDep
 from app.jobs import waiting_reason
@@ -26,21 +26,15 @@ from app.web.analysis import LABELS, find_bottleneck, rank_loads
 from app.web.architecture import MAX_COLUMNS, architecture_view, spaced
 from app.web.routing import PageError, PageRoute
 from app.web.templating import render
-from app.web.views import job_row, plan_view
+from app.web.views import job_row, phase_timeline, plan_view
+from pipebd_core.outcomes import TERMINATION_REASONS
+from pipebd_core.phases import PHASE_KINDS, job_phases
+from pipebd_core.rundir import DISTILL
+from pipebd_core.spec import parse_spec
 
 router = APIRouter(route_class=PageRoute)
 GANTT_LINES = 8  # newest telemetry lines per rank handed to the page for the measured schedule
 HISTORY_POINTS = 500  # chart points per rank the page starts from (the server downsamples to these)
-
-TERMINATION = {
-    "user_cancelled": "Someone cancelled the job.",
-    "exit_code": "The ranks exited with a non-zero code without reporting an error; the launcher log says more.",
-    "rank_error": "A rank raised an exception; its traceback is below.",
-    "oom": "A rank ran out of memory. Give each rank fewer rows (a smaller batch, more replicas) or fewer blocks.",
-    "timeout": "The job ran longer than the server's time limit (PIPEBD_JOB_TIMEOUT_S) and was stopped.",
-    "worker_lost": "Its worker stopped sending heartbeats (it died or was shut down); its ranks were killed.",
-    "launch_error": "The worker could not prepare the job (data set, plan or profiling failed); see the error below.",
-}
 
 
 class JobParts:
@@ -69,8 +63,13 @@ class JobParts:
 
     def status(self) -> dict[str, Any]:
         reason = waiting_reason(self.session, job=self.job, stale_after_s=self.stale_after_s)
-        explanation = TERMINATION.get(self.job.termination_reason or "")
-        return {"row": job_row(self.job), "waiting": reason, "explanation": explanation}
+        explanation = TERMINATION_REASONS.get(self.job.termination_reason or "")
+        return {
+            "row": job_row(self.job),
+            "waiting": reason,
+            "explanation": explanation,
+            "phases": phase_timeline(self.job),
+        }
 
     @property
     def recent(self) -> dict[int, list[dict[str, Any]]]:
@@ -142,6 +141,16 @@ class JobParts:
         }
 
 
+def log_phases(job: Job) -> dict[str, Any]:
+    """The phases whose logs the log panel offers (those that run processes), and the one it opens on: the
+    running phase, or the one a job failed or was cancelled in; the distillation once it succeeded."""
+    names = [entry["name"] for entry in job.phases or []] or job_phases(parse_spec(job.spec))
+    logged = [name for name in names if PHASE_KINDS[name].runs != "local"]
+    where = job.phase if job.state != SUCCEEDED and job.phase in logged else DISTILL
+    current = where if where in logged else logged[0]
+    return {"log_phases": logged, "log_phase": current}
+
+
 def get_page_job(session: Session, job_id: int) -> Job:
     job = session.get(Job, job_id)
     if job is None:
@@ -156,7 +165,7 @@ def job_page(
     job = get_page_job(session, job_id)
     parts = JobParts(session, job, settings.stale_after_s)
     config = {**parts.config(), "canSubmit": viewer.can_submit, "historyPoints": HISTORY_POINTS}
-    context: dict[str, Any] = {"job": job, "config": config, "history_points": HISTORY_POINTS}
+    context: dict[str, Any] = {"job": job, "config": config, "history_points": HISTORY_POINTS, **log_phases(job)}
     for name, build in parts.builders().items():
         context[name] = build()
     return render(request, "jobs/detail.html", context)

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.lifecycle import CANCELLING, FINAL, QUEUED, RUNNING, STARTING
+from app.core.lifecycle import QUEUED, RUNNING, STARTING
 from app.core.tables import Job
 from app.web.templating import blocks as block_text
 
@@ -103,16 +103,30 @@ def job_row(job: Job, now: float | None = None) -> JobRow:
     eta = None
     if job.state == RUNNING and elapsed is not None and 0.0 < job.progress < 1.0:
         eta = elapsed * (1.0 - job.progress) / job.progress
-    version = f"{job.state}:{job.updated_at}:{job.progress:.4f}:{job.samples_per_s}"
+    version = f"{job.state}:{job.phase}:{job.updated_at}:{job.progress:.4f}:{job.samples_per_s}"
     return JobRow(job, elapsed, eta, plan_text(job), job.state in CANCELLABLE, version)
 
 
-def is_final(state: str) -> bool:
-    return state in FINAL
+@dataclass(frozen=True)
+class PhaseStep:
+    """One phase on a job's timeline: `profile 12 s`, with how it went."""
+
+    name: str
+    status: str  # pending, running, or the outcome: succeeded, failed, cancelled, skipped
+    duration_s: float | None
+    reason: str | None
 
 
-def is_stopping(state: str) -> bool:
-    return state == CANCELLING
+def phase_timeline(job: Job, now: float | None = None) -> list[PhaseStep]:
+    """The job's phases in order with their durations so far (a running phase's up to `now`)."""
+    now = now or time.time()
+    steps = []
+    for entry in job.phases or []:
+        started, ended = entry.get("started_at"), entry.get("ended_at")
+        duration = None if started is None else (ended or now) - started
+        status = entry.get("outcome") or entry.get("state", "pending")
+        steps.append(PhaseStep(entry["name"], status, duration, entry.get("reason")))
+    return steps
 
 
 @dataclass

@@ -1,9 +1,12 @@
-"""Fixtures of the service tier: real SQLite and PostgreSQL databases, a real broker, the real app."""
+"""Fixtures of the service tier: real SQLite and PostgreSQL databases, a real broker, the real app, and
+one embedded service (the app and a real `pipebd worker` on SQLite) shared by the tests that run jobs."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -13,6 +16,7 @@ from app.core.database import get_engine
 from app.core.settings import Settings
 from app.main import create_app
 from tests.service.services import Service, create_database, drop_database, start_postgres, start_redis
+from tests.service.workers import WorkerProcess, start_worker, wait_for
 
 REDIS_TEST_DB = 13  # a database number of its own, flushed before and after each test
 
@@ -81,3 +85,39 @@ def settings(tmp_path: Path, database_url: str) -> Settings:
 def client(settings: Settings) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as test_client:
         yield test_client
+
+
+@dataclass
+class Embedded:
+    """The app (in-process) and one real worker process sharing a SQLite database and broker."""
+
+    client: TestClient
+    settings: Settings
+    worker: WorkerProcess
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.settings.runs / f"job-{job_id}"
+
+    def wait_state(self, job_id: int, states: set[str], timeout: float) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            job: dict[str, Any] = self.client.get(f"/api/v1/jobs/{job_id}").json()
+            return job if job["state"] in states else None
+
+        found: dict[str, Any] = wait_for(
+            reached, timeout, f"job {job_id} to reach {states}", lambda: self.worker.output()[-3000:]
+        )
+        return found
+
+
+@pytest.fixture(scope="session")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded]:
+    """One worker advertising 3 devices, with PIPEBD_INJECT_FAULT="2:1": rank 2 raises at step 1, so 1- and
+    2-rank jobs are unaffected and a 3-rank job is the crash test."""
+    folder = tmp_path_factory.mktemp("embedded")
+    settings = make_settings(folder, f"sqlite:///{folder / 'pipebd.db'}")
+    with TestClient(create_app(settings)) as client:
+        worker = start_worker(settings, "embedded", devices=3, extra_env={"PIPEBD_INJECT_FAULT": "2:1"})
+        try:
+            yield Embedded(client, settings, worker)
+        finally:
+            worker.stop()

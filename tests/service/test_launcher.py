@@ -1,6 +1,6 @@
 """Service tier: the launcher in this process, on a real database with real torchrun jobs: the wall-clock
-limit and a worker shutting down (while the job runs, or while it profiles) stop every rank and end the
-job with their reason."""
+limit and a worker shutting down (while the job distils, or while it profiles) stop every rank and end
+the job with their reason."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from tests.service.conftest import make_settings
 from tests.service.factories import long_job, tiny_job
 from tests.service.slow_data import FACTORY as SLOW_DATA
 from tests.service.workers import rank_processes, wait_for
-from worker import launcher
 from worker.launcher import JobRunner
 
 
@@ -45,7 +44,7 @@ def test_a_job_over_its_time_limit_fails_with_timeout(tmp_path: Path) -> None:
         tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", job_timeout_s=3.0, kill_grace_s=2.0, poll_s=0.1
     )
     job_id = queued_job(settings)
-    assert JobRunner(job_id, settings).run() == "failed"
+    assert JobRunner(job_id, settings, threading.Event()).run() == "failed"
     job = stored(settings, job_id)
     assert job.termination_reason == "timeout" and job.error == "the job ran longer than 3 s"
     assert job.run_dir is not None and rank_processes(job.run_dir) == []
@@ -55,17 +54,15 @@ def test_a_worker_shutting_down_stops_its_job_as_worker_lost(tmp_path: Path) -> 
     settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", kill_grace_s=2.0, poll_s=0.1)
     job_id = queued_job(settings)
     outcome: list[str] = []
-    runner = threading.Thread(target=lambda: outcome.append(JobRunner(job_id, settings).run()))
+    shutdown = threading.Event()
+    runner = threading.Thread(target=lambda: outcome.append(JobRunner(job_id, settings, shutdown).run()))
     runner.start()
-    try:
-        wait_for(lambda: stored(settings, job_id).state == "running", 60, "the job to run")
-        launcher.SHUTDOWN.set()
-        runner.join(timeout=30)
-    finally:
-        launcher.SHUTDOWN.clear()
+    wait_for(lambda: stored(settings, job_id).phase == "distill", 60, "the job to distill")
+    shutdown.set()
+    runner.join(timeout=30)
     job = stored(settings, job_id)
     assert outcome == ["failed"] and job.termination_reason == "worker_lost"
-    assert job.error == f"the worker {settings.worker_name} was shut down while the job ran"
+    assert job.error == f"the worker {settings.worker_name} was shut down during the distill phase"
     assert job.run_dir is not None and rank_processes(job.run_dir) == []
 
 
@@ -74,18 +71,16 @@ def test_a_worker_shutting_down_while_profiling_stops_the_profiler(tmp_path: Pat
     data = {"dataset": "custom", "factory": SLOW_DATA, "options": {"delay_s": 1.0}, "batch_size": 4}
     job_id = queued_job(settings, tiny_job("slow-profile", schedule={"profile": True}, data=data))
     outcome: list[str] = []
-    runner = threading.Thread(target=lambda: outcome.append(JobRunner(job_id, settings).run()))
+    shutdown = threading.Event()
+    runner = threading.Thread(target=lambda: outcome.append(JobRunner(job_id, settings, shutdown).run()))
     runner.start()
-    try:
-        wait_for(lambda: stored(settings, job_id).pid is not None, 120, "the profiling job to start")
-        run_dir = stored(settings, job_id).run_dir
-        assert run_dir is not None
-        wait_for(lambda: len(rank_processes(run_dir)) >= 3, 60, "the profiler's ranks")  # agent and 2 ranks
-        launcher.SHUTDOWN.set()
-        runner.join(timeout=15)
-    finally:
-        launcher.SHUTDOWN.clear()
+    wait_for(lambda: stored(settings, job_id).pid is not None, 120, "the profiling job to start")
+    run_dir = stored(settings, job_id).run_dir
+    assert run_dir is not None
+    wait_for(lambda: len(rank_processes(run_dir)) >= 3, 60, "the profiler's ranks")  # agent and 2 ranks
+    shutdown.set()
+    runner.join(timeout=15)
     job = stored(settings, job_id)
     assert outcome == ["failed"] and job.termination_reason == "worker_lost"
-    assert job.error == f"the worker {settings.worker_name} was shut down while the job was starting"
+    assert job.error == f"the worker {settings.worker_name} was shut down during the profile phase"
     assert job.pid is None and rank_processes(run_dir) == []

@@ -19,15 +19,14 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 from sqlmodel import Session, col, select
 
-import pipebd_core.launch as launch
 from app.api import schemas
-from app.api.schemas import JobDetail, JobPublic, JobsPublic
 from app.core.database import get_engine
 from app.core.downsample import to_point
 from app.core.lifecycle import RUNNING
 from app.core.rollups import RollupBuilder, chart_points
 from app.core.settings import Settings
 from app.core.tables import JobMetric
+from pipebd_core.planning.resolve import resolve_plan
 from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_spec
 from tests.service.factories import insert_job, insert_metrics
@@ -131,10 +130,10 @@ def test_error_responses_are_documented(client: TestClient) -> None:
 
 
 def test_models_describe_every_field() -> None:
-    answers = [getattr(schemas, name) for name in dir(schemas)] + [JobPublic, JobDetail, JobsPublic]
+    answers = [getattr(schemas, name) for name in dir(schemas)]
     for model in answers:
         name = getattr(model, "__name__", "")
-        ours = model.__module__ in (schemas.__name__, "app.core.tables") if isinstance(model, type) else False
+        ours = model.__module__ == schemas.__name__ if isinstance(model, type) else False
         if ours and issubclass(model, BaseModel):
             assert model.__doc__, name
             missing = [field for field, info in model.model_fields.items() if not info.description]
@@ -145,9 +144,7 @@ def test_models_describe_every_field() -> None:
 def profiled_plan() -> dict[str, Any]:
     """plan.json of the 2-rank tiny job as the engine writes it, with the predictions of a profiled job."""
     profile = fake_profile([1.0, 2.0, 1.0, 1.5], [0.2, 0.3, 0.2, 0.1], nproc=2, batch_size=10)
-    with pytest.MonkeyPatch.context() as patch:  # no profiling run: the cached profile is this one
-        patch.setattr(launch, "obtain_profile", lambda spec: (profile, True))
-        plan = launch.resolve_plan(tiny_spec(schedule={"mode": "tr_dpu", "nproc": 2, "profile": True})).to_json()
+    plan = resolve_plan(tiny_spec(schedule={"mode": "tr_dpu", "nproc": 2, "profile": True}), profile).to_json()
     written: dict[str, Any] = json.loads(json.dumps(plan, default=str))  # as RunDir.write_json writes it
     return written
 
@@ -156,28 +153,29 @@ def test_plan_logs_and_artifacts_match_their_models(
     client: TestClient, settings: Settings, tmp_path: Path, profiled_plan: dict[str, Any]
 ) -> None:
     run = tmp_path / "run"
-    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "distill").mkdir(parents=True)
     plan = {**profiled_plan, "from_a_newer_engine": {"kept": [1, 2.5, None]}}  # unknown keys pass through
     plan["stages"] = [{**stage, "note": "kept"} for stage in plan["stages"]]
     assert {"predicted_step_s", "alternatives", "simulation", "estimates", "routes", "ranks"} <= plan.keys()
     (run / "plan.json").write_text(json.dumps(plan, indent=2))
-    (run / "logs" / "rank-1.log").write_bytes("épochs \xff\n".encode() + b"\xff done\n")
+    (run / "logs" / "distill" / "rank-1.log").write_bytes("épochs \xff\n".encode() + b"\xff done\n")
     job = insert_job(settings, state=RUNNING, run_dir=str(run))
     plan_path = f"{JOBS}/{{job_id}}/plan"
     check_body(client, plan_path, f"{JOBS}/{job.id}/plan", plan)
-    dp_plan = launch.resolve_plan(tiny_spec(schedule={"mode": "dp", "nproc": 2, "profile": False})).to_json()
+    dp_plan = resolve_plan(tiny_spec(schedule={"mode": "dp", "nproc": 2, "profile": False}), None).to_json()
     (run / "plan.json").write_text(json.dumps(dp_plan, indent=2))
     check_body(client, plan_path, f"{JOBS}/{job.id}/plan", json.loads(json.dumps(dp_plan)))  # no predictions
 
-    text = (run / "logs" / "rank-1.log").read_bytes()
+    text = (run / "logs" / "distill" / "rank-1.log").read_bytes()
     logs = check_body(
         client,
         f"{JOBS}/{{job_id}}/logs",
         f"{JOBS}/{job.id}/logs?rank=1&offset=1&limit=8",  # from inside the "é" to inside the "ÿ"
         {
             "job_id": job.id,
+            "phase": "distill",
             "rank": 1,
-            "file": "rank-1.log",
+            "file": "logs/distill/rank-1.log",
             "offset": 1,
             "next_offset": 9,
             "size": len(text),
@@ -186,7 +184,8 @@ def test_plan_logs_and_artifacts_match_their_models(
     )
     assert logs["text"].startswith("\ufffdpochs") and logs["text"].endswith("\ufffd")
     launcher = f"{JOBS}/{job.id}/logs"
-    expected_launcher = {"job_id": job.id, "rank": None, "file": "launcher.log", "offset": 0, "next_offset": 0}
+    expected_launcher = {"job_id": job.id, "phase": "distill", "rank": None, "file": "logs/distill/launcher.log"}
+    expected_launcher.update(offset=0, next_offset=0)
     check_body(client, f"{JOBS}/{{job_id}}/logs", launcher, {**expected_launcher, "size": 0, "text": ""})
 
     entry = {"media_type": "application/json", "description": "the resolved plan", "name": "plan.json"}

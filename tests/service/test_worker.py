@@ -1,8 +1,8 @@
 """Service tier: a real Celery worker process on the embedded SQLite broker runs real torchrun jobs.
 
-One worker serves the module. It advertises 3 devices and runs with PIPEBD_INJECT_FAULT="2:1", which
-makes rank 2 raise at step 1: 2-rank jobs are unaffected, a 3-rank job is the crash test. The tests of
-a job stopped while it profiles (cancel, the worker killed) start workers of their own with 2 slots.
+The session's `embedded` service (tests/service/conftest.py) runs most of them; its worker makes rank 2
+raise at step 1, so a 3-rank job is the crash test. The tests of a job stopped while it profiles
+(cancel, the worker killed) start workers of their own with 2 slots.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 import torch
 from fastapi.testclient import TestClient
 from sqlmodel import Session
@@ -26,7 +24,7 @@ from app.core.database import get_engine
 from app.core.settings import Settings
 from app.core.tables import Job
 from app.main import create_app
-from tests.service.conftest import make_settings
+from tests.service.conftest import Embedded, make_settings
 from tests.service.factories import long_job, tiny_job
 from tests.service.slow_data import FACTORY as SLOW_DATA
 from tests.service.sse import read_events
@@ -36,46 +34,26 @@ JOB_TIMEOUT_S = 180
 CANCEL_DEADLINE_S = 15
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, Settings, WorkerProcess]]:
-    folder = tmp_path_factory.mktemp("embedded")
-    settings = make_settings(folder, f"sqlite:///{folder / 'pipebd.db'}")
-    with TestClient(create_app(settings)) as client:
-        worker = start_worker(settings, "embedded", devices=3, extra_env={"PIPEBD_INJECT_FAULT": "2:1"})
-        try:
-            yield client, settings, worker
-        finally:
-            worker.stop()
-
-
-def wait_state(
-    client: TestClient, job_id: int, states: set[str], timeout: float, worker: WorkerProcess
-) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}").json()
-        return job if job["state"] in states else None
-
-    return wait_for(reached, timeout, f"job {job_id} to reach {states}", lambda: worker.output()[-3000:])  # type: ignore[no-any-return]
-
-
 def line_count(folder: Path) -> int:
     return sum(len(path.read_text().splitlines()) for path in folder.glob("rank-*.jsonl"))
 
 
 def test_a_job_runs_to_success_with_telemetry_logs_and_artifacts(
-    service: tuple[TestClient, Settings, WorkerProcess],
+    embedded: Embedded,
 ) -> None:
-    client, _, worker = service
+    client = embedded.client
     job_id = client.post("/api/v1/jobs", json=tiny_job()).json()["id"]
-    job = wait_state(client, job_id, {"succeeded", "failed"}, JOB_TIMEOUT_S, worker)
+    job = embedded.wait_state(job_id, {"succeeded", "failed"}, JOB_TIMEOUT_S)
     assert job["state"] == "succeeded", job["error"]
     assert job["progress"] == 1.0 and job["exit_code"] == 0 and job["worker"] == "embedded"
     assert job["plan_summary"]["mode"] == "tr_dpu" and job["plan_summary"]["nproc"] == 2
     detail = client.get(f"/api/v1/jobs/{job_id}").json()
-    run_dir = job_dir(service, job_id)
+    run_dir = embedded.job_dir(job_id)
     assert detail["spec"]["name"] == "tiny"
     metrics = client.get(f"/api/v1/jobs/{job_id}/metrics", params={"max_points": 10000}).json()
-    assert metrics["total"] == line_count(run_dir / "metrics") > 0  # every telemetry line reached the database
+    assert (
+        metrics["total"] == line_count(run_dir / "metrics" / "distill") > 0
+    )  # every telemetry line reached the database
     assert {point["rank"] for point in metrics["points"]} == {0, 1}
     events = read_events(client.get(f"/api/v1/jobs/{job_id}/events").text)
     assert [e["data"]["state"] for e in events if e.get("event") == "state"] == [
@@ -85,8 +63,14 @@ def test_a_job_runs_to_success_with_telemetry_logs_and_artifacts(
         "succeeded",
     ]
     assert sum(len(e["data"]["records"]) for e in events if e.get("event") == "metrics") == metrics["total"]
-    logged = sum(len(e["data"]["lines"]) for e in events if e.get("event") == "log")
-    assert logged == sum(len(path.read_text().splitlines()) for path in (run_dir / "logs").glob("*.log"))
+    grown = {(e["data"]["phase"], e["data"]["rank"]): e["data"]["size"] for e in events if e.get("event") == "log"}
+    for (phase, rank), size in grown.items():  # the last growth each log reported is its final size
+        name = "launcher.log" if rank is None else f"rank-{rank}.log"
+        assert (run_dir / "logs" / phase / name).stat().st_size == size
+    assert {("distill", 0), ("distill", 1), ("finalize", None)} <= set(grown)  # each says what it does
+    phases = [(p["name"], p["outcome"]) for p in detail["phases"]]
+    assert phases == [("plan", "succeeded"), ("distill", "succeeded"), ("finalize", "succeeded")]
+    assert detail["phase"] == "finalize"
     names = {item["name"] for item in client.get(f"/api/v1/jobs/{job_id}/artifacts").json()["data"]}
     assert {"student.pt", "plan.json", "summary.json", "metrics.csv"} <= names
     weights = torch.load(
@@ -95,20 +79,17 @@ def test_a_job_runs_to_success_with_telemetry_logs_and_artifacts(
     assert sorted({key.split(".")[1] for key in weights}) == ["0", "1", "2", "3"]
     assert client.get(f"/api/v1/jobs/{job_id}/plan").json()["mode"] == "tr_dpu"
     rank_log = client.get(f"/api/v1/jobs/{job_id}/logs", params={"rank": 0}).json()
-    assert rank_log["file"] == "rank-0.log" and rank_log["size"] == (run_dir / "logs" / "rank-0.log").stat().st_size
+    rank_0 = run_dir / "logs" / "distill" / "rank-0.log"
+    assert rank_log["file"] == "logs/distill/rank-0.log" and rank_log["size"] == rank_0.stat().st_size
     assert rank_log["next_offset"] == rank_log["size"]
     assert client.delete(f"/api/v1/jobs/{job_id}").status_code == 204
     assert not run_dir.exists()
 
 
-def job_dir(service: tuple[TestClient, Settings, WorkerProcess], job_id: int) -> Path:
-    return service[1].runs / f"job-{job_id}"
-
-
-def test_a_crashing_rank_fails_the_job_with_its_traceback(service: tuple[TestClient, Settings, WorkerProcess]) -> None:
-    client, _, worker = service
+def test_a_crashing_rank_fails_the_job_with_its_traceback(embedded: Embedded) -> None:
+    client = embedded.client
     job_id = client.post("/api/v1/jobs", json=tiny_job(schedule={"nproc": 3})).json()["id"]
-    job = wait_state(client, job_id, {"succeeded", "failed"}, JOB_TIMEOUT_S, worker)
+    job = embedded.wait_state(job_id, {"succeeded", "failed"}, JOB_TIMEOUT_S)
     assert job["state"] == "failed" and job["termination_reason"] == "rank_error"
     detail = client.get(f"/api/v1/jobs/{job_id}").json()
     assert (
@@ -120,25 +101,25 @@ def test_a_crashing_rank_fails_the_job_with_its_traceback(service: tuple[TestCli
     assert "RuntimeError" in rank_log
     tail = client.get(f"/api/v1/jobs/{job_id}/logs", params={"rank": 2, "offset": 10, "limit": 5}).json()
     assert tail["offset"] == 10 and tail["next_offset"] == 15 and tail["text"] == rank_log[10:15]
-    assert rank_processes(str(job_dir(service, job_id))) == []
+    assert rank_processes(str(embedded.job_dir(job_id))) == []
 
 
-def test_cancel_stops_every_rank(service: tuple[TestClient, Settings, WorkerProcess]) -> None:
-    client, _, worker = service
+def test_cancel_stops_every_rank(embedded: Embedded) -> None:
+    client = embedded.client
     job_id = client.post("/api/v1/jobs", json=long_job()).json()["id"]
     wait_for(
         lambda: client.get(f"/api/v1/jobs/{job_id}/metrics").json()["total"] > 0,
         JOB_TIMEOUT_S,
         "telemetry",
-        worker.output,
+        embedded.worker.output,
     )
-    run_dir = str(job_dir(service, job_id))
+    run_dir = str(embedded.job_dir(job_id))
     ranks = rank_processes(run_dir)
     assert len(ranks) >= 3  # torchrun and two ranks
     assert not {"PIPEBD_DATABASE_URL", "PIPEBD_BROKER_URL"} & set(ranks[-1].environ())  # no secrets for user code
     asked = time.time()
     assert client.post(f"/api/v1/jobs/{job_id}/cancel").json()["state"] == "cancelling"
-    job = wait_state(client, job_id, {"cancelled", "failed", "succeeded"}, CANCEL_DEADLINE_S, worker)
+    job = embedded.wait_state(job_id, {"cancelled", "failed", "succeeded"}, CANCEL_DEADLINE_S)
     assert job["state"] == "cancelled" and job["termination_reason"] == "user_cancelled"
     wait_for(lambda: rank_processes(run_dir) == [], CANCEL_DEADLINE_S - (time.time() - asked), "every rank to exit")
     assert client.post(f"/api/v1/jobs/{job_id}/cancel").json()["state"] == "cancelled"  # idempotent
@@ -166,7 +147,7 @@ def start_two_slot_worker(settings: Settings, name: str) -> WorkerProcess:
 
 
 def profiler_processes(run_dir: str) -> list[psutil.Process]:
-    """The job's profiling torchrun and ranks: they run in <run_dir>/profiling and name it."""
+    """The job's profiling torchrun and ranks: they name its run directory on their command line."""
     return [p for p in rank_processes(run_dir) if "pipebd_core.planning.profiler" in " ".join(p.info["cmdline"] or [])]
 
 
@@ -176,7 +157,8 @@ def wait_profiling(client: TestClient, job_id: int, run_dir: str, worker: Worker
         return found if len(found) >= 3 else None  # the torchrun agent and both ranks
 
     found: list[psutil.Process] = wait_for(started, JOB_TIMEOUT_S, "the profiler's ranks", worker.output)
-    assert client.get(f"/api/v1/jobs/{job_id}").json()["state"] == "starting"
+    job = client.get(f"/api/v1/jobs/{job_id}").json()
+    assert job["state"] == "running" and job["phase"] == "profile"
     return found
 
 
@@ -210,14 +192,18 @@ def test_cancel_while_profiling_stops_the_profiler_at_once(tmp_path: Path) -> No
             assert agent in {p.pid for p in profiling} and os.getsid(agent) == agent  # a session of its own
             asked = time.time()
             assert client.post(f"/api/v1/jobs/{job_id}/cancel").json()["state"] == "cancelling"
-            job = wait_state(client, job_id, {"cancelled", "failed", "succeeded"}, CANCEL_DEADLINE_S, worker)
+            job = Embedded(client, settings, worker).wait_state(
+                job_id, {"cancelled", "failed", "succeeded"}, CANCEL_DEADLINE_S
+            )
             assert job["state"] == "cancelled" and job["termination_reason"] == "user_cancelled", job["error"]
             left = CANCEL_DEADLINE_S - (time.time() - asked)
             wait_for(lambda: nothing_left(profiling, run_dir), left, "the profiler and its ranks to exit")
             stopped_s = time.time() - asked
             events = read_events(client.get(f"/api/v1/jobs/{job_id}/events").text)
             states = [e["data"]["state"] for e in events if e.get("event") == "state"]
-            assert states == ["queued", "starting", "cancelling", "cancelled"]  # never launched the engine
+            assert states == ["queued", "starting", "running", "cancelling", "cancelled"]
+            phases = [(p["name"], p["outcome"]) for p in client.get(f"/api/v1/jobs/{job_id}").json()["phases"]]
+            assert phases == [("profile", "cancelled"), ("plan", None), ("distill", None), ("finalize", None)]
             assert stored_pid(settings, job_id) is None
             print(f"cancel while profiling: cancelled and every process gone {stopped_s:.1f} s after the request")
         finally:
@@ -243,7 +229,7 @@ def test_a_worker_killed_while_profiling_leaves_no_profiler_behind(tmp_path: Pat
 
             job = wait_for(lost, 30, "the reaper", worker.output)
             assert job["termination_reason"] == "worker_lost"
-            assert "stopped sending heartbeats" in job["error"] and "while the job was starting" in job["error"]
+            assert "stopped sending heartbeats" in job["error"] and "(phase profile)" in job["error"]
             wait_for(lambda: nothing_left(profiling, run_dir), 15, "the orphaned profiler to be killed")
             print(f"worker killed while profiling: profiler gone {time.time() - killed:.1f} s after the kill")
         finally:

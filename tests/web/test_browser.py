@@ -54,14 +54,15 @@ RECORD_LOSS_POINTS = """() => {
 }"""
 
 
-def follow_job_page(watched: Watched) -> list[tuple[str, int]]:
-    """(state, loss points drawn) every 0.2 s until the page says the job ended."""
+def follow_job_page(watched: Watched) -> list[tuple[str, int, str]]:
+    """(state, loss points drawn, current phase shown) every 0.2 s until the page says the job ended."""
     page, seen = watched.page, []
     deadline = time.time() + JOB_TIMEOUT_S
     while time.time() < deadline:
         state = page.locator("#status").get_attribute("data-state") or ""
         points = int(page.locator("#chart-loss").get_attribute("data-points") or 0)
-        seen.append((state, points))
+        phase = page.locator("#current-phase").inner_text() if page.locator("#current-phase").count() else ""
+        seen.append((state, points, phase))
         if state in FINAL and page.locator("body[data-stream-ended='1']").count():
             return seen
         time.sleep(0.2)
@@ -111,6 +112,18 @@ def test_submit_through_the_form_and_watch_the_job_to_success(browser: Any, serv
         assert page.evaluate("window.__sameDocument") is True
         drawn = sorted({points for points in page.evaluate("window.__lossPoints") if points > 0})
         assert len(drawn) >= 3, f"the loss chart did not gain points live: {drawn} (polled: {seen})"
+        shown = [phase.split()[0] for _, _, phase in seen if phase.strip() not in ("", "—")]
+        assert "distill" in shown and shown[-1] == "finalize", shown  # the phase followed live, no reload
+        timeline = page.locator("#phase-timeline li")
+        statuses = dict(
+            zip(
+                timeline.evaluate_all("els => els.map(e => e.dataset.phase)"),
+                timeline.evaluate_all("els => els.map(e => e.dataset.status)"),
+                strict=True,
+            )
+        )
+        assert list(statuses) == ["profile", "plan", "distill", "finalize"]
+        assert statuses["profile"] in ("succeeded", "skipped") and set(list(statuses.values())[1:]) == {"succeeded"}
         history = httpx.get(f"{service}/api/v1/jobs/{job_id}/metrics?max_points=10000", timeout=30).json()
         assert drawn[-1] == sum(len(point["loss"]) for point in history["points"])  # each loss once, none lost
         assert page.locator("#gantt-measured g.gantt-row").count() == 2

@@ -32,9 +32,9 @@ def failed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
     settings = make_settings(folder, f"sqlite:///{folder / 'pipebd.db'}")
     app = create_app(settings)
     run = folder / "run"
-    (run / "logs").mkdir(parents=True)
-    (run / "logs" / "rank-0.log").write_text("rank 0 started\n")
-    (run / "logs" / "rank-1.log").write_text("rank 1 started\n" + TRACEBACK + "\n")
+    (run / "logs" / "distill").mkdir(parents=True)
+    (run / "logs" / "distill" / "rank-0.log").write_text("rank 0 started\n")
+    (run / "logs" / "distill" / "rank-1.log").write_text("rank 1 started\n" + TRACEBACK + "\n")
     (run / "events.jsonl").write_text(json.dumps({"time": time.time(), "event": "rank_error", "rank": 1}) + "\n")
     job = insert_job(
         settings,

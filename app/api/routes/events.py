@@ -20,8 +20,8 @@ router = APIRouter(prefix="/jobs/{job_id}/events", tags=["events"], responses=AU
     response_class=StreamingResponse,
     responses={
         200: {
-            "description": "Server-Sent Events: `state`, `metrics` and `log` events with ids, keep-alive comments,"
-            " then `end` once the job has finished",
+            "description": "Server-Sent Events: `state`, `phase`, `metrics` and `log` events with ids, keep-alive"
+            " comments, then `end` once the job has finished",
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
         },
         **job_errors(invalid="`Last-Event-ID` is not an event id of this stream"),
@@ -36,7 +36,8 @@ def follow_job(
         int | None, Query(ge=0, description="resume after this event id (for clients without headers)")
     ] = None,
 ) -> StreamingResponse:
-    """`text/event-stream` of `state`, `metrics` and `log` events, keep-alive comments, then `end`."""
+    """`text/event-stream` of `state`, `phase`, `metrics` and `log` (a log grew: its phase, rank and size)
+    events, keep-alive comments, then `end`."""
     start = after or 0
     if last_event_id:
         if not last_event_id.isdigit():

@@ -33,7 +33,7 @@ SPEC_BODY: dict[str, Any] = {
 
 
 def detail_of(job: Job, reason: str | None = None) -> JobDetail:
-    return JobDetail(**job.model_dump(), waiting_reason=reason)
+    return JobDetail(**{**job.model_dump(), "phases": job.phases or []}, waiting_reason=reason)
 
 
 def spec_error_detail(error: SpecError) -> list[dict[str, Any]]:

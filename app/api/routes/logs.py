@@ -1,4 +1,4 @@
-"""Logs of a job: torchrun's launcher log or one rank's output, read by byte offset."""
+"""Logs of a job: a phase's launcher log (torchrun's) or one rank's output, read by byte offset."""
 
 from __future__ import annotations
 
@@ -8,10 +8,26 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 
 from app.api.schemas import AUTH_ERRORS, LogChunk, job_errors
+from app.core.tables import Job
 from app.deps import JobDep, ReadAccess
+from pipebd_core.phases import PHASE_KINDS
+from pipebd_core.rundir import DISTILL, RunDir
 
 router = APIRouter(prefix="/jobs/{job_id}/logs", tags=["logs"], responses=AUTH_ERRORS)
 CHUNK_MAX = 1 << 20
+LOGGED_PHASES = [name for name, kind in PHASE_KINDS.items() if kind.runs != "local"]
+
+
+def log_path(run_dir: RunDir, phase: str, rank: int | None) -> Path:
+    return run_dir.launcher_log(phase) if rank is None else run_dir.log(rank, phase)
+
+
+def default_phase(job: Job, run_dir: RunDir, rank: int | None) -> str:
+    """The newest phase, up to the current one, that has this log; `distill` before any has."""
+    names = [entry["name"] for entry in job.phases or []]
+    upto = names[: names.index(job.phase) + 1] if job.phase in names else []
+    logged = [name for name in upto if name in LOGGED_PHASES and log_path(run_dir, name, rank).exists()]
+    return logged[-1] if logged else DISTILL
 
 
 @router.get(
@@ -20,24 +36,31 @@ CHUNK_MAX = 1 << 20
     response_model=LogChunk,
     responses=job_errors(
         not_found="the job has no logs yet (they appear once a worker starts it)",
-        invalid="`rank` is not one of the job's ranks",
+        invalid="`rank` is not one of the job's ranks, or `phase` is not a phase with logs",
     ),
 )
 def read_logs(
     job: JobDep,
     rank: Annotated[int | None, Query(ge=0, description="a rank's log; omitted: the launcher (torchrun) log")] = None,
+    phase: Annotated[
+        str | None,
+        Query(description="the phase: profile, distill or finalize; omitted: the newest one so far with this log"),
+    ] = None,
     offset: Annotated[int, Query(ge=0, description="byte offset to read from (next_offset of the last call)")] = 0,
     limit: Annotated[int, Query(ge=1, le=CHUNK_MAX, description="bytes to read at most")] = 65536,
 ) -> dict[str, Any]:
     """A chunk of a log file; poll again from `next_offset` to follow it."""
     if rank is not None and rank >= job.nproc:
         raise HTTPException(422, f"rank: job {job.id} has ranks 0..{job.nproc - 1}, got {rank}")
+    if phase is not None and phase not in LOGGED_PHASES:
+        raise HTTPException(422, f"phase: {phase!r} has no logs; use one of {', '.join(LOGGED_PHASES)}")
     if job.run_dir is None:
         raise HTTPException(
             404, f"job {job.id} is {job.state} and has no logs yet; they appear once a worker starts it"
         )
-    name = "launcher.log" if rank is None else f"rank-{rank}.log"
-    path = Path(job.run_dir) / "logs" / name
+    run_dir = RunDir(Path(job.run_dir))
+    phase = phase or default_phase(job, run_dir, rank)
+    path = log_path(run_dir, phase, rank)
     size = path.stat().st_size if path.exists() else 0
     data = b""
     if offset < size:
@@ -46,8 +69,9 @@ def read_logs(
             data = handle.read(limit)
     return {
         "job_id": job.id,
+        "phase": phase,
         "rank": rank,
-        "file": name,
+        "file": str(path.relative_to(run_dir.root)),
         "offset": offset,
         "next_offset": offset + len(data),
         "size": size,

@@ -12,7 +12,7 @@ import { JobTelemetry } from "./telemetry.js";
 const config = JSON.parse(document.getElementById("job-config").textContent);
 const api = `/api/v1/jobs/${config.id}`;
 const telemetry = new JobTelemetry(config);
-let planned = config.hasPlan; // the plan is written before the ranks start
+let planned = config.hasPlan; // the plan phase writes it before the ranks start
 let predicted = config.predicted; // the planner's simulated schedule, when the job was profiled
 let state = config.state;
 const ended = () => config.final || state === "ended";
@@ -95,7 +95,17 @@ function onState(event) {
   refresh.status();
   refresh.events();
   part("artifacts");
-  if (!planned && state === "running") loadPlan().then(() => { part("plan"); drawSchedules(); });
+}
+
+// A phase started or ended: the timeline in the status, the artifacts it wrote, and once the plan
+// phase has succeeded the plan and its predicted schedule.
+function onPhase(event) {
+  refresh.status();
+  refresh.events();
+  part("artifacts");
+  logs.phaseChanged(event.phase);
+  const planDone = event.phases?.some((phase) => phase.name === "plan" && phase.outcome === "succeeded");
+  if (!planned && planDone) loadPlan().then(() => { part("plan"); drawSchedules(); });
 }
 
 function onMetrics(event) {
@@ -121,6 +131,7 @@ async function start() {
   logs = new LogPanel({
     jobId: config.id,
     select: document.getElementById("log-source"),
+    phaseSelect: document.getElementById("log-phase"),
     follow: document.getElementById("log-follow"),
     output: document.getElementById("log-text"),
     available: config.hasLogs,
@@ -140,8 +151,9 @@ async function start() {
   logs.load();
   followJob(config.id, config.afterEventId, {
     state: onState,
+    phase: onPhase,
     metrics: onMetrics,
-    log: (event) => logs.grew(event.rank),
+    log: (event) => logs.grew(event.phase, event.rank),
     end: onEnd,
   });
 }

@@ -1,6 +1,6 @@
-// The log panel: the tail of the launcher's or one rank's log, followed while the job runs. The
-// event stream says when a log grew (a `log` event names its rank); the panel then reads the file
-// from where it stopped (`next_offset`), so no line is shown twice or skipped.
+// The log panel: the tail of one phase's launcher log or one rank's log, followed while the job runs.
+// The event stream says when a log grew (a `log` event names its phase and rank, never its lines); the
+// panel then reads the file from where it stopped (`next_offset`), so no line is shown twice or skipped.
 import { getJSON } from "./server.js";
 
 const TAIL_BYTES = 64 * 1024;
@@ -8,21 +8,36 @@ const MAX_SHOWN = 400 * 1024; // characters kept in the panel
 
 export class LogPanel {
   // available: the job has a run directory (a worker started it); before that the API has no logs.
-  constructor({ jobId, select, follow, output, available }) {
+  constructor({ jobId, select, phaseSelect, follow, output, available }) {
     this.jobId = jobId;
     this.available = available;
     this.select = select;
+    this.phaseSelect = phaseSelect;
+    this.picked = false; // the reader chose a phase: a new phase no longer switches the panel to it
     this.follow = follow;
     this.output = output;
     this.offset = 0;
     this.busy = false;
     this.again = false;
     select.addEventListener("change", () => this.load());
+    phaseSelect.addEventListener("change", () => {
+      this.picked = true;
+      this.load();
+    });
   }
 
   url(offset, limit) {
     const rank = this.select.value === "" ? "" : `&rank=${this.select.value}`;
-    return `/api/v1/jobs/${this.jobId}/logs?offset=${offset}&limit=${limit}${rank}`;
+    return `/api/v1/jobs/${this.jobId}/logs?phase=${this.phaseSelect.value}&offset=${offset}&limit=${limit}${rank}`;
+  }
+
+  // A new phase started: show its logs, unless the reader picked a phase to read.
+  phaseChanged(phase) {
+    const option = [...this.phaseSelect.options].find((entry) => entry.value === phase);
+    if (this.picked || !option || this.phaseSelect.value === phase) return;
+    this.phaseSelect.value = phase;
+    this.offset = 0;
+    this.load();
   }
 
   async load() {
@@ -59,14 +74,14 @@ export class LogPanel {
     await this.load();
   }
 
-  // A `log` event for `rank` (null: the launcher) arrived: read what is new if we follow that log.
-  async grew(rank) {
+  // A `log` event for `rank` (null: the launcher) of `phase` arrived: read what is new if we show that log.
+  async grew(phase, rank) {
     if (!this.available) {
       await this.started();
       return;
     }
     const shown = this.select.value === "" ? null : Number(this.select.value);
-    if (!this.follow.checked || shown !== rank) return;
+    if (!this.follow.checked || shown !== rank || this.phaseSelect.value !== phase) return;
     if (this.busy) {
       this.again = true;
       return;
@@ -85,7 +100,7 @@ export class LogPanel {
     }
     if (this.again) {
       this.again = false;
-      this.grew(rank);
+      this.grew(phase, rank);
     }
   }
 }

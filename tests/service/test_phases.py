@@ -1,0 +1,133 @@
+"""Service tier: a job is a sequence of phases under one supervisor, whoever runs it.
+
+The same spec through `pipebd run` and through the service writes the same events; a succeeded job's
+phases are in order, back to back, each with an outcome, and a cached profile shows as skipped; every
+documented output of the run directory (NAS and compression ones included) is listed and downloads
+byte for byte. Jobs run on the session's `embedded` service (a real worker on SQLite).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import tiny_document
+from tests.service.conftest import Embedded
+from tests.test_failures import pipebd, write_spec
+from tests.test_nas import nas_document
+
+JOB_TIMEOUT_S = 240
+
+
+def submit(embedded: Embedded, document: dict[str, Any]) -> dict[str, Any]:
+    response = embedded.client.post("/api/v1/jobs", json=document)
+    assert response.status_code == 202, response.text
+    job = embedded.wait_state(response.json()["id"], {"succeeded", "failed", "cancelled"}, JOB_TIMEOUT_S)
+    assert job["state"] == "succeeded", embedded.client.get(f"/api/v1/jobs/{job['id']}").json()["error"]
+    detail: dict[str, Any] = embedded.client.get(f"/api/v1/jobs/{job['id']}").json()
+    return detail
+
+
+def event_kinds(run: Path) -> list[str]:
+    return [json.loads(line)["event"] for line in (run / "events.jsonl").read_text().splitlines()]
+
+
+def test_pipebd_run_and_the_service_write_the_same_events(embedded: Embedded, tmp_path: Path) -> None:
+    document = tiny_document(schedule={"nproc": 1, "profile": False}, train={"epochs": 1})
+    result = pipebd("run", str(write_spec(tmp_path, document)), "--out", str(tmp_path / "cli"))
+    assert result.returncode == 0, result.stderr
+    job = submit(embedded, document)
+    by_cli, by_service = event_kinds(tmp_path / "cli"), event_kinds(embedded.job_dir(job["id"]))
+    assert by_cli == by_service
+    assert by_cli[0] == "prepared" and by_cli[-1] == "finished"
+    phases = [json.loads(line) for line in (tmp_path / "cli" / "events.jsonl").read_text().splitlines()]
+    started = [event["phase"] for event in phases if event["event"] == "phase_started"]
+    assert started == ["plan", "distill", "finalize"]
+
+
+def assert_back_to_back(phases: list[dict[str, Any]]) -> None:
+    """In order, each with an outcome, each starting when the one before it ended (within a second)."""
+
+    def at(stamp: str) -> float:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+    assert all(phase["state"] == "ended" and phase["outcome"] for phase in phases), phases
+    for before, after in itertools.pairwise(phases):
+        gap = at(after["started_at"]) - at(before["ended_at"])
+        assert 0 <= gap < 1.0, (before["name"], after["name"], gap)
+    assert all(at(phase["ended_at"]) >= at(phase["started_at"]) for phase in phases)
+
+
+def test_phases_are_in_order_back_to_back_and_a_cached_profile_is_skipped(embedded: Embedded) -> None:
+    document = {**tiny_document(schedule={"nproc": 1, "profile": True}, train={"epochs": 1}), "name": "profiled"}
+    measured = submit(embedded, document)
+    assert [(p["name"], p["outcome"]) for p in measured["phases"]] == [
+        ("profile", "succeeded"),
+        ("plan", "succeeded"),
+        ("distill", "succeeded"),
+        ("finalize", "succeeded"),
+    ]
+    assert_back_to_back(measured["phases"])
+    assert measured["phase"] == "finalize" and measured["progress"] == 1.0
+    cached = submit(embedded, document)  # the same workload on the same node: the profile is in the cache
+    profile = cached["phases"][0]
+    assert profile["name"] == "profile" and profile["outcome"] == "skipped"
+    assert profile["reason"].startswith("cached profile profiled-")
+    assert_back_to_back(cached["phases"])
+    run = embedded.job_dir(cached["id"])
+    assert json.loads((run / "profile.json").read_text()) == json.loads(
+        (embedded.job_dir(measured["id"]) / "profile.json").read_text()
+    )
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    skipped = [e for e in events if e["event"] == "phase_finished" and e["phase"] == "profile"]
+    assert skipped[0]["outcome"] == "skipped" and not any(
+        e["event"] == "launched" and e["phase"] == "profile" for e in events
+    )
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def assert_outputs_download(embedded: Embedded, job_id: int, expected: set[str]) -> None:
+    """Every documented output in the run directory is listed, and downloads byte for byte."""
+    from pipebd_core.rundir import OUTPUTS
+
+    run = embedded.job_dir(job_id)
+    present = {output.name for output in OUTPUTS if (run / output.name).is_file()}
+    assert expected <= present
+    listed = {item["name"]: item for item in embedded.client.get(f"/api/v1/jobs/{job_id}/artifacts").json()["data"]}
+    assert present <= set(listed)
+    for name in present:
+        assert listed[name]["size"] == (run / name).stat().st_size
+        digest = hashlib.sha256()
+        with embedded.client.stream("GET", listed[name]["url"]) as response:
+            assert response.status_code == 200, name
+            for chunk in response.iter_bytes():
+                digest.update(chunk)
+        assert digest.hexdigest() == sha256((run / name).read_bytes()), name
+
+
+def test_a_nas_job_s_outputs_are_listed_downloadable_and_linked(embedded: Embedded) -> None:
+    job = submit(embedded, nas_document(train={"epochs": 1}))
+    nas_outputs = {"architecture.json", "searched_model.pt", "student.pt", "summary.json", "phases.json"}
+    assert_outputs_download(embedded, job["id"], nas_outputs | {"plan.json", "spec.json", "events.jsonl"})
+    page = embedded.client.get(f"/jobs/{job['id']}").text
+    for name in ("architecture.json", "searched_model.pt"):
+        assert f'href="/api/v1/jobs/{job["id"]}/artifacts/{name}"' in page
+
+
+def test_a_compression_job_s_compressed_model_downloads(embedded: Embedded) -> None:
+    document = {
+        "name": "small-vgg",
+        "workload": {"kind": "compression", "teacher": "vgg11", "granularity": "stage"},
+        "data": {"dataset": "synthetic", "image_size": 32, "num_samples": 8, "batch_size": 4, "eval_samples": 0},
+        "train": {"epochs": 1, "max_steps": 1},
+        "schedule": {"mode": "tr_dpu", "nproc": 1, "profile": False},
+    }
+    job = submit(embedded, document)
+    assert_outputs_download(embedded, job["id"], {"compressed_model.pt", "student.pt", "summary.json"})
