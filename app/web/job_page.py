@@ -28,9 +28,8 @@ from app.web.routing import PageError, PageRoute
 from app.web.templating import render
 from app.web.views import job_row, phase_timeline, plan_view
 from pipebd_core.outcomes import TERMINATION_REASONS
-from pipebd_core.phases import PHASE_KINDS, job_phases
+from pipebd_core.phases import PHASE_KINDS
 from pipebd_core.rundir import DISTILL
-from pipebd_core.spec import parse_spec
 
 router = APIRouter(route_class=PageRoute)
 GANTT_LINES = 8  # newest telemetry lines per rank handed to the page for the measured schedule
@@ -144,7 +143,7 @@ class JobParts:
 def log_phases(job: Job) -> dict[str, Any]:
     """The phases whose logs the log panel offers (those that run processes), and the one it opens on: the
     running phase, or the one a job failed or was cancelled in; the distillation once it succeeded."""
-    names = [entry["name"] for entry in job.phases or []] or job_phases(parse_spec(job.spec))
+    names = [entry["name"] for entry in job.phases or []] or list(PHASE_KINDS)  # before a worker prepared it
     logged = [name for name in names if PHASE_KINDS[name].runs != "local"]
     where = job.phase if job.state != SUCCEEDED and job.phase in logged else DISTILL
     current = where if where in logged else logged[0]
