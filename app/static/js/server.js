@@ -97,7 +97,7 @@ export function throttle(fn, ms) {
 // or it would reconnect to a finished stream forever.
 export function followJob(jobId, afterEventId, handlers) {
   const source = new EventSource(`/api/v1/jobs/${jobId}/events?after=${afterEventId}`);
-  for (const name of ["state", "metrics", "log"]) {
+  for (const name of ["state", "phase", "metrics", "log"]) {
     source.addEventListener(name, (event) => handlers[name]?.(JSON.parse(event.data)));
   }
   source.addEventListener("end", (event) => {
