@@ -82,6 +82,10 @@ def build_dataset(spec: Spec, split: str = "train") -> Dataset[Sample]:
     if data.dataset == "synthetic":
         length = data.num_samples if split == "train" else min(data.eval_samples, data.num_samples)
         return SyntheticDataset(length, data.image_size, data.num_classes, spec.train.seed, split)
+    if data.dataset == "digits":
+        from pipebd_core import digits
+
+        return digits.build(spec, split)
     if data.dataset in ("cifar10", "imagefolder"):
         from pipebd_core import image_datasets  # torchvision costs seconds to import; only load it here
 
@@ -215,6 +219,22 @@ class BatchLoader:
         non_blocking = self.device.type == "cuda" and workers > 0
         for step, inputs in zip(self.steps, batches, strict=True):
             yield step, inputs.to(self.device, non_blocking=non_blocking)
+
+
+def labelled_batches(
+    spec: Spec,
+    dataset: Dataset[Sample],
+    rows: tuple[int, int],
+    steps: Iterable[int],
+    device: torch.device,
+    stream: Stream,
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """`(step, inputs, labels)` of rows `[rows[0], rows[1])` of each global batch of `stream` (end-to-end
+    training: the same batch order as distillation's, with the labels)."""
+    steps = list(steps)
+    for step, indices in zip(steps, _StepSampler(spec, stream, rows, steps), strict=True):
+        inputs, labels = _stack_pairs([dataset[i] for i in indices])
+        yield step, inputs.to(device), labels.to(device)
 
 
 def iterate_eval_batches(

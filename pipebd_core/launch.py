@@ -19,14 +19,16 @@ from pathlib import Path
 
 import torch
 
-from pipebd_core.phases import PHASE_KINDS, PLAN, PROFILE, PhaseRecord, new_records, write_records
+from pipebd_core.phases import PHASE_KINDS, PLAN, PLAN_FINETUNE, PROFILE, PhaseRecord, new_records, write_records
 from pipebd_core.plan import PlanError
 from pipebd_core.planning import profiles
+from pipebd_core.planning.finetune import check_labels, resolve_train_plan
 from pipebd_core.planning.resolve import resolve_plan
 from pipebd_core.processes import rank_environment, torchrun_command
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.telemetry import append_event
+from pipebd_core.training.plan import finetune_view
 
 PROFILE_TRIALS = 5  # timed trials per profiled measurement
 
@@ -54,15 +56,22 @@ def check_devices(spec: Spec) -> None:
 
 
 def preflight(spec: Spec) -> None:
-    """The launch checks that need no profile: data set, workload, plan (`auto`, which plans from a
-    profile, is checked as `ir`, one of its candidates that runs wherever the batch splits over nproc).
-    Raises SpecError or PlanError naming what to change."""
+    """The launch checks that need no profile and no earlier phase: data set, workload, the distillation
+    plan (`auto`, which plans from a profile, is checked as `ir`, one of its candidates that runs wherever
+    the batch splits over nproc) and the finetune plan on a freshly initialised network (a searched
+    network exists only after its search: only its data is checked). Raises SpecError or PlanError
+    naming what to change."""
     document = spec.model_dump(mode="json")
     document["schedule"]["profile"] = False
     if document["schedule"]["mode"] == "auto":
         document["schedule"].update(mode="ir", stages=None)
     try:
-        resolve_plan(parse_spec(document), None)
+        if spec.workload.kind != "train":
+            resolve_plan(parse_spec(document), None)
+        if spec.finetune is not None and spec.workload.kind != "nas":
+            resolve_train_plan(spec, None)
+        elif spec.finetune is not None:
+            check_labels(finetune_view(spec))
     except (SpecError, PlanError):
         raise
     except Exception as error:  # user factories may raise anything; say which and why
@@ -98,7 +107,11 @@ def skip_reason(run_dir: RunDir, spec: Spec, phase: str, refresh: bool = False) 
 
 
 def run_local(run_dir: RunDir, spec: Spec, phase: str) -> None:
-    """The phases that run in the supervising process: `plan` writes plan.json."""
+    """The phases that run in the supervising process: `plan` writes plan.json, `plan_finetune`
+    finetune_plan.json."""
+    if phase == PLAN_FINETUNE:
+        run_dir.write_json(run_dir.finetune_plan, resolve_train_plan(spec, run_dir).to_json())
+        return
     assert phase == PLAN, f"phase {phase!r} does not run locally"
     profile = run_dir.read_json(run_dir.profile) if spec.schedule.profile else None
     run_dir.write_json(run_dir.plan, resolve_plan(spec, profile).to_json())

@@ -5,6 +5,9 @@
     plan       a local step: resolve the plan from the profile (or FLOP estimates) into plan.json
     distill    torchrun of pipebd_core: the ranks train every student block (checkpoints, telemetry)
     finalize   one process: gather the students, assemble, evaluate, write the artifacts
+    plan_finetune  a local step: the end-to-end training's strategy, stage cuts and actions per rank
+    finetune   torchrun of pipebd_core.training: the whole network trained on labelled data
+    evaluate   one process: top-1 before and after, the trained network saved and exported
 
 `phases.json` holds one `PhaseRecord` per phase, in order, updated as the supervisor (supervisor.py)
 moves through them; a resumed job runs the phases that have not yet succeeded.
@@ -21,6 +24,7 @@ from pipebd_core.rundir import DISTILL, RunDir
 from pipebd_core.spec import Spec
 
 PROFILE, PLAN, FINALIZE = "profile", "plan", "finalize"
+PLAN_FINETUNE, FINETUNE, EVALUATE = "plan_finetune", "finetune", "evaluate"
 Runs = Literal["torchrun", "process", "local"]
 PENDING, RUNNING, ENDED = "pending", "running", "ended"
 OUTCOMES = (SUCCEEDED, FAILED, CANCELLED, SKIPPED)
@@ -62,12 +66,38 @@ PHASE_KINDS: dict[str, PhaseKind] = {
         0.05,
         "gather the students, assemble and evaluate the result",
     ),
+    PLAN_FINETUNE: PhaseKind(
+        PLAN_FINETUNE, "local", None, ("finetune_plan.json",), 0.0, "plan the end-to-end training"
+    ),
+    FINETUNE: PhaseKind(
+        FINETUNE,
+        "torchrun",
+        "pipebd_core.training",
+        ("checkpoints/finetune/", "metrics/finetune/", "logs/finetune/", "errors/finetune/"),
+        1.0,
+        "train the whole network end to end on labelled data",
+    ),
+    EVALUATE: PhaseKind(
+        EVALUATE,
+        "process",
+        "pipebd_core.training.evaluate",
+        ("finetuned_model.pt", "finetuned_model.pt2", "teacher.pt", "summary.json"),
+        0.05,
+        "measure top-1 before and after, save and export the trained network",
+    ),
 }
 
 
 def job_phases(spec: Spec) -> list[str]:
-    """The phases a spec's job runs, in order."""
-    return [*([PROFILE] if spec.schedule.profile else []), PLAN, DISTILL, FINALIZE]
+    """The phases a spec's job runs, in order: distillation's unless it trains a network (kind train), then
+    end-to-end training's when the spec has a finetune section."""
+    distill = (
+        []
+        if spec.workload.kind == "train"
+        else [*([PROFILE] if spec.schedule.profile else []), PLAN, DISTILL, FINALIZE]
+    )
+    finetune = [PLAN_FINETUNE, FINETUNE, EVALUATE] if spec.finetune is not None else []
+    return [*distill, *finetune]
 
 
 @dataclass

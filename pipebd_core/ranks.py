@@ -31,8 +31,9 @@ def pick_device(spec: Spec, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def join_process_group(spec: Spec, device: torch.device, world: int) -> None:
-    if world == 1:
+def join_process_group(spec: Spec, device: torch.device, world: int, alone_too: bool = False) -> None:
+    """Join the job's process group; a single rank only when `alone_too` (a pipeline schedule needs one)."""
+    if world == 1 and not alone_too:
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=spec.schedule.timeout_s)
@@ -65,7 +66,7 @@ def write_rank_error(run_dir: RunDir, error: BaseException, phase: str) -> None:
 def phase_entry(
     phase: str,
     parser: argparse.ArgumentParser,
-    body: Callable[[RunDir, argparse.Namespace], None],
+    body: Callable[[RunDir, argparse.Namespace], object],
     argv: list[str] | None = None,
     own_log: bool = True,
 ) -> None:

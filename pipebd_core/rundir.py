@@ -13,10 +13,15 @@ spelt out once, in `RunDir`; nothing else joins names onto a run directory.
     errors/<phase>/rank-<r>.json       the traceback of a rank that raised
     metrics/<phase>/rank-<r>.jsonl     one telemetry line per rank per task
     checkpoints/block-<i>/step-<s>.pt  student, optimiser state and step of block i after step s
+    checkpoints/finetune/block-<s>/step-<n>.pt   finetune: pipeline stage s (ddp: block-0, the whole network)
     student.pt                         state_dict of nn.ModuleList `blocks` (keys blocks.<i>.<param>)
     compressed_model.pt                the assembled compressed network (compression workloads)
     architecture.json                  nas: the chosen candidate of every searchable layer, per block
     searched_model.pt                  nas: the searched network as a standalone model
+    finetune_plan.json                 finetune: strategy, stage cuts, micro-batches, every rank's actions
+    finetuned_model.pt                 finetune: the trained network's state_dict
+    finetuned_model.pt2                finetune: the same network as a torch.export program
+    teacher.pt                         kind train: the trained classifier, a torchvision-format state_dict
     summary.json                       final losses, accuracies, wall time
 
 `OUTPUTS` lists the top-level files with their media type and meaning: the service offers exactly
@@ -47,8 +52,12 @@ OUTPUTS: tuple[Output, ...] = (
     Output("compressed_model.pt", "application/octet-stream", "assembled compressed network (torch.load)"),
     Output("architecture.json", "application/json", "nas: the chosen candidate of every searchable layer"),
     Output("searched_model.pt", "application/octet-stream", "nas: the searched network, standalone (torch.load)"),
+    Output("finetuned_model.pt", "application/octet-stream", "finetune: the trained network's state_dict"),
+    Output("finetuned_model.pt2", "application/octet-stream", "finetune: the trained network, torch.export"),
+    Output("teacher.pt", "application/octet-stream", "kind train: the classifier, torchvision state_dict"),
     Output("summary.json", "application/json", "final losses and accuracies"),
     Output("plan.json", "application/json", "the resolved plan"),
+    Output("finetune_plan.json", "application/json", "finetune: strategies ranked, stages, actions per rank"),
     Output("profile.json", "application/json", "the profile the plan was made from"),
     Output("phases.json", "application/json", "the job's phases with their states and outcomes"),
     Output("spec.json", "application/json", "the resolved spec"),
@@ -107,8 +116,28 @@ class RunDir:
         return self.output("searched_model.pt")
 
     @property
+    def finetune_plan(self) -> Path:
+        return self.output("finetune_plan.json")
+
+    @property
+    def finetuned_model(self) -> Path:
+        return self.output("finetuned_model.pt")
+
+    @property
+    def exported_model(self) -> Path:
+        return self.output("finetuned_model.pt2")
+
+    @property
+    def teacher(self) -> Path:
+        return self.output("teacher.pt")
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def finetune_checkpoints(self) -> Path:
+        return self.checkpoints / "finetune"
 
     def logs(self, phase: str = DISTILL) -> Path:
         return self.root / "logs" / phase

@@ -6,6 +6,7 @@ Fields may be added over time, never renamed: the REST API stores specs as they 
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 MODES = ("dp", "ls", "ir", "tr", "tr_dpu", "hybrid", "auto")
 COMPRESSION_TEACHERS = ("vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn")
+TRAINED_NETWORKS = (*COMPRESSION_TEACHERS, "mobilenet_v2")  # kind train: torchvision classifiers from scratch
+STRATEGIES = ("ddp", "gpipe", "1f1b", "zb", "auto")
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 Mode = Literal["dp", "ls", "ir", "tr", "tr_dpu", "hybrid", "auto"]
@@ -36,11 +39,13 @@ def _check_factory(value: str | None) -> str | None:
 
 
 class WorkloadSpec(_Strict):
-    kind: Literal["compression", "nas", "custom"] = "compression"  # what the students learn to replace
-    teacher: str = ""  # compression: a torchvision VGG (default vgg16); nas: mobilenet_v2
+    # compression and nas distil students; custom distils a factory's blocks; train trains `teacher` itself
+    kind: Literal["compression", "nas", "custom", "train"] = "compression"
+    teacher: str = ""  # compression: a torchvision VGG (default vgg16); nas: mobilenet_v2; train: what to train
     teacher_weights: str | None = None  # torchvision-format state_dict; None = random init (warned)
     granularity: Literal["layer", "stage"] = "layer"  # compression: a block per conv, or per pooling stage
-    factory: str | None = Field(None, validate_default=True)  # custom: "pkg.mod:fn" -> (teachers, students)
+    # custom: "pkg.mod:fn" -> (teacher_blocks, student_blocks); train: "pkg.mod:fn" -> the network to train
+    factory: str | None = Field(None, validate_default=True)
     options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments for the factory
     # nas only: a ProxylessNAS-style supernet searched block by block against a MobileNetV2 teacher
     layers_per_block: list[int] = Field(default_factory=lambda: [2, 4, 4, 4, 4, 1])  # searchable layers
@@ -72,6 +77,8 @@ class WorkloadSpec(_Strict):
             )
         if kind == "nas" and value != "mobilenet_v2":
             raise ValueError(f"{value!r} is not supported for nas; use mobilenet_v2")
+        if kind == "train" and value not in TRAINED_NETWORKS:
+            raise ValueError(f"{value!r} cannot be trained here; use one of " + ", ".join(TRAINED_NETWORKS))
         return value
 
     @field_validator("factory")
@@ -90,7 +97,8 @@ class WorkloadSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    dataset: Literal["synthetic", "cifar10", "imagefolder", "custom"] = "synthetic"
+    # digits: scikit-learn's 1,797 handwritten 8x8 digits (shipped with the package), resized, 3 channels
+    dataset: Literal["synthetic", "digits", "cifar10", "imagefolder", "custom"] = "synthetic"
     root: str | None = Field(None, validate_default=True)  # cifar10: CIFAR10's folder; imagefolder: the tree
     factory: str | None = Field(None, validate_default=True)  # custom: "pkg.mod:fn" returning a torch Dataset
     options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments for the factory
@@ -127,6 +135,41 @@ class TrainSpec(_Strict):
     lr_schedule: Literal["cosine", "constant"] = "cosine"  # cosine decays to 0 over the total steps
     seed: int = 0  # seeds data order, synthetic data and every block's initialisation
     checkpoint_every: int | None = Field(None, ge=1)  # steps between checkpoints; None = once per epoch
+
+
+class FinetuneSpec(_Strict):
+    """End-to-end training of the whole network after distillation (or, for kind train, instead of it)."""
+
+    epochs: int = Field(1, ge=1)  # passes over the training data
+    max_steps: int | None = Field(None, ge=1)  # stop after this many optimiser steps
+    lr: float = Field(1e-4, gt=0)  # SGD learning rate at step 0 (Pipe-BD fine-tunes at 1e-4; retraining 0.05-0.1)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0)
+    lr_schedule: Literal["cosine", "constant"] = "cosine"
+    batch_size: int | None = Field(None, ge=1)  # the global batch; None: data.batch_size
+    loss: Literal["ce", "kd"] = "ce"  # ce: to the labels; kd: alpha x CE + (1 - alpha) x T^2 x KL to the teacher
+    alpha: float = Field(0.5, ge=0, le=1)  # kd: weight of the cross-entropy to the labels
+    temperature: float = Field(4.0, gt=0)  # kd: softening of both distributions
+    microbatches: int = Field(4, ge=1)  # pipelined strategies split the batch into this many equal parts
+    strategy: Literal["ddp", "gpipe", "1f1b", "zb", "auto"] = "auto"  # see the README's table of strategies
+    stages: list[int] | None = None  # pipelines: the first layer of each stage, from 0; None: the planner cuts
+    init: Literal["distilled", "scratch"] = "distilled"  # nas: the distilled supernet weights or DNA's retraining
+    eval_every: int = Field(1, ge=1)  # epochs between evaluations of top-1 on the eval split
+    profile: bool = True  # measure every layer first (cached): strategies ranked and predicted in the plan
+
+    @field_validator("stages")
+    @classmethod
+    def _stages_start_at_zero(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or value[0] != 0 or any(b <= a for a, b in itertools.pairwise(value))):
+            raise ValueError(f"must start at layer 0 and increase, e.g. [0, 6, 14]; got {value}")
+        return value
+
+    @field_validator("profile")
+    @classmethod
+    def _auto_profiles(cls, value: bool, info: ValidationInfo) -> bool:
+        if info.data.get("strategy") == "auto" and not value:
+            raise ValueError("strategy 'auto' plans from measured layer costs; set profile: true or pick a strategy")
+        return value
 
 
 class StageSpec(_Strict):
@@ -174,6 +217,40 @@ class Spec(_Strict):
     data: DataSpec = Field(default_factory=DataSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    finetune: FinetuneSpec | None = None  # None: no end-to-end training after distillation
+
+
+def finetune_problems(spec: Spec) -> list[str]:
+    """`field.path: reason` for each way the finetune section does not fit the rest of the spec."""
+    tune, kind, nproc = spec.finetune, spec.workload.kind, spec.schedule.nproc
+    if tune is None and kind == "train":
+        return ["finetune: workload kind 'train' trains the network in the finetune phase; add finetune: {}"]
+    if tune is None:
+        return []
+    problems = []
+    if tune.loss == "kd" and kind in ("train", "custom"):
+        problems.append(f"finetune.loss: 'kd' needs a teacher network, which kind {kind!r} has not; use 'ce'")
+    batch = tune.batch_size or spec.data.batch_size
+    if tune.strategy != "ddp" and batch % tune.microbatches:
+        problems.append(
+            f"finetune.microbatches: a batch of {batch} does not split into {tune.microbatches} equal"
+            f" micro-batches; use a divisor of {batch}, or change finetune.batch_size"
+        )
+    if tune.strategy in ("1f1b", "zb") and tune.microbatches < nproc:
+        problems.append(
+            f"finetune.microbatches: {tune.strategy} on {nproc} stages needs at least {nproc} micro-batches,"
+            f" got {tune.microbatches}; use finetune.microbatches >= {nproc} or strategy 'gpipe'"
+        )
+    if tune.stages is not None and tune.strategy == "ddp":
+        problems.append("finetune.stages: strategy 'ddp' keeps the whole network on every rank; remove stages")
+    elif tune.stages is not None and len(tune.stages) != nproc:
+        problems.append(
+            f"finetune.stages: {len(tune.stages)} stages for {nproc} ranks; pipelines run one stage per rank,"
+            f" so give {nproc} first layers, or null to let the planner cut"
+        )
+    if tune.strategy == "ddp" and batch < nproc:
+        problems.append(f"finetune.batch_size: a batch of {batch} cannot be split over {nproc} ranks")
+    return problems
 
 
 def format_validation_error(error: ValidationError) -> str:
@@ -192,9 +269,13 @@ def parse_spec(document: dict[str, Any]) -> Spec:
     if not isinstance(document, dict):
         raise SpecError(f"a spec must be a mapping of sections, got {type(document).__name__}")
     try:
-        return Spec.model_validate(document)
+        spec = Spec.model_validate(document)
     except ValidationError as error:
         raise SpecError(format_validation_error(error)) from None
+    problems = finetune_problems(spec)
+    if problems:
+        raise SpecError("\n".join(problems))
+    return spec
 
 
 def load_document(path: str | Path) -> dict[str, Any]:

@@ -7,6 +7,7 @@ deterministic global batch order that every execution mode shares.
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -273,3 +274,21 @@ def test_custom_factory_bare_tensors_are_wrapped() -> None:
 def test_custom_factory_that_cannot_be_imported_is_a_spec_error() -> None:
     with pytest.raises(SpecError, match=r"data\.factory"):
         build_dataset(make_spec(dataset="custom", factory="tests.no_such_module:make"))
+
+
+def test_digits_are_the_real_images_with_a_fixed_disjoint_split() -> None:
+    spec = make_spec(dataset="digits", image_size=16)
+    train, held = build_dataset(spec, "train"), build_dataset(spec, "eval")
+    assert len(train) + len(held) == 1797 and len(held) == 359  # 80% / 20% of scikit-learn's digits
+    image, _ = train[0]
+    assert image.shape == (3, 16, 16) and torch.equal(image[0], image[2])  # grey, repeated to 3 channels
+    labels = {int(train[i][1]) for i in range(len(train))}
+    assert labels == set(range(10))
+    ours, again = (
+        set(train.indices.tolist()),
+        set(build_dataset(make_spec(dataset="digits", seed=9), "train").indices.tolist()),
+    )
+    assert ours == again  # the split does not follow train.seed
+    assert not ours & set(held.indices.tolist())
+    with pytest.raises(SpecError, match=re.escape("data.num_classes: the digits have 10 classes")):
+        build_dataset(make_spec(dataset="digits", num_classes=5))

@@ -6,13 +6,13 @@ balance stages and bin-pack layerwise tasks until measured profiles are availabl
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from pipebd_core.flops import count_flops
 from pipebd_core.spec import SpecError
 from pipebd_core.workloads import Workload
 
@@ -51,37 +51,10 @@ class BlockProbe:
         return asdict(self)
 
 
-def _module_flops(module: nn.Module, output: torch.Tensor) -> float:
-    per_sample = output[0].numel() if output.dim() > 0 else 1
-    if isinstance(module, nn.Conv2d):
-        kernel = math.prod(module.kernel_size) * module.in_channels // module.groups
-        return 2.0 * per_sample * kernel
-    if isinstance(module, nn.Linear):
-        return 2.0 * module.in_features * module.out_features
-    return float(per_sample)  # normalisation, activation, pooling: about one op per output
-
-
-def _count_flops(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, float]:
-    total = [0.0]
-    leaves = [m for m in block.modules() if not list(m.children())] or [block]
-
-    def hook(module: nn.Module, _inputs: Any, output: Any) -> None:
-        if isinstance(output, torch.Tensor):
-            total[0] += _module_flops(module, output)
-
-    handles = [leaf.register_forward_hook(hook) for leaf in leaves]
-    try:
-        output = block(x)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return output, total[0]
-
-
 def _forward(block: nn.Module, x: torch.Tensor, what: str) -> tuple[torch.Tensor, float]:
     """One counted forward; a block that cannot take its input is the workload's fault, said before launch."""
     try:
-        return _count_flops(block, x)
+        return count_flops(block, x)
     except Exception as error:
         raise SpecError(
             f"workload: {what} fails on an input of shape {tuple(x.shape[1:])}: {type(error).__name__}: {error}"

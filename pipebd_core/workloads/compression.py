@@ -19,7 +19,7 @@ from pipebd_core.spec import Spec, SpecError
 from pipebd_core.workloads import Workload, seeded
 from pipebd_core.workloads.loading import init_default, read_state_dict, uninitialised
 
-_CONFIGS = {"vgg11": "A", "vgg13": "B", "vgg16": "D", "vgg19": "E"}
+VGG_CONFIGS = {"vgg11": "A", "vgg13": "B", "vgg16": "D", "vgg19": "E"}
 _FIELD = "workload.teacher_weights"
 
 
@@ -37,7 +37,7 @@ class DSConv(nn.Sequential):
         )
 
 
-def _init_vgg(module: nn.Module, g: torch.Generator) -> None:
+def init_vgg(module: nn.Module, g: torch.Generator) -> None:
     """torchvision's VGG initialisation rule, drawn from `g`."""
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
@@ -133,7 +133,7 @@ def _network(blocks: Sequence[nn.Module], num_classes: int, weights: str | None,
     """blocks as `features` plus VGG's avgpool and classifier (loaded or seeded), in eval mode."""
     net = uninitialised(lambda: VGG(nn.Sequential(), num_classes=num_classes, init_weights=False))
     if weights is None:
-        _init_vgg(net.classifier, seeded(seed, "head", 0))
+        init_vgg(net.classifier, seeded(seed, "head", 0))
     else:
         state = read_state_dict(weights, _FIELD)
         part = {k.removeprefix("classifier."): v for k, v in state.items() if k.startswith("classifier.")}
@@ -146,7 +146,7 @@ def build_compression_workload(spec: Spec) -> Workload:
     """VGG teacher blocks, depthwise-separable students, and the head for reports (built lazily)."""
     w, seed, weights = spec.workload, spec.train.seed, spec.workload.teacher_weights
     arch, batch_norm = w.teacher.removesuffix("_bn"), w.teacher.endswith("_bn")
-    features = uninitialised(lambda: make_layers(cfgs[_CONFIGS[arch]], batch_norm=batch_norm))
+    features = uninitialised(lambda: make_layers(cfgs[VGG_CONFIGS[arch]], batch_norm=batch_norm))
     warnings: list[str] = []
     if weights is None:
         num_classes = spec.data.num_classes
@@ -165,7 +165,7 @@ def build_compression_workload(spec: Spec) -> Workload:
     teachers, names = _split(features, w.granularity == "stage")
     if weights is None:
         for i, block in enumerate(teachers):
-            _init_vgg(block, seeded(seed, "teacher", i))
+            init_vgg(block, seeded(seed, "teacher", i))
     students = [_student(block, seeded(seed, "student", i)) for i, block in enumerate(teachers)]
     return Workload(
         teacher_blocks=list(teachers),

@@ -31,7 +31,7 @@ _FIELD = "workload.teacher_weights"
 __all__ = ["build_nas_workload", "soft_cross_entropy"]
 
 
-def _init_mobilenet(module: nn.Module, generator: torch.Generator) -> None:
+def init_mobilenet(module: nn.Module, generator: torch.Generator) -> None:
     """torchvision's MobileNetV2 initialisation rule, drawn from `generator`."""
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
@@ -199,7 +199,7 @@ def build_nas_workload(spec: Spec) -> Workload:
     teachers = _teacher_blocks(net, starts)
     if w.teacher_weights is None:
         for i, block in enumerate(teachers):
-            _init_mobilenet(block, seeded(seed, "teacher", i))
+            init_mobilenet(block, seeded(seed, "teacher", i))
     geometry = _block_geometry(net, _shapes(teachers, spec.data.image_size))
     students: list[nn.Module] = []
     for i in range(len(teachers)):

@@ -1,4 +1,5 @@
-"""A tiny BN-free workload: small conv teacher blocks and 1x1-conv students.
+"""A tiny BN-free workload: small conv teacher blocks and 1x1-conv students (and, as `make_classifier`,
+the same ending in logits, for end-to-end training).
 
 Runs in seconds on any machine; the equivalence tests use it because, without batch statistics,
 every execution mode must produce the same students as a plain sequential loop.
@@ -22,3 +23,23 @@ def make_blocks(
         students.append(nn.Sequential(nn.Conv2d(width_in, width_out, 1, stride=stride), nn.Tanh()))
         width_in = width_out
     return teachers, students
+
+
+def make_classifier(
+    num_blocks: int = 4, channels: int = 8, in_channels: int = 3, classes: int = 10
+) -> tuple[list[nn.Module], list[nn.Module]]:
+    """`make_blocks` whose last block ends in logits (global average pooling and a linear layer), so its
+    students assembled in order are a classifier the finetune phase can train end to end."""
+    teachers, students = make_blocks(num_blocks, channels, in_channels)
+    width = channels * (1 + (num_blocks - 1) % 2)
+    for blocks in (teachers, students):
+        last = blocks[-1]
+        assert isinstance(last, nn.Sequential)
+        blocks[-1] = nn.Sequential(*last, nn.AdaptiveAvgPool2d(1), nn.Flatten(1), nn.Linear(width, classes))
+    return teachers, students
+
+
+def make_network(num_blocks: int = 4, channels: int = 8, in_channels: int = 3, classes: int = 10) -> nn.Module:
+    """`make_classifier`'s teacher blocks as one network (for kind train, and the end-to-end tests)."""
+    teachers, _ = make_classifier(num_blocks, channels, in_channels, classes)
+    return nn.Sequential(*teachers)

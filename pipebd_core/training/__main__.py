@@ -1,0 +1,26 @@
+"""Rank entry point of the `finetune` phase: `torchrun --standalone --nproc-per-node N -m pipebd_core.training`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from pipebd_core.phases import FINETUNE
+from pipebd_core.ranks import phase_entry
+from pipebd_core.training.rank import run_rank
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipebd_core.training", description="one finetune rank")
+    phase_entry(FINETUNE, parser, lambda run_dir, _: run_rank(run_dir), argv)
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # everything is written and closed; skip seconds of interpreter teardown

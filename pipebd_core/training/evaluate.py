@@ -1,0 +1,87 @@
+"""The `evaluate` phase: the trained network's top-1 next to where it started and to its teacher, its size,
+and the trained network saved twice: its state_dict and a torch.export program that needs no PipeBD.
+
+Run as one process, `python -m pipebd_core.training.evaluate --run-dir DIR`, after the finetune phase
+succeeded. summary.json gains a `finetune` section: top-1 of the teacher, of the network before the
+end-to-end training (the distilled student, the searched or the freshly initialised network) and after,
+parameters and FLOPs per sample of teacher and student, and the wall time of every phase. A kind
+`train` job also writes teacher.pt, the torchvision-format state_dict a later job's
+`workload.teacher_weights` takes as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from pipebd_core.data import build_dataset
+from pipebd_core.finalize import top1_accuracy
+from pipebd_core.flops import count_flops
+from pipebd_core.phases import EVALUATE, read_records
+from pipebd_core.ranks import phase_entry, pick_device
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import parse_spec
+from pipebd_core.telemetry import append_event
+from pipebd_core.training.network import build_network, parameters, teacher_network
+from pipebd_core.training.plan import TrainPlan, finetune_view
+from pipebd_core.training.rank import load_trained
+
+
+def size_of(model: nn.Module, sample: torch.Tensor) -> dict[str, float]:
+    """Parameters and forward FLOPs per sample."""
+    model.eval()
+    with torch.no_grad():
+        _, flops = count_flops(model, sample.unsqueeze(0))
+    return {"params": parameters(model), "flops": flops}
+
+
+def export(model: nn.Module, sample: torch.Tensor, run_dir: RunDir) -> None:
+    """finetuned_model.pt2: `torch.export.load(path).module()` runs it without PipeBD's classes."""
+    program = torch.export.export(model.cpu().eval(), (sample.unsqueeze(0).cpu(),))
+    torch.export.save(program, run_dir.exported_model)
+
+
+def phase_seconds(run_dir: RunDir) -> dict[str, float | None]:
+    return {record.name: record.duration_s for record in read_records(run_dir)}
+
+
+def run_evaluate(run_dir: RunDir) -> dict[str, Any]:
+    spec = parse_spec(run_dir.read_json(run_dir.spec))
+    view = finetune_view(spec)
+    plan = TrainPlan.from_json(run_dir.read_json(run_dir.finetune_plan))
+    device = pick_device(spec, 0)
+    sample = build_dataset(view)[0][0]
+    network = build_network(spec, run_dir)
+    report: dict[str, Any] = {"strategy": plan.strategy, "top1_before": top1_accuracy(network.model, view, device)}
+    load_trained(network, run_dir, plan, plan.steps.total)
+    report["top1_after"] = top1_accuracy(network.model, view, device)
+    report["student"] = size_of(network.model, sample.to(device))
+    teacher = teacher_network(spec)
+    if teacher is not None:
+        report["teacher_top1"] = top1_accuracy(teacher, view, device)
+        report["teacher"] = size_of(teacher.to(device), sample.to(device))
+    torch.save(network.model.state_dict(), run_dir.finetuned_model)
+    if spec.workload.kind == "train":
+        torch.save(network.model.state_dict(), run_dir.teacher)
+        report["teacher_top1"], report["teacher"] = report["top1_after"], report["student"]
+    export(network.model, sample, run_dir)
+    report["phase_s"] = phase_seconds(run_dir)
+    summary = run_dir.read_json(run_dir.summary) if run_dir.summary.exists() else {"name": spec.name}
+    run_dir.write_json(run_dir.summary, {**summary, "finetune": report})
+    append_event(run_dir.events, "artifacts_written", phase=EVALUATE, top1=report["top1_after"])
+    print(f"pipebd: evaluate: top-1 {report['top1_before']} before, {report['top1_after']} after", flush=True)
+    return report
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipebd_core.training.evaluate", description="the evaluate phase")
+    phase_entry(EVALUATE, parser, lambda run_dir, _: run_evaluate(run_dir), argv, own_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The finetune phase's plan: what the planner decided and the ranks follow (finetune_plan.json).
+
+A strategy (`ddp`: the whole network on every rank, the batch split over them; `gpipe`, `1f1b`, `zb`:
+one pipeline stage of contiguous layers per rank, the batch split into equal micro-batches), the
+stages' layer ranges, every rank's action list (schedules.py), the steps and the sample stream, and the
+boundary shapes. `details` keeps what is informational: the ranked strategies, predictions, timelines.
+
+`finetune_view(spec)` is the spec as the finetune phase trains it: the finetune section's optimiser,
+epochs and batch put where the data and step helpers of the engine read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipebd_core.plan import StepPlan
+from pipebd_core.spec import Spec, parse_spec
+from pipebd_core.training.schedules import Action
+
+PIPELINED = ("gpipe", "1f1b", "zb")
+
+
+def finetune_view(spec: Spec) -> Spec:
+    """`spec` with train.* and data.batch_size taken from its finetune section (the seed stays)."""
+    tune = spec.finetune
+    assert tune is not None, "only a spec with a finetune section is trained end to end"
+    document = spec.model_dump(mode="json")
+    document["train"].update(
+        epochs=tune.epochs,
+        max_steps=tune.max_steps,
+        lr=tune.lr,
+        momentum=tune.momentum,
+        weight_decay=tune.weight_decay,
+        lr_schedule=tune.lr_schedule,
+        checkpoint_every=None,
+    )
+    document["data"]["batch_size"] = tune.batch_size or spec.data.batch_size
+    return parse_spec(document)
+
+
+@dataclass
+class TrainPlan:
+    strategy: str  # ddp | gpipe | 1f1b | zb (auto is resolved to one of them)
+    nproc: int
+    batch_size: int  # the global batch
+    microbatches: int  # pipelines: equal parts of the batch; ddp: 1
+    stages: list[tuple[int, int]]  # per rank, layers [start, stop); ddp: the whole network once
+    steps: StepPlan
+    shapes: list[list[int]]  # per-sample shape entering each layer, then the logits'
+    layer_names: list[str]
+    actions: list[list[Action]] = field(default_factory=list)  # pipelines: per rank, in order
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pipelined(self) -> bool:
+        return self.strategy in PIPELINED
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.batch_size // self.microbatches
+
+    def stage_of(self, rank: int) -> tuple[int, int]:
+        return self.stages[rank] if self.pipelined else self.stages[0]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "nproc": self.nproc,
+            "batch_size": self.batch_size,
+            "microbatches": self.microbatches,
+            "stages": [list(stage) for stage in self.stages],
+            **self.steps.to_json(),
+            "shapes": self.shapes,
+            "layer_names": self.layer_names,
+            "actions": [[str(action) for action in actions] for actions in self.actions],
+            **self.details,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainPlan:
+        known = {"strategy", "nproc", "batch_size", "microbatches", "stages", "shapes", "layer_names", "actions"}
+        known |= {"total_steps", "steps_per_epoch", "num_samples", "streams", "search"}
+        return cls(
+            strategy=data["strategy"],
+            nproc=data["nproc"],
+            batch_size=data["batch_size"],
+            microbatches=data["microbatches"],
+            stages=[(int(a), int(b)) for a, b in data["stages"]],
+            steps=StepPlan.from_json(data),
+            shapes=data["shapes"],
+            layer_names=data["layer_names"],
+            actions=[[Action.parse(text) for text in actions] for actions in data["actions"]],
+            details={key: value for key, value in data.items() if key not in known},
+        )
