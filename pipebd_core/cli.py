@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from pipebd_core import bench_finetune
 from pipebd_core.bench import format_table, run_bench
 from pipebd_core.checkpoint import resume_steps
 from pipebd_core.launch import default_run_dir, prepare_run
@@ -211,17 +212,24 @@ def command_plan(args: argparse.Namespace) -> int:
 
 
 def command_bench(args: argparse.Namespace) -> int:
-    modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
-    unknown = [mode for mode in modes if mode not in MODES]
+    finetune = args.phase == "finetune"
+    known = bench_finetune.STRATEGIES if finetune else MODES
+    modes = [mode.strip() for mode in (args.modes or ",".join(known)).split(",") if mode.strip()]
+    unknown = [mode for mode in modes if mode not in known]
     if unknown:
-        return fail(f"--modes: unknown {', '.join(unknown)}; choose from {', '.join(MODES)}")
+        return fail(f"--modes: unknown {', '.join(unknown)}; for --phase {args.phase} choose from {', '.join(known)}")
     try:
         spec = load_run_spec(args)
         out = Path(args.out) if args.out else default_run_dir(spec, Path("runs") / "bench")
-        report = run_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep)
+        if finetune:
+            report = bench_finetune.run_finetune_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep)
+            table = bench_finetune.format_table(report)
+        else:
+            report = run_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep)
+            table = format_table(report)
     except (SpecError, PlanError, ProfileError, RuntimeError) as error:
         return fail(str(error))
-    print(json.dumps(report, indent=1) if args.json else format_table(report))
+    print(json.dumps(report, indent=1) if args.json else table)
     return 0
 
 
@@ -255,10 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the ranked plans as JSON")
     plan.set_defaults(handler=command_plan)
 
-    bench = commands.add_parser("bench", help="run modes side by side and report measured ratios")
+    bench = commands.add_parser("bench", help="run modes (or strategies) side by side and report measured ratios")
     add_spec_arguments(bench)
-    bench.add_argument("--modes", default="dp,ls,ir,tr,tr_dpu,auto", help="comma-separated modes")
-    bench.add_argument("--steps", type=int, default=20, help="optimiser steps per block in each run")
+    bench.add_argument("--phase", choices=("distill", "finetune"), default="distill", help="what to benchmark")
+    bench.add_argument(
+        "--modes", help="comma-separated modes (distill: dp,ls,ir,tr,tr_dpu,auto) or strategies (finetune)"
+    )
+    bench.add_argument("--steps", type=int, default=20, help="optimiser steps (per block, for distill) each run")
     bench.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every mode")
     bench.add_argument("--out", help="folder for the runs and bench.json (default runs/bench/<name>-<time>)")
     bench.add_argument("--keep", action="store_true", help="keep every run's directory")

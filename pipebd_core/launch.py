@@ -19,7 +19,16 @@ from pathlib import Path
 
 import torch
 
-from pipebd_core.phases import PHASE_KINDS, PLAN, PLAN_FINETUNE, PROFILE, PhaseRecord, new_records, write_records
+from pipebd_core.phases import (
+    PHASE_KINDS,
+    PLAN,
+    PLAN_FINETUNE,
+    PROFILE,
+    PROFILE_FINETUNE,
+    PhaseRecord,
+    new_records,
+    write_records,
+)
 from pipebd_core.plan import PlanError
 from pipebd_core.planning import profiles
 from pipebd_core.planning.finetune import check_labels, resolve_train_plan
@@ -65,11 +74,14 @@ def preflight(spec: Spec) -> None:
     document["schedule"]["profile"] = False
     if document["schedule"]["mode"] == "auto":
         document["schedule"].update(mode="ir", stages=None)
+    tune = document.get("finetune")
+    if tune is not None and tune["strategy"] == "auto":  # the same stand-ins for the end-to-end training
+        tune.update(strategy="gpipe" if tune["stages"] else "ddp", profile=False)
     try:
         if spec.workload.kind != "train":
             resolve_plan(parse_spec(document), None)
         if spec.finetune is not None and spec.workload.kind != "nas":
-            resolve_train_plan(spec, None)
+            resolve_train_plan(parse_spec(document), None)
         elif spec.finetune is not None:
             check_labels(finetune_view(spec))
     except (SpecError, PlanError):
@@ -80,8 +92,9 @@ def preflight(spec: Spec) -> None:
         ) from None
 
 
-def prepare_run(spec: Spec, out: Path | None = None) -> RunDir:
-    """Validate everything, then create the run directory with spec.json and phases.json."""
+def prepare_run(spec: Spec, out: Path | None = None, phases: list[str] | None = None) -> RunDir:
+    """Validate everything, then create the run directory with spec.json and phases.json (the job's
+    phases, or just `phases`: the finetune benchmark runs only the end-to-end training's)."""
     check_devices(spec)
     preflight(spec)
     root = out if out is not None else default_run_dir(spec)
@@ -90,27 +103,35 @@ def prepare_run(spec: Spec, out: Path | None = None) -> RunDir:
         raise SpecError(f"--out {root}: a run already lives there; use --resume {root} or another folder")
     root.mkdir(parents=True, exist_ok=True)
     run_dir.write_json(run_dir.spec, spec.model_dump(mode="json"))
-    write_records(run_dir, new_records(spec))
+    write_records(run_dir, [PhaseRecord.of(name) for name in phases] if phases else new_records(spec))
     append_event(run_dir.events, "prepared", mode=spec.schedule.mode, nproc=spec.schedule.nproc)
     return run_dir
 
 
+def architecture_of(run_dir: RunDir) -> str | None:
+    """A searched network's architecture as written (part of its layer profile's cache key)."""
+    return run_dir.architecture.read_text() if run_dir.architecture.exists() else None
+
+
 def skip_reason(run_dir: RunDir, spec: Spec, phase: str, refresh: bool = False) -> str | None:
-    """Why `phase` need not run: the profile phase finds a cached profile (copied to profile.json)."""
-    if phase != PROFILE or refresh:
+    """Why `phase` need not run: a profile phase finds its cached profile (copied into the run directory)."""
+    if phase not in (PROFILE, PROFILE_FINETUNE) or refresh:
         return None
-    cached = profiles.load_cached(spec)
+    layers = phase == PROFILE_FINETUNE
+    architecture = architecture_of(run_dir) if layers else None
+    cached = profiles.load_cached(spec, architecture, layers)
     if cached is None:
         return None
-    run_dir.write_json(run_dir.profile, cached)
-    return profiles.describe_cached(cached, spec)
+    run_dir.write_json(run_dir.layer_profile if layers else run_dir.profile, cached)
+    return profiles.describe_cached(cached, profiles.cache_path(spec, architecture, layers))
 
 
 def run_local(run_dir: RunDir, spec: Spec, phase: str) -> None:
     """The phases that run in the supervising process: `plan` writes plan.json, `plan_finetune`
     finetune_plan.json."""
     if phase == PLAN_FINETUNE:
-        run_dir.write_json(run_dir.finetune_plan, resolve_train_plan(spec, run_dir).to_json())
+        measured = run_dir.read_json(run_dir.layer_profile) if run_dir.layer_profile.exists() else None
+        run_dir.write_json(run_dir.finetune_plan, resolve_train_plan(spec, run_dir, measured).to_json())
         return
     assert phase == PLAN, f"phase {phase!r} does not run locally"
     profile = run_dir.read_json(run_dir.profile) if spec.schedule.profile else None
@@ -120,7 +141,7 @@ def run_local(run_dir: RunDir, spec: Spec, phase: str) -> None:
 def phase_command(run_dir: RunDir, spec: Spec, phase: str, trials: int = PROFILE_TRIALS) -> list[str]:
     kind = PHASE_KINDS[phase]
     assert kind.module is not None, f"phase {phase!r} runs no process"
-    extra = ["--trials", str(trials)] if phase == PROFILE else []
+    extra = ["--trials", str(trials)] if phase in (PROFILE, PROFILE_FINETUNE) else []
     if kind.runs == "torchrun":
         return torchrun_command(spec.schedule.nproc, run_dir, kind.module, *extra)
     return [sys.executable, "-m", kind.module, "--run-dir", str(run_dir.root.resolve()), *extra]
@@ -151,10 +172,13 @@ def start_phase(
 
 def complete(run_dir: RunDir, spec: Spec, phase: str) -> None:
     """After a phase succeeded: a measured profile goes into the cache."""
-    if phase == PROFILE:
-        if not run_dir.profile.exists():
-            raise profiles.ProfileError(f"the profile phase ended without writing {run_dir.profile}")
-        profiles.store(spec, run_dir.read_json(run_dir.profile))
+    if phase not in (PROFILE, PROFILE_FINETUNE):
+        return
+    layers = phase == PROFILE_FINETUNE
+    path = run_dir.layer_profile if layers else run_dir.profile
+    if not path.exists():
+        raise profiles.ProfileError(f"the {phase} phase ended without writing {path}")
+    profiles.store(spec, run_dir.read_json(path), architecture_of(run_dir) if layers else None, layers)
 
 
 def temporary_run(spec: Spec, phases: list[str]) -> RunDir:

@@ -5,6 +5,8 @@
     plan       a local step: resolve the plan from the profile (or FLOP estimates) into plan.json
     distill    torchrun of pipebd_core: the ranks train every student block (checkpoints, telemetry)
     finalize   one process: gather the students, assemble, evaluate, write the artifacts
+    profile_finetune  torchrun of pipebd_core.planning.layer_profiler: every layer's F, B, I, W measured;
+               skipped when a cached layer profile fits
     plan_finetune  a local step: the end-to-end training's strategy, stage cuts and actions per rank
     finetune   torchrun of pipebd_core.training: the whole network trained on labelled data
     evaluate   one process: top-1 before and after, the trained network saved and exported
@@ -24,7 +26,7 @@ from pipebd_core.rundir import DISTILL, RunDir
 from pipebd_core.spec import Spec
 
 PROFILE, PLAN, FINALIZE = "profile", "plan", "finalize"
-PLAN_FINETUNE, FINETUNE, EVALUATE = "plan_finetune", "finetune", "evaluate"
+PROFILE_FINETUNE, PLAN_FINETUNE, FINETUNE, EVALUATE = "profile_finetune", "plan_finetune", "finetune", "evaluate"
 Runs = Literal["torchrun", "process", "local"]
 PENDING, RUNNING, ENDED = "pending", "running", "ended"
 OUTCOMES = (SUCCEEDED, FAILED, CANCELLED, SKIPPED)
@@ -66,6 +68,14 @@ PHASE_KINDS: dict[str, PhaseKind] = {
         0.05,
         "gather the students, assemble and evaluate the result",
     ),
+    PROFILE_FINETUNE: PhaseKind(
+        PROFILE_FINETUNE,
+        "torchrun",
+        "pipebd_core.planning.layer_profiler",
+        ("layer_profile.json", "logs/profile_finetune/", "errors/profile_finetune/"),
+        0.1,
+        "measure every layer of the network to train (skipped when a cached layer profile fits)",
+    ),
     PLAN_FINETUNE: PhaseKind(
         PLAN_FINETUNE, "local", None, ("finetune_plan.json",), 0.0, "plan the end-to-end training"
     ),
@@ -96,7 +106,8 @@ def job_phases(spec: Spec) -> list[str]:
         if spec.workload.kind == "train"
         else [*([PROFILE] if spec.schedule.profile else []), PLAN, DISTILL, FINALIZE]
     )
-    finetune = [PLAN_FINETUNE, FINETUNE, EVALUATE] if spec.finetune is not None else []
+    tune = spec.finetune
+    finetune = [*([PROFILE_FINETUNE] if tune.profile else []), PLAN_FINETUNE, FINETUNE, EVALUATE] if tune else []
     return [*distill, *finetune]
 
 

@@ -18,6 +18,7 @@ spelt out once, in `RunDir`; nothing else joins names onto a run directory.
     compressed_model.pt                the assembled compressed network (compression workloads)
     architecture.json                  nas: the chosen candidate of every searchable layer, per block
     searched_model.pt                  nas: the searched network as a standalone model
+    layer_profile.json                 finetune: every layer's F, B, I and W times and bytes (measured or cached)
     finetune_plan.json                 finetune: strategy, stage cuts, micro-batches, every rank's actions
     finetuned_model.pt                 finetune: the trained network's state_dict
     finetuned_model.pt2                finetune: the same network as a torch.export program
@@ -58,6 +59,7 @@ OUTPUTS: tuple[Output, ...] = (
     Output("summary.json", "application/json", "final losses and accuracies"),
     Output("plan.json", "application/json", "the resolved plan"),
     Output("finetune_plan.json", "application/json", "finetune: strategies ranked, stages, actions per rank"),
+    Output("layer_profile.json", "application/json", "finetune: every layer's measured F, B, I, W and bytes"),
     Output("profile.json", "application/json", "the profile the plan was made from"),
     Output("phases.json", "application/json", "the job's phases with their states and outcomes"),
     Output("spec.json", "application/json", "the resolved spec"),
@@ -114,6 +116,10 @@ class RunDir:
     @property
     def searched_model(self) -> Path:
         return self.output("searched_model.pt")
+
+    @property
+    def layer_profile(self) -> Path:
+        return self.output("layer_profile.json")
 
     @property
     def finetune_plan(self) -> Path:

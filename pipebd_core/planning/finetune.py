@@ -1,9 +1,14 @@
-"""Planning the finetune phase: the network's layers and shapes, the stage cuts, every rank's actions.
+"""Planning the finetune phase: the network's layers and shapes, the strategy, the stage cuts, every
+rank's actions.
 
 `resolve_train_plan` is the `plan_finetune` phase (and, on a freshly initialised network, part of the
 preflight of every launch): it checks what can only be checked against the network and the data
 (labels for a cross-entropy, more stages than layers), cuts the layers into one stage per rank (the
-spec's `finetune.stages`, or balanced on FLOP estimates) and writes each rank's action list.
+spec's `finetune.stages`, or the exact min-max cut of the measured per-layer work, or of FLOP
+estimates without a profile) and writes each rank's action list. With a layer profile it predicts
+every strategy by replaying its schedule (planning/simulate_training.py), rejects what does not fit in
+memory, ranks the rest, and `auto` runs the fastest; the ranking, the predicted step and the
+predicted timelines go into finetune_plan.json.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import torch
 from pipebd_core.data import build_dataset, check_dataset, steps_per_epoch, total_steps
 from pipebd_core.flops import count_flops
 from pipebd_core.plan import PlanError, StepPlan, Stream, balanced_partition
+from pipebd_core.planning.simulate_training import Prediction, TrainCosts, simulate_ddp, simulate_pipeline
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
 from pipebd_core.training.network import Network, build_network
 from pipebd_core.training.plan import PIPELINED, TrainPlan, finetune_view
-from pipebd_core.training.schedules import rank_actions
+from pipebd_core.training.schedules import Action, StageCosts, rank_actions
 
 LABEL_CHECK_SAMPLES = 8  # samples looked at for labels before a cross-entropy is accepted
 
@@ -91,8 +97,67 @@ def step_counts(view: Spec) -> StepPlan:
     return StepPlan(total_steps(view, count), steps_per_epoch(view, count), Stream("train", 0, count))
 
 
-def resolve_train_plan(spec: Spec, run_dir: RunDir | None) -> TrainPlan:
-    """The finetune plan of `spec` (its network as `run_dir` holds it, or freshly initialised)."""
+def pipeline_cuts(spec: Spec, costs: TrainCosts | None, flops: list[float], split: bool) -> list[tuple[int, int]]:
+    """The stages of a pipelined strategy: finetune.stages, else the min-max cut of the measured work
+    per layer (F + B, or F + I + W for a split backward), else of FLOP estimates."""
+    assert spec.finetune is not None
+    if spec.finetune.stages is not None or costs is None:
+        return stage_cuts(spec, flops)
+    work = [costs.layer_work(index, split) for index in range(len(flops))]
+    stage_cuts(spec, flops)  # the same refusals as without a profile (too few layers)
+    return balanced_partition(work, spec.schedule.nproc)
+
+
+def feasible(spec: Spec, strategy: str, layers: int) -> str | None:
+    """Why `strategy` cannot run this spec, or None."""
+    tune, nproc = spec.finetune, spec.schedule.nproc
+    assert tune is not None
+    batch = tune.batch_size or spec.data.batch_size
+    if strategy == "ddp":
+        return f"a batch of {batch} does not split over {nproc} ranks" if batch < nproc else None
+    if layers < nproc:
+        return f"{nproc} stages need {nproc} layers, the network has {layers}"
+    if batch % tune.microbatches:
+        return f"a batch of {batch} does not split into {tune.microbatches} micro-batches"
+    if strategy in ("1f1b", "zb") and tune.microbatches < nproc:
+        return f"{strategy} needs at least {nproc} micro-batches, the spec has {tune.microbatches}"
+    return None
+
+
+def predict(spec: Spec, strategy: str, costs: TrainCosts, flops: list[float]) -> tuple[Prediction, list[list[Action]]]:
+    """One strategy's predicted step on this profile, with the action lists it would run."""
+    nproc, layers = spec.schedule.nproc, len(flops)
+    if strategy == "ddp":
+        return simulate_ddp(costs, layers, nproc), []
+    assert spec.finetune is not None
+    stages = pipeline_cuts(spec, costs, flops, split=strategy == "zb")
+    times = [costs.stage(start, stop) for start, stop in stages]
+    comm = max((costs.p2p(start) for start, _ in stages), default=0.0)
+    lists = rank_actions(strategy, nproc, spec.finetune.microbatches, [StageCosts(t.f, t.i, t.w) for t in times], comm)
+    return simulate_pipeline(strategy, stages, lists, costs), lists
+
+
+def rank_strategies(spec: Spec, costs: TrainCosts, flops: list[float]) -> list[dict[str, Any]]:
+    """Every strategy predicted and ranked, fastest first; those that cannot run or do not fit last."""
+    ranked = []
+    for strategy in ("ddp", *PIPELINED):
+        reason = feasible(spec, strategy, len(flops))
+        if reason is not None:
+            ranked.append({"strategy": strategy, "fits": False, "reason": reason})
+            continue
+        prediction, _ = predict(spec, strategy, costs, flops)
+        over = max(prediction.memory_bytes) > costs.memory_limit
+        entry = {**prediction.to_json(), "fits": not over, "segments": prediction.segments}
+        if over:
+            need, have = max(prediction.memory_bytes) / 2**30, costs.memory_limit / 2**30
+            entry["reason"] = f"needs {need:.1f} GiB on a rank, {have:.1f} GiB there"
+        ranked.append(entry)
+    return sorted(ranked, key=lambda entry: (not entry["fits"], entry.get("step_s", float("inf"))))
+
+
+def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: dict[str, Any] | None = None) -> TrainPlan:
+    """The finetune plan of `spec` (its network as `run_dir` holds it, or freshly initialised), from the
+    layer profile `measured` when there is one."""
     tune = spec.finetune
     assert tune is not None, "only a spec with a finetune section has a finetune plan"
     view = finetune_view(spec)
@@ -101,21 +166,38 @@ def resolve_train_plan(spec: Spec, run_dir: RunDir | None) -> TrainPlan:
     network = build_network(spec, run_dir)
     sample = build_dataset(view)[0][0]
     shapes, flops = layer_probe(network, sample)
-    strategy = "1f1b" if tune.strategy == "auto" else tune.strategy  # TODO replaced by the ranked choice
-    nproc, batch = spec.schedule.nproc, view.data.batch_size
-    pipelined = strategy in PIPELINED
-    stages = stage_cuts(spec, flops) if pipelined else [(0, network.num_layers)]
-    microbatches = tune.microbatches if pipelined else 1
+    costs = TrainCosts(measured) if measured is not None else None
     details: dict[str, Any] = {"layer_flops": flops, "requested_strategy": tune.strategy}
+    strategy = tune.strategy
+    if costs is not None:
+        ranked = rank_strategies(spec, costs, flops)
+        details["strategies"] = ranked
+        if strategy == "auto":
+            best = ranked[0]
+            if not best["fits"]:
+                raise SpecError(f"finetune.strategy: no strategy can run this network here: {best.get('reason')}")
+            strategy = best["strategy"]
+    assert strategy != "auto", "the spec refuses auto without a profile"
+    nproc, pipelined = spec.schedule.nproc, strategy in PIPELINED
+    if pipelined:
+        stage_cuts(spec, flops)  # refuses more stages than layers, or stages past the network, naming the field
+    microbatches = tune.microbatches if pipelined else 1
+    if costs is not None:
+        prediction, lists = predict(spec, strategy, costs, flops)
+        stages = prediction.stages
+        details.update(predicted_step_s=prediction.step_s, simulation=prediction.segments)
+    else:
+        stages = stage_cuts(spec, flops) if pipelined else [(0, network.num_layers)]
+        lists = rank_actions(strategy, nproc, microbatches) if pipelined else []
     return TrainPlan(
         strategy=strategy,
         nproc=nproc,
-        batch_size=batch,
+        batch_size=view.data.batch_size,
         microbatches=microbatches,
         stages=stages,
         steps=step_counts(view),
         shapes=shapes,
         layer_names=network.names,
-        actions=rank_actions(strategy, nproc, microbatches) if pipelined else [],
+        actions=lists,
         details=details,
     )

@@ -1,8 +1,11 @@
-"""The profile cache: profiles on disk, keyed by workload, data (its loader workers included), batch
-size, device kind and count, so planning again is instant.
+"""The profile caches: block profiles (distillation) and layer profiles (end-to-end training) on disk,
+keyed by what the measurements depend on (workload, data and its loader workers, batch sizes, device
+kind and count; for layers also the micro-batches and, for a searched network, its architecture), so
+planning again is instant.
 
-Measuring is the job's `profile` phase (pipebd_core.planning.profiler under the supervisor); this
-module only names, reads and writes the cached results.
+Measuring is a phase (`profile`: pipebd_core.planning.profiler, `profile_finetune`:
+pipebd_core.planning.layer_profiler, under the supervisor); this module names, reads and writes the
+cached results.
 """
 
 from __future__ import annotations
@@ -53,18 +56,35 @@ def profile_key(spec: Spec) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def cache_path(spec: Spec) -> Path:
+def layer_profile_key(spec: Spec, architecture: str | None) -> str:
+    """What the layer measurements depend on: the block profile's key, the finetune batch and micro-batches,
+    the initialisation's source, and a searched network's architecture (architecture.json's text)."""
+    tune = spec.finetune
+    assert tune is not None, "only a spec with a finetune section has layers to profile"
+    key = {
+        "blocks": profile_key(spec),
+        "batch": tune.batch_size or spec.data.batch_size,
+        "microbatches": tune.microbatches,
+        "architecture": architecture,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def cache_path(spec: Spec, architecture: str | None = None, layers: bool = False) -> Path:
+    """The cache file of `spec`'s block profile, or (`layers`) of its layer profile."""
+    if layers:
+        return cache_root() / "layer-profiles" / f"{spec.name}-{layer_profile_key(spec, architecture)}.json"
     return cache_root() / "profiles" / f"{spec.name}-{profile_key(spec)}.json"
 
 
-def load_cached(spec: Spec) -> dict[str, Any] | None:
-    path = cache_path(spec)
+def load_cached(spec: Spec, architecture: str | None = None, layers: bool = False) -> dict[str, Any] | None:
+    path = cache_path(spec, architecture, layers)
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def store(spec: Spec, profile: dict[str, Any]) -> Path:
+def store(spec: Spec, profile: dict[str, Any], architecture: str | None = None, layers: bool = False) -> Path:
     """Cache a measured profile (atomically); returns where it lies."""
-    path = cache_path(spec)
+    path = cache_path(spec, architecture, layers)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps(profile, indent=1))
@@ -72,7 +92,7 @@ def store(spec: Spec, profile: dict[str, Any]) -> Path:
     return path
 
 
-def describe_cached(profile: dict[str, Any], spec: Spec) -> str:
+def describe_cached(profile: dict[str, Any], path: Path) -> str:
     """Why a profile phase was skipped: which cached profile it reuses and how old it is."""
     age = time.time() - float(profile.get("measured_at", time.time()))
-    return f"cached profile {cache_path(spec).name}, measured {age / 60:.0f} min ago"
+    return f"cached profile {path.name}, measured {age / 60:.0f} min ago"

@@ -1,0 +1,209 @@
+"""The layer profiler of the finetune phase: every layer measured on the ranks the job will use.
+
+Run by the `profile_finetune` phase as `torchrun ... -m pipebd_core.planning.layer_profiler --run-dir
+DIR`; it writes DIR/layer_profile.json. Every rank measures every layer (so all ranks load the node as
+training does) and rank 0 pools the trials. Per layer, at the micro-batch size (pipelines) and at the
+largest DDP shard (ceil(B/N)): forward (F), whole backward (B), input-gradient backward (I) and the
+batched weight-gradient pass (W) as deferred.py runs them, and the bytes autograd keeps for the
+backward; the bytes of the layer's output per sample and of its parameters; its SGD step. Between
+rank pairs, the one-way time of each boundary tensor at the micro-batch size; over all ranks, the
+all-reduce of the whole network's gradients. Each value: median of the trials after a warm-up, with
+its spread (p90 - p10) / median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import os
+import time
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from pipebd_core.data import build_dataset
+from pipebd_core.phases import PROFILE_FINETUNE
+from pipebd_core.planning.profiler import WARMUP, saved_bytes, summarise, timed
+from pipebd_core.ranks import join_process_group, phase_entry, pick_device
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec, parse_spec
+from pipebd_core.training.deferred import defer_weight_gradients
+from pipebd_core.training.network import Network, build_network
+from pipebd_core.training.plan import finetune_view
+
+
+def layer_batches(spec: Spec) -> dict[str, int]:
+    """The batches a finetune plan can give a layer: one micro-batch, and the largest DDP shard."""
+    tune, view = spec.finetune, finetune_view(spec)
+    assert tune is not None
+    batch, nproc = view.data.batch_size, spec.schedule.nproc
+    return {"microbatch": max(1, batch // tune.microbatches), "shard": -(-batch // nproc)}
+
+
+def measure_layer(layer: nn.Module, shape: list[int], batch: int, trials: int, device: torch.device) -> dict[str, Any]:
+    """F, B, I and W of one layer at one batch, as the strategies run them."""
+    layer = copy.deepcopy(layer).to(device).train()
+    trainable = any(p.requires_grad for p in layer.parameters())
+    x = torch.randn((batch, *shape), device=device, requires_grad=True)
+    output = layer(x)
+    grad = torch.randn_like(output)
+
+    def forward() -> None:
+        layer(x)
+
+    def whole_backward() -> None:
+        layer(x).backward(grad)
+
+    result = {
+        "F": timed(forward, trials, device),
+        "B": timed(whole_backward, trials, device),
+        "saved_bytes": saved_bytes(layer, x) if trainable else 0,
+    }
+    weights = defer_weight_gradients(layer)
+
+    def input_backward() -> None:
+        layer(x).backward(grad)
+
+    result["I"] = timed(input_backward, trials, device)
+    weights.run()  # what the timed input passes kept: flushed, untimed
+    result["W"] = [0.0] * trials
+    if weights.layers:  # one kept micro-batch per W, as the zero-bubble lists mostly run them
+        result["W"] = [_w_time(layer, weights, x, grad, device) for _ in range(WARMUP + trials)][WARMUP:]
+    weights.restore()
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.01, momentum=0.9) if trainable else None
+    layer(x).backward(grad)
+    result["optim"] = timed(optimizer.step, trials, device) if optimizer else [0.0] * trials
+    result["output_bytes_per_sample"] = output[0].numel() * output.element_size()
+    result["param_bytes"] = sum(p.numel() * p.element_size() for p in layer.parameters())
+    return result
+
+
+def _w_time(layer: nn.Module, weights: Any, x: torch.Tensor, grad: torch.Tensor, device: torch.device) -> float:
+    """The weight pass of one kept micro-batch, timed alone (its input pass is not)."""
+    layer(x).backward(grad)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    weights.run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
+def measure_p2p(sizes: list[int], trials: int, device: torch.device) -> dict[int, list[float]]:
+    """One-way seconds per tensor of `size` float32 elements: ping-pong between ranks (0,1), (2,3), ..."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer, result = rank ^ 1, {}
+    for size in sizes if peer < world else []:
+        buffer = torch.zeros(max(1, size), device=device)
+
+        def ping_pong(buffer: torch.Tensor = buffer) -> None:
+            if rank % 2 == 0:
+                dist.send(buffer, peer)
+                dist.recv(buffer, peer)
+            else:
+                dist.recv(buffer, peer)
+                dist.send(buffer, peer)
+
+        result[size] = [t / 2 for t in timed(ping_pong, trials, device)]
+    dist.barrier()
+    return result
+
+
+def measure_rank(
+    spec: Spec, network: Network, shapes: list[list[int]], trials: int, device: torch.device
+) -> dict[str, Any]:
+    batches = layer_batches(spec)
+    layers = {
+        name: [measure_layer(layer, shapes[i], batch, trials, device) for i, layer in enumerate(network.layers)]
+        for name, batch in batches.items()
+    }
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    sizes = sorted({batches["microbatch"] * max(1, torch.Size(shape).numel()) for shape in shapes[1:-1]})
+    params = sum(p.numel() for p in network.model.parameters())
+    flat = torch.zeros(max(1, params), device=device)
+    return {
+        "batches": batches,
+        "layers": layers,
+        "p2p": measure_p2p(sizes, trials, device) if distributed else {},
+        "allreduce": timed(functools.partial(dist.all_reduce, flat), trials, device) if distributed else [],
+    }
+
+
+def pool(measured: list[dict[str, Any]], spec: Spec, device: torch.device, shapes: list[list[int]]) -> dict[str, Any]:
+    """Every rank's trials combined into one profile."""
+    first = measured[0]
+
+    def pooled(batch: str, index: int, key: str) -> dict[str, float]:
+        return summarise([t for m in measured for t in m["layers"][batch][index][key]])
+
+    layers = []
+    for index in range(len(first["layers"]["microbatch"])):
+        entry: dict[str, Any] = {
+            batch: {key: pooled(batch, index, key) for key in ("F", "B", "I", "W", "optim")}
+            for batch in first["batches"]
+        }
+        for batch in first["batches"]:
+            entry[batch]["saved_bytes"] = first["layers"][batch][index]["saved_bytes"]
+        entry["output_bytes_per_sample"] = first["layers"]["microbatch"][index]["output_bytes_per_sample"]
+        entry["param_bytes"] = first["layers"]["microbatch"][index]["param_bytes"]
+        layers.append(entry)
+    p2p = {size: summarise([t for m in measured for t in m["p2p"].get(size, [])]) for size in first["p2p"]}
+    allreduce = [t for m in measured for t in m["allreduce"]]
+    return {
+        "nproc": spec.schedule.nproc,
+        "batches": first["batches"],
+        "device": "cpu" if device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(device)}",
+        "device_memory_bytes": _device_memory(device, spec.schedule.nproc),
+        "shapes": shapes,
+        "layers": layers,
+        "p2p_s": {str(size): value for size, value in p2p.items()},
+        "allreduce_s": summarise(allreduce) if allreduce else {"median": 0.0, "spread": 0.0, "trials": 0},
+        "measured_at": time.time(),
+    }
+
+
+def _device_memory(device: torch.device, nproc: int) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return int(psutil.virtual_memory().total // nproc)
+
+
+def profile_layers(run_dir: RunDir, trials: int) -> None:
+    spec = parse_spec(run_dir.read_json(run_dir.spec))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = pick_device(spec, int(os.environ.get("LOCAL_RANK", "0")))
+    join_process_group(spec, device, world)
+    network = build_network(spec, run_dir)
+    sample = build_dataset(finetune_view(spec))[0][0]
+    shapes = [list(sample.shape)]
+    x = sample.unsqueeze(0)
+    with torch.no_grad():
+        network.model.eval()
+        for layer in network.layers:
+            x = layer(x)
+            shapes.append(list(x.shape[1:]))
+    measured = measure_rank(spec, network, shapes, trials, device)
+    gathered: list[Any] = [measured] * world
+    if world > 1:
+        dist.all_gather_object(gathered, measured)
+    if int(os.environ.get("RANK", "0")) == 0:
+        run_dir.write_json(run_dir.layer_profile, pool(gathered, spec, device, shapes))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipebd_core.planning.layer_profiler", description="one rank")
+    parser.add_argument("--trials", type=int, default=5, help="timed trials per measurement, after warm-up")
+    phase_entry(PROFILE_FINETUNE, parser, lambda run_dir, args: profile_layers(run_dir, args.trials), argv)
+
+
+if __name__ == "__main__":
+    main()
