@@ -46,3 +46,25 @@ def fake_profile(
         "data_s": {str(b): timing(data, b) for b in sizes},
         "p2p_s": [{str(b): timing(p2p, b) for b in sizes} for _ in range(len(teacher) + 1)],
     }
+
+
+def fake_layer_profile(
+    layers: int, f: float, i: float, w: float, b: float, kept_bytes: int = 1000, memory_limit: int = 10**12
+) -> Any:
+    """A finetune cost model whose every layer takes the given seconds per micro-batch, without sends."""
+    from pipebd_core.planning.simulate_training import TrainCosts
+
+    def timing(value: float) -> dict[str, float]:
+        return {"median": value, "spread": 0.0, "trials": 1}
+
+    entry = {key: timing(value) for key, value in {"F": f, "I": i, "W": w, "B": b, "optim": 0.0}.items()}
+    layer = {"microbatch": {**entry, "saved_bytes": kept_bytes}, "shard": {**entry, "saved_bytes": kept_bytes}}
+    return TrainCosts(
+        {
+            "batches": {"microbatch": 1, "shard": 1},
+            "device_memory_bytes": memory_limit,
+            "layers": [{**layer, "output_bytes_per_sample": 4, "param_bytes": 400} for _ in range(layers)],
+            "p2p_s": {},
+            "allreduce_s": timing(0.0),
+        }
+    )

@@ -208,3 +208,45 @@ def test_a_failing_rank_fails_the_finetune_phase_with_its_traceback(tmp_path: Pa
     assert errors[0]["rank"] == 1 and "injected fault on rank 1 at finetune step 1" in errors[0]["message"]
     phases = {entry["name"]: entry for entry in json.loads(run_dir.phases.read_text())}
     assert phases["finetune"]["outcome"] == "failed" and phases["finetune"]["reason"] == "rank_error"
+
+
+def test_auto_ranks_every_strategy_from_the_layer_profile_and_trains_the_same(
+    reference: dict[str, torch.Tensor], finished_run: Callable[[Spec], RunDir]
+) -> None:
+    run_dir = finished_run(parse_spec(e2e_document("auto", 2, profile=True)))
+    plan = run_dir.read_json(run_dir.finetune_plan)
+    ranked = plan["strategies"]
+    assert next(entry["strategy"] for entry in ranked if entry["fits"]) == plan["strategy"]
+    assert {entry["strategy"] for entry in ranked} == {"ddp", "gpipe", "1f1b", "zb"}
+    assert all(entry["step_s"] > 0 and len(entry["bubble"]) == 2 for entry in ranked)
+    assert plan["predicted_step_s"] == ranked[0]["step_s"]
+    assert_same_weights(trained(run_dir), reference)
+    layers = run_dir.read_json(run_dir.layer_profile)["layers"]
+    assert len(layers) == 11 and all(layer["microbatch"]["F"]["median"] > 0 for layer in layers)
+
+
+def test_a_trained_vgg11_is_a_torchvision_teacher_a_compression_job_takes(tmp_path: Path) -> None:
+    import torchvision
+
+    document = {
+        "name": "teacher",
+        "workload": {"kind": "train", "teacher": "vgg11"},
+        "data": {"dataset": "digits", "image_size": 32, "batch_size": 8, "eval_samples": 16},
+        "schedule": {"nproc": 1, "profile": False},
+        "finetune": {"strategy": "ddp", "max_steps": 1, "lr": 0.01, "profile": False},
+    }
+    code, run_dir = run_job(parse_spec(document), tmp_path / "run")
+    assert code == 0, run_dir.events.read_text()[-2000:]
+    teacher = torchvision.models.vgg11(num_classes=10)
+    teacher.load_state_dict(torch.load(run_dir.teacher, weights_only=True), strict=True)
+    summary = run_dir.read_json(run_dir.summary)["finetune"]
+    assert summary["teacher_top1"] == summary["top1_after"] and summary["student"]["params"] == 128_807_306
+    exported = torch.export.load(run_dir.exported_model).module()  # no PipeBD class needed to run it
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(exported(x), teacher.eval()(x), rtol=1e-4, atol=1e-5)
+    compress = {
+        "workload": {"kind": "compression", "teacher": "vgg11", "teacher_weights": str(run_dir.teacher)},
+        "data": {"dataset": "digits", "image_size": 32, "batch_size": 8},
+        "schedule": {"nproc": 1, "profile": False},
+    }
+    preflight(parse_spec(compress))  # accepted as it is: every key and shape checked

@@ -149,3 +149,24 @@ def test_uneven_shards_between_profiled_sizes_are_costed_by_scaling() -> None:
     step, segments = simulate(plan_of(model, "ir", [(0, 5, 5)]), model, steps=4)
     assert step == pytest.approx(model.stage(0, 5, 5).total_s)  # the 3-row shards set the pace
     assert {s.rank for s in segments} == set(range(5))
+
+
+def test_the_replayed_schedules_have_the_bubbles_of_their_tick_tables() -> None:
+    from pipebd_core.planning.simulate_training import simulate_pipeline
+    from pipebd_core.training.schedules import rank_actions
+    from tests.fake_profiles import fake_layer_profile
+
+    stages, microbatches = 3, 4
+    costs = fake_layer_profile(layers=stages, f=1.0, i=1.0, w=1.0, b=2.0)
+    cuts = [(s, s + 1) for s in range(stages)]
+    results = {
+        strategy: simulate_pipeline(strategy, cuts, rank_actions(strategy, stages, microbatches), costs)
+        for strategy in ("gpipe", "1f1b")
+    }
+    for result in results.values():  # (M + S - 1) ticks of forward and backward: the GPipe/1F1B makespan
+        assert result.step_s == pytest.approx((microbatches + stages - 1) * 3.0)
+    zb = simulate_pipeline("zb", cuts, rank_actions("zb", stages, microbatches), costs)
+    assert zb.step_s < results["1f1b"].step_s  # W moved into the bubbles
+    assert min(zb.busy) > min(results["1f1b"].busy)
+    gpipe_memory, one_f_one_b_memory = results["gpipe"].memory_bytes[0], results["1f1b"].memory_bytes[0]
+    assert gpipe_memory > one_f_one_b_memory  # 1F1B keeps at most S - s micro-batches alive, GPipe all M

@@ -12,6 +12,7 @@ parameters and FLOPs per sample of teacher and student, and the wall time of eve
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import torch
@@ -40,8 +41,11 @@ def size_of(model: nn.Module, sample: torch.Tensor) -> dict[str, float]:
 
 
 def export(model: nn.Module, sample: torch.Tensor, run_dir: RunDir) -> None:
-    """finetuned_model.pt2: `torch.export.load(path).module()` runs it without PipeBD's classes."""
-    program = torch.export.export(model.cpu().eval(), (sample.unsqueeze(0).cpu(),))
+    """finetuned_model.pt2: `torch.export.load(path).module()` runs it, at any batch size, without
+    PipeBD's classes."""
+    example = sample.unsqueeze(0).expand(2, *sample.shape).contiguous().cpu()  # a batch of 1 would be frozen in
+    batch = {0: torch.export.Dim("batch", min=1)}
+    program = torch.export.export(model.cpu().eval(), (example,), dynamic_shapes=(batch,))
     torch.export.save(program, run_dir.exported_model)
 
 
@@ -65,8 +69,9 @@ def run_evaluate(run_dir: RunDir) -> dict[str, Any]:
         report["teacher_top1"] = top1_accuracy(teacher, view, device)
         report["teacher"] = size_of(teacher.to(device), sample.to(device))
     torch.save(network.model.state_dict(), run_dir.finetuned_model)
-    if spec.workload.kind == "train":
-        torch.save(network.model.state_dict(), run_dir.teacher)
+    if spec.workload.kind == "train":  # the same bytes: a second name, not a second copy of hundreds of MB
+        run_dir.teacher.unlink(missing_ok=True)
+        os.link(run_dir.finetuned_model, run_dir.teacher)
         report["teacher_top1"], report["teacher"] = report["top1_after"], report["student"]
     export(network.model, sample, run_dir)
     report["phase_s"] = phase_seconds(run_dir)
