@@ -14,14 +14,14 @@ from pathlib import Path
 from sqlmodel import Session, col, select
 
 from app.core.tables import Job, JobMetric
-from pipebd_core.rundir import OUTPUTS, Output, RunDir
+from pipebd_core.rundir import DISTILL, OUTPUTS, Output, RunDir
 from pipebd_core.telemetry import PHASES
 
 METRICS_CSV = "metrics.csv"
 
 
 FILE_ARTIFACTS: dict[str, Output] = {output.name: output for output in OUTPUTS}
-CSV_ARTIFACT = Output(METRICS_CSV, "text/csv", "every telemetry line of every rank")
+CSV_ARTIFACT = Output(METRICS_CSV, "text/csv", "every distillation telemetry line of every rank")
 
 
 def file_path(job: Job, name: str) -> Path | None:
@@ -52,7 +52,9 @@ def metrics_csv(session: Session, job: Job) -> str:
     """One row per telemetry line: position, loss per block, phase seconds, samples, peak and current memory,
     GPU utilisation (empty on CPU ranks)."""
     rows = session.exec(
-        select(JobMetric).where(JobMetric.job_id == job.id).order_by(col(JobMetric.rank), col(JobMetric.seq))
+        select(JobMetric)
+        .where(JobMetric.job_id == job.id, JobMetric.phase == DISTILL)
+        .order_by(col(JobMetric.rank), col(JobMetric.seq))
     ).all()
     blocks = sorted({int(block) for row in rows for block in row.record.get("loss", {})})
     out = io.StringIO()

@@ -20,7 +20,7 @@ from pipebd_core.bench import format_table, run_bench
 from pipebd_core.checkpoint import resume_steps
 from pipebd_core.launch import default_run_dir, prepare_run
 from pipebd_core.outcomes import CANCELLED, SUCCEEDED
-from pipebd_core.phases import PLAN, PhaseRecord
+from pipebd_core.phases import FINETUNE, PLAN, PhaseRecord
 from pipebd_core.plan import Plan, PlanError
 from pipebd_core.planning.planner import search
 from pipebd_core.planning.profiles import ProfileError
@@ -34,6 +34,7 @@ from pipebd_core.supervisor import Outcome, Supervisor, Watcher
 from pipebd_core.telemetry import append_event
 
 QUIET_PRINT_S = 5.0  # without a terminal, print progress this often
+TRAINING = (DISTILL, FINETUNE)  # the phases whose ranks write telemetry lines to follow
 
 
 def fail(message: str) -> int:
@@ -74,20 +75,21 @@ class ProgressLine(Watcher):
                     self.say(f"pipebd: warning: {warning}")
 
     def tick(self, phase: str) -> None:
-        if phase != DISTILL:
+        if phase not in TRAINING:
             return
-        self.follow()
+        self.follow(phase)
         if self.interactive or time.time() - self.last_print > QUIET_PRINT_S:
             self.print_progress("\r" if self.interactive else "\n")
 
     def drain(self, phase: str) -> None:
-        if phase == DISTILL:
-            self.follow()
+        if phase in TRAINING:
+            self.follow(phase)
             self.print_progress("\n")
+            self.follower = None  # the next training phase has its own ranks and steps
 
-    def follow(self) -> None:
+    def follow(self, phase: str) -> None:
         if self.follower is None:
-            self.follower = MetricsFollower(self.run_dir, Plan.from_json(self.run_dir.read_json(self.run_dir.plan)))
+            self.follower = MetricsFollower(self.run_dir, phase)
         self.follower.poll()
 
     def print_progress(self, end: str) -> None:

@@ -1,8 +1,9 @@
 """Follow a running phase from its telemetry files: progress, losses and throughput, computed once here.
 
-`pipebd run` draws its progress line from a `MetricsFollower`, and the service's workers store the
-same numbers; both read a phase's fraction from `phase_fraction` and a job's from
-`phases.job_fraction`, so the CLI and the dashboard never disagree (resumed runs included).
+`pipebd run` draws its progress line from a `MetricsFollower` of each phase that trains (distill,
+finetune), and the service's workers store the same numbers; both read a phase's fraction from
+`phase_fraction` and a job's from `phases.job_fraction`, so the CLI and the dashboard never disagree
+(resumed runs included).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipebd_core.plan import Plan
 from pipebd_core.rundir import DISTILL, RunDir
 
 
@@ -64,43 +64,65 @@ def phase_fraction(latest: dict[int, dict[str, Any]], nproc: int) -> float:
     return min(1.0, (counts.done + counts.skipped) / counts.whole)
 
 
+@dataclass(frozen=True)
+class PhaseSize:
+    """What a phase's progress is counted against: its ranks, its steps and the global batch."""
+
+    nproc: int
+    total_steps: int
+    batch_size: int
+
+    @classmethod
+    def of(cls, run_dir: RunDir, phase: str) -> PhaseSize:
+        """From the phase's plan: plan.json for distillation, finetune_plan.json for end-to-end training."""
+        plan = run_dir.read_json(run_dir.plan if phase == DISTILL else run_dir.finetune_plan)
+        return cls(plan["nproc"], plan["total_steps"], plan["batch_size"])
+
+
 @dataclass
 class Progress:
     """The latest state of every rank of a phase, folded from their telemetry lines."""
 
-    plan: Plan
+    size: PhaseSize
     started: float = field(default_factory=time.time)
     latest: dict[int, dict[str, Any]] = field(default_factory=dict)
-    losses: dict[int, float] = field(default_factory=dict)
+    losses: dict[str, float] = field(default_factory=dict)  # per block (distill), or "network" (finetune)
 
     def add(self, record: dict[str, Any]) -> None:
+        if "done" not in record:  # an evaluation line, not a step
+            return
         self.latest[record["rank"]] = record
-        for block, value in record.get("loss", {}).items():
-            self.losses[int(block)] = value
+        loss = record.get("loss")
+        if isinstance(loss, dict):
+            self.losses.update({str(block): value for block, value in loss.items()})
+        elif loss is not None:
+            self.losses["network"] = loss
 
     @property
     def fraction(self) -> float:
-        return phase_fraction(self.latest, self.plan.nproc)
+        return phase_fraction(self.latest, self.size.nproc)
 
     def samples_per_s(self) -> float:
-        """Samples taken through every block per second, so every mode is measured in the same unit."""
+        """Samples taken through every block (the whole network) per second, the same unit in every mode."""
         elapsed = max(1e-9, time.time() - self.started)
-        counts = TaskCounts.of(self.latest, self.plan.nproc)  # this attempt's work only
-        return counts.done / counts.whole * self.plan.step_plan.total * self.plan.batch_size / elapsed
+        counts = TaskCounts.of(self.latest, self.size.nproc)  # this attempt's work only
+        return counts.done / counts.whole * self.size.total_steps * self.size.batch_size / elapsed
 
     def describe(self) -> str:
         slowest = min(self.latest.values(), key=lambda r: r["done"] / max(1, r["total"]), default=None)
         where = f"epoch {slowest['epoch']} step {slowest['step']}" if slowest else "starting"
         loss = sum(self.losses.values()) / len(self.losses) if self.losses else float("nan")
-        return f"{self.fraction:6.1%} {where} | mean block loss {loss:.4g} | {self.samples_per_s():.1f} samples/s"
+        what = "loss" if "network" in self.losses else "mean block loss"
+        return f"{self.fraction:6.1%} {where} | {what} {loss:.4g} | {self.samples_per_s():.1f} samples/s"
 
 
 class MetricsFollower:
     """Tails metrics/<phase>/rank-*.jsonl of a run and keeps a Progress up to date."""
 
-    def __init__(self, run_dir: RunDir, plan: Plan, phase: str = DISTILL) -> None:
-        self.tails = [FileTail(run_dir.metrics(rank, phase)) for rank in range(plan.nproc)]
-        self.progress = Progress(plan)
+    def __init__(self, run_dir: RunDir, phase: str = DISTILL) -> None:
+        size = PhaseSize.of(run_dir, phase)
+        self.tails = [FileTail(run_dir.metrics(rank, phase)) for rank in range(size.nproc)]
+        self.progress = Progress(size)
 
     def poll(self) -> list[dict[str, Any]]:
         records = []

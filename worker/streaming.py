@@ -18,31 +18,28 @@ from sqlmodel import Session, col
 from app.core.database import session_scope
 from app.core.downsample import to_point
 from app.core.rollups import RollupBuilder
-from app.core.tables import Job, JobEvent, JobMetric, now
-from pipebd_core.phases import PhaseRecord, job_fraction
-from pipebd_core.plan import Plan
+from app.core.tables import EVAL_SEQ, Job, JobEvent, JobMetric, now
+from pipebd_core.phases import FINETUNE, PhaseRecord, job_fraction
 from pipebd_core.progress import MetricsFollower
 from pipebd_core.rundir import DISTILL, RunDir
 
 LAUNCHER = "launcher"
-PHASES_WITH_METRICS = (DISTILL,)
+PHASES_WITH_METRICS = (DISTILL, FINETUNE)
 
 
 class TelemetryStreamer:
     def __init__(self, database: str, job_id: int, run_dir: RunDir, nproc: int) -> None:
         self.database, self.job_id, self.run_dir, self.nproc = database, job_id, run_dir, nproc
         self.followers: dict[str, MetricsFollower] = {}
-        self.rollups = RollupBuilder(job_id)
+        self.rollups = {phase: RollupBuilder(job_id, phase) for phase in PHASES_WITH_METRICS}
         self.log_sizes: dict[tuple[str, str], int] = {}
 
     def follower(self, phase: str) -> MetricsFollower | None:
         """The telemetry of `phase`, once it has a plan to read it against."""
-        if phase not in PHASES_WITH_METRICS or not self.run_dir.plan.exists():
+        if phase not in PHASES_WITH_METRICS:
             return None
         if phase not in self.followers:
-            self.followers[phase] = MetricsFollower(
-                self.run_dir, Plan.from_json(self.run_dir.read_json(self.run_dir.plan))
-            )
+            self.followers[phase] = MetricsFollower(self.run_dir, phase)
         return self.followers[phase]
 
     def progress(self, phase: str, records: list[PhaseRecord]) -> dict[str, float | None]:
@@ -85,8 +82,9 @@ class TelemetryStreamer:
         rows = [
             JobMetric(
                 job_id=self.job_id,
+                phase=phase,
                 rank=int(line["rank"]),
-                seq=int(line.get("done", 0)),
+                seq=int(line.get("done", EVAL_SEQ)),
                 epoch=int(line.get("epoch", 0)),
                 step=int(line.get("step", 0)),
                 time=float(line.get("time", now())),
@@ -95,10 +93,11 @@ class TelemetryStreamer:
             for line in lines
         ]
         session.add_all(rows)
-        session.add_all(self.rollups.add([to_point(row.record, row.seq) for row in rows]))
+        steps = [row for row in rows if row.seq != EVAL_SEQ]
+        session.add_all(self.rollups[phase].add([to_point(row.record, row.seq) for row in steps]))
         session.flush()
         progress = self.progress(phase, records)
         ids = [row.id for row in rows if row.id is not None]
-        data = {"first_id": min(ids), "last_id": max(ids), **progress}
+        data = {"first_id": min(ids), "last_id": max(ids), "phase": phase, **progress}
         session.add(JobEvent(job_id=self.job_id, kind="metrics", data=data))
         session.execute(update(Job).where(col(Job.id) == self.job_id).values(**progress))

@@ -116,13 +116,27 @@ class MetricPoint(BaseModel):
         description="GPU utilisation in percent (NVML), mean over the lines that have it; null on CPU ranks,"
         " absent from points of rollups stored before it was recorded",
     )
+    acc: Number | None = Field(
+        None, description="finetune: the train accuracy of the batch the line saw (mean over the point's lines)"
+    )
     count: int = Field(description="telemetry lines the point stands for (1: not downsampled)")
 
 
+class Evaluation(BaseModel):
+    """A finetune evaluation: top-1 of the whole network on the eval split at an epoch's end."""
+
+    epoch: int = Field(description="epochs done when it was measured")
+    step: int = Field(description="the last training step before it")
+    top1: Number | None = Field(description="top-1 accuracy, 0 to 1 (null where the data has no labels)")
+
+
 class MetricsPage(BaseModel):
-    """A job's telemetry for charts: at most `max_points` points per rank, in rank then line order."""
+    """A job's telemetry of one phase for charts: at most `max_points` points per rank, in rank then line
+    order, and (finetune) its evaluations."""
 
     job_id: int = Field(description="the job")
+    phase: str = Field(description="the phase the lines belong to: distill or finetune")
+    evals: list[Evaluation] = Field(description="finetune: top-1 at each evaluation, in order; distill: empty")
     total: int = Field(description="telemetry lines the points stand for")
     downsampled: bool = Field(description="true when there are fewer points than lines")
     max_points: int = Field(description="points per rank at most, as asked")

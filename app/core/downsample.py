@@ -21,8 +21,10 @@ Point = dict[str, Any]
 
 
 def to_point(record: dict[str, Any], seq: int) -> Point:
-    """One telemetry line as a chart point."""
-    loss = {str(block): float(value) for block, value in record.get("loss", {}).items()}
+    """One telemetry line as a chart point: a distillation step's loss per block and phase times, or a
+    finetune step's loss (as block "network"), train accuracy and action times."""
+    raw = record.get("loss") or {}  # a pipeline stage that computes no loss reports none
+    loss = {str(block): float(value) for block, value in raw.items()} if isinstance(raw, dict) else {"network": raw}
     return {
         "rank": record["rank"],
         "seq": seq,
@@ -33,7 +35,8 @@ def to_point(record: dict[str, Any], seq: int) -> Point:
         "loss": loss,
         "loss_min": dict(loss),
         "loss_max": dict(loss),
-        "phases": dict(record.get("phases", {})),
+        "phases": dict(record.get("phases") or record.get("times") or {}),
+        "acc": record.get("acc"),
         "samples": record.get("samples"),
         "peak_mem": record.get("peak_mem"),
         "cur_mem": record.get("cur_mem"),
@@ -76,6 +79,7 @@ def merge(points: list[Point]) -> Point:
     current = [point["cur_mem"] for point in points if point.get("cur_mem") is not None]
     utilization = [(point["gpu_util"], point["count"]) for point in points if point.get("gpu_util") is not None]
     counted = [(point["samples"], point["count"]) for point in points if point["samples"] is not None]
+    accuracy = [(point["acc"], point["count"]) for point in points if point.get("acc") is not None]
     return {
         **last,
         "loss": _weighted_means(points, "loss"),
@@ -86,6 +90,7 @@ def merge(points: list[Point]) -> Point:
         "peak_mem": max(memory) if memory else None,
         "cur_mem": max(current) if current else None,
         "gpu_util": _mean(utilization),
+        "acc": _mean(accuracy),
         "count": sum(point["count"] for point in points),
     }
 

@@ -21,16 +21,17 @@ from sqlmodel import Session, col, func, select
 
 from app.core.downsample import Point, downsample, merge, to_point
 from app.core.tables import JobMetric, JobMetricRollup
+from pipebd_core.rundir import DISTILL
 
 FACTOR = 4  # runs of a level merged into one run of the next
 LEVELS = tuple(FACTOR ** (power + 1) for power in range(8))  # lines per run: 4, 16, ..., 65536
 
 
 class RollupBuilder:
-    """Turns one job's stored lines, in arrival order, into the rollup rows that became complete."""
+    """Turns one job's stored lines of one phase, in arrival order, into the rollup rows that became complete."""
 
-    def __init__(self, job_id: int) -> None:
-        self.job_id = job_id
+    def __init__(self, job_id: int, phase: str = DISTILL) -> None:
+        self.job_id, self.phase = job_id, phase
         self.pending: dict[tuple[int, int], list[Point]] = defaultdict(list)  # (rank, level) -> runs below
 
     def add(self, points: list[Point]) -> list[JobMetricRollup]:
@@ -49,6 +50,7 @@ class RollupBuilder:
         rows.append(
             JobMetricRollup(
                 job_id=self.job_id,
+                phase=self.phase,
                 rank=rank,
                 lines=LEVELS[level],
                 first_seq=run["first_seq"],
@@ -60,45 +62,56 @@ class RollupBuilder:
             self._push(rank, level + 1, run, rows)
 
 
-def _raw_points(session: Session, job_id: int, rank: int, after_seq: int = 0) -> list[Point]:
+def _raw_points(session: Session, job_id: int, phase: str, rank: int, after_seq: int = 0) -> list[Point]:
     query = (
         select(JobMetric.seq, JobMetric.record)
-        .where(JobMetric.job_id == job_id, JobMetric.rank == rank, JobMetric.seq > after_seq)
+        .where(JobMetric.job_id == job_id, JobMetric.phase == phase, JobMetric.rank == rank, JobMetric.seq > after_seq)
         .order_by(col(JobMetric.seq))
     )
     return [to_point(dict(record), seq) for seq, record in session.exec(query).all()]
 
 
-def _from_rollups(session: Session, job_id: int, rank: int, last_seq: int, max_points: int) -> list[Point] | None:
+def _from_rollups(
+    session: Session, job_id: int, phase: str, rank: int, last_seq: int, max_points: int
+) -> list[Point] | None:
     """The rank's points from its rollups and the lines after them; None when the rollups do not cover
     its lines from the first one (lines stored without rollups)."""
     level = next((size for size in LEVELS if last_seq / size <= 2 * max_points), LEVELS[-1])
     query = (
         select(cast(JobMetricRollup.point, Text))  # as text: one json.loads for all runs, not one per run
-        .where(JobMetricRollup.job_id == job_id, JobMetricRollup.rank == rank, JobMetricRollup.lines == level)
+        .where(
+            JobMetricRollup.job_id == job_id,
+            JobMetricRollup.phase == phase,
+            JobMetricRollup.rank == rank,
+            JobMetricRollup.lines == level,
+        )
         .order_by(col(JobMetricRollup.first_seq))
     )
     runs: list[Point] = json.loads("[" + ",".join(session.exec(query).all()) + "]")
     covered = len(runs) * level
     if not runs or runs[-1]["seq"] != covered:
         return None
-    tail = _raw_points(session, job_id, rank, after_seq=covered)
+    tail = _raw_points(session, job_id, phase, rank, after_seq=covered)
     return runs + ([merge(tail)] if tail else [])
 
 
-def chart_points(session: Session, job_id: int, ranks: list[int], max_points: int) -> tuple[list[Point], int]:
-    """(points of each rank in order, at most `max_points` per rank; telemetry lines in all)."""
+def chart_points(
+    session: Session, job_id: int, ranks: list[int], max_points: int, phase: str = DISTILL
+) -> tuple[list[Point], int]:
+    """(points of each rank of `phase` in order, at most `max_points` per rank; telemetry lines in all)."""
     points: list[Point] = []
     total = 0
     for rank in ranks:
         last_seq = session.exec(
-            select(func.max(JobMetric.seq)).where(JobMetric.job_id == job_id, JobMetric.rank == rank)
+            select(func.max(JobMetric.seq)).where(
+                JobMetric.job_id == job_id, JobMetric.phase == phase, JobMetric.rank == rank
+            )
         ).one()  # an index lookup, unlike counting the lines
-        if last_seq is None:
+        if last_seq is None or last_seq < 1:
             continue
-        units = _from_rollups(session, job_id, rank, last_seq, max_points) if last_seq > max_points else None
+        units = _from_rollups(session, job_id, phase, rank, last_seq, max_points) if last_seq > max_points else None
         if units is None:  # few lines, or no rollups: the lines themselves
-            units = _raw_points(session, job_id, rank)
+            units = _raw_points(session, job_id, phase, rank)
         points.extend(downsample(units, max_points))
         total += sum(unit["count"] for unit in units)
     return points, total

@@ -54,14 +54,21 @@ class Job(SQLModel, table=True):
     request_hash: str | None = Field(default=None, max_length=64)
 
 
+EVAL_SEQ = -1  # the `seq` of a finetune evaluation line (top-1 at an epoch's end): not a step, kept apart
+
+
 class JobMetric(SQLModel, table=True):
     __tablename__ = "job_metric"
-    __table_args__ = (Index("ix_job_metric_job_rank_seq", "job_id", "rank", "seq"), {"sqlite_autoincrement": True})
+    __table_args__ = (
+        Index("ix_job_metric_job_phase_rank_seq", "job_id", "phase", "rank", "seq"),
+        {"sqlite_autoincrement": True},
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id")
+    phase: str = Field(default="distill", max_length=20, sa_column_kwargs={"server_default": "distill"})
     rank: int
-    seq: int  # the rank's task counter (`done`): increases by one per line
+    seq: int  # the rank's task counter (`done`) in its phase: up by one per line; EVAL_SEQ for an evaluation
     epoch: int
     step: int
     time: float
@@ -73,12 +80,13 @@ class JobMetricRollup(SQLModel, table=True):
 
     __tablename__ = "job_metric_rollup"
     __table_args__ = (
-        Index("ix_job_metric_rollup_job_rank_lines_seq", "job_id", "rank", "lines", "first_seq"),
+        Index("ix_job_metric_rollup_job_phase_rank_lines_seq", "job_id", "phase", "rank", "lines", "first_seq"),
         {"sqlite_autoincrement": True},
     )
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id")
+    phase: str = Field(default="distill", max_length=20, sa_column_kwargs={"server_default": "distill"})
     rank: int
     lines: int  # telemetry lines merged: 4, 16, 64, ...
     first_seq: int

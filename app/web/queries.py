@@ -13,18 +13,21 @@ from sqlmodel import Session, col, func, select
 
 from app.artifacts import file_path
 from app.core.tables import Job, JobEvent, JobMetric
+from pipebd_core.rundir import DISTILL
 
 RECENT_TASKS = 40  # telemetry lines per rank behind the bottleneck analysis and the compare table
 ENGINE_EVENTS = 200  # lifecycle lines of events.jsonl shown on a job page, newest kept
 
 
-def recent_records(session: Session, job: Job, per_rank: int = RECENT_TASKS) -> dict[int, list[dict[str, Any]]]:
-    """The newest `per_rank` telemetry lines of each rank, oldest first (one indexed query per rank)."""
+def recent_records(
+    session: Session, job: Job, per_rank: int = RECENT_TASKS, phase: str = DISTILL
+) -> dict[int, list[dict[str, Any]]]:
+    """The newest `per_rank` telemetry lines of each rank in `phase`, oldest first (one indexed query per rank)."""
     result: dict[int, list[dict[str, Any]]] = {}
     for rank in range(job.nproc):
         query = (
             select(JobMetric.record)
-            .where(JobMetric.job_id == job.id, JobMetric.rank == rank)
+            .where(JobMetric.job_id == job.id, JobMetric.phase == phase, JobMetric.rank == rank)
             .order_by(col(JobMetric.seq).desc())
             .limit(per_rank)
         )

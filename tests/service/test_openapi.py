@@ -25,7 +25,7 @@ from app.core.downsample import to_point
 from app.core.lifecycle import RUNNING
 from app.core.rollups import RollupBuilder, chart_points
 from app.core.settings import Settings
-from app.core.tables import JobMetric
+from app.core.tables import EVAL_SEQ, JobMetric
 from pipebd_core.planning.resolve import resolve_plan
 from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_spec
@@ -240,7 +240,8 @@ def test_metrics_match_their_model(client: TestClient, settings: Settings) -> No
     for max_points in (500, 100, 40, 7):
         with Session(get_engine(settings.database)) as session:
             points, total = chart_points(session, job.id, [0, 1], max_points)
-        expected = {"job_id": job.id, "total": total, "downsampled": len(points) < total, "max_points": max_points}
+        expected = {"job_id": job.id, "phase": "distill", "evals": [], "total": total, "max_points": max_points}
+        expected["downsampled"] = len(points) < total
         body = check_body(
             client, route, f"{JOBS}/{job.id}/metrics?max_points={max_points}", {**expected, "points": points}
         )
@@ -257,6 +258,8 @@ def test_metrics_match_their_model(client: TestClient, settings: Settings) -> No
         f"{JOBS}/{other.id}/metrics?since_step=1",
         {
             "job_id": other.id,
+            "phase": "distill",
+            "evals": [],
             "total": 2,
             "downsampled": False,
             "max_points": 500,
@@ -264,6 +267,36 @@ def test_metrics_match_their_model(client: TestClient, settings: Settings) -> No
         },
     )
     assert page["points"][0]["cur_mem"] is None and page["points"][0]["step"] == 1
+
+
+def test_finetune_telemetry_is_kept_apart_with_its_evaluations(client: TestClient, settings: Settings) -> None:
+    job = insert_job(settings, state=RUNNING)
+    assert job.id is not None
+    insert_metrics(settings, job.id, rank=0, losses=[1.0, 0.5])  # two distillation lines
+    with Session(get_engine(settings.database)) as session:
+        for seq in (1, 2, 3):
+            record = {"time": 1.0 + seq, "rank": 1, "phase": "finetune", "epoch": 0, "step": seq - 1, "loss": 2.0 / seq}
+            record.update(acc=0.25 * seq, times={"F": 0.1, "I": 0.1, "W": 0.05}, samples=12, peak_mem=10, done=seq)
+            session.add(
+                JobMetric(
+                    job_id=job.id, phase="finetune", rank=1, seq=seq, epoch=0, step=seq - 1, time=1.0, record=record
+                )
+            )
+        evaluation = {"time": 9.0, "rank": 0, "phase": "finetune", "eval": True, "epoch": 1, "step": 2, "top1": 0.8}
+        session.add(
+            JobMetric(
+                job_id=job.id, phase="finetune", rank=0, seq=EVAL_SEQ, epoch=1, step=2, time=9.0, record=evaluation
+            )
+        )
+        session.commit()
+    body = client.get(f"{JOBS}/{job.id}/metrics", params={"phase": "finetune"}).json()
+    schemas.MetricsPage.model_validate(body)
+    assert body["phase"] == "finetune" and body["total"] == 3
+    assert [p["loss"] for p in body["points"]] == [{"network": 2.0}, {"network": 1.0}, {"network": 2.0 / 3}]
+    assert [p["acc"] for p in body["points"]] == [0.25, 0.5, 0.75] and body["points"][0]["phases"]["W"] == 0.05
+    assert body["evals"] == [{"epoch": 1, "step": 2, "top1": 0.8}]
+    distill = client.get(f"{JOBS}/{job.id}/metrics").json()
+    assert distill["total"] == 2 and distill["evals"] == [] and {p["rank"] for p in distill["points"]} == {0}
 
 
 def page_points(settings: Settings, job_id: int) -> list[dict[str, Any]]:

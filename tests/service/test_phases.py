@@ -131,3 +131,24 @@ def test_a_compression_job_s_compressed_model_downloads(embedded: Embedded) -> N
     }
     job = submit(embedded, document)
     assert_outputs_download(embedded, job["id"], {"compressed_model.pt", "student.pt", "summary.json"})
+
+
+def test_a_finetune_job_streams_its_telemetry_and_evaluations_and_offers_its_outputs(embedded: Embedded) -> None:
+    from tests.test_finetune import e2e_document
+
+    job = submit(embedded, e2e_document("gpipe", 2))
+    assert [p["name"] for p in job["phases"]] == ["plan_finetune", "finetune", "evaluate"]
+    run = embedded.job_dir(job["id"])
+    lines = [
+        line
+        for rank in (0, 1)
+        for line in (run / "metrics" / "finetune" / f"rank-{rank}.jsonl").read_text().splitlines()
+    ]
+    body = embedded.client.get(f"/api/v1/jobs/{job['id']}/metrics", params={"phase": "finetune"}).json()
+    steps = [line for line in lines if '"eval"' not in line]
+    assert body["total"] == len(steps) == 6  # 3 steps on each of the 2 stages, every one stored once
+    assert [e["epoch"] for e in body["evals"]] == [1] and 0 <= body["evals"][0]["top1"] <= 1
+    outputs = {"finetuned_model.pt", "finetuned_model.pt2", "teacher.pt", "finetune_plan.json", "summary.json"}
+    assert_outputs_download(embedded, job["id"], outputs)
+    summary = json.loads((run / "summary.json").read_text())["finetune"]
+    assert summary["strategy"] == "gpipe" and set(summary["phase_s"]) == {"plan_finetune", "finetune", "evaluate"}

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query
 from sqlmodel import col, select
@@ -11,7 +11,7 @@ from sqlmodel import col, select
 from app.api.schemas import AUTH_ERRORS, MetricsPage, job_errors
 from app.core.downsample import downsample, to_point
 from app.core.rollups import chart_points
-from app.core.tables import JobMetric
+from app.core.tables import EVAL_SEQ, JobMetric
 from app.deps import JobDep, ReadAccess, SessionDep
 
 router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=AUTH_ERRORS)
@@ -29,6 +29,9 @@ def read_metrics(
     job: JobDep,
     session: SessionDep,
     rank: Annotated[int | None, Query(ge=0, description="one rank only")] = None,
+    phase: Annotated[
+        Literal["distill", "finetune"], Query(description="the phase whose telemetry: distill or finetune")
+    ] = "distill",
     since_step: Annotated[int | None, Query(ge=0, description="only lines at this training step or later")] = None,
     max_points: Annotated[int, Query(ge=2, le=MAX_POINTS_LIMIT, description="points per rank at most")] = 500,
 ) -> dict[str, Any]:
@@ -38,15 +41,26 @@ def read_metrics(
     assert job.id is not None
     ranks = [rank] if rank is not None else list(range(job.nproc))
     if since_step is None:  # whole series: from the rollups where a rank has more than max_points lines
-        points, total = chart_points(session, job.id, ranks, max_points)
+        points, total = chart_points(session, job.id, ranks, max_points, phase)
     else:
         query = select(JobMetric).where(
-            JobMetric.job_id == job.id, JobMetric.step >= since_step, col(JobMetric.rank).in_(ranks)
+            JobMetric.job_id == job.id,
+            JobMetric.phase == phase,
+            JobMetric.seq != EVAL_SEQ,
+            JobMetric.step >= since_step,
+            col(JobMetric.rank).in_(ranks),
         )
         rows = session.exec(query.order_by(col(JobMetric.rank), col(JobMetric.seq))).all()
         points, total = downsample([to_point(row.record, row.seq) for row in rows], max_points), len(rows)
+    evals = session.exec(
+        select(JobMetric.record)
+        .where(JobMetric.job_id == job.id, JobMetric.phase == phase, JobMetric.seq == EVAL_SEQ)
+        .order_by(col(JobMetric.step))
+    ).all()
     return {
         "job_id": job.id,
+        "phase": phase,
+        "evals": [{"epoch": e["epoch"], "step": e["step"], "top1": e.get("top1")} for e in evals],
         "total": total,
         "downsampled": len(points) < total,
         "max_points": max_points,
