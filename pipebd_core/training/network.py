@@ -72,6 +72,11 @@ def layers_of(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]
 
 
 def as_network(model: nn.Module) -> Network:
+    """`model` as its layers. In-place activations (torchvision's ReLU) are made out of place: a pipeline
+    stage's input is a received tensor that autograd needs as it came, and an in-place op on it fails."""
+    for module in model.modules():
+        if getattr(module, "inplace", False):
+            module.inplace = False  # type: ignore[assignment]
     pairs = layers_of(model)
     return Network(model, [module for _, module in pairs], [name for name, _ in pairs])
 
