@@ -1,13 +1,14 @@
 """The compare page (`/compare?ids=1,2`): jobs side by side, e.g. one spec in `dp` and in `auto`.
 
 One table (mode, ranks, measured samples/s and step time, speed-up over the baseline, peak memory,
-final loss per block) and overlaid curves drawn by the page's script, which follows each unfinished
+final loss per block; for jobs that trained end to end, top-1 before and after with the teacher's,
+parameters; every phase's wall time) and overlaid curves drawn by the page's script, which follows each unfinished
 job's event stream and re-fetches the table (`/compare/partials/table`) as metrics arrive.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -22,7 +23,7 @@ from app.web.access import ViewerDep
 from app.web.analysis import JobSummary, summarize
 from app.web.routing import PageRoute
 from app.web.templating import render
-from app.web.views import mode_text, plan_detail
+from app.web.views import PhaseStep, mode_text, phase_timeline, plan_detail
 
 MAX_COMPARED = 4  # each unfinished job holds an event stream open; browsers allow six connections per host
 PICKER_JOBS = 20  # recent jobs offered as checkboxes when no ids are given
@@ -41,6 +42,8 @@ class Compared:
     baseline: bool = False
     shown_mode: str = ""  # `dp`, `auto → hybrid`: what the mode column and the curves' legend say
     plan: str | None = None  # the plan in a few words (its stages), once planned
+    finetune: dict[str, Any] | None = None  # summary.json's end-to-end training report, once evaluated
+    phases: list[PhaseStep] = field(default_factory=list)
 
 
 def parse_ids(ids: str | None, id_list: list[str] | None) -> list[int]:
@@ -75,7 +78,15 @@ def compared(session: Session, job: Job) -> Compared:
         summary_file.get("final_loss"),
     )
     mode = job.spec.get("schedule", {}).get("mode") or plan.get("mode") or "?"
-    return Compared(job, str(mode), summary, shown_mode=mode_text(job), plan=plan_detail(job))
+    return Compared(
+        job,
+        str(mode),
+        summary,
+        shown_mode=mode_text(job),
+        plan=plan_detail(job),
+        finetune=summary_file.get("finetune"),
+        phases=phase_timeline(job),
+    )
 
 
 def with_speedups(rows: list[Compared]) -> list[Compared]:

@@ -24,11 +24,12 @@ from app.web import queries
 from app.web.access import ViewerDep
 from app.web.analysis import LABELS, find_bottleneck, rank_loads
 from app.web.architecture import MAX_COLUMNS, architecture_view, spaced
+from app.web.finetune import FinetuneView, finetune_view, has_finetune, predicted_schedule, trains_blocks
 from app.web.routing import PageError, PageRoute
 from app.web.templating import render
 from app.web.views import job_row, phase_timeline, plan_view
 from pipebd_core.outcomes import TERMINATION_REASONS
-from pipebd_core.phases import PHASE_KINDS
+from pipebd_core.phases import FINETUNE, PHASE_KINDS
 from pipebd_core.rundir import DISTILL
 
 router = APIRouter(route_class=PageRoute)
@@ -110,9 +111,13 @@ class JobParts:
         history = queries.architecture_history(self.session, self.job, drawn)
         return {"blocks": architecture_view(history, names, {block: len(found) for block, found in steps.items()})}
 
-    def builders(self) -> dict[str, Callable[[], dict[str, Any]]]:
+    def finetune(self) -> FinetuneView:
+        return finetune_view(self.job)
+
+    def builders(self) -> dict[str, Callable[[], Any]]:
         return {
             "status": self.status,
+            "finetune": self.finetune,
             "bottleneck": self.bottleneck,
             "plan": self.plan_part,
             "artifacts": self.artifacts,
@@ -137,15 +142,19 @@ class JobParts:
             "hasLogs": self.job.run_dir is not None,
             "recent": [record for records in self.recent.values() for record in records[-GANTT_LINES:]],
             "canSubmit": False,
+            "finetune": {"enabled": has_finetune(self.job), "predicted": predicted_schedule(self.job)},
+            "distills": trains_blocks(self.job),
         }
 
 
 def log_phases(job: Job) -> dict[str, Any]:
     """The phases whose logs the log panel offers (those that run processes), and the one it opens on: the
-    running phase, or the one a job failed or was cancelled in; the distillation once it succeeded."""
+    running phase, or the one a job failed or was cancelled in; once it succeeded, its distillation (or
+    its end-to-end training, for a job that only trains)."""
     names = [entry["name"] for entry in job.phases or []] or list(PHASE_KINDS)  # before a worker prepared it
     logged = [name for name in names if PHASE_KINDS[name].runs != "local"]
-    where = job.phase if job.state != SUCCEEDED and job.phase in logged else DISTILL
+    trained = FINETUNE if FINETUNE in logged and DISTILL not in logged else DISTILL
+    where = job.phase if job.state != SUCCEEDED and job.phase in logged else trained
     current = where if where in logged else logged[0]
     return {"log_phases": logged, "log_phase": current}
 
@@ -165,6 +174,7 @@ def job_page(
     parts = JobParts(session, job, settings.stale_after_s)
     config = {**parts.config(), "canSubmit": viewer.can_submit, "historyPoints": HISTORY_POINTS}
     context: dict[str, Any] = {"job": job, "config": config, "history_points": HISTORY_POINTS, **log_phases(job)}
+    context.update(has_finetune=has_finetune(job), distills=trains_blocks(job))
     for name, build in parts.builders().items():
         context[name] = build()
     return render(request, "jobs/detail.html", context)

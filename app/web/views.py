@@ -83,6 +83,9 @@ def plan_detail(job: Job) -> str | None:
 def plan_text(job: Job) -> str:
     """The mode and the plan in a few words (`auto → hybrid: 0 ×2 | 1–3`), or, before planning, the
     submitted mode on its ranks."""
+    if job.spec.get("workload", {}).get("kind") == "train":  # no distillation: what trains it end to end
+        strategy = (job.spec.get("finetune") or {}).get("strategy", "?")
+        return f"end to end, {strategy} on {job.nproc} rank{'s' if job.nproc != 1 else ''}"
     detail = plan_detail(job)
     if detail is None:
         mode = job.spec.get("schedule", {}).get("mode", "?")

@@ -226,3 +226,39 @@ def test_compare_page_puts_jobs_side_by_side(browser: Any, service: str) -> None
         assert watched.overflow() == 0
         watched.screenshot("compare-390")
         assert watched.errors == []
+
+
+def test_a_finetune_job_page_shows_its_accuracy_curves_and_micro_batch_schedule(browser: Any, service: str) -> None:
+    from tests.test_finetune import e2e_document
+
+    document = e2e_document("zb", 2, profile=True, max_steps=12, eval_every=1)
+    job_id = httpx.post(f"{service}/api/v1/jobs", json=document, timeout=60).json()["id"]
+    with watched_page(browser, service) as watched:
+        page = watched.page
+        page.goto(f"/jobs/{job_id}")
+        wait_until_ready(watched)
+        page.wait_for_selector("body[data-stream-ended='1']", timeout=JOB_TIMEOUT_S * 1000)
+        assert api_job(service, job_id)["state"] == "succeeded"
+        assert int(page.locator("#chart-ft-loss").get_attribute("data-points") or 0) >= 12  # a loss per step
+        assert page.locator("#chart-ft-acc .u-legend", has_text="eval top-1").count() == 1
+        assert page.locator("#chart-ft-acc .u-legend", has_text="train batch").count() == 1
+        for view in ("predicted", "measured"):
+            rows = page.locator(f"#ft-gantt-{view} g.gantt-row")
+            assert rows.count() == 2
+            for kind in ("F", "I", "W"):  # zb's split backward, micro-batch by micro-batch, on both stages
+                assert page.locator(f"#ft-gantt-{view} g.gantt-row[data-rank='1'] rect.k-{kind}").count() >= 4
+        assert page.locator("#finetune-strategies tbody tr").count() == 4
+        assert page.locator("#finetune-strategies tr.chosen").get_attribute("data-strategy") == "zb"
+        assert page.locator("#finetune-top1").inner_text().endswith("%")
+        assert not page.locator("#part-plan").is_visible()  # a kind train job distils nothing
+        assert [li.get_attribute("data-phase") for li in page.locator("#phase-timeline li").all()] == [
+            "profile_finetune",
+            "plan_finetune",
+            "finetune",
+            "evaluate",
+        ]
+        watched.screenshot("job-finetune-1280")
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(300)
+        assert watched.overflow() == 0
+        assert watched.errors == []

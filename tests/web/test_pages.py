@@ -481,3 +481,27 @@ def test_nas_jobs_show_each_blocks_candidate_probabilities_over_time(client: Tes
     assert "c0" not in part
     plain = insert_job(settings, "succeeded")
     assert "heatmap" not in client.get(f"/jobs/{plain.id}/partials/architecture").text
+
+
+def test_compare_shows_accuracies_parameters_and_phase_times_of_jobs_that_trained_end_to_end(
+    web: TestClient, sqlite_settings: Settings, tmp_path: Path
+) -> None:
+    run = tmp_path / "tuned"
+    run.mkdir()
+    report = {"top1_before": 0.912, "top1_after": 0.975, "teacher_top1": 0.981, "student": {"params": 1234567}}
+    (run / "summary.json").write_text(json.dumps({"finetune": report}))
+    phases = [
+        {"name": "distill", "state": "ended", "outcome": "succeeded", "started_at": 100.0, "ended_at": 160.0},
+        {"name": "profile_finetune", "state": "ended", "outcome": "skipped", "started_at": 160.0, "ended_at": 160.0},
+        {"name": "finetune", "state": "ended", "outcome": "succeeded", "started_at": 160.0, "ended_at": 172.5},
+    ]
+    tuned = insert_submitted(sqlite_settings, "dp", state="succeeded", run_dir=str(run), phases=phases)
+    plain = insert_submitted(sqlite_settings, "dp", state="succeeded")
+    page = web.get("/compare", params={"ids": f"{tuned.id},{plain.id}"}).text
+    row = re.search(rf'<tr data-job="{tuned.id}">.*?</tr>', page, re.S)
+    assert row is not None
+    cells = row.group(0)
+    assert '<td class="top1">91.2% → 97.5% (98.1%)</td>' in cells and '<td class="params">1,234,567</td>' in cells
+    assert "distill 1 min 00 s" in cells and "profile_finetune skipped" in cells and "finetune 12.5 s" in cells
+    other = re.search(rf'<tr data-job="{plain.id}">.*?</tr>', page, re.S)
+    assert other is not None and '<td class="top1">—</td>' in other.group(0)

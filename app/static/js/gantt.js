@@ -4,12 +4,17 @@
 import { millis, ticks } from "./format.js";
 
 const EXECUTION_ORDER = ["data", "recv_wait", "teacher", "send", "student", "allreduce", "barrier", "optim"];
-const LETTERS = { data: "D", recv_wait: "W", recv: "R", teacher: "T", send: "→", student: "S", allreduce: "A", barrier: "B", optim: "O" };
+const LETTERS = {
+  data: "D", recv_wait: "…", recv: "R", teacher: "T", send: "→", student: "S", allreduce: "A", barrier: "B", optim: "O",
+  F: "F", B: "B", I: "I", W: "W",
+};
 const NAMES = {
   data: "loading data", recv_wait: "waiting for input", recv: "receiving", teacher: "teacher", send: "sending",
   student: "student", allreduce: "all-reduce", barrier: "barrier", optim: "optimiser step",
+  F: "forward", B: "backward", I: "input gradient", W: "weight gradient",
 };
-const DARK = new Set(["data", "teacher", "optim"]);
+const MICROBATCH_KINDS = ["F", "B", "I", "W"]; // end-to-end training: labelled with their micro-batch
+const DARK = new Set(["data", "teacher", "optim", "F", "I"]);
 const SVG = "http://www.w3.org/2000/svg";
 const LABEL_WIDTH = 58;
 const ROW_HEIGHT = 22;
@@ -65,10 +70,12 @@ function blockText(segment) {
 function drawSegment(group, segment, x, y, width) {
   const blocks = blockText(segment);
   const rect = element("rect", { class: `seg k-${segment.kind}`, x, y, width: Math.max(width, 0.5), height: ROW_HEIGHT });
-  const what = `${NAMES[segment.kind] ?? segment.kind}${blocks && segment.kind !== "data" ? ` (block ${blocks})` : ""}`;
+  const unit = MICROBATCH_KINDS.includes(segment.kind) ? "micro-batch" : "block";
+  const what = `${NAMES[segment.kind] ?? segment.kind}${blocks && segment.kind !== "data" ? ` (${unit} ${blocks})` : ""}`;
   rect.append(element("title", {}, `rank ${segment.rank}: ${what}, step ${segment.step}, ${millis(segment.end - segment.start)}`));
   group.append(rect);
-  const label = `${LETTERS[segment.kind] ?? "?"}${["teacher", "student"].includes(segment.kind) ? blocks : ""}`;
+  const numbered = ["teacher", "student", ...MICROBATCH_KINDS].includes(segment.kind);
+  const label = `${LETTERS[segment.kind] ?? "?"}${numbered ? blocks : ""}`;
   if (width >= label.length * 7 + 4) {
     const textClass = `seg-label${DARK.has(segment.kind) ? " on-dark" : ""}`;
     group.append(element("text", { class: textClass, x: x + width / 2, y: y + ROW_HEIGHT / 2 + 4, "text-anchor": "middle" }, label));

@@ -5,6 +5,7 @@ import { LiveChart } from "./charts.js";
 import { mebibytes } from "./format.js";
 import { drawGantt, measuredWindow, showEmpty } from "./gantt.js";
 import { LatestValues } from "./latest.js";
+import { FinetunePanel } from "./finetune.js";
 import { LogPanel } from "./logs.js";
 import { followJob, getJSON, handleCancelButtons, refreshPart, throttle } from "./server.js";
 import { JobTelemetry } from "./telemetry.js";
@@ -40,6 +41,9 @@ const drawCharts = () => {
 };
 
 let logs = null;
+const finetune = config.finetune.enabled
+  ? new FinetunePanel({ jobId: config.id, nproc: config.nproc, predicted: config.finetune.predicted })
+  : null;
 const part = (name) => refreshPart(document.getElementById(`part-${name}`), `/jobs/${config.id}/partials/${name}`);
 async function refreshStatus() {
   await part("status");
@@ -49,6 +53,7 @@ const refresh = {
   status: throttle(refreshStatus, 1000),
   bottleneck: throttle(() => part("bottleneck"), 2000),
   events: throttle(() => part("events"), 3000),
+  finetune: throttle(() => (finetune ? part("finetune") : Promise.resolve()), 1000),
   architecture: throttle(async () => {
     const section = document.getElementById("part-architecture");
     if (await part("architecture")) section.hidden = section.querySelector("table") === null;
@@ -103,13 +108,22 @@ function onPhase(event) {
   refresh.status();
   refresh.events();
   part("artifacts");
-  logs.phaseChanged(event.phase);
-  const planDone = event.phases?.some((phase) => phase.name === "plan" && phase.outcome === "succeeded");
-  if (!planned && planDone) loadPlan().then(() => { part("plan"); drawSchedules(); });
+  logs.phaseChanged(event.phase, event.phases?.find((phase) => phase.name === event.phase)?.runs);
+  const succeeded = (name) => event.phases?.some((phase) => phase.name === name && phase.outcome === "succeeded");
+  if (!planned && succeeded("plan")) loadPlan().then(() => { part("plan"); drawSchedules(); });
+  if (finetune) {
+    refresh.finetune();
+    if (!finetune.predicted.length && succeeded("plan_finetune")) finetune.loadPlan();
+  }
 }
 
 function onMetrics(event) {
   if (!event.records?.length) return;
+  if (event.phase === "finetune") {
+    finetune?.addRecords(event.records);
+    refresh.status();
+    return;
+  }
   telemetry.addRecords(event.records);
   drawCharts();
   redrawSchedules();
@@ -122,7 +136,7 @@ async function onEnd() {
   state = "ended";
   for (const chart of Object.values(charts)) chart.emptyText = "No points: the job ended before its ranks reported any.";
   drawCharts();
-  await Promise.all([refreshStatus(), part("bottleneck"), part("events"), part("artifacts"), part("plan")]);
+  await Promise.all([refreshStatus(), part("bottleneck"), part("events"), part("artifacts"), part("plan"), refresh.finetune()]);
   drawSchedules();
   document.body.dataset.streamEnded = "1";
 }
@@ -142,6 +156,7 @@ async function start() {
   });
   handleCancelButtons(document.getElementById("part-status"), null, refreshStatus);
   await loadHistory();
+  await finetune?.load();
   drawCharts();
   drawSchedules();
   window.addEventListener("resize", redrawSchedules);

@@ -31,11 +31,13 @@ export class LogPanel {
     return `/api/v1/jobs/${this.jobId}/logs?phase=${this.phaseSelect.value}&offset=${offset}&limit=${limit}${rank}`;
   }
 
-  // A new phase started: show its logs, unless the reader picked a phase to read.
-  phaseChanged(phase) {
+  // A new phase started: show its logs, unless the reader picked a phase to read; a phase of one
+  // process (finalize, evaluate) has only its launcher log.
+  phaseChanged(phase, runs) {
     const option = [...this.phaseSelect.options].find((entry) => entry.value === phase);
     if (this.picked || !option || this.phaseSelect.value === phase) return;
     this.phaseSelect.value = phase;
+    if (runs === "process") this.select.value = "";
     this.offset = 0;
     this.load();
   }
