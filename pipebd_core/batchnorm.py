@@ -18,9 +18,10 @@ Eval mode with running statistics normalises locally and talks to no one (withou
 statistics it uses the batch's, as nn.BatchNorm does, and so synchronises like training).
 
 Numerics: each shard is centred on its own mean (rounded to its dtype) before anything is squared, and
-the centre's rounding error is recovered from the sum of the deviations, so a large mean (1e4 with
-unit variance) loses nothing to the cancellation of E[x^2] - E[x]^2; per-channel combination runs in
-float64.
+that rounding is recovered from the sum of the deviations; after the combination every shard is
+measured from the same float32 copy of the global mean, with that copy's rounding kept apart. So a
+large mean (1e4 with unit variance) loses nothing to the cancellation of E[x^2] - E[x]^2, nor (unlike
+float32 nn.BatchNorm's x * a + b) to the output's. Per-channel statistics are combined in float64.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-# The input ranks each converted class accepts (N, C) / (N, C, L), (N, C, H, W), (N, C, D, H, W).
+# The input ranks each converted class accepts: (N, C) or (N, C, L), (N, C, H, W), (N, C, D, H, W).
 INPUT_DIMS: dict[type[nn.Module], tuple[int, ...]] = {
     nn.BatchNorm1d: (2, 3),
     nn.BatchNorm2d: (4,),
@@ -46,17 +47,23 @@ def _channel_shape(x: torch.Tensor) -> list[int]:
     return [1, x.size(1)] + [1] * (x.dim() - 2)
 
 
-def _reduced_dims(x: torch.Tensor) -> list[int]:
-    """Every dimension but the channels."""
-    return [0, *range(2, x.dim())]
+def channel_sums(a: torch.Tensor, b: torch.Tensor, centre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per channel, sum(a) and sum(a * (b - centre)) in one fused pass, whatever the tensors' rank.
+
+    This is the reduction of aten's batch-norm backward (its grad_bias, and grad_weight with unit
+    invstd), so it costs what nn.BatchNorm's own backward reduction costs."""
+    ones = torch.ones_like(centre)
+    _, dot, total = torch.ops.aten.native_batch_norm_backward(
+        a, b, None, None, None, centre, ones, True, 0.0, [False, True, True]
+    )
+    return total, dot
 
 
 class Shard(NamedTuple):
     """One rank's rows of a batch, summarised per channel."""
 
     moments: torch.Tensor  # [count, mean (C), M2 (C)], float64
-    centre: torch.Tensor  # (C,) float64: the value (in x's dtype) each channel was centred on
-    deviation: torch.Tensor  # x - centre, in x's dtype (becomes xhat in place)
+    deviation: torch.Tensor  # x minus the shard's own mean rounded to x's dtype
 
 
 def shard_moments(x: torch.Tensor) -> Shard:
@@ -64,15 +71,13 @@ def shard_moments(x: torch.Tensor) -> Shard:
 
     x is centred on its mean rounded to x's dtype, and that rounding is recovered from the
     deviations: mean = centre + sum(d) / n and M2 = sum(d^2) - sum(d)^2 / n, where sum(d) is tiny."""
-    dims, count = _reduced_dims(x), x.numel() // x.size(1)
-    centre = x.mean(dims, keepdim=True)
+    count = x.numel() // x.size(1)
+    centre = x.mean([0, *range(2, x.dim())], keepdim=True)
     deviation = x - centre
-    first = deviation.sum(dims).double()
-    second = (deviation * deviation).sum(dims).double()
+    first, second = torch.stack(channel_sums(deviation, deviation, torch.zeros_like(centre.flatten()))).double()
     centre64 = centre.flatten().double()
-    mean = centre64 + first / count
-    m2 = (second - first * first / count).clamp_(min=0.0)
-    return Shard(torch.cat([mean.new_full((1,), float(count)), mean, m2]), centre64, deviation)
+    mean, m2 = centre64 + first / count, second - first * first / count
+    return Shard(torch.cat([mean.new_full((1,), float(count)), mean, m2]), deviation)
 
 
 def combine_moments(parts: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
@@ -94,21 +99,12 @@ def gather_moments(moments: torch.Tensor, group: dist.ProcessGroup) -> torch.Ten
     return torch.stack(parts)
 
 
-def update_running(
-    running_mean: torch.Tensor,
-    running_var: torch.Tensor,
-    mean: torch.Tensor,
-    m2: torch.Tensor,
-    count: float,
-    factor: float,
-) -> None:
-    """As nn.BatchNorm does: exponential (or, with momentum None, cumulative) averages; unbiased variance."""
-    running_mean.copy_(running_mean.double() * (1.0 - factor) + mean * factor)
-    running_var.copy_(running_var.double() * (1.0 - factor) + m2 / (count - 1.0) * factor)
-
-
 class CrossRankNorm(torch.autograd.Function):
-    """Normalisation with the statistics of every rank's shard; the input gradient over the whole batch."""
+    """Normalisation with the statistics of every rank's shard; the input gradient over the whole batch.
+
+    After the statistics are combined, every shard is measured from the same float32 copy of the global
+    mean, d = x - mean32 (exact near it), and the copy's rounding r = mean - mean32 is kept apart, so
+    xhat = (d - r) * invstd; d is saved for the backward instead of x."""
 
     @staticmethod
     def forward(
@@ -129,33 +125,36 @@ class CrossRankNorm(torch.autograd.Function):
                 f" value per channel (input {tuple(x.shape)} on this rank); training needs more than one:"
                 " use a larger batch"
             )
-        if running is not None:
-            update_running(*running, mean, m2, count, factor)
-        invstd = torch.rsqrt(m2 / count + eps)
-        shape = _channel_shape(x)
-        shift = ((shard.centre - mean) * invstd).to(x.dtype).view(shape)  # xhat = (d + centre - mean) * invstd
-        xhat = shard.deviation.mul_(invstd.to(x.dtype).view(shape)).add_(shift)
-        ctx.save_for_backward(xhat, invstd.to(x.dtype), weight)
-        ctx.count, ctx.group = count, group
-        if weight is None or bias is None:
-            return xhat.clone()  # never hand out the saved tensor: an in-place op after us would corrupt it
-        return torch.addcmul(bias.view(shape), xhat, weight.view(shape))
+        if running is not None:  # as nn.BatchNorm: exponential (momentum None: cumulative) average, unbiased
+            running[0].lerp_(mean.to(x.dtype), factor)
+            running[1].lerp_((m2 / (count - 1)).to(x.dtype), factor)
+        centre = mean.to(x.dtype)
+        deviation = torch.sub(x, centre.view(_channel_shape(x)), out=shard.deviation)  # reuses the shard's buffer
+        rounding = (mean - centre.double()).to(x.dtype)
+        ctx.save_for_backward(deviation, rounding, weight)
+        ctx.invstd, ctx.count, ctx.group = torch.rsqrt(m2 / count + eps), count, group
+        return F.batch_norm(deviation, rounding, (m2 / count).to(x.dtype), weight, bias, False, 0.0, eps)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        xhat, invstd, weight = ctx.saved_tensors
-        dims, shape = _reduced_dims(grad), _channel_shape(grad)
-        sum_dy, sum_dy_xhat = grad.sum(dims), (grad * xhat).sum(dims)
-        grad_weight = sum_dy_xhat if ctx.needs_input_grad[1] else None
-        grad_bias = sum_dy if ctx.needs_input_grad[2] else None
-        grad_input = None
-        if ctx.needs_input_grad[0]:
-            totals = torch.cat([sum_dy, sum_dy_xhat]).double()
-            dist.all_reduce(totals, group=ctx.group)
-            mean_dy, mean_dy_xhat = (totals / ctx.count).to(grad.dtype).chunk(2)
-            scale = invstd if weight is None else invstd * weight
-            grad_input = grad - mean_dy.view(shape)
-            grad_input.addcmul_(xhat, mean_dy_xhat.view(shape), value=-1.0).mul_(scale.view(shape))
+        deviation, rounding, weight = ctx.saved_tensors
+        invstd, channels = ctx.invstd, grad.size(1)
+        sums = torch.cat(channel_sums(grad, deviation, rounding)).double()
+        sums[channels:] *= invstd  # [sum dy, sum dy * xhat]
+        # the shard's own sums (copies: the all-reduce below overwrites `sums`)
+        grad_weight = sums[channels:].to(grad.dtype, copy=True) if ctx.needs_input_grad[1] else None
+        grad_bias = sums[:channels].to(grad.dtype, copy=True) if ctx.needs_input_grad[2] else None
+        if not ctx.needs_input_grad[0]:
+            return None, grad_weight, grad_bias, None, None, None, None
+        dist.all_reduce(sums, group=ctx.group)
+        mean_dy, mean_dy_xhat = (sums / ctx.count).chunk(2)
+        # dx = s (dy - mean_dy - xhat mean_dy_xhat) = s dy + on_d d + constant, s = invstd * weight
+        scale = invstd if weight is None else invstd * weight.double()
+        on_d = -scale * invstd * mean_dy_xhat
+        constant = -scale * mean_dy - on_d * rounding.double()
+        scale, on_d, constant = torch.stack([scale, on_d, constant]).to(grad.dtype).view(3, *_channel_shape(grad))
+        grad_input = grad * scale
+        grad_input.addcmul_(deviation, on_d).add_(constant)
         return grad_input, grad_weight, grad_bias, None, None, None, None
 
 

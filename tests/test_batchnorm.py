@@ -176,9 +176,10 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, 
     return results
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, scale: float = 0.0) -> None:
+    """Equal to TOLERANCE times the larger of `scale` and expected's largest magnitude (and relatively)."""
     expected = expected.to(actual.dtype)
-    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    scale = max(scale, float(expected.abs().max()))
     torch.testing.assert_close(actual, expected, rtol=TOLERANCE, atol=TOLERANCE * scale, msg=lambda m: f"{what}: {m}")
 
 
@@ -194,7 +195,10 @@ def test_shards_train_and_evaluate_like_one_batchnorm_on_the_whole_batch(
     for key in ("grad_weight", "grad_bias"):  # the runtime all-reduces (sums) each shard's share-weighted gradient
         assert (key in expected) == (key in shards[0])
         if key in expected:
-            assert_close(torch.stack([shard[key] for shard in shards]).sum(0), expected[key], key)
+            partials = torch.stack([shard[key] for shard in shards])
+            # shards with different means have partial sums of opposite signs, several times the total: a sum of
+            # float32 partials is exact to their scale, not the total's
+            assert_close(partials.sum(0), expected[key], key, scale=float(partials.abs().max()))
     buffers = {key for key in expected if key.startswith(("running", "num_batches"))}
     assert buffers == {key for key in shards[0] if key.startswith(("running", "num_batches"))}
     assert bool(buffers) == case.options.get("track_running_stats", True)
