@@ -1,6 +1,6 @@
 """What synchronised batch statistics cost: the same runs with cross-rank and with shard-local BatchNorm.
 
-Run: .venv/bin/python benchmarks/batchnorm_cost.py [--steps 6] [--repeats 2]
+Run: .venv/bin/python benchmarks/batchnorm_cost.py [--steps 6] [--repeats 2] [--students-only]
 
 The VGG-16 example (`examples/vgg16-dsconv.yaml`: 13 depthwise-separable student blocks, 26 BatchNorm
 layers, batch 64 of 32x32) runs in the three layouts that split a student's rows: `dp` and `ir` on 2
@@ -9,22 +9,34 @@ ranks, and `hybrid` on 3 ranks with blocks 0-8 replicated on two of them (32 row
 ones (the benchmark knob students.LOCAL_BATCHNORM_ENV, passed to the ranks only by this script),
 the two alternating ABBA over the repeats, each layout's pair back to back. Step times come from the
 ranks' own telemetry, as in `pipebd bench` (pipelines at steady state, dp over its whole span).
+
+First, and alone with --students-only, the layers' own work: the process CPU time of every student
+block's forward and backward on 32 rows (a rank's share in dp and ir) in this one process, with
+plain BatchNorm and with the cross-rank one in a group of one rank (all of its computation and its
+collectives, no peer to wait for), alternating.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pipebd_core import batchnorm
 from pipebd_core.bench import measured_step_s, read_metrics
 from pipebd_core.launch import prepare_run, start_ranks
 from pipebd_core.plan import Plan
@@ -74,6 +86,51 @@ def channels_normalised(spec: Spec) -> tuple[int, int]:
     return len(norms), sum(m.num_features for m in norms)
 
 
+def students_step_cpu_s(students: list[nn.Module], pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Process CPU seconds of one forward and backward of every student block against its teacher's output."""
+    started = time.process_time()
+    for student, (inputs, target) in zip(students, pairs, strict=True):
+        F.mse_loss(student(inputs), target).backward()
+    return time.process_time() - started
+
+
+def teacher_pairs(teachers: list[nn.Module], x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, output) of every teacher block, from the batch x."""
+    pairs = []
+    with torch.no_grad():
+        for teacher in teachers:
+            pairs.append((x, teacher(x)))
+            x = pairs[-1][1]
+    return pairs
+
+
+def students_compute(example: Spec, rows: int = 32, rounds: int = 12) -> dict[str, list[float]]:
+    """CPU seconds per round of the example's students with plain and with cross-rank BatchNorm, alternating."""
+    torch.set_num_threads(1)
+    workload = build_workload(example)
+    pairs = teacher_pairs(
+        workload.teacher_blocks, torch.randn(rows, 3, example.data.image_size, example.data.image_size)
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1)
+        try:
+            world = dist.group.WORLD
+            assert world is not None, "the process group was just initialised"
+            arms = {
+                "plain": [copy.deepcopy(s) for s in workload.student_blocks],
+                "cross-rank": [batchnorm.convert(copy.deepcopy(s), world) for s in workload.student_blocks],
+            }
+            times: dict[str, list[float]] = {arm: [] for arm in arms}
+            for round_ in range(rounds + 1):  # round 0 warms up
+                for arm in list(arms) if round_ % 2 == 0 else list(reversed(arms)):
+                    seconds = students_step_cpu_s(arms[arm], pairs)
+                    if round_ > 0:
+                        times[arm].append(seconds)
+        finally:
+            dist.destroy_process_group()
+    return times
+
+
 def measure(example: Spec, steps: int, repeats: int) -> dict[str, dict[str, list[float]]]:
     """Seconds per step of every layout and arm, per repeat: arms ABBA, each layout's pair back to back."""
     times: dict[str, dict[str, list[float]]] = {name: {arm: [] for arm in ARMS} for name in LAYOUTS}
@@ -87,6 +144,12 @@ def measure(example: Spec, steps: int, repeats: int) -> dict[str, dict[str, list
                     times[name][arm].append(seconds)
                     print(f"repeat {repeat} {name:7} {arm:13} {seconds:.3f} s/step", flush=True)
     return times
+
+
+def report_students(times: dict[str, list[float]]) -> None:
+    plain, cross = statistics.median(times["plain"]), statistics.median(times["cross-rank"])
+    print(f"students' forward and backward on 32 rows, one process, CPU time (median of {len(times['plain'])}):")
+    print(f"plain BatchNorm {plain * 1e3:.0f} ms, cross-rank BatchNorm {cross * 1e3:.0f} ms: {cross / plain:.3f}x\n")
 
 
 def report(times: dict[str, dict[str, list[float]]], example: Spec) -> None:
@@ -107,9 +170,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6, help="optimiser steps per block and run (at most 8)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--students-only", action="store_true", help="only the layers' work in this process")
     args = parser.parse_args()
     example = load_spec(EXAMPLE)
-    report(measure(example, args.steps, args.repeats), example)
+    report_students(students_compute(example))
+    if not args.students_only:
+        report(measure(example, args.steps, args.repeats), example)
 
 
 if __name__ == "__main__":
