@@ -19,7 +19,7 @@ statistics it uses the batch's, as nn.BatchNorm does, and so synchronises like t
 
 Numerics: each shard is centred on its own mean (rounded to its dtype) before anything is squared, and
 that rounding is recovered from the sum of the deviations; after the combination every shard is
-measured from the same float32 copy of the global mean, with that copy's rounding kept apart. So a
+measured from the same copy of the global mean in its dtype, with that copy's rounding kept apart. So a
 large mean (1e4 with unit variance) loses nothing to the cancellation of E[x^2] - E[x]^2, nor (unlike
 float32 nn.BatchNorm's x * a + b) to the output's. Per-channel statistics are combined in float64.
 """
@@ -102,8 +102,8 @@ def gather_moments(moments: torch.Tensor, group: dist.ProcessGroup) -> torch.Ten
 class CrossRankNorm(torch.autograd.Function):
     """Normalisation with the statistics of every rank's shard; the input gradient over the whole batch.
 
-    After the statistics are combined, every shard is measured from the same float32 copy of the global
-    mean, d = x - mean32 (exact near it), and the copy's rounding r = mean - mean32 is kept apart, so
+    After the statistics are combined, every shard is measured from the same copy of the global mean in
+    x's dtype, d = x - centre (exact near it), and the copy's rounding r = mean - centre is kept apart, so
     xhat = (d - r) * invstd; d is saved for the backward instead of x."""
 
     @staticmethod
