@@ -55,7 +55,7 @@ class WorkloadSpec(_Strict):
     arch_warmup: float = Field(0.25, ge=0, lt=1)  # fraction of the training before the first arch update
     arch_holdout: float = Field(0.1, gt=0, lt=1)  # fraction of the data held out for architecture batches
     width_mult: float = Field(1.0, gt=0)  # MobileNetV2 width multiplier (teacher and supernet)
-    student_norm: Literal["batch", "none"] = "batch"  # none: a BN-free supernet (exact across modes)
+    student_norm: Literal["batch", "none"] = "batch"  # batch: BatchNorm in every candidate; none: BN-free
     final_loss: Literal["ce", "mse"] = "ce"  # last block: cross-entropy to the teacher's softmax, or MSE
 
     @model_validator(mode="before")

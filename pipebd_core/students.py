@@ -8,7 +8,9 @@ gradients across replicas is one all-reduce of one tensor.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from copy import deepcopy
 from typing import Any
 
 import torch
@@ -16,12 +18,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from pipebd_core import batchnorm
 from pipebd_core.spec import Spec
 from pipebd_core.workloads import SearchSettings, path_generator
 from pipebd_core.workloads.supernet import SupernetBlock, soft_cross_entropy
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 LOSSES: dict[str, LossFunction] = {"mse": F.mse_loss, "soft_ce": soft_cross_entropy}
+# A benchmark knob, not a setting: "1" makes split rows keep shard-local BatchNorm statistics, so that
+# benchmarks/batchnorm_cost.py can time the same runs with and without synchronised statistics.
+LOCAL_BATCHNORM_ENV = "PIPEBD_BENCH_LOCAL_BATCHNORM"
 
 
 class FlatGradients:
@@ -44,12 +50,17 @@ class FlatGradients:
 
 
 def with_sync_batchnorm(module: nn.Module, group: dist.ProcessGroup | None, device: torch.device) -> nn.Module:
-    """On GPUs, a student whose rows are split across ranks normalises over the whole batch (SyncBatchNorm
-    in its gradient group), so batch statistics match full-batch training. PyTorch's SyncBatchNorm refuses
-    CPU tensors, so on CPU each shard keeps its own statistics (the documented deviation)."""
-    if device.type != "cuda" or group is None:
+    """The student a rank trains: where its rows are split across ranks (a gradient group of more than one
+    rank), a copy whose BatchNorm layers normalise over the group's whole batch, as full-batch training
+    does: PyTorch's SyncBatchNorm on GPUs, the cross-rank BatchNorm of pipebd_core.batchnorm elsewhere
+    (SyncBatchNorm refuses CPU tensors). A block trained alone keeps `module` itself, with plain BatchNorm.
+    The workload's own modules are never converted, so what finalize assembles holds plain BatchNorm."""
+    if group is None or dist.get_world_size(group) == 1 or os.environ.get(LOCAL_BATCHNORM_ENV) == "1":
         return module
-    return nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group=group)
+    copy = deepcopy(module)
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(copy, process_group=group)
+    return batchnorm.convert(copy, group)
 
 
 class StudentBlock:
