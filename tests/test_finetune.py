@@ -92,11 +92,16 @@ def test_every_strategy_trains_what_full_batch_training_trains(
     assert plan["strategy"] == strategy and len(plan["stages"]) == (1 if strategy == "ddp" else nproc)
 
 
-def test_ddp_with_shards_of_unequal_size_trains_the_full_batch(finished_run: Callable[[Spec], RunDir]) -> None:
+def test_ddp_with_batchnorm_and_shards_of_unequal_size_trains_the_full_batch(
+    finished_run: Callable[[Spec], RunDir],
+) -> None:
     document = e2e_document("ddp", 3)
     document["data"]["batch_size"] = 10  # shards of 4, 3 and 3 rows
+    document["workload"]["options"] = {"batch_norm": True}  # normalised over the whole batch: cross-rank
     spec = parse_spec(document)
-    assert_same_weights(trained(finished_run(spec)), full_batch_training(spec))
+    weights = trained(finished_run(spec))
+    assert any(key.endswith("running_var") for key in weights)
+    assert_same_weights(weights, full_batch_training(spec))
 
 
 def timeline(run_dir: RunDir, rank: int) -> list[list[Any]]:

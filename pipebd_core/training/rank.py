@@ -36,6 +36,7 @@ from pipebd_core.ranks import join_process_group, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.runtime import FAULT_ENV, injected_fault_step, learning_rate
 from pipebd_core.spec import Spec, parse_spec
+from pipebd_core.students import with_sync_batchnorm
 from pipebd_core.telemetry import TelemetryWriter, append_event, current_memory_bytes, peak_memory_bytes
 from pipebd_core.training.deferred import WeightGradients, defer_weight_gradients
 from pipebd_core.training.network import Network, build_network, teacher_network
@@ -206,10 +207,18 @@ def load_trained(network: Network, run_dir: RunDir, plan: TrainPlan, step_done: 
 
 
 class DDPTrainer(Trainer):
-    """The whole network on every rank; each loads its shard of the batch; DDP all-reduces gradients."""
+    """The whole network on every rank; each loads its shard of the batch; DDP all-reduces gradients.
+    BatchNorm layers normalise over the whole batch (the cross-rank BatchNorm, or SyncBatchNorm on GPUs,
+    in a group of their own so their exchanges never interleave with DDP's buckets), so ddp trains what
+    full-batch training trains."""
 
     def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, ctx.network.sequential(), 0 if ctx.rank == 0 else None)
+        module: nn.Module = ctx.network.sequential()
+        if ctx.world > 1:
+            norms = dist.new_group(list(range(ctx.world)))
+            assert isinstance(norms, dist.ProcessGroup), "every rank is a member of the world's group"
+            module = with_sync_batchnorm(module, norms, ctx.device)
+        super().__init__(ctx, module, 0 if ctx.rank == 0 else None)
         self.restore(0)
         self.rows = shard_rows(ctx.plan.batch_size, ctx.world)[ctx.rank]
         self.scale = (self.rows[1] - self.rows[0]) / ctx.plan.batch_size * ctx.world

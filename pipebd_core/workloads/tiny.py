@@ -39,7 +39,14 @@ def make_classifier(
     return teachers, students
 
 
-def make_network(num_blocks: int = 4, channels: int = 8, in_channels: int = 3, classes: int = 10) -> nn.Module:
-    """`make_classifier`'s teacher blocks as one network (for kind train, and the end-to-end tests)."""
+def make_network(
+    num_blocks: int = 4, channels: int = 8, in_channels: int = 3, classes: int = 10, batch_norm: bool = False
+) -> nn.Module:
+    """`make_classifier`'s teacher blocks as one network (for kind train, and the end-to-end tests); with
+    `batch_norm`, a BatchNorm2d after every convolution."""
     teachers, _ = make_classifier(num_blocks, channels, in_channels, classes)
+    if batch_norm:
+        for block in teachers:
+            assert isinstance(block, nn.Sequential) and isinstance(block[0], nn.Conv2d)
+            block.insert(1, nn.BatchNorm2d(block[0].out_channels))
     return nn.Sequential(*teachers)
