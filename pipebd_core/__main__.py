@@ -58,8 +58,8 @@ def run_rank(run_dir: RunDir) -> None:
     role = describe_rank(ctx.plan, rank)
     print(f"pipebd: rank {rank} of {world} on {device}: blocks {role['blocks']}, rows {role['rows']}", flush=True)
     append_event(run_dir.events, "rank_started", rank=rank, device=str(device), start_steps=ctx.start_steps)
-    Trainer(ctx).run()
-    append_event(run_dir.events, "rank_finished", rank=rank)
+    if not Trainer(ctx).run():  # a rank that stopped on request said so itself (rank_stopped)
+        append_event(run_dir.events, "rank_finished", rank=rank)
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from pipebd_core import bench_finetune
+from pipebd_core import bench_finetune, bench_replan
 from pipebd_core.bench import format_table, run_bench
 from pipebd_core.checkpoint import resume_steps
 from pipebd_core.launch import default_run_dir, prepare_run
@@ -26,6 +26,7 @@ from pipebd_core.planning.planner import search
 from pipebd_core.planning.profiles import ProfileError
 from pipebd_core.planning.resolve import cost_model, mode_plans
 from pipebd_core.planning.simulate import simulate
+from pipebd_core.planning.trust import assess
 from pipebd_core.profiling import obtain_profile
 from pipebd_core.progress import MetricsFollower
 from pipebd_core.rundir import DISTILL, RunDir
@@ -189,7 +190,8 @@ def command_profile(args: argparse.Namespace) -> int:
 def command_plan(args: argparse.Namespace) -> int:
     try:
         spec = load_run_spec(args)
-        model = cost_model(spec, obtain_profile(spec)[0])
+        profile = obtain_profile(spec)[0]
+        model = cost_model(spec, profile)
         result = search(model)
         modes = {mode: simulate(plan, model)[0] for mode, plan in mode_plans(model).items()}
     except (SpecError, PlanError, ProfileError) as error:
@@ -201,9 +203,14 @@ def command_plan(args: argparse.Namespace) -> int:
         "mode_step_s": modes,
         "ideal_step_s": model.ideal_step(),
     }
+    trust = assess(profile)
+    report_["profile_trust"] = trust
     if args.json:
         print(json.dumps(report_, indent=1))
         return 0
+    print("profile: " + ("trusted" if trust["trusted"] else ", ".join(trust["flags"]).upper()))
+    for message in trust["messages"]:
+        print(f"  {message}")
     print(f"{result.considered} plans fit in memory; the best {len(result.plans)}:")
     for rank, plan in enumerate(result.plans, start=1):
         stages = " | ".join(f"{s.start}-{s.stop - 1} x{s.replicas}" for s in plan.stages)
@@ -223,7 +230,12 @@ def command_bench(args: argparse.Namespace) -> int:
     try:
         spec = load_run_spec(args)
         out = Path(args.out) if args.out else default_run_dir(spec, Path("runs") / "bench")
-        if finetune:
+        if args.replan:
+            report = bench_replan.run_replan_bench(
+                spec, args.steps, args.repeats, out, args.load_cores, args.trials, keep=args.keep
+            )
+            table = bench_replan.format_table(report)
+        elif finetune:
             report = bench_finetune.run_finetune_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep)
             table = bench_finetune.format_table(report)
         else:
@@ -275,6 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every mode")
     bench.add_argument("--out", help="folder for the runs and bench.json (default runs/bench/<name>-<time>)")
     bench.add_argument("--keep", action="store_true", help="keep every run's directory")
+    bench.add_argument(
+        "--replan",
+        action="store_true",
+        help="auto from a profile taken under load, with and without re-planning, next to a clean profile",
+    )
+    bench.add_argument("--load-cores", type=int, default=1, help="--replan: cores kept busy while profiling")
+    bench.add_argument("--trials", type=int, default=5, help="--replan: timed trials per profiled measurement")
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.set_defaults(handler=command_bench)
     return parser

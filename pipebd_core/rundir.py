@@ -61,6 +61,7 @@ OUTPUTS: tuple[Output, ...] = (
     Output("finetune_plan.json", "application/json", "finetune: strategies ranked, stages, actions per rank"),
     Output("layer_profile.json", "application/json", "finetune: every layer's measured F, B, I, W and bytes"),
     Output("profile.json", "application/json", "the profile the plan was made from"),
+    Output("calibration.json", "application/json", "block times training measured, against the profile"),
     Output("phases.json", "application/json", "the job's phases with their states and outcomes"),
     Output("spec.json", "application/json", "the resolved spec"),
     Output("events.jsonl", "application/x-ndjson", "lifecycle events written by the engine"),
@@ -92,6 +93,10 @@ class RunDir:
     @property
     def plan(self) -> Path:
         return self.output("plan.json")
+
+    @property
+    def calibration(self) -> Path:
+        return self.output("calibration.json")
 
     @property
     def events(self) -> Path:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from pipebd_core import checkpoint
 from pipebd_core.comm import PendingReceive, Relay, make_groups, resolve_group
+from pipebd_core.control import StopWatch, mark_stopped
 from pipebd_core.data import BatchLoader
 from pipebd_core.plan import Plan, StepPlan
 from pipebd_core.rundir import RunDir
@@ -111,6 +112,9 @@ class Trainer:
         self.batches = {round_: self._batches(round_) for round_ in ("weights", "arch")}
         self.last_loss: dict[int, float] = {}
         self.fault_step = injected_fault_step(ctx.rank)
+        self.stop = StopWatch(ctx.run_dir, plan, ctx.rank, self.tasks)
+        self.reached = {block: ctx.start_steps[block] for block in trained_blocks}  # steps each block has done
+        self.owned = {block for task in self.tasks for block in task.train if self._owns_update(task)}
 
     def _restore(self) -> None:
         folder = self.ctx.run_dir.checkpoints
@@ -138,17 +142,25 @@ class Trainer:
         assert index is not None, f"step {task.step} has no architecture update"
         return index
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Run every task, or stop at a step boundary when asked (control.py); True when it stopped."""
         total = len(self.tasks)
         pending: PendingReceive | None = None
-        if self.tasks and self.tasks[0].receive:
+        if self.tasks and self.tasks[0].receive and not self.stop.before(0, self.tasks[0].step):
             pending = self.relay.post_receive(self.tasks[0])
+        stopped = False
         try:
-            for done, (task, following) in enumerate(with_next(iter(self.tasks)), start=1):
-                pending = self.run_task(task, following, pending, done, total)
+            for index, (task, following) in enumerate(with_next(iter(self.tasks))):
+                if self.stop.before(index, task.step):
+                    stopped = True
+                    break
+                pending = self.run_task(task, following, pending, index + 1, total)
             self.relay.drain()
+            if stopped:
+                self._save_reached()
         finally:
             self.telemetry.close()
+        return stopped
 
     def run_task(
         self, task: Task, following: Task | None, pending: PendingReceive | None, done: int, total: int
@@ -158,7 +170,8 @@ class Trainer:
             raise RuntimeError(f"injected fault on rank {self.ctx.rank} at step {task.step} ({FAULT_ENV})")
         self.clock.start()
         inputs = self._obtain_input(task, pending)
-        pending_next = self.relay.post_receive(following) if following and following.receive else None
+        receive_next = following is not None and following.receive and not self.stop.before(done, following.step)
+        pending_next = self.relay.post_receive(following) if following and receive_next else None
         activations = self._teacher_forward(task, inputs)
         self.relay.send(task, activations[-1])
         self.clock.mark("send")
@@ -169,7 +182,9 @@ class Trainer:
         lr = learning_rate(self.ctx.spec, task.step, self.ctx.total_steps)
         for block in task.train:
             self.students[block].update(task.round, lr)
-        self.clock.mark("optim")
+            self.clock.mark("optim")
+            if task.last_of_step:
+                self.reached[block] = task.step + 1
         self._record(task, losses, done, total)
         self._checkpoint(task)
         return pending_next
@@ -190,7 +205,7 @@ class Trainer:
         with torch.no_grad():
             for block in task.teacher:
                 activations.append(self.teachers[block](activations[-1]))
-        self.clock.mark("teacher")
+                self.clock.mark("teacher")  # once per block: the record keeps each block's time
         return activations
 
     def _train_students(self, task: Task, activations: list[torch.Tensor]) -> dict[int, float]:
@@ -205,7 +220,7 @@ class Trainer:
             (loss * share).backward()  # shard-weighted, so summed gradients equal the full batch's
             losses[block] = loss.detach()
             handles.append(student.start_all_reduce(task.round, group))
-        self.clock.mark("student")
+            self.clock.mark("student")
         for handle in handles:
             if handle is not None:
                 handle.wait()
@@ -225,6 +240,7 @@ class Trainer:
             "blocks": list(task.train),
             "loss": {str(block): value for block, value in losses.items()},
             "phases": self.clock.phases(),
+            "block_s": self._block_times(task),
             "samples": task.rows[1] - task.rows[0],
             "peak_mem": peak,
             "cur_mem": memory,
@@ -244,6 +260,28 @@ class Trainer:
             record["arch"] = {str(block): self.students[block].probabilities() for block in task.train}
         self.telemetry.write(record)
 
+    def _block_times(self, task: Task) -> dict[str, dict[str, float]]:
+        """Each block's teacher forward and student step (forward, backward, update) this task, as profiled."""
+        teacher = dict(zip(task.teacher, self.clock.laps("teacher"), strict=True))
+        student = self.clock.laps("student")
+        update = self.clock.laps("optim")
+        return {
+            "teacher": {str(block): seconds for block, seconds in teacher.items()},
+            "student": {str(block): student[i] + update[i] for i, block in enumerate(task.train)},
+        }
+
+    def _save_reached(self) -> None:
+        """On a stop: checkpoint every block this rank owns at the step it reached (unless already saved)."""
+        saved, folder = [], self.ctx.run_dir.checkpoints
+        for block in sorted(self.owned):
+            step = self.reached[block]
+            if step > self.ctx.start_steps[block] and step not in checkpoint.saved_steps(folder, block):
+                self._save(block, step)
+                saved.append(block)
+        reached = {str(block): self.reached[block] for block in sorted(self.owned)}
+        append_event(self.ctx.run_dir.events, "rank_stopped", rank=self.ctx.rank, reached=reached, saved=saved)
+        mark_stopped(self.ctx.run_dir, self.ctx.rank)
+
     def _checkpoint(self, task: Task) -> None:
         step_done = task.step + 1
         spec = self.ctx.spec
@@ -253,11 +291,14 @@ class Trainer:
             step_done, self.ctx.steps_per_epoch, self.ctx.total_steps, spec.train.checkpoint_every
         ):
             return
-        common = self.ctx.plan.num_blocks if self.ctx.plan.is_pipeline else None  # see resume_steps
         for block in task.train:
-            state = {**self.students[block].state(), "loss": self.last_loss.get(block)}
-            checkpoint.save_block(self.ctx.run_dir.checkpoints, block, step_done, state, common)
+            self._save(block, step_done)
         append_event(self.ctx.run_dir.events, "checkpoint", rank=self.ctx.rank, blocks=list(task.train), step=step_done)
+
+    def _save(self, block: int, step_done: int) -> None:
+        common = self.ctx.plan.num_blocks if self.ctx.plan.is_pipeline else None  # see resume_steps
+        state = {**self.students[block].state(), "loss": self.last_loss.get(block)}
+        checkpoint.save_block(self.ctx.run_dir.checkpoints, block, step_done, state, common)
 
     def _owns_update(self, task: Task) -> bool:
         """The lowest rank of a gradient group writes the group's checkpoint."""

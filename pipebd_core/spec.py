@@ -192,6 +192,8 @@ class ScheduleSpec(_Strict):
     threads_per_rank: int = Field(1, ge=1)  # CPU threads per rank (more than 1 oversubscribes small hosts)
     timeout_s: float = Field(60.0, gt=0)  # process-group timeout: a stuck peer fails the job after this
     profile: bool = True  # measure blocks first (cached): plans from measured costs, predictions in plan.json
+    replan: bool | None = None  # auto: re-plan mid-run when training measures another plan faster (default on)
+    max_replans: int = Field(2, ge=0, le=10)  # re-plans per job at most (no oscillation)
 
     @field_validator("stages")
     @classmethod
@@ -209,6 +211,22 @@ class ScheduleSpec(_Strict):
         if info.data.get("mode") == "auto" and not value:
             raise ValueError("mode 'auto' plans from measured costs; set profile: true or pick a mode")
         return value
+
+    @field_validator("replan")
+    @classmethod
+    def _replan_needs_auto(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        mode = info.data.get("mode")
+        if value and mode != "auto":
+            raise ValueError(
+                f"re-planning chooses another plan of the auto search, but mode {mode!r} is fixed by the spec;"
+                " use mode 'auto', or remove replan"
+            )
+        return value
+
+    @property
+    def replans(self) -> bool:
+        """Whether the job re-plans mid-run: `replan`, which defaults to on for auto."""
+        return self.mode == "auto" if self.replan is None else self.replan
 
 
 class Spec(_Strict):

@@ -12,6 +12,10 @@ events.jsonl records, the same way whoever supervises:
 
     phase_started {phase}      phase_finished {phase, outcome, duration_s, reason}
     finished                   failed {reason, phase, error}          cancelled {reason, phase}
+
+While distillation runs, a `DistillMonitor` calibrates from its telemetry and may re-plan it: the
+ranks stop at a step boundary and the phase is launched again under the new plan (replan.py; events
+calibrated, replan_requested, replanned).
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ import time
 from dataclasses import dataclass
 
 from pipebd_core import launch
+from pipebd_core.control import clear_stop, stopped_early
 from pipebd_core.diagnosis import diagnose
 from pipebd_core.outcomes import CANCELLED, FAILED, SKIPPED, SUCCEEDED, Result, check_reason
 from pipebd_core.phases import PhaseRecord, read_records, write_records
 from pipebd_core.plan import PlanError
 from pipebd_core.planning.profiles import ProfileError
 from pipebd_core.processes import stop_process_tree
-from pipebd_core.rundir import RunDir
+from pipebd_core.replan import DistillMonitor
+from pipebd_core.rundir import DISTILL, RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.telemetry import append_event
 
@@ -136,10 +142,24 @@ class Supervisor:
         return Outcome(SUCCEEDED)
 
     def _run_process(self, phase: str) -> Outcome:
+        """Run the phase's processes; a distill phase that stopped to re-plan is launched again (replan.py)."""
+        monitor = DistillMonitor(self.run_dir, self.spec) if phase == DISTILL else None
+        while True:
+            clear_stop(self.run_dir)
+            outcome = self._launch(phase, monitor)
+            replanning = monitor is not None and monitor.pending is not None
+            if not replanning or outcome.result != SUCCEEDED or not stopped_early(self.run_dir):
+                return outcome
+            assert monitor is not None
+            monitor.replan()
+
+    def _launch(self, phase: str, monitor: DistillMonitor | None) -> Outcome:
         process = launch.start_phase(self.run_dir, self.spec, phase, self.extra_env, self.profile_trials)
         self.watcher.process_changed(phase, process)
+        if monitor is not None:
+            monitor.launched()
         try:
-            stop = self._follow(phase, process)
+            stop = self._follow(phase, process, monitor)
         finally:
             if process.poll() is None:  # a stop, or an exception escaping (Ctrl-C): never leave it behind
                 stop_process_tree(process, self.kill_grace_s)
@@ -153,9 +173,11 @@ class Supervisor:
         reason, error = diagnose(self.run_dir, phase, code)
         return Outcome(FAILED, reason, error, code, phase)
 
-    def _follow(self, phase: str, process: subprocess.Popen[bytes]) -> Stop | None:
+    def _follow(self, phase: str, process: subprocess.Popen[bytes], monitor: DistillMonitor | None) -> Stop | None:
         """Poll until the process exits (None) or a stop is asked for (the Stop)."""
         while process.poll() is None:
+            if monitor is not None:
+                monitor.tick()
             stop = self.watcher.tick(phase) or self._over_time()
             if stop is not None:
                 return stop

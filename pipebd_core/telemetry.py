@@ -45,6 +45,11 @@ class PhaseClock:
             durations[phase] = durations.get(phase, 0.0) + self._elapsed(before, after)
         return durations
 
+    def laps(self, phase: str) -> list[float]:
+        """Seconds of each closing of `phase`, in order (after `phases`, which waits for the GPU)."""
+        pairs = zip(self._marks, self._marks[1:], strict=False)
+        return [self._elapsed(before, after) for (_, before), (name, after) in pairs if name == phase]
+
     def _now(self) -> Any:
         if not self.cuda:
             return time.perf_counter()

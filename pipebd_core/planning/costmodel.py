@@ -44,11 +44,38 @@ def at_batch(table: dict[str, Any], batch: int) -> float:
     return at_batch(table, nearest) * batch / nearest
 
 
+@dataclass(frozen=True)
+class Scales:
+    """Multipliers from a profile's calibration (calibration.py); all 1 for a profile training has not
+    calibrated."""
+
+    teacher: list[float]
+    student: list[float]
+    data: float = 1.0
+    allreduce: float = 1.0
+
+    @classmethod
+    def of(cls, profile: dict[str, Any]) -> Scales:
+        count = len(profile["blocks"])
+        calibration = profile.get("calibration")
+        if not calibration:
+            return cls([1.0] * count, [1.0] * count)
+        blocks = calibration["blocks"]
+        return cls(
+            [float(blocks[b].get("teacher") or 1.0) for b in range(count)],
+            [float(blocks[b].get("student") or 1.0) for b in range(count)],
+            float(calibration.get("data") or 1.0),
+            float(calibration.get("allreduce") or 1.0),
+        )
+
+
 class CostModel:
-    """Answers "how long, how much memory" for blocks, stages and modes from one profile."""
+    """Answers "how long, how much memory" for blocks, stages and modes from one profile (calibrated by
+    training's measurements when the profile carries them)."""
 
     def __init__(self, profile: dict[str, Any], arch_every: int | None = None) -> None:
         self.profile = profile
+        self.scales = Scales.of(profile)
         self.arch_every = arch_every
         arch_fraction = 1.0 / arch_every if arch_every else 0.0
         self.arch_fraction = arch_fraction
@@ -63,20 +90,20 @@ class CostModel:
         return math.ceil(self.batch_size / replicas)
 
     def teacher(self, block: int, batch: int) -> float:
-        return at_batch(self.blocks[block]["teacher_s"], batch)
+        return at_batch(self.blocks[block]["teacher_s"], batch) * self.scales.teacher[block]
 
     def student(self, block: int, batch: int, round_: str = "weights") -> float:
         arch = self.blocks[block].get("student_arch_s", {})
         if round_ == "arch" and any(entry["trials"] for entry in arch.values()):
-            return at_batch(arch, batch)
-        return at_batch(self.blocks[block]["student_s"], batch)
+            return at_batch(arch, batch) * self.scales.student[block]
+        return at_batch(self.blocks[block]["student_s"], batch) * self.scales.student[block]
 
     def student_step(self, block: int, batch: int) -> float:
         """A block's student work per step, architecture rounds included."""
         return self.student(block, batch) + self.arch_fraction * self.student(block, batch, "arch")
 
     def data(self, batch: int) -> float:
-        return at_batch(self.profile["data_s"], batch)
+        return at_batch(self.profile["data_s"], batch) * self.scales.data
 
     def p2p(self, boundary: int, batch: int) -> float:
         return at_batch(self.profile["p2p_s"][boundary], batch)
@@ -84,7 +111,7 @@ class CostModel:
     def allreduce(self, block: int, replicas: int) -> float:
         if replicas <= 1:
             return 0.0
-        return float(self.blocks[block]["allreduce_s"][str(replicas)]["median"])
+        return float(self.blocks[block]["allreduce_s"][str(replicas)]["median"]) * self.scales.allreduce
 
     def activation_bytes(self, boundary: int, batch: int) -> int:
         measured = self.profile.get("boundary_bytes_per_sample")

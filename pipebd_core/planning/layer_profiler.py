@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core.data import build_dataset
 from pipebd_core.phases import PROFILE_FINETUNE
-from pipebd_core.planning.profiler import WARMUP, saved_bytes, summarise, timed
+from pipebd_core.planning.profiler import WARMUP, saved_bytes, summarise, timed_once
 from pipebd_core.ranks import join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
@@ -60,8 +60,8 @@ def measure_layer(layer: nn.Module, shape: list[int], batch: int, trials: int, d
         layer(x).backward(grad)
 
     result = {
-        "F": timed(forward, trials, device),
-        "B": timed(whole_backward, trials, device),
+        "F": timed_once(forward, trials, device),
+        "B": timed_once(whole_backward, trials, device),
         "saved_bytes": saved_bytes(layer, x) if trainable else 0,
     }
     weights = defer_weight_gradients(layer)
@@ -69,7 +69,7 @@ def measure_layer(layer: nn.Module, shape: list[int], batch: int, trials: int, d
     def input_backward() -> None:
         layer(x).backward(grad)
 
-    result["I"] = timed(input_backward, trials, device)
+    result["I"] = timed_once(input_backward, trials, device)
     weights.run()  # what the timed input passes kept: flushed, untimed
     result["W"] = [0.0] * trials
     if weights.layers:  # one kept micro-batch per W, as the zero-bubble lists mostly run them
@@ -77,7 +77,7 @@ def measure_layer(layer: nn.Module, shape: list[int], batch: int, trials: int, d
     weights.restore()
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.01, momentum=0.9) if trainable else None
     layer(x).backward(grad)
-    result["optim"] = timed(optimizer.step, trials, device) if optimizer else [0.0] * trials
+    result["optim"] = timed_once(optimizer.step, trials, device) if optimizer else [0.0] * trials
     result["output_bytes_per_sample"] = output[0].numel() * output.element_size()
     result["param_bytes"] = sum(p.numel() * p.element_size() for p in layer.parameters())
     return result
@@ -110,7 +110,7 @@ def measure_p2p(sizes: list[int], trials: int, device: torch.device) -> dict[int
                 dist.recv(buffer, peer)
                 dist.send(buffer, peer)
 
-        result[size] = [t / 2 for t in timed(ping_pong, trials, device)]
+        result[size] = [t / 2 for t in timed_once(ping_pong, trials, device)]
     dist.barrier()
     return result
 
@@ -131,7 +131,7 @@ def measure_rank(
         "batches": batches,
         "layers": layers,
         "p2p": measure_p2p(sizes, trials, device) if distributed else {},
-        "allreduce": timed(functools.partial(dist.all_reduce, flat), trials, device) if distributed else [],
+        "allreduce": timed_once(functools.partial(dist.all_reduce, flat), trials, device) if distributed else [],
     }
 
 

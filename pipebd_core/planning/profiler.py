@@ -8,18 +8,26 @@ the bytes the student's backward keeps alive; per boundary, point-to-point time 
 per group size, the all-reduce time of each block's gradients; the time to load b samples; the bytes
 per sample of every boundary tensor as the blocks produce it; on CUDA, the peak memory of each
 student step. Each value is the median of all trials (after warm-up) and comes with its spread
-(p90 - p10) / median."""
+(p90 - p10) / median.
+
+A measurement a rank takes alone (blocks, data loading) whose trials disagree (spread above
+NOISY_SPREAD) is taken again, up to MAX_REMEASURES times, keeping the steadiest attempt; collective
+ones (sends, all-reduces) are taken once, since every rank must run the same trials. The profile's
+`conditions` say under what load it was taken: the CPU time other processes used on the node while
+the ranks measured, the load average and, on GPUs, other processes on each device (trust.py judges)."""
 
 from __future__ import annotations
 
 import argparse
 import copy
 import functools
+import importlib
 import itertools
 import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -31,6 +39,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from pipebd_core.data import BatchLoader, build_dataset
 from pipebd_core.phases import PROFILE
 from pipebd_core.planning.probe import probe_workload
+from pipebd_core.planning.trust import NOISY_SPREAD
 from pipebd_core.ranks import join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
@@ -38,6 +47,7 @@ from pipebd_core.students import StudentBlock
 from pipebd_core.workloads import Workload, build_workload
 
 WARMUP = 1
+MAX_REMEASURES = 2  # extra attempts at a measurement whose trials disagree
 
 
 def profile_batch_sizes(batch_size: int, nproc: int) -> list[int]:
@@ -45,7 +55,35 @@ def profile_batch_sizes(batch_size: int, nproc: int) -> list[int]:
     return sorted({-(-batch_size // k) for k in range(1, min(nproc, batch_size) + 1)}, reverse=True)
 
 
-def timed(fn: Callable[[], Any], trials: int, device: torch.device) -> list[float]:
+@dataclass
+class Trials:
+    """One measurement's timed trials, and how many times it was taken again because they disagreed."""
+
+    samples: list[float]
+    remeasured: int = 0
+
+    def scaled(self, factor: float) -> Trials:
+        return Trials([sample * factor for sample in self.samples], self.remeasured)
+
+
+def spread_of(samples: list[float]) -> float:
+    """(p90 - p10) / median of the trials: 0 when they agree."""
+    ordered = sorted(samples)
+    median = statistics.median(ordered)
+    low, high = ordered[int(0.1 * (len(ordered) - 1))], ordered[round(0.9 * (len(ordered) - 1))]
+    return (high - low) / median if median > 0 else 0.0
+
+
+def timed(fn: Callable[[], Any], trials: int, device: torch.device) -> Trials:
+    """`trials` timed calls; taken again (at most MAX_REMEASURES times) while they disagree, keeping the
+    steadiest attempt."""
+    attempts = [timed_once(fn, trials, device)]
+    while spread_of(attempts[-1]) > NOISY_SPREAD and len(attempts) <= MAX_REMEASURES:
+        attempts.append(timed_once(fn, trials, device))
+    return Trials(min(attempts, key=spread_of), len(attempts) - 1)
+
+
+def timed_once(fn: Callable[[], Any], trials: int, device: torch.device) -> list[float]:
     """Wall-clock seconds of `trials` calls after `WARMUP` untimed ones (synchronising on CUDA)."""
     samples = []
     for index in range(WARMUP + trials):
@@ -117,11 +155,11 @@ def cuda_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
     return int(torch.cuda.max_memory_allocated(device) - before)
 
 
-def measure_data(spec: Spec, batch_sizes: list[int], trials: int, device: torch.device) -> dict[int, list[float]]:
+def measure_data(spec: Spec, batch_sizes: list[int], trials: int, device: torch.device) -> dict[int, Trials]:
     dataset = build_dataset(spec)
     result = {}
     for batch in batch_sizes:
-        steps = list(range(WARMUP + trials))
+        steps = list(range((WARMUP + trials) * (MAX_REMEASURES + 1)))  # batches enough for every attempt
         loader = iter(BatchLoader(spec, dataset, (0, batch), steps, device))
         result[batch] = timed(functools.partial(next, loader), trials, device)
     return result
@@ -129,11 +167,11 @@ def measure_data(spec: Spec, batch_sizes: list[int], trials: int, device: torch.
 
 def measure_p2p(
     shapes: list[list[int]], batch_sizes: list[int], trials: int, device: torch.device
-) -> dict[tuple[int, int], list[float]]:
+) -> dict[tuple[int, int], Trials]:
     """One-way time per (boundary, batch): ping-pong between ranks (0,1), (2,3), ... at once."""
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = rank ^ 1
-    result: dict[tuple[int, int], list[float]] = {}
+    result: dict[tuple[int, int], Trials] = {}
     pairs = [(boundary, batch) for boundary in range(1, len(shapes) - 1) for batch in batch_sizes]
     for boundary, batch in pairs if peer < world else []:
         buffer = torch.zeros((batch, *shapes[boundary]), device=device)
@@ -146,33 +184,34 @@ def measure_p2p(
                 dist.recv(buffer, peer)
                 dist.send(buffer, peer)
 
-        result[(boundary, batch)] = [t / 2 for t in timed(ping_pong, trials, device)]
+        result[(boundary, batch)] = Trials(timed_once(ping_pong, trials, device)).scaled(0.5)
     dist.barrier()
     return result
 
 
-def measure_all_reduce(
-    param_counts: list[int], trials: int, device: torch.device
-) -> dict[tuple[int, int], list[float]]:
+def measure_all_reduce(param_counts: list[int], trials: int, device: torch.device) -> dict[tuple[int, int], Trials]:
     """Time per (group size k, block): all-reduce of the block's gradients in groups of k ranks at once."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    result: dict[tuple[int, int], list[float]] = {}
+    result: dict[tuple[int, int], Trials] = {}
     for size in range(2, world + 1):
         groups = [dist.new_group(list(range(g * size, (g + 1) * size))) for g in range(world // size)]
         mine = groups[rank // size] if rank < len(groups) * size else None
         for block, count in enumerate(param_counts):
             flat = torch.zeros(max(1, count), device=device)
             if isinstance(mine, dist.ProcessGroup):
-                result[(size, block)] = timed(functools.partial(dist.all_reduce, flat, group=mine), trials, device)
+                all_reduce = functools.partial(dist.all_reduce, flat, group=mine)
+                result[(size, block)] = Trials(timed_once(all_reduce, trials, device))
         dist.barrier()
     return result
 
 
-def summarise(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    median = statistics.median(ordered)
-    low, high = ordered[int(0.1 * (len(ordered) - 1))], ordered[round(0.9 * (len(ordered) - 1))]
-    return {"median": median, "spread": (high - low) / median if median > 0 else 0.0, "trials": len(ordered)}
+def summarise(samples: list[float], remeasured: int = 0) -> dict[str, float]:
+    return {
+        "median": statistics.median(samples),
+        "spread": spread_of(samples),
+        "trials": len(samples),
+        "remeasured": remeasured,
+    }
 
 
 def device_memory_bytes(device: torch.device, nproc: int) -> int:
@@ -181,8 +220,53 @@ def device_memory_bytes(device: torch.device, nproc: int) -> int:
     return int(psutil.virtual_memory().total // nproc)  # ranks on one host share its memory
 
 
+@dataclass
+class CpuWindow:
+    """CPU seconds spent while a rank measured: by the whole node (counted on rank 0) and by this rank."""
+
+    started: float
+    node_busy_s: float
+    own_s: float
+
+    @classmethod
+    def open(cls) -> CpuWindow:
+        return cls(time.monotonic(), node_busy_seconds(), own_cpu_seconds())
+
+    def close(self) -> dict[str, float]:
+        return {
+            "wall_s": time.monotonic() - self.started,
+            "node_busy_s": node_busy_seconds() - self.node_busy_s,
+            "own_s": own_cpu_seconds() - self.own_s,
+        }
+
+
+def node_busy_seconds() -> float:
+    times = psutil.cpu_times()
+    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
+
+
+def own_cpu_seconds() -> float:
+    times = psutil.Process().cpu_times()
+    return float(times.user + times.system)
+
+
+def other_gpu_processes(device: torch.device) -> list[int] | None:
+    """Pids of other processes computing on this rank's GPU (None on CPU, or without NVML)."""
+    if device.type != "cuda":
+        return None
+    try:
+        pynvml = importlib.import_module("pynvml")
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:
+        return None
+    return sorted(int(process.pid) for process in running if process.pid != os.getpid())
+
+
 def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any]:
     """Everything this rank measures; raw trial lists so rank 0 can pool them."""
+    window = CpuWindow.open()
     workload = build_workload(spec)
     sample = build_dataset(spec)[0][0]
     probe = probe_workload(workload, tuple(sample.shape))
@@ -195,7 +279,7 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any
         teacher.cpu()
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     param_counts = [sum(p.numel() for p in s.parameters()) for s in workload.student_blocks]
-    return {
+    measured = {
         "probe": probe.to_json(),
         "batches": batches,
         "blocks": blocks,
@@ -206,6 +290,7 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any
         "baseline_bytes": baseline_memory_bytes(device),
         "input_bytes_per_sample": sample.numel() * sample.element_size(),
     }
+    return {**measured, "cpu": window.close(), "gpu_others": other_gpu_processes(device)}
 
 
 def baseline_memory_bytes(device: torch.device) -> int:
@@ -223,8 +308,11 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
 
     def pooled(section: str, key: Any, field: str | None = None) -> dict[str, float]:
         found = [m[section][key] for m in measurements if key in m[section]]
-        samples = [s for entry in found for s in (entry.get(field, []) if field else entry)]
-        return summarise(samples) if samples else {"median": 0.0, "spread": 0.0, "trials": 0}
+        trials = [trial for entry in found if (trial := entry.get(field) if field else entry) is not None]
+        samples = [sample for trial in trials for sample in trial.samples]
+        if not samples:
+            return {"median": 0.0, "spread": 0.0, "trials": 0, "remeasured": 0}
+        return summarise(samples, max(trial.remeasured for trial in trials))
 
     blocks = []
     for index in range(len(probe["teacher_flops"])):
@@ -257,6 +345,22 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
         "data_s": {str(b): pooled("data", b) for b in batches},
         "p2p_s": [{str(b): pooled("p2p", (i, b)) for b in batches} for i in boundaries],
         "measured_at": time.time(),
+        "conditions": conditions(measurements),
+    }
+
+
+def conditions(measurements: list[dict[str, Any]]) -> dict[str, Any]:
+    """Under what load the profile was taken: other processes' CPU use on the node (in cores, while the
+    ranks measured), the node's load average, and other processes on each rank's GPU."""
+    wall = max(m["cpu"]["wall_s"] for m in measurements)
+    others = measurements[0]["cpu"]["node_busy_s"] - sum(m["cpu"]["own_s"] for m in measurements)
+    gpu = [m["gpu_others"] for m in measurements]
+    return {
+        "cpus": psutil.cpu_count() or 1,
+        "other_cpu_cores": max(0.0, others) / wall if wall > 0 else 0.0,
+        "load_average_1m": os.getloadavg()[0],
+        "gpu_other_processes": None if any(pids is None for pids in gpu) else gpu,
+        "noisy_spread": NOISY_SPREAD,
     }
 
 

@@ -6,7 +6,8 @@ schedule.
 
 With a profile: `auto` runs the best plan of the exact search, `tr`/`tr_dpu` without stages the best
 unreplicated plan, `ls` bin-packs measured task costs; plan.json then also records the ranked
-alternatives, every mode's predicted step time, the ideal bound and simulated timelines. Without a
+alternatives, every mode's predicted step time, the ideal bound, simulated timelines and how far the
+profile can be trusted (trust.py). Without a
 profile (schedule.profile: false) stages are balanced on FLOP estimates.
 """
 
@@ -30,6 +31,7 @@ from pipebd_core.planning.costmodel import CostModel
 from pipebd_core.planning.planner import best_plan, search
 from pipebd_core.planning.probe import BlockProbe, probe_workload
 from pipebd_core.planning.simulate import simulate
+from pipebd_core.planning.trust import assess
 from pipebd_core.spec import ScheduleSpec, Spec, StageSpec
 from pipebd_core.workloads import build_workload, search_settings
 
@@ -147,6 +149,7 @@ def resolve_plan(spec: Spec, profile: dict[str, Any] | None) -> Plan:
     plan = make_plan(spec.schedule, workload.num_blocks, spec.data.batch_size, probe, model)
     plan.steps, plan.shapes, plan.block_names = steps, probe.shapes, workload.block_names
     plan.details.update({"estimates": probe.to_json(), "warnings": workload.warnings})
-    if model is not None:
+    if profile is not None and model is not None:
         plan.details.update(predictions(plan, model))
+        plan.details["profile_trust"] = assess(profile)
     return plan

@@ -1,0 +1,171 @@
+"""Calibration: the block times training measured, next to what the profile said, as ratios the cost
+model applies.
+
+Every distillation task's telemetry line carries `block_s`: each teacher block's forward and each
+student block's step (forward, backward, update), timed as the profiler times them. A `Window` holds
+the lines of one launch of the distill phase; leaving out each rank's first SKIP_STEPS steps (warm-up),
+it is ready once every rank has MIN_STEPS more. `calibrate` turns it into, per block, the ratio of the
+time measured to the time profiled over all its lines (each line against the profile at that line's
+batch; sums, not a median of ratios: a step takes the mean, outliers included) for the teacher and the
+student, the same for data loading, and for the gradient all-reduces one ratio (the all-reduce a rank
+waits for after its backward, against the profile's all-reduces of the task's blocks: on a shared CPU
+the all-reduce competes with the compute it overlaps); sends are not calibrated (what a receiving
+rank measures is mostly waiting for the stage before it). The result keeps both numbers and where they came from:
+
+    {"blocks": [{"teacher": ratio, "student": ratio, "teacher_s": s, "student_s": s, "batch": b,
+                 "tasks": n}, ...],
+     "data": ratio, "allreduce": ratio, "measured_step_s": s,
+     "source": {"run": name, "steps": [first, last], "stages": [...], "at": unix time}}
+
+The supervisor writes it to the run's calibration.json and into the cached profile (profile
+["calibration"], next to the measured numbers, which stay as they were): the next job of the same
+workload plans on what training measured. `pipebd profile --refresh` measures afresh, without it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipebd_core.planning.costmodel import at_batch
+from pipebd_core.progress import FileTail
+from pipebd_core.rundir import RunDir
+
+SKIP_STEPS = 2  # each rank's first steps after a launch: allocations, first touches, the pipeline filling
+MIN_STEPS = 4  # steps per rank a window needs, after the skipped ones
+
+
+def uncalibrated(profile: dict[str, Any]) -> dict[str, Any]:
+    """The profile as measured (its calibration left out)."""
+    return {key: value for key, value in profile.items() if key != "calibration"}
+
+
+@dataclass
+class Window:
+    """The distill phase's telemetry lines since one launch, read as they are appended."""
+
+    run_dir: RunDir
+    nproc: int
+    tails: list[FileTail] = field(default_factory=list)
+    lines: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # per rank, weight rounds
+
+    @classmethod
+    def opened(cls, run_dir: RunDir, nproc: int) -> Window:
+        """A window that starts now: lines already in the files belong to earlier launches."""
+        tails = []
+        for rank in range(nproc):
+            path = run_dir.metrics(rank)
+            tails.append(FileTail(path, path.stat().st_size if path.exists() else 0))
+        return cls(run_dir, nproc, tails, {rank: [] for rank in range(nproc)})
+
+    def read(self) -> None:
+        for rank, tail in enumerate(self.tails):
+            for line in tail.read_new():
+                record = json.loads(line)
+                if record.get("round") == "weights" and "block_s" in record:
+                    self.lines[rank].append(record)
+
+    def steady(self, since_step: int | None = None) -> dict[int, list[dict[str, Any]]]:
+        """Each rank's lines past its first SKIP_STEPS steps (and from `since_step` on, when given)."""
+        result = {}
+        for rank, records in self.lines.items():
+            kept = records[SKIP_STEPS:]
+            result[rank] = [r for r in kept if since_step is None or r["step"] >= since_step]
+        return result
+
+    def ready(self, since_step: int | None = None) -> bool:
+        return all(len(records) >= MIN_STEPS for records in self.steady(since_step).values())
+
+    def latest_step(self) -> int:
+        return max((records[-1]["step"] for records in self.lines.values() if records), default=-1)
+
+
+def measured_step_s(steady: dict[int, list[dict[str, Any]]]) -> float | None:
+    """A pipelined plan's step time: each rank's seconds per step over its steady lines, the slowest rank's
+    (every rank of a pipeline runs at the pace of the slowest stage). None with fewer than 2 lines a rank."""
+    paces = []
+    for records in steady.values():
+        if len(records) < 2:
+            return None
+        first, last = records[0], records[-1]
+        paces.append((last["time"] - first["time"]) / max(1, last["step"] - first["step"]))
+    return max(paces) if paces else None
+
+
+def group_sizes(plan: dict[str, Any]) -> dict[int, int]:
+    """Per rank of plan.json: how many ranks its gradients are all-reduced over (1: none)."""
+    if plan["mode"] == "dp":
+        return dict.fromkeys(range(plan["nproc"]), plan["nproc"])
+    sizes = dict.fromkeys(range(plan["nproc"]), 1)
+    for stage in plan["stages"]:
+        sizes.update(dict.fromkeys(stage["ranks"], stage["replicas"]))
+    return sizes
+
+
+@dataclass
+class Tally:
+    """Seconds measured and seconds profiled for the same work, summed over lines."""
+
+    measured: float = 0.0
+    profiled: float = 0.0
+    lines: int = 0
+
+    def add(self, measured: float, profiled: float) -> None:
+        if profiled > 0:
+            self.measured += measured
+            self.profiled += profiled
+            self.lines += 1
+
+    @property
+    def ratio(self) -> float | None:
+        return self.measured / self.profiled if self.lines else None
+
+
+def calibrate(
+    profile: dict[str, Any], steady: dict[int, list[dict[str, Any]]], groups: dict[int, int], source: dict[str, Any]
+) -> dict[str, Any]:
+    """Per block: measured / profiled for the teacher and the student; data loading and the all-reduces
+    (`groups`: each rank's group size, see `group_sizes`) likewise. A block this window did not see keeps
+    the calibration it had."""
+    blocks = uncalibrated(profile)["blocks"]
+    tallies: dict[tuple[int, str], Tally] = {}
+    batches: dict[int, int] = {}
+    data, allreduce = Tally(), Tally()
+    for rank, record in ((rank, r) for rank, records in steady.items() for r in records):
+        batch = int(record["samples"])
+        for what in ("teacher", "student"):
+            for block, measured in record["block_s"][what].items():
+                profiled = at_batch(blocks[int(block)][f"{what}_s"], batch)
+                tallies.setdefault((int(block), what), Tally()).add(measured, profiled)
+                batches[int(block)] = batch
+        loaded = record["phases"].get("data", 0.0)
+        data.add(loaded, at_batch(profile["data_s"], batch) if loaded > 0 else 0.0)  # only ranks that load
+        if groups[rank] > 1:
+            profiled = sum(float(blocks[b]["allreduce_s"][str(groups[rank])]["median"]) for b in record["blocks"])
+            allreduce.add(record["phases"].get("allreduce", 0.0), profiled)
+    before = profile.get("calibration") or {}
+    calibrated = []
+    for block in range(len(blocks)):
+        entry: dict[str, Any] = dict((before.get("blocks") or [{}] * len(blocks))[block])
+        for what in ("teacher", "student"):
+            tally = tallies.get((block, what))
+            if tally is not None and tally.ratio is not None:
+                entry.update({what: tally.ratio, f"{what}_s": tally.measured / tally.lines, "tasks": tally.lines})
+        if block in batches:
+            entry["batch"] = batches[block]
+        calibrated.append(entry)
+    return {
+        "blocks": calibrated,
+        "data": data.ratio or before.get("data", 1.0),
+        "allreduce": allreduce.ratio or before.get("allreduce", 1.0),
+        "measured_step_s": measured_step_s(steady),
+        "source": {**source, "at": time.time()},
+    }
+
+
+def steps_covered(steady: dict[int, list[dict[str, Any]]]) -> list[int]:
+    """[first, last] step of the lines a calibration used."""
+    steps = [r["step"] for records in steady.values() for r in records]
+    return [min(steps), max(steps)] if steps else [0, 0]

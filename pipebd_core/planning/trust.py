@@ -1,0 +1,83 @@
+"""How far a profile can be trusted: what the planner's predictions stand on, said in plan.json, by
+`pipebd plan` and on the job page.
+
+A profile is `noisy` when some measurement's trials still disagree after the profiler took it again
+(the measurement is named, with its spread), `busy` when other processes used a good part of the node
+while it was measured (or shared a rank's GPU), `stale` when it is old. A profile that training has
+calibrated (calibration.py) says so, and from which run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+NOISY_SPREAD = 0.5  # (p90 - p10) / median of a measurement's trials above this: they disagree
+BUSY_CORES = 0.5  # other processes using more CPU than this (in cores) while profiling: a busy node
+STALE_AFTER_S = 7 * 24 * 3600.0
+
+
+def noisy_measurements(profile: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every block and data-loading measurement whose trials disagree, widest first."""
+    found = []
+    for index, block in enumerate(profile["blocks"]):
+        for what in ("teacher_s", "student_s", "student_arch_s"):
+            for batch, entry in block.get(what, {}).items():
+                if entry.get("trials") and entry["spread"] > NOISY_SPREAD:
+                    found.append(_noisy(f"block {index} {what.removesuffix('_s')}", index, batch, entry))
+    for batch, entry in profile.get("data_s", {}).items():
+        if entry.get("trials") and entry["spread"] > NOISY_SPREAD:
+            found.append(_noisy("data loading", None, batch, entry))
+    return sorted(found, key=lambda item: -item["spread"])
+
+
+def _noisy(what: str, block: int | None, batch: str, entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "what": what,
+        "block": block,
+        "batch": int(batch),
+        "spread": round(float(entry["spread"]), 3),
+        "remeasured": int(entry.get("remeasured", 0)),
+    }
+
+
+def assess(profile: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """The trust report: flags (noisy, busy, stale; none: trusted), what each flag rests on, one message
+    per flag, and the calibration the costs carry."""
+    now = time.time() if now is None else now
+    noisy = noisy_measurements(profile)
+    conditions = profile.get("conditions") or {}
+    others = conditions.get("other_cpu_cores")
+    gpu_others = [pid for pids in conditions.get("gpu_other_processes") or [] for pid in pids]
+    age = now - float(profile["measured_at"]) if "measured_at" in profile else None
+    flags, messages = [], []
+    if noisy:
+        flags.append("noisy")
+        worst = ", ".join(f"{m['what']} at batch {m['batch']} spread {m['spread']:.2f}" for m in noisy[:3])
+        more = f" and {len(noisy) - 3} more" if len(noisy) > 3 else ""
+        messages.append(f"noisy: {len(noisy)} measurements disagree after re-measuring ({worst}{more})")
+    if (others is not None and others > BUSY_CORES) or gpu_others:
+        flags.append("busy")
+        gpu = f", other processes on the GPUs: {gpu_others}" if gpu_others else ""
+        messages.append(f"busy: other processes used {others or 0:.2f} CPU cores while it was measured{gpu}")
+    if age is not None and age > STALE_AFTER_S:
+        flags.append("stale")
+        messages.append(f"stale: measured {age / 86400:.0f} days ago; `pipebd profile --refresh` measures afresh")
+    if not conditions:
+        messages.append("taken before profiles recorded their conditions: load unknown")
+    calibration = profile.get("calibration")
+    if calibration:
+        source = calibration["source"]
+        messages.append(
+            f"calibrated from run {source['run']} (steps {source['steps'][0]}-{source['steps'][1]}): the"
+            " planner uses the block times training measured"
+        )
+    return {
+        "trusted": not flags,
+        "flags": flags,
+        "messages": messages,
+        "noisy": noisy,
+        "other_cpu_cores": others,
+        "age_s": age,
+        "calibrated_from": calibration["source"] if calibration else None,
+    }
