@@ -4,8 +4,9 @@ helper processes, so the API process never imports torch.
 Building a workload needs torch (about 700 MiB resident) and can take long or never end (a user's
 factory, a huge image size). So the API hands each spec to a helper process (`python -m app.preflight`)
 and waits at most the spec's time bound: a helper that overruns it is killed, and the spec refused.
-Helpers start on demand, at most `size` at once, and each exits by itself after `idle_s` without a
-spec to check, giving its memory back. Their answers are the engine's own messages, unchanged.
+Helpers start on demand, at most `size` at once; one idle for `idle_s` is stopped (and reaped) by the
+pool's sweeper, giving its memory back, and a helper whose API process is gone exits by itself (its
+stdin closes). Their answers are the engine's own messages, unchanged.
 
 One pool per process (`shared_pool`): however many apps a process creates (the tests create many),
 it never holds more than `size` helpers.
@@ -27,7 +28,8 @@ import time
 from typing import Any
 
 START_TIMEOUT_S = 120.0  # a helper loading torch on a busy machine; longer and the check fails (503)
-IDLE_MARGIN_S = 1.0  # a helper this close to its idle exit is replaced rather than asked
+IDLE_MARGIN_S = 1.0  # a helper this close to its own idle exit is stopped rather than asked
+SWEEP_S = 0.5  # how often the pool stops helpers idle for too long
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -117,6 +119,7 @@ class Pool:
         self.idle: list[Helper] = []
         self.size, self.idle_s = 1, 60.0
         self.slots = threading.BoundedSemaphore(self.size)
+        self.sweeper: threading.Thread | None = None
 
     def configure(self, size: int, idle_s: float) -> None:
         with self.lock:
@@ -132,7 +135,19 @@ class Pool:
                     return helper
                 helper.close()
             idle_s = self.idle_s
+            if self.sweeper is None:
+                self.sweeper = threading.Thread(target=self._sweep, name="spec-checker-sweeper", daemon=True)
+                self.sweeper.start()
         return Helper(idle_s)
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(SWEEP_S)
+            with self.lock:
+                stale = [helper for helper in self.idle if not helper.fresh()]
+                self.idle = [helper for helper in self.idle if helper not in stale]
+            for helper in stale:
+                helper.close()
 
     def check(self, document: dict[str, Any], timeout_s: float) -> str | None:
         """The engine's preflight of `document` (a valid spec): None, or its problems as `field: reason` lines.
