@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PROBLEM_JSON = "application/problem+json"
@@ -29,6 +30,7 @@ EXCERPT_CHARS = 120  # the most of an offending value (its repr) a problem repea
 MESSAGE_CHARS = 2000  # the most of one message (engine messages may quote a user's exception)
 MAX_ERRORS = 50  # bad fields listed at most; the detail says how many more there were
 REQUEST_ID_HEADER = "X-Request-ID"
+ROUTED_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")  # what routes here answer (HEAD comes with GET)
 log = logging.getLogger("pipebd.api")
 
 ABSENT = object()  # a field problem without a value to quote (a missing field)
@@ -131,15 +133,26 @@ def unmatched(request: Request, error: StarletteHTTPException) -> str:
         path = excerpt(request.url.path, EXCERPT_CHARS)
         return f"no route {request.method} {path}; the API is under /api/v1 (see /docs)"
     if error.status_code == 405:
-        allowed = (error.headers or {}).get("Allow", "")
-        return f"{request.method} is not allowed here; this route answers {allowed}"
+        return f"{request.method} is not allowed here; this path answers {', '.join(allowed_methods(request))}"
     return str(error.detail)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of this path answers (the router's own 405 names only the first route's)."""
+    return [
+        method
+        for method in ROUTED_METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in request.app.routes)
+    ]
 
 
 async def http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
     errors = error.errors if isinstance(error, ApiError) else []
-    return problem_response(request.scope, error.status_code, unmatched(request, error), errors, error.headers)
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request))
+    return problem_response(request.scope, error.status_code, unmatched(request, error), errors, headers)
 
 
 async def validation_error(request: Request, error: Exception) -> JSONResponse:

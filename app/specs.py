@@ -3,7 +3,8 @@
 Three gates, each refusing with problems that name the field and say what would work:
 1. the body parses (JSON, or YAML with a YAML content type) into a mapping of at most `MAX_VALUES`
    finite values (YAML aliases count each time they are used, so an alias bomb is refused);
-2. the engine's own model (`pipebd_core.spec.Spec`), then this server's policy: a spec names its
+2. the engine's own model (`pipebd_core.spec.Spec`, strictly: a JSON type for each field as the schema
+   says, so `"2"` is not an integer and `0` not a boolean), then this server's policy: a spec names its
    workload (`workload.kind`), `train.epochs` and `data.num_samples` stay within the server's bounds,
    paths lie under the configured data roots, factories come from allowlisted modules only (user code
    runs on the workers);
@@ -152,7 +153,7 @@ def validate_document(document: dict[str, Any], settings: Settings) -> Spec:
     """Gate 2: the engine's model, then the server's policy; raises a 422 ApiError listing every problem."""
     problems = required_problems(document)
     try:
-        spec = Spec.model_validate(document)
+        spec = Spec.model_validate(document, strict=True)  # as the schema says: no "1" for 1, no 0 for false
     except ValidationError as error:
         problems += pydantic_problems(error.errors(), prefix=["body"])
         raise ApiError(422, summary(problems), problems) from None

@@ -4,7 +4,8 @@ FastAPI documents the routes and their response models (app/api/schemas.py). Thi
 the error body (`Problem`, `ProblemField`) and the spec body (`Spec` and its sections, from the
 engine's pydantic model: unknown fields refused, enums, ranges), tightened by this server's policy
 (a spec names its workload; `train.epochs`, `data.num_samples` and the list's `limit` at most this
-server's settings), so a client generated from the schema sends what the server takes.
+server's settings), so a client generated from the schema sends what the server takes; with tokens
+configured, the bearer scheme every route but /healthz needs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ from app.core.settings import Settings
 from pipebd_core.spec import Spec
 
 REF_TEMPLATE = "#/components/schemas/{model}"
+BEARER = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "a PIPEBD_API_TOKENS token: `read` looks, `submit` also submits, cancels and deletes"
+    " (the dashboard's pages send it as the `pipebd_token` cookie instead)",
+}
 
 
 def model_components(model: type[BaseModel]) -> dict[str, Any]:
@@ -46,6 +53,13 @@ def limit_list_pages(document: dict[str, Any], settings: Settings) -> None:
             parameter["schema"]["maximum"] = settings.page_limit_max
 
 
+def require_tokens(document: dict[str, Any]) -> None:
+    """Every operation needs a bearer token, but /healthz."""
+    document["components"]["securitySchemes"] = {"bearerToken": BEARER}
+    document["security"] = [{"bearerToken": []}]
+    document["paths"]["/healthz"]["get"]["security"] = []
+
+
 def build_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
     document = get_openapi(
         title=app.title, version=app.version, summary=app.summary, description=app.description, routes=app.routes
@@ -55,6 +69,8 @@ def build_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
     components.update(model_components(ProblemField))
     components.update(spec_components(settings))
     limit_list_pages(document, settings)
+    if settings.tokens:
+        require_tokens(document)
     return document
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import base64
 import logging
 import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,10 +27,9 @@ from app.core.settings import Settings
 from app.main import create_app
 from tests.service.conftest import make_settings
 from tests.service.factories import insert_job, tiny_job
-from tests.service.live import serve
-from tests.service.services import free_port
+from tests.service.live import pipebd_api, serve
 from tests.service.slow_data import FACTORY as SLOW_DATA
-from tests.service.workers import REPO, service_env, wait_for
+from tests.service.workers import REPO, wait_for
 
 JOBS = "/api/v1/jobs"
 DB_INT_MAX = 2**31 - 1  # PostgreSQL's INTEGER, the type of job.id
@@ -173,34 +170,14 @@ def test_the_readme_limits_are_the_settings() -> None:
         assert str(Settings.model_fields[name].default) == default, variable
 
 
-def api_process(tmp_path: Path, **settings: str) -> tuple[subprocess.Popen[bytes], str]:
-    """`pipebd api` on a free port with its own data folder; returns it and its URL once it answers."""
-    port = free_port()
-    base = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")
-    env = {**os.environ, **service_env(base), **settings}
-    command = [sys.executable, "-m", "app.cli", "api", "--port", str(port), "--data-dir", str(base.data_dir)]
-    process = subprocess.Popen(command, cwd=REPO, env=env)
-    url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        assert process.poll() is None, f"pipebd api exited with {process.returncode}"
-        try:
-            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_for(answers, 120, "pipebd api to answer")
-    return process, url
-
-
 def loads_torch(pid: int) -> bool:
     return any("libtorch" in os.path.basename(mapping.path) for mapping in psutil.Process(pid).memory_maps())
 
 
 def test_the_api_checks_specs_without_loading_torch(tmp_path: Path) -> None:
-    process, url = api_process(tmp_path, PIPEBD_SPEC_CHECKER_IDLE_S="3")
-    api = psutil.Process(process.pid)
-    try:
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")
+    with pipebd_api(settings, PIPEBD_SPEC_CHECKER_IDLE_S="3") as server:
+        process, url, api = server.process, server.url, psutil.Process(server.process.pid)
         assert not loads_torch(process.pid) and api.children() == []
         refused = httpx.post(f"{url}{JOBS}", json=tiny_job(data={"image_size": 4}), timeout=120)
         assert refused.status_code == 422  # the engine's own model: no helper needed
@@ -212,9 +189,6 @@ def test_the_api_checks_specs_without_loading_torch(tmp_path: Path) -> None:
         wait_for(lambda: not api.children(), 30, "the idle spec checker to exit")
         again = httpx.post(f"{url}{JOBS}", json=tiny_job(name="again"), timeout=120)  # a new helper starts
         assert again.status_code == 202 and not loads_torch(process.pid)
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
 
 
 def test_pipebd_submit_prints_each_problem(

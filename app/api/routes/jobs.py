@@ -29,6 +29,23 @@ SPEC_BODY: dict[str, Any] = {
 }
 
 
+def link(path: str, method: str) -> dict[str, Any]:
+    """An OpenAPI link from a created job to one operation on it."""
+    pointer = path.replace("~", "~0").replace("/", "~1")
+    return {"operationRef": f"#/paths/{pointer}/{method}", "parameters": {"job_id": "$response.body#/id"}}
+
+
+JOB = "/api/v1/jobs/{job_id}"
+CREATED_LINKS = {  # what a client can do with the job it just created (its plan and logs come once it runs)
+    "read": link(JOB, "get"),
+    "cancel": link(f"{JOB}/cancel", "post"),
+    "delete": link(JOB, "delete"),
+    "follow": link(f"{JOB}/events", "get"),
+    "metrics": link(f"{JOB}/metrics", "get"),
+    "artifacts": link(f"{JOB}/artifacts", "get"),
+}
+
+
 def detail_of(job: Job, reason: str | None = None) -> JobDetail:
     return JobDetail(**{**job.model_dump(), "phases": job.phases or []}, waiting_reason=reason)
 
@@ -40,6 +57,7 @@ def detail_of(job: Job, reason: str | None = None) -> JobDetail:
     dependencies=[SubmitAccess],
     openapi_extra=SPEC_BODY,
     responses={
+        202: {"description": "the job, queued (or the one the same Idempotency-Key created)", "links": CREATED_LINKS},
         400: problem("the body is not a JSON or YAML document (malformed, not an object, too many values)"),
         413: problem("the body is larger than PIPEBD_MAX_BODY_BYTES"),
         415: problem("a Content-Type other than JSON or YAML"),
