@@ -43,4 +43,12 @@ def get_job(job_id: JobId, session: SessionDep) -> Job:
     return job
 
 
+def get_job_briefly(job_id: JobId, request: Request) -> Job:
+    """The job, read in a session closed at once: for an event stream, which outlives its request's
+    dependencies (a session held for a stream's life would take a pooled connection with it)."""
+    with Session(get_engine(request.app.state.settings.database), expire_on_commit=False) as session:
+        return get_job(job_id, session)
+
+
 JobDep = Annotated[Job, Depends(get_job)]
+StreamedJobDep = Annotated[Job, Depends(get_job_briefly)]

@@ -28,6 +28,7 @@ from app.core.database import migrate
 from app.core.queue import make_celery
 from app.core.reaper import reap_lost_jobs
 from app.core.settings import Settings, get_settings
+from app.events import Feed
 from app.limits import SubmissionLimiter
 from app.monitoring import JobCollector
 from app.preflight import shared_pool
@@ -79,6 +80,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.state.registry = CollectorRegistry(auto_describe=False)
     app.state.registry.register(JobCollector(settings.database))
     app.state.limiter = SubmissionLimiter(settings.submissions_per_minute)
+    app.state.feed = Feed(ttl_s=settings.sse_poll_s / 2)
     app.state.preflight = shared_pool(settings.spec_checkers, settings.spec_checker_idle_s)
     app.state.preflight_threads = anyio.CapacityLimiter(settings.spec_checkers)
     for router in (jobs.router, metrics.router, logs.router, artifacts.router, events.router):

@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from app.api.schemas import AUTH_ERRORS, EVENT_STREAM, job_errors
 from app.core.tables import DB_INT_MAX
-from app.deps import JobDep, ReadAccess, SettingsDep
+from app.deps import ReadAccess, SettingsDep, StreamedJobDep
 from app.events import stream
 from app.problems import invalid
 
@@ -26,7 +26,7 @@ router = APIRouter(prefix="/jobs/{job_id}/events", tags=["events"], responses=AU
     },
 )
 def follow_job(
-    job: JobDep,
+    job: StreamedJobDep,
     request: Request,
     settings: SettingsDep,
     last_event_id: Annotated[str | None, Header(description="resume after this event id")] = None,
@@ -44,7 +44,13 @@ def follow_job(
         start = int(last_event_id)
     assert job.id is not None
     body = stream(
-        settings.database, job.id, start, settings.sse_poll_s, settings.sse_keepalive_s, request.is_disconnected
+        request.app.state.feed,
+        settings.database,
+        job.id,
+        start,
+        settings.sse_poll_s,
+        settings.sse_keepalive_s,
+        request.is_disconnected,
     )
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)
