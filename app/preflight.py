@@ -67,7 +67,12 @@ class Helper:
         )
         self.buffer = b""
         self.last_used = time.monotonic()
-        answer = self.read(START_TIMEOUT_S)
+        try:
+            answer = self.read(START_TIMEOUT_S)
+        except CheckTimeout:
+            raise CheckerUnavailable(f"the spec checker process did not start within {START_TIMEOUT_S:g} s") from None
+        except CheckerCrashed as crash:
+            raise CheckerUnavailable(f"the spec checker process exited as it started (code {crash.code})") from None
         if answer.get("ready") is not True:
             self.close()
             raise CheckerUnavailable(f"the spec checker process did not start: {answer}")
@@ -164,11 +169,6 @@ class Pool:
             with self.lock:  # only a helper that answered goes back (one that overran or died is gone)
                 self.idle.append(helper)
             return problem
-
-    def helpers(self) -> list[int]:
-        """Pids of the helper processes alive now."""
-        with self.lock:
-            return [helper.process.pid for helper in self.idle if helper.process.poll() is None]
 
     def close(self) -> None:
         """Stop the idle helpers (at exit: they would stop by themselves once the API's pipes close)."""

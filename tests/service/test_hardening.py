@@ -26,6 +26,8 @@ from app.core.lifecycle import RUNNING
 from app.core.settings import Settings
 from app.main import create_app
 from tests.service.conftest import make_settings
+from tests.service.exiting_data import EXIT_CODE
+from tests.service.exiting_data import FACTORY as EXITING_DATA
 from tests.service.factories import insert_job, tiny_job
 from tests.service.live import pipebd_api, serve
 from tests.service.slow_data import FACTORY as SLOW_DATA
@@ -137,6 +139,16 @@ def test_health_answers_while_large_and_slow_specs_are_refused(tmp_path: Path) -
     assert answers["1 MB of YAML"][0] == 422  # read, parsed and refused (the name's pattern)
     assert answers["a slow spec"][0] == 422 and 4.0 <= answers["a slow spec"][1] < 15.0
     assert len(delays) >= 10 and max(delays) < 1.0, sorted(delays)[-5:]
+
+
+def test_a_spec_that_kills_the_checker_is_refused_and_the_next_one_checked(tmp_path: Path) -> None:
+    allow = "pipebd_core.workloads,tests.service.exiting_data"
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", factory_allowlist=allow)
+    client = TestClient(create_app(settings))
+    killer = client.post(JOBS, json=tiny_job(data={"dataset": "custom", "factory": EXITING_DATA}))
+    assert killer.status_code == 422
+    assert f"ended the spec checker process (exit code {EXIT_CODE})" in killer.json()["detail"]
+    assert client.post(JOBS, json=tiny_job()).status_code == 202  # on a new checker
 
 
 def test_submissions_are_counted_per_token(tmp_path: Path) -> None:
