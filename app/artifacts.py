@@ -14,8 +14,7 @@ from pathlib import Path
 from sqlmodel import Session, col, select
 
 from app.core.tables import Job, JobMetric
-from pipebd_core.rundir import DISTILL, OUTPUTS, Output, RunDir
-from pipebd_core.telemetry import PHASES
+from pipebd_core.rundir import DISTILL, OUTPUTS, STEP_PHASES, Output, RunDir
 
 METRICS_CSV = "metrics.csv"
 
@@ -59,7 +58,7 @@ def metrics_csv(session: Session, job: Job) -> str:
     blocks = sorted({int(block) for row in rows for block in row.record.get("loss", {})})
     out = io.StringIO()
     writer = csv.writer(out)
-    position = ["rank", "seq", "epoch", "step", "time", *(f"loss_{b}" for b in blocks), *PHASES]
+    position = ["rank", "seq", "epoch", "step", "time", *(f"loss_{b}" for b in blocks), *STEP_PHASES]
     writer.writerow([*position, "samples", "peak_mem", "cur_mem", "gpu_util"])
     for row in rows:
         record = row.record
@@ -72,7 +71,7 @@ def metrics_csv(session: Session, job: Job) -> str:
                 row.step,
                 row.time,
                 *(loss.get(str(b), "") for b in blocks),
-                *(phases.get(phase, "") for phase in PHASES),
+                *(phases.get(phase, "") for phase in STEP_PHASES),
                 record.get("samples", ""),
                 record.get("peak_mem", ""),
                 record.get("cur_mem", ""),

@@ -11,9 +11,10 @@ import hmac
 import ipaddress
 from collections.abc import Callable
 
-from fastapi import HTTPException, Request, status
+from fastapi import Request
 
 from app.core.settings import Scope, Settings
+from app.problems import ApiError
 
 COOKIE = "pipebd_token"
 SCOPE_RANK = {"read": 0, "submit": 1}
@@ -44,13 +45,13 @@ def authorize(request: Request, settings: Settings, needed: Scope) -> None:
     challenge = {"WWW-Authenticate": "Bearer"}
     if token is None:
         detail = "missing bearer token: this server needs `Authorization: Bearer <token>` (PIPEBD_API_TOKENS is set)"
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail, headers=challenge)
+        raise ApiError(401, detail, headers=challenge)
     scope = scope_of(token, tokens)
     if scope is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown bearer token", headers=challenge)
+        raise ApiError(401, "unknown bearer token", headers=challenge)
     if SCOPE_RANK[scope] < SCOPE_RANK[needed]:
         detail = f"this token has the {scope!r} scope; this request needs a {needed!r} token"
-        raise HTTPException(status.HTTP_403_FORBIDDEN, detail)
+        raise ApiError(403, detail)
 
 
 def require(needed: Scope) -> Callable[[Request], None]:

@@ -4,6 +4,9 @@ pipebd up       the embedded default: migrations, the API and one worker, sharin
 pipebd api      the API server alone (refuses a non-loopback address without tokens unless --insecure)
 pipebd worker   one worker for this node's devices
 pipebd submit   send a spec to a server; --follow draws its progress from the event stream
+
+`pipebd api` and `pipebd up` are parsed without the engine's commands: the engine's CLI imports torch,
+and the API process (and `pipebd up`'s own) must not hold it (app/preflight.py checks specs instead).
 """
 
 from __future__ import annotations
@@ -18,12 +21,17 @@ from typing import Any
 
 import httpx
 
-from pipebd_core.cli import add_spec_arguments, fail
-from pipebd_core.cli import build_parser as build_engine_parser
 from pipebd_core.spec import SpecError, apply_overrides, load_document
 
 STARTUP_TIMEOUT_S = 120  # `pipebd up` waits this long for the API to answer
 STOP_TIMEOUT_S = 30  # and this long for each child to stop before killing it
+SERVER_COMMANDS = ("api", "up")  # long-running processes: parsed without the engine's CLI (torch)
+
+
+def fail(message: str) -> int:
+    """The engine CLI's error line and exit code (as `pipebd_core.cli.fail`), without importing that CLI."""
+    print(f"pipebd: error: {message}", file=sys.stderr)
+    return 2
 
 
 def _environment(args: argparse.Namespace) -> None:
@@ -152,7 +160,7 @@ def command_submit(args: argparse.Namespace) -> int:
     return 0 if final == "succeeded" else 1
 
 
-def add_service_commands(commands: Any) -> None:
+def add_server_commands(commands: Any) -> None:
     up = commands.add_parser("up", help="run the embedded service: API and one worker, one data folder")
     api = commands.add_parser("api", help="run the API server")
     for parser in (up, api):
@@ -163,6 +171,11 @@ def add_service_commands(commands: Any) -> None:
     up.set_defaults(handler=command_up)
     api.set_defaults(handler=command_api)
 
+
+def add_service_commands(commands: Any) -> None:
+    from pipebd_core.cli import add_spec_arguments
+
+    add_server_commands(commands)
     worker = commands.add_parser("worker", help="run a worker that launches jobs on this node")
     worker.add_argument("--devices", type=int, help="devices to advertise (default: GPUs, else CPU cores)")
     worker.add_argument("--slots", type=int, help="jobs at once (default 1)")
@@ -180,14 +193,25 @@ def add_service_commands(commands: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pipebd_core.cli import build_parser as build_engine_parser
+
     parser = build_engine_parser()
     commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
     add_service_commands(commands)
     return parser
 
 
+def build_server_parser() -> argparse.ArgumentParser:
+    """`pipebd api` and `pipebd up` alone (their options are the service's own)."""
+    parser = argparse.ArgumentParser(prog="pipebd")
+    add_server_commands(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    server = bool(argv) and argv[0] in SERVER_COMMANDS
+    args = (build_server_parser() if server else build_parser()).parse_args(argv)
     if getattr(args, "handler", None) in (command_submit,) and args.spec is None:
         return fail("give a spec file to submit")
     return int(args.handler(args))

@@ -21,7 +21,7 @@ QUIET_PRINT_S = 5.0  # without a terminal, print progress this often (and at eve
 
 
 class ClientError(RuntimeError):
-    """The server refused the request; the message carries its status and detail."""
+    """The server refused the request; the message carries its status and problem (each bad field, or the detail)."""
 
 
 @dataclass
@@ -69,16 +69,24 @@ def headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def problem_text(problem: dict[str, Any]) -> str:
+    """The API's problem body in lines: `field: message` for each bad field, else its detail."""
+    lines = []
+    for item in problem.get("errors") or []:
+        loc = [str(part) for part in item.get("loc", [])]
+        lines.append(f"{'.'.join(loc[1:]) or ''.join(loc[:1])}: {item.get('message', '')}")
+    return "\n".join(lines) or str(problem.get("detail", ""))
+
+
 def raise_for(response: httpx.Response) -> None:
     if response.is_success:
         return
+    response.read()  # a refused event stream is read to its end: a problem body
     try:
-        detail = response.json().get("detail")
+        text = problem_text(response.json())
     except ValueError:
-        detail = response.text
-    if isinstance(detail, list):
-        detail = "\n".join(item.get("msg", str(item)) for item in detail)
-    raise ClientError(f"HTTP {response.status_code}: {detail}")
+        text = response.text
+    raise ClientError(f"HTTP {response.status_code}: {text}")
 
 
 def submit(server: str, token: str | None, document: dict[str, Any], key: str | None = None) -> dict[str, Any]:

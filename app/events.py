@@ -3,6 +3,11 @@
 Every event carries its database id as the SSE `id`, so a client that reconnects with
 `Last-Event-ID` gets exactly the events it missed. Comment lines keep idle connections alive, and an
 `end` event (without id) says the job has finished and nothing more will come.
+
+Followers share their queries (`Feed`): all the clients of one job that wait after the same event id
+get one database read (with its events already formatted) per `ttl_s`, in a few threads of their own,
+so a hundred dashboards on one job cost about what one does, and never take the threads that the
+other routes answer from.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ BATCH = 200  # events read per query
 RETRY_MS = 2000  # how soon EventSource clients reconnect after a dropped connection
 
 
+FEED_THREADS = 4  # database reads of event streams at once, at most
+
+
 @dataclass
 class Poll:
-    events: list[dict[str, Any]]  # {"id", "event", "data"}
+    events: list[tuple[int, str]]  # (id, the event as sent)
     state: str | None  # None: the job no longer exists
     termination_reason: str | None
 
@@ -54,7 +62,8 @@ def poll(database: str, job_id: int, after: int) -> Poll:
         state, reason = job.state, job.termination_reason
         query = select(JobEvent).where(JobEvent.job_id == job_id, col(JobEvent.id) > after)
         rows = session.exec(query.order_by(col(JobEvent.id)).limit(BATCH)).all()
-        return Poll([expand(row, session) for row in rows], state, reason)
+        events = [expand(row, session) for row in rows]
+        return Poll([(e["id"], format_event(e["id"], e["event"], e["data"])) for e in events], state, reason)
 
 
 def format_event(event_id: int | None, name: str, data: dict[str, Any]) -> str:
@@ -62,7 +71,40 @@ def format_event(event_id: int | None, name: str, data: dict[str, Any]) -> str:
     return f"{head}event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+class Feed:
+    """Shared reads: one query per (database, job, event id) and `ttl_s`, however many followers wait there."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self.threads = anyio.CapacityLimiter(FEED_THREADS)
+        self.recent: dict[tuple[str, int, int], tuple[float, Poll]] = {}
+        self.locks: dict[tuple[str, int, int], anyio.Lock] = {}
+
+    def _fresh(self, key: tuple[str, int, int]) -> Poll | None:
+        entry = self.recent.get(key)
+        return entry[1] if entry is not None and entry[0] > time.monotonic() else None
+
+    async def poll(self, database: str, job_id: int, after: int) -> Poll:
+        key = (database, job_id, after)
+        lock = self.locks.setdefault(key, anyio.Lock())
+        async with lock:  # the first follower reads; those who came meanwhile take its answer
+            result = self._fresh(key)
+            if result is None:
+                result = await anyio.to_thread.run_sync(poll, database, job_id, after, limiter=self.threads)
+                self.recent[key] = (time.monotonic() + self.ttl_s, result)
+        self._forget_old()
+        return result
+
+    def _forget_old(self) -> None:
+        now = time.monotonic()
+        for key in [key for key, (expires, _) in self.recent.items() if expires <= now]:
+            del self.recent[key]
+        for key in [key for key, lock in self.locks.items() if key not in self.recent and not lock.locked()]:
+            del self.locks[key]
+
+
 async def stream(
+    feed: Feed,
     database: str,
     job_id: int,
     after: int,
@@ -74,10 +116,10 @@ async def stream(
     yield f"retry: {RETRY_MS}\n\n"
     last_sent = time.monotonic()
     while not await disconnected():
-        result = await anyio.to_thread.run_sync(poll, database, job_id, after)
-        for event in result.events:
-            yield format_event(event["id"], event["event"], event["data"])
-            after = event["id"]
+        result = await feed.poll(database, job_id, after)
+        for event_id, text in result.events:
+            yield text
+            after = event_id
             last_sent = time.monotonic()
         if len(result.events) == BATCH:
             continue

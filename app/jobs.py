@@ -14,11 +14,12 @@ from pathlib import Path
 
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from app.core.lifecycle import FINAL, QUEUED
 from app.core.queue import queue_name
-from app.core.tables import Job, JobEvent, JobMetric, JobMetricRollup, Worker
+from app.core.tables import DB_INT_MAX, Job, JobEvent, JobMetric, JobMetricRollup, Worker
+from app.problems import EXCERPT_CHARS, excerpt
 from pipebd_core.spec import Spec
 
 
@@ -35,7 +36,7 @@ class Created:
 def create_job(session: Session, *, spec: Spec, request_hash: str, idempotency_key: str | None) -> Created:
     """Store a queued job, or return the job an identical earlier request with the same key created."""
     if idempotency_key is not None:
-        existing = _by_key(session, idempotency_key, request_hash)
+        existing = replayed(session, idempotency_key, request_hash)
         if existing is not None:
             return Created(existing, replayed=True)
     job = Job(
@@ -51,7 +52,7 @@ def create_job(session: Session, *, spec: Spec, request_hash: str, idempotency_k
         session.flush()
     except IntegrityError:  # another request with the same key won the race
         session.rollback()
-        existing = _by_key(session, idempotency_key or "", request_hash)
+        existing = replayed(session, idempotency_key or "", request_hash)
         if existing is None:
             raise
         return Created(existing, replayed=True)
@@ -62,7 +63,8 @@ def create_job(session: Session, *, spec: Spec, request_hash: str, idempotency_k
     return Created(job, replayed=False)
 
 
-def _by_key(session: Session, key: str, request_hash: str) -> Job | None:
+def replayed(session: Session, key: str, request_hash: str) -> Job | None:
+    """The job an earlier request with this Idempotency-Key created (ConflictError if for another spec)."""
     job = session.exec(select(Job).where(Job.idempotency_key == key)).first()
     if job is not None and job.request_hash != request_hash:
         raise ConflictError(
@@ -70,6 +72,9 @@ def _by_key(session: Session, key: str, request_hash: str) -> Job | None:
             " send the same spec to get that job back, or use a new key for a new job"
         )
     return job
+
+
+CURSOR_MAX = 64  # characters of a cursor at most (this API's are about 20)
 
 
 def encode_cursor(job_id: int) -> str:
@@ -80,11 +85,12 @@ def decode_cursor(cursor: str) -> int:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         prefix, _, value = text.partition(":")
-        if prefix != "job":
+        if prefix != "job" or not value.isdigit() or int(value) > DB_INT_MAX:
             raise ValueError(prefix)
         return int(value)
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise ValueError(f"cursor {cursor!r} was not returned by this API; pass a next_cursor value or none") from None
+        shown = excerpt(repr(cursor), EXCERPT_CHARS)
+        raise ValueError(f"cursor {shown} was not returned by this API; pass a next_cursor value or none") from None
 
 
 def list_jobs(session: Session, *, state: str | None, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
@@ -98,6 +104,10 @@ def list_jobs(session: Session, *, state: str | None, limit: int, cursor: str | 
     more = len(jobs) > limit
     jobs = jobs[:limit]
     return jobs, (encode_cursor(jobs[-1].id) if more and jobs[-1].id is not None else None)
+
+
+def queued_count(session: Session) -> int:
+    return int(session.exec(select(func.count()).select_from(Job).where(Job.state == QUEUED)).one())
 
 
 def delete_job(session: Session, *, job: Job) -> None:

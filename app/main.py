@@ -2,8 +2,11 @@
 
 `create_app(settings)` migrates the database, connects the Celery producer, mounts the API under
 `/api/v1`, `/healthz`, `/metrics`, the schema and its documentation (`/openapi.json`, `/docs`,
-`/redoc`: behind the tokens, see app/web/docs.py) and the dashboard seam, and runs the lost-job
-reaper in the background while the app serves.
+`/redoc`: behind the tokens, see app/web/docs.py; built by app/api/openapi.py) and the dashboard
+seam, answers every error as a problem body (app/problems.py: also the request ids, the catch-all 500
+and the body-size limit), and runs the lost-job reaper in the background while the app serves.
+Submissions are counted per client (app/limits.py) and their specs checked in helper processes
+(app/preflight.py), so this process never imports torch.
 """
 
 from __future__ import annotations
@@ -13,16 +16,22 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 
+import anyio
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from app import web
+from app import problems, web
+from app.api import openapi
 from app.api.routes import artifacts, events, health, jobs, logs, metrics
+from app.api.schemas import SERVER_ERROR
 from app.core.database import migrate
 from app.core.queue import make_celery
 from app.core.reaper import reap_lost_jobs
 from app.core.settings import Settings, get_settings
+from app.events import Feed
+from app.limits import SubmissionLimiter
 from app.monitoring import JobCollector
+from app.preflight import shared_pool
 from app.web import docs
 
 API_PREFIX = "/api/v1"
@@ -70,10 +79,16 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.state.celery = make_celery(settings)
     app.state.registry = CollectorRegistry(auto_describe=False)
     app.state.registry.register(JobCollector(settings.database))
+    app.state.limiter = SubmissionLimiter(settings.submissions_per_minute)
+    app.state.feed = Feed(ttl_s=settings.sse_poll_s / 2)
+    app.state.preflight = shared_pool(settings.spec_checkers, settings.spec_checker_idle_s)
+    app.state.preflight_threads = anyio.CapacityLimiter(settings.spec_checkers)
     for router in (jobs.router, metrics.router, logs.router, artifacts.router, events.router):
-        app.include_router(router, prefix=API_PREFIX)
-    app.include_router(health.router)
+        app.include_router(router, prefix=API_PREFIX, responses=SERVER_ERROR)
+    app.include_router(health.router, responses=SERVER_ERROR)
     app.include_router(docs.schema_router)
     app.include_router(docs.pages_router)
     web.install(app)
+    problems.install(app, settings.max_body_bytes)
+    openapi.install(app, settings)
     return app

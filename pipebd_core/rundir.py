@@ -36,6 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The kinds of work a telemetry line times, in seconds per step ("phases" of metrics/<phase>/rank-<r>.jsonl);
+# here, not in telemetry.py, so that readers of the lines (the API, the dashboard) need not import torch.
+STEP_PHASES = ("data", "recv_wait", "teacher", "send", "student", "allreduce", "barrier", "optim")
 DISTILL = "distill"  # the phase whose files a caller means when it names none (see pipebd_core.phases)
 
 

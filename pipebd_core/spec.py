@@ -61,7 +61,7 @@ class WorkloadSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _default_teacher(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not data.get("teacher"):
+        if isinstance(data, dict) and data.get("teacher", "") == "":  # absent or "": a default; {} stays an error
             data = {**data, "teacher": "mobilenet_v2" if data.get("kind") == "nas" else "vgg16"}
         return data
 

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import torch
 
-PHASES = ("data", "recv_wait", "teacher", "send", "student", "allreduce", "barrier", "optim")
+from pipebd_core.rundir import STEP_PHASES as PHASES
 
 
 class PhaseClock:

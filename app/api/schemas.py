@@ -13,8 +13,8 @@ Each model describes exactly the body its route builds today, so declaring it ch
   written by another engine version is passed through, never dropped; optional keys that a plan lacks
   stay absent (`response_model_exclude_unset`).
 - `LogChunk`, `ArtifactList`, `Health`: the logs, artifact list and `/healthz` bodies.
-- `ErrorMessage`, `InvalidRequest`, `AUTH_ERRORS` and `job_errors`: the error bodies routes raise, for
-  their `responses=`.
+- `Problem` and `ProblemField`: every error body (app/problems.py builds them); `problem`, `SERVER_ERROR`,
+  `AUTH_ERRORS` and `job_errors` document them in the routes' `responses=`.
 
 Numbers that the engine writes as integers in some lines and floats in others (samples, GPU
 utilisation, times, losses) are `Number`: an int stays an int and a float a float in the body, where
@@ -24,9 +24,12 @@ a plain `float` field would turn 10 into 10.0.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_serializer
+
+from app.core.lifecycle import JobState
+from app.problems import EXCERPT_CHARS, PROBLEM_JSON
 
 Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
 
@@ -34,33 +37,43 @@ Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
 # --- errors -------------------------------------------------------------------------------------------
 
 
-class ErrorMessage(BaseModel):
-    """An error: what went wrong and what would work."""
-
-    detail: str = Field(description="what went wrong, with the values involved and what would work")
-
-
-class FieldError(BaseModel):
-    """One bad field of a request: its location and the reason."""
-
-    model_config = ConfigDict(extra="allow")
+class ProblemField(BaseModel):
+    """One bad field or parameter of a request."""
 
     loc: list[str | int] = Field(description="where: `body`, `query`, `path` or `header`, then the field's path")
-    msg: str = Field(description="why the value is refused")
-    type: str = Field(description="the kind of error, e.g. `spec_error`, `int_parsing`, `missing`")
+    message: str = Field(description="why the value is refused, and what would work")
+    value: str | None = Field(
+        default=None, description=f"the value sent (its first {EXCERPT_CHARS} characters); absent for a missing one"
+    )
 
 
-class InvalidRequest(BaseModel):
-    """422: a bad parameter or spec field. `detail` is one message, or one item per bad field."""
+class Problem(BaseModel):
+    """Every 4xx and 5xx answer (RFC 9457 problem details, `application/problem+json`)."""
 
-    detail: str | list[FieldError] = Field(description="a message, or the bad fields (`loc`, `msg`, `type`)")
+    type: str = Field(description="`about:blank`: the status says what kind of problem it is")
+    title: str = Field(description="the status's name, e.g. `Unprocessable Content`")
+    status: int = Field(description="the HTTP status code")
+    detail: str = Field(description="what went wrong, with the values involved and what would work")
+    instance: str = Field(description="the path of the request")
+    request_id: str = Field(description="this request's id, also in `X-Request-ID` and in the server's log")
+    errors: list[ProblemField] = Field(description="each bad field (empty when the problem is not about one)")
 
 
 ResponseDoc = dict[int | str, dict[str, Any]]
+PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 
+
+def problem(description: str) -> dict[str, Any]:
+    """An error response for a route's `responses=`: a problem body (app/api/openapi.py adds the models)."""
+    return {"description": description, "content": {PROBLEM_JSON: {"schema": PROBLEM_REF}}}
+
+
+SERVER_ERROR: ResponseDoc = {
+    500: problem("the server failed; the body's `request_id` names the failure in the server's log")
+}
 AUTH_ERRORS: ResponseDoc = {
-    401: {"model": ErrorMessage, "description": "PIPEBD_API_TOKENS is set and no or an unknown bearer token came"},
-    403: {"model": ErrorMessage, "description": "the token's scope is too low (`read` for a `submit` route)"},
+    401: problem("PIPEBD_API_TOKENS is set and no or an unknown bearer token came"),
+    403: problem("the token's scope is too low (`read` for a `submit` route)"),
 }
 
 
@@ -68,21 +81,40 @@ def job_errors(not_found: str = "", invalid: str = "", conflict: str = "") -> Re
     """The error responses of a route under /jobs/{job_id}: 404 (no such job, or `not_found`), 422 (a bad
     parameter, or `invalid`), and 409 when `conflict` says when."""
     docs: ResponseDoc = {
-        404: {
-            "model": ErrorMessage,
-            "description": "no job has this id (it may have been deleted)" + (f", or {not_found}" if not_found else ""),
-        },
-        422: {
-            "model": InvalidRequest,
-            "description": "a path or query parameter is not valid" + (f", or {invalid}" if invalid else ""),
-        },
+        404: problem("no job has this id (it may have been deleted)" + (f", or {not_found}" if not_found else "")),
+        422: problem("a path or query parameter is not valid" + (f", or {invalid}" if invalid else "")),
     }
     if conflict:
-        docs[409] = {"model": ErrorMessage, "description": conflict}
+        docs[409] = problem(conflict)
     return docs
 
 
 JOB_ERRORS = job_errors()
+
+
+# --- the event stream ---------------------------------------------------------------------------------
+
+EVENT_KINDS = ("state", "phase", "metrics", "log", "end")
+EVENT_DATA = {  # the `data` of every event: a JSON object naming the job (app/events.py builds them)
+    "type": "object",
+    "required": ["job_id"],
+    "properties": {"job_id": {"type": "integer"}, "time": {"type": "number"}},
+}
+SSE_EVENT = {  # one event as a Server-Sent Events parser reads it
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "enum": list(EVENT_KINDS)},
+        "id": {"type": "string", "pattern": "^[0-9]+$", "description": "resume after it with Last-Event-ID"},
+        "retry": {"type": "integer", "minimum": 0},
+        "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": EVENT_DATA},
+    },
+}
+EVENT_STREAM = {  # OpenAPI 3.2's form for a sequential media type: `itemSchema` each event, `schema` the stream
+    "description": "Server-Sent Events: `state`, `phase`, `metrics` and `log` events with ids, keep-alive"
+    " comments, then `end` (without id) once the job has finished",
+    "content": {"text/event-stream": {"schema": {"type": "array", "items": SSE_EVENT}, "itemSchema": SSE_EVENT}},
+}
 
 
 # --- metrics ------------------------------------------------------------------------------------------
@@ -178,7 +210,7 @@ class ArtifactList(BaseModel):
     """What a job has to download now; files appear as the job writes them (weights at the end)."""
 
     job_id: int = Field(description="the job")
-    state: str = Field(description="the job's state now")
+    state: JobState = Field(description="the job's state now")
     data: list[ArtifactEntry] = Field(description="the artifacts, files first, then metrics.csv once there are lines")
 
 
@@ -276,9 +308,9 @@ class Plan(BaseModel):
 class Health(BaseModel):
     """Whether the database and the broker answer."""
 
-    status: str = Field(description="`ok` when both answer, else `unavailable` (with status 503)")
-    database: str = Field(description="`ok`, or `unreachable: <error>`")
-    broker: str = Field(description="`ok`, or `unreachable: <error>`")
+    status: Literal["ok"] = Field(description="`ok`: both answer (otherwise the answer is a 503 problem)")
+    database: Literal["ok"] = Field(description="`ok`: the database answers")
+    broker: Literal["ok"] = Field(description="`ok`: the broker answers")
 
 
 # --- jobs ---------------------------------------------------------------------------------------------
@@ -310,9 +342,7 @@ class JobPublic(BaseModel):
 
     id: int = Field(description="The job's id, as in /api/v1/jobs/{id}")
     name: str = Field(description="The spec's name")
-    state: str = Field(
-        description="queued, starting, running, cancelling, succeeded, failed or cancelled (the last three are final)"
-    )
+    state: JobState = Field(description="where it is in its lifecycle (succeeded, failed and cancelled are final)")
     nproc: int = Field(description="Ranks the job runs on: one per GPU, or CPU processes")
     queue: str = Field(description="The broker queue it waits in: workers with at least nproc devices read it")
     created_at: float = Field(description="When it was submitted (ISO 8601, UTC)")

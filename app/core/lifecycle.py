@@ -12,7 +12,7 @@ appends a `state` event for the job's event stream, in the same transaction.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, get_args
 
 from sqlalchemy import update
 from sqlmodel import Session
@@ -20,9 +20,9 @@ from sqlmodel import Session
 from app.core.tables import Job, JobEvent, now
 from pipebd_core.outcomes import TERMINATION_REASONS
 
-QUEUED, STARTING, RUNNING, CANCELLING = "queued", "starting", "running", "cancelling"
-SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
-STATES = (QUEUED, STARTING, RUNNING, CANCELLING, SUCCEEDED, FAILED, CANCELLED)
+JobState = Literal["queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled"]
+STATES: tuple[str, ...] = get_args(JobState)  # in lifecycle order
+QUEUED, STARTING, RUNNING, CANCELLING, SUCCEEDED, FAILED, CANCELLED = STATES
 FINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIVE = frozenset({STARTING, RUNNING, CANCELLING})  # a worker owns the job and may hold processes
 

@@ -42,10 +42,19 @@ class Settings(BaseSettings):
     reaper_interval_s: float = Field(5.0, gt=0)  # how often the API looks for lost jobs
     poll_s: float = Field(0.25, gt=0)  # worker: telemetry, logs and cancellation polling period
     kill_grace_s: float = Field(5.0, ge=0)  # cancel: SIGTERM, then SIGKILL survivors after this
-    job_timeout_s: float | None = Field(None, gt=0)  # wall-clock limit per job; None: no limit
+    job_timeout_s: float = Field(24 * 3600.0, gt=0)  # wall-clock limit per job (a job past it fails: timeout)
     sse_poll_s: float = Field(0.25, gt=0)  # how often an event stream looks for new events
     sse_keepalive_s: float = Field(15.0, gt=0)  # comment lines that keep proxies from closing streams
     page_limit_max: int = Field(200, ge=1)  # the largest `limit` a list request may ask for
+    # Limits on what one client can ask of the API (README: "Limits")
+    max_body_bytes: int = Field(1 << 20, ge=1024)  # largest request body (a spec is a few kB); 413 beyond
+    spec_check_timeout_s: float = Field(30.0, gt=0)  # time bound on checking a spec (parse, build its workload)
+    spec_checkers: int = Field(2, ge=1)  # helper processes that build workloads to check specs (each loads torch)
+    spec_checker_idle_s: float = Field(60.0, gt=0)  # a helper exits after this long without a spec to check
+    max_queued_jobs: int = Field(100, ge=1)  # a submission while this many jobs are queued gets 429
+    submissions_per_minute: int = Field(30, ge=1)  # per token (per client address without tokens); 429 beyond
+    max_epochs: int = Field(1000, ge=1)  # the largest train.epochs a spec may ask for
+    max_num_samples: int = Field(1_000_000, ge=1)  # the largest data.num_samples (synthetic data) a spec may ask for
 
     @field_validator("api_tokens")
     @classmethod

@@ -16,6 +16,10 @@ from typing import Any
 from sqlalchemy import JSON, Column, Index
 from sqlmodel import Field, SQLModel
 
+# Ids, steps and ranks are INTEGER columns: 4 bytes on PostgreSQL, so no stored value is larger than this
+# (SQLite's are 8 bytes); the API refuses larger numbers in paths, queries and cursors before any query.
+DB_INT_MAX = 2**31 - 1
+
 
 def now() -> float:
     return time.time()

@@ -17,7 +17,7 @@ from typing import Any
 
 from app.web.templating import blocks as block_text
 from app.web.templating import millis
-from pipebd_core.telemetry import PHASES
+from pipebd_core.rundir import STEP_PHASES
 
 WORK = ("data", "teacher", "student", "optim")  # computation a faster device would shorten
 WAITS = ("recv_wait", "barrier")  # time spent waiting for other ranks: not busy
@@ -72,7 +72,7 @@ class RankLoad:
 
     def shares(self) -> list[tuple[str, float]]:
         """(phase, share) in execution order, then the time between tasks; only non-zero ones."""
-        items = [(phase, self.share(phase)) for phase in (*PHASES, BETWEEN)]
+        items = [(phase, self.share(phase)) for phase in (*STEP_PHASES, BETWEEN)]
         return [(phase, share) for phase, share in items if share > 0.0005]
 
     def largest(self, phases: tuple[str, ...]) -> tuple[str, float]:
@@ -83,7 +83,7 @@ def rank_load(rank: int, records: list[dict[str, Any]], num_blocks: int) -> Rank
     """The load of one rank over its telemetry lines (oldest first); None without lines."""
     if not records:
         return None
-    phase_s = dict.fromkeys(PHASES, 0.0)
+    phase_s = dict.fromkeys(STEP_PHASES, 0.0)
     trained: set[int] = set()
     distilled = 0.0
     for record in records:

@@ -16,8 +16,9 @@ from fastapi.responses import HTMLResponse
 from sqlmodel import Session, col, select
 
 from app.core.lifecycle import FINAL
-from app.core.tables import Job
+from app.core.tables import DB_INT_MAX, Job
 from app.deps import SessionDep
+from app.problems import EXCERPT_CHARS, excerpt
 from app.web import queries
 from app.web.access import ViewerDep
 from app.web.analysis import JobSummary, summarize
@@ -49,9 +50,11 @@ class Compared:
 def parse_ids(ids: str | None, id_list: list[str] | None) -> list[int]:
     """Distinct job ids in the order given; ValueError saying what is wrong."""
     raw = [part.strip() for part in (ids or "").split(",") if part.strip()] + [v.strip() for v in id_list or []]
-    bad = [value for value in raw if not value.isdigit()]
+    bad = [value for value in raw if not (value.isascii() and value.isdigit() and 0 < int(value) <= DB_INT_MAX)]
     if bad:
-        raise ValueError(f"{bad[0]!r} is not a job id; give numbers separated by commas, e.g. 3,4")
+        raise ValueError(
+            f"{excerpt(repr(bad[0]), EXCERPT_CHARS)} is not a job id; give job ids separated by commas, e.g. 3,4"
+        )
     found = list(dict.fromkeys(int(value) for value in raw))
     if len(found) > MAX_COMPARED:
         raise ValueError(f"at most {MAX_COMPARED} jobs side by side, got {len(found)}; drop some")

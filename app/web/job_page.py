@@ -18,7 +18,7 @@ from sqlmodel import Session
 from app.artifacts import available
 from app.core.lifecycle import FINAL, SUCCEEDED
 from app.core.tables import Job
-from app.deps import SessionDep, SettingsDep
+from app.deps import JobId, SessionDep, SettingsDep
 from app.jobs import waiting_reason
 from app.web import queries
 from app.web.access import ViewerDep
@@ -168,7 +168,7 @@ def get_page_job(session: Session, job_id: int) -> Job:
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(
-    request: Request, job_id: int, viewer: ViewerDep, session: SessionDep, settings: SettingsDep
+    request: Request, job_id: JobId, viewer: ViewerDep, session: SessionDep, settings: SettingsDep
 ) -> HTMLResponse:
     job = get_page_job(session, job_id)
     parts = JobParts(session, job, settings.stale_after_s)
@@ -182,7 +182,7 @@ def job_page(
 
 @router.get("/jobs/{job_id}/partials/{name}", response_class=HTMLResponse)
 def job_partial(
-    request: Request, job_id: int, name: str, viewer: ViewerDep, session: SessionDep, settings: SettingsDep
+    request: Request, job_id: JobId, name: str, viewer: ViewerDep, session: SessionDep, settings: SettingsDep
 ) -> HTMLResponse:
     job = get_page_job(session, job_id)
     builders = JobParts(session, job, settings.stale_after_s).builders()

@@ -1,4 +1,5 @@
-"""How dashboard routes answer when they cannot show the page: login redirect, read-only, not found.
+"""How dashboard routes answer when they cannot show the page: login redirect, read-only, not found, an
+address whose parameters are not valid.
 
 Pages raise `LoginRequired`, `ReadOnly` or `PageError`; `PageRoute` turns them into a redirect to the
 login page or an HTML error page (the API's routes keep answering JSON).
@@ -11,9 +12,11 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse
 from fastapi.routing import APIRoute
 
+from app.problems import pydantic_problems, summary
 from app.web.templating import render
 
 
@@ -68,5 +71,8 @@ class PageRoute(APIRoute):
             except PageError as error:
                 context = {"title": error.title, "message": error.message}
                 return render(request, "error.html", context, status_code=error.status)
+            except RequestValidationError as error:  # e.g. /jobs/abc: the same words as the API's problem
+                context = {"title": "Not a page of this site", "message": summary(pydantic_problems(error.errors()))}
+                return render(request, "error.html", context, status_code=422)
 
         return route

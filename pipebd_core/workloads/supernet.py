@@ -19,14 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipebd_core.search_space import CANDIDATES, ZERO, candidate_name
 from pipebd_core.workloads.loading import init_default
-
-CANDIDATES = ((3, 3), (3, 6), (5, 3), (5, 6), (7, 3), (7, 6))  # (kernel, expansion)
-ZERO = "zero"
-
-
-def candidate_name(kernel: int, expansion: int) -> str:
-    return f"mbconv_k{kernel}_e{expansion}"
 
 
 def norm_layer(channels: int, norm: bool) -> nn.Module:

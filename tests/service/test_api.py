@@ -1,7 +1,7 @@
 """Service tier: the REST API on a real database (SQLite and PostgreSQL) with a real SQLite broker.
 
 No worker runs here: jobs stay queued unless a test moves them, so every read path is checked
-against known rows. Status codes, fields and `detail` are asserted.
+against known rows. Status codes, fields and the problem bodies' `detail` are asserted.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_list_refuses_bad_parameters(client: TestClient) -> None:
     assert client.get(JOBS, params={"limit": 5000}).json()["detail"].startswith("limit: at most 200")
     assert client.get(JOBS, params={"limit": 0}).status_code == 422
     bad_state = client.get(JOBS, params={"state": "done"})
-    assert bad_state.status_code == 422 and "queued, starting, running" in bad_state.json()["detail"]
+    assert bad_state.status_code == 422 and "'queued', 'starting', 'running'" in bad_state.json()["detail"]
     bad_cursor = client.get(JOBS, params={"cursor": "nonsense"})
     assert bad_cursor.status_code == 422 and "was not returned by this API" in bad_cursor.json()["detail"]
 
@@ -153,7 +153,8 @@ def test_health_names_an_unreachable_broker(tmp_path, database_url: str) -> None
     settings = make_settings(tmp_path, database_url, broker_url="redis://127.0.0.1:1/0")
     with TestClient(create_app(settings)) as client:
         health = client.get("/healthz")
-        assert health.status_code == 503 and health.json()["broker"].startswith("unreachable")
+        assert health.status_code == 503 and health.json()["detail"].startswith("the broker is unreachable: ")
+        assert "database" not in health.json()["detail"]  # it answers: only the broker is named
         refused = client.post(JOBS, json=tiny_job())
         assert refused.status_code == 503 and "nothing was stored" in refused.json()["detail"]
     assert count_rows(settings, Job) == 0 and count_rows(settings, JobEvent) == 0

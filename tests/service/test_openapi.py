@@ -105,6 +105,7 @@ def test_every_get_route_documents_its_body(client: TestClient) -> None:
 
 
 def test_error_responses_are_documented(client: TestClient) -> None:
+    """Every error a route can answer is documented, each as a problem body (application/problem+json)."""
     paths = client.get("/openapi.json").json()["paths"]
     expected = {
         ("get", f"{JOBS}/{{job_id}}"): {"404", "422"},
@@ -116,17 +117,61 @@ def test_error_responses_are_documented(client: TestClient) -> None:
         ("get", f"{JOBS}/{{job_id}}/artifacts"): {"404", "422"},
         ("get", f"{JOBS}/{{job_id}}/artifacts/{{name}}"): {"404", "422"},
         ("get", f"{JOBS}/{{job_id}}/events"): {"404", "422"},
-        ("post", JOBS): {"400", "415", "422", "503"},
+        ("post", JOBS): {"400", "413", "415", "422", "429", "503"},
         ("get", JOBS): {"422"},
         ("get", "/healthz"): {"503"},
     }
-    for (method, path), codes in expected.items():
+    operations = [(method, path) for path, item in paths.items() for method in item]
+    assert set(expected) <= set(operations)
+    for method, path in operations:
         responses = paths[path][method]["responses"]
+        codes = expected.get((method, path), set()) | {"500"} | ({"401", "403"} if path != "/healthz" else set())
         assert codes <= set(responses), f"{method.upper()} {path} documents {sorted(responses)}"
-        for code in codes:
-            assert "$ref" in responses[code]["content"]["application/json"]["schema"], (method, path, code)
-        if path != "/healthz":
-            assert {"401", "403"} <= set(responses), f"{method.upper()} {path}: the token errors"
+        errors = [code for code in responses if int(code) >= 400]
+        for code in errors:
+            content = responses[code]["content"]
+            assert list(content) == ["application/problem+json"], (method, path, code, list(content))
+            assert content["application/problem+json"]["schema"] == {"$ref": "#/components/schemas/Problem"}
+
+
+def test_schema_says_what_the_server_accepts(client: TestClient, settings: Settings) -> None:
+    """The spec body is the engine's model (no unknown fields, enums, ranges) with this server's bounds; the
+    list's `state` is an enum and its `limit` bounded; ids stay within the database's integer range."""
+    document = client.get("/openapi.json").json()
+    components = document["components"]["schemas"]
+    body = document["paths"][JOBS]["post"]["requestBody"]["content"]
+    assert {media: spec["schema"] for media, spec in body.items()} == {
+        "application/json": {"$ref": "#/components/schemas/Spec"},
+        "application/yaml": {"$ref": "#/components/schemas/Spec"},
+    }
+    spec = components["Spec"]
+    assert spec["required"] == ["workload"] and components["WorkloadSpec"]["required"] == ["kind"]
+    for name in ("Spec", "WorkloadSpec", "DataSpec", "TrainSpec", "ScheduleSpec", "StageSpec"):
+        assert components[name]["additionalProperties"] is False, name
+    assert components["ScheduleSpec"]["properties"]["mode"]["enum"] == [
+        "dp",
+        "ls",
+        "ir",
+        "tr",
+        "tr_dpu",
+        "hybrid",
+        "auto",
+    ]
+    epochs = components["TrainSpec"]["properties"]["epochs"]
+    assert epochs["minimum"] == 1 and epochs["maximum"] == settings.max_epochs
+    assert components["DataSpec"]["properties"]["num_samples"]["maximum"] == settings.max_num_samples
+    listing = {p["name"]: p["schema"] for p in document["paths"][JOBS]["get"]["parameters"]}
+    assert listing["limit"]["maximum"] == settings.page_limit_max
+    states = listing["state"]["anyOf"][0]["enum"]
+    assert states == ["queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled"]
+    assert components["JobPublic"]["properties"]["state"]["enum"] == states
+    job_id = next(p for p in document["paths"][f"{JOBS}/{{job_id}}"]["get"]["parameters"] if p["name"] == "job_id")
+    assert job_id["schema"]["minimum"] == 1 and job_id["schema"]["maximum"] == 2**31 - 1
+    stream = document["paths"][f"{JOBS}/{{job_id}}/events"]["get"]["responses"]["200"]["content"]
+    assert list(stream) == ["text/event-stream"]
+    event = stream["text/event-stream"]["itemSchema"]
+    assert event["properties"]["event"]["enum"] == ["state", "phase", "metrics", "log", "end"]
+    assert event["properties"]["data"]["contentMediaType"] == "application/json"
 
 
 def test_models_describe_every_field() -> None:

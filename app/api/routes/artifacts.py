@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import FileResponse
 
 from app.api.schemas import AUTH_ERRORS, JOB_ERRORS, ArtifactList, Plan, job_errors
 from app.artifacts import CSV_ARTIFACT, FILE_ARTIFACTS, METRICS_CSV, available, file_path, has_metrics, metrics_csv
 from app.deps import JobDep, ReadAccess, SessionDep
+from app.problems import ApiError
 
 router = APIRouter(prefix="/jobs/{job_id}", tags=["artifacts"], responses=AUTH_ERRORS)
 DOWNLOAD_TYPES = sorted({artifact.media_type for artifact in [*FILE_ARTIFACTS.values(), CSV_ARTIFACT]})
+if TYPE_CHECKING:
+    ArtifactName = str
+else:  # an enum in the schema, checked by FastAPI: exactly the names that can be downloaded
+    ArtifactName = Literal[tuple([*FILE_ARTIFACTS, METRICS_CSV])]
 
 
 @router.get(
@@ -27,7 +32,7 @@ def read_plan(job: JobDep) -> dict[str, Any]:
     """The resolved plan (stages, routes, what each rank runs, predictions when profiled): plan.json."""
     path = file_path(job, "plan.json")
     if path is None:
-        raise HTTPException(404, f"job {job.id} is {job.state} and has no plan yet; a worker writes it before launch")
+        raise ApiError(404, f"job {job.id} is {job.state} and has no plan yet; a worker writes it before launch")
     plan: dict[str, Any] = json.loads(path.read_text())
     return plan
 
@@ -63,13 +68,16 @@ def list_artifacts(job: JobDep, session: SessionDep, request: Request) -> dict[s
         **job_errors(not_found="the job has no artifact of this name (yet)"),
     },
 )
-def read_artifact(name: str, job: JobDep, session: SessionDep) -> Response:
+def read_artifact(
+    name: Annotated[ArtifactName, Path(description="an artifact's name (the list names them)")],
+    job: JobDep,
+    session: SessionDep,
+) -> Response:
     """Download one artifact by name."""
     if name == METRICS_CSV and has_metrics(session, job):
         headers = {"Content-Disposition": f'attachment; filename="job-{job.id}-metrics.csv"'}
         return Response(metrics_csv(session, job), media_type=CSV_ARTIFACT.media_type, headers=headers)
     path = file_path(job, name)
     if path is None:
-        known = ", ".join([*FILE_ARTIFACTS, METRICS_CSV])
-        raise HTTPException(404, f"job {job.id} ({job.state}) has no artifact {name!r}; artifacts are named {known}")
+        raise ApiError(404, f"job {job.id} ({job.state}) has no {name} (yet); GET .../artifacts lists what it has")
     return FileResponse(path, media_type=FILE_ARTIFACTS[name].media_type, filename=f"job-{job.id}-{name}")

@@ -5,9 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.api.schemas import AUTH_ERRORS, Health
+from app.api.schemas import AUTH_ERRORS, Health, problem
 from app.deps import ReadAccess, SettingsDep
 from app.monitoring import check_broker, check_database
+from app.problems import ApiError
 
 router = APIRouter(tags=["operations"])
 
@@ -15,14 +16,15 @@ router = APIRouter(tags=["operations"])
 @router.get(
     "/healthz",
     response_model=Health,
-    responses={503: {"model": Health, "description": "the database or the broker does not answer; it says which"}},
+    responses={503: problem("the database or the broker does not answer; the detail says which, and why")},
 )
-def health(request: Request, response: Response, settings: SettingsDep) -> Health:
+def health(request: Request, settings: SettingsDep) -> Health:
     """200 when the database and the broker answer; 503 naming the one that does not."""
-    database, broker = check_database(settings.database), check_broker(request.app.state.celery)
-    healthy = database == broker == "ok"
-    response.status_code = 200 if healthy else 503
-    return Health(status="ok" if healthy else "unavailable", database=database, broker=broker)
+    checks = {"database": check_database(settings.database), "broker": check_broker(request.app.state.celery)}
+    failing = [f"the {name} is {state}" for name, state in checks.items() if state != "ok"]
+    if failing:
+        raise ApiError(503, "; ".join(failing) + "; jobs cannot be submitted or started until it answers")
+    return Health(status="ok", database="ok", broker="ok")
 
 
 @router.get(

@@ -4,69 +4,50 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
-from fastapi.concurrency import run_in_threadpool
-from sqlmodel import Session
+from fastapi import APIRouter, Header, Query, Request, Response, status
 
-from app.api.schemas import AUTH_ERRORS, ErrorMessage, InvalidRequest, JobDetail, JobPublic, JobsPublic, job_errors
-from app.core.database import get_engine
-from app.core.lifecycle import STATES, request_cancel
-from app.core.queue import enqueue
+from app.api.schemas import AUTH_ERRORS, JobDetail, JobPublic, JobsPublic, job_errors, problem
+from app.core.lifecycle import JobState, request_cancel
 from app.core.tables import Job
 from app.deps import JobDep, ReadAccess, SessionDep, SettingsDep, SubmitAccess
-from app.jobs import ConflictError, Created, create_job, delete_job, discard_job, list_jobs, waiting_reason
-from app.specs import BodyError, parse_body, spec_hash, validate_document
-from pipebd_core.spec import SpecError
+from app.jobs import CURSOR_MAX, ConflictError, delete_job, list_jobs, waiting_reason
+from app.problems import ApiError, invalid
+from app.submissions import submit
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=AUTH_ERRORS)
 
 SPEC_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "description": "A PipeBD job spec (see the README's spec section), as JSON or as YAML.",
+        "description": "A PipeBD job spec (see the README's spec section), as JSON or as YAML: the same document"
+        " either way. It must name its workload; everything else has a default.",
         "content": {
-            "application/json": {"schema": {"type": "object"}},
-            "application/yaml": {"schema": {"type": "string"}},
+            media_type: {"schema": {"$ref": "#/components/schemas/Spec"}}
+            for media_type in ("application/json", "application/yaml")
         },
     }
 }
 
 
+def link(path: str, method: str) -> dict[str, Any]:
+    """An OpenAPI link from a created job to one operation on it."""
+    pointer = path.replace("~", "~0").replace("/", "~1")
+    return {"operationRef": f"#/paths/{pointer}/{method}", "parameters": {"job_id": "$response.body#/id"}}
+
+
+JOB = "/api/v1/jobs/{job_id}"
+CREATED_LINKS = {  # what a client can do with the job it just created (its plan and logs come once it runs)
+    "read": link(JOB, "get"),
+    "cancel": link(f"{JOB}/cancel", "post"),
+    "delete": link(JOB, "delete"),
+    "follow": link(f"{JOB}/events", "get"),
+    "metrics": link(f"{JOB}/metrics", "get"),
+    "artifacts": link(f"{JOB}/artifacts", "get"),
+}
+
+
 def detail_of(job: Job, reason: str | None = None) -> JobDetail:
     return JobDetail(**{**job.model_dump(), "phases": job.phases or []}, waiting_reason=reason)
-
-
-def spec_error_detail(error: SpecError) -> list[dict[str, Any]]:
-    """`field.path: reason` lines as FastAPI-style error items with a `loc` path."""
-    items = []
-    for line in str(error).splitlines():
-        path, sep, _ = line.partition(": ")
-        loc = path.split(".") if sep and " " not in path else []
-        items.append({"loc": ["body", *loc], "msg": line, "type": "spec_error"})
-    return items
-
-
-def _store_and_enqueue(request: Request, document: dict[str, Any], key: str | None) -> Created:
-    settings, celery = request.app.state.settings, request.app.state.celery
-    try:
-        spec = validate_document(document, settings)
-    except SpecError as error:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, spec_error_detail(error)) from None
-    with Session(get_engine(settings.database), expire_on_commit=False) as session:
-        try:
-            created = create_job(session, spec=spec, request_hash=spec_hash(spec), idempotency_key=key)
-        except ConflictError as error:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
-        if created.replayed:
-            return created
-        assert created.job.id is not None
-        try:
-            enqueue(celery, created.job.id, created.job.queue)
-        except Exception as error:
-            discard_job(session, job_id=created.job.id)
-            detail = f"the broker did not accept the job ({type(error).__name__}: {error}); nothing was stored, retry"
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail) from None
-        return created
 
 
 @router.post(
@@ -76,14 +57,17 @@ def _store_and_enqueue(request: Request, document: dict[str, Any], key: str | No
     dependencies=[SubmitAccess],
     openapi_extra=SPEC_BODY,
     responses={
-        400: {"model": ErrorMessage, "description": "the body is not a JSON or YAML document"},
-        415: {"model": ErrorMessage, "description": "a Content-Type other than JSON or YAML"},
-        422: {
-            "model": InvalidRequest,
-            "description": "bad spec fields (one item per field, with its `loc`), a spec refused by the server's"
-            " data roots or factory allowlist, or an Idempotency-Key already used for another spec",
-        },
-        503: {"model": ErrorMessage, "description": "the broker did not accept the job; nothing was stored"},
+        202: {"description": "the job, queued (or the one the same Idempotency-Key created)", "links": CREATED_LINKS},
+        400: problem("the body is not a JSON or YAML document (malformed, not an object, too many values)"),
+        413: problem("the body is larger than PIPEBD_MAX_BODY_BYTES"),
+        415: problem("a Content-Type other than JSON or YAML"),
+        422: problem(
+            "bad spec fields (one item per field, with its `loc`), a spec refused by the server's bounds, data"
+            " roots or factory allowlist or by the engine's preflight, a check past PIPEBD_SPEC_CHECK_TIMEOUT_S,"
+            " or an Idempotency-Key already used for another spec"
+        ),
+        429: problem("too many submissions from this token or address, or too many queued jobs: see Retry-After"),
+        503: problem("the broker did not accept the job, or no spec checker could start; nothing was stored"),
     },
 )
 async def submit_job(
@@ -92,11 +76,7 @@ async def submit_job(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JobDetail:
     """Queue a job. 422 names each bad field; the same Idempotency-Key and spec give back the same job."""
-    try:
-        document = parse_body(await request.body(), request.headers.get("content-type", ""))
-    except BodyError as error:
-        raise HTTPException(error.status, str(error)) from None
-    created = await run_in_threadpool(_store_and_enqueue, request, document, idempotency_key)
+    created = await submit(request, idempotency_key)
     response.headers["Location"] = str(request.url_for("read_job", job_id=created.job.id).path)
     if created.replayed:
         response.headers["Idempotent-Replayed"] = "true"
@@ -107,28 +87,22 @@ async def submit_job(
     "",
     response_model=JobsPublic,
     dependencies=[ReadAccess],
-    responses={
-        422: {"model": InvalidRequest, "description": "an unknown `state`, a `limit` too large, a bad `cursor`"}
-    },
+    responses={422: problem("an unknown `state`, a `limit` too large, a bad `cursor`")},
 )
 def read_jobs(
     session: SessionDep,
     settings: SettingsDep,
-    state: Annotated[str | None, Query(description="only jobs in this state")] = None,
-    limit: Annotated[int, Query(ge=1, description="page size")] = 50,
-    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    state: Annotated[JobState | None, Query(description="only jobs in this state")] = None,
+    limit: Annotated[int, Query(ge=1, description="page size (at most PIPEBD_PAGE_LIMIT_MAX, 200 by default)")] = 50,
+    cursor: Annotated[str | None, Query(max_length=CURSOR_MAX, description="next_cursor of the previous page")] = None,
 ) -> JobsPublic:
     """Jobs, newest first, one page at a time."""
-    if state is not None and state not in STATES:
-        raise HTTPException(422, f"state: {state!r} is not a job state; use one of {', '.join(STATES)}")
     if limit > settings.page_limit_max:
-        raise HTTPException(
-            422, f"limit: at most {settings.page_limit_max} jobs per page, got {limit}; follow next_cursor"
-        )
+        raise invalid(["query", "limit"], f"at most {settings.page_limit_max} jobs per page; follow next_cursor", limit)
     try:
         jobs, next_cursor = list_jobs(session, state=state, limit=limit, cursor=cursor)
     except ValueError as error:
-        raise HTTPException(422, str(error)) from None
+        raise invalid(["query", "cursor"], str(error)) from None
     return JobsPublic(data=[JobPublic(**job.model_dump()) for job in jobs], next_cursor=next_cursor)
 
 
@@ -159,5 +133,5 @@ def remove_job(job: JobDep, session: SessionDep) -> Response:
     try:
         delete_job(session, job=job)
     except ConflictError as error:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
+        raise ApiError(status.HTTP_409_CONFLICT, str(error)) from None
     return Response(status_code=status.HTTP_204_NO_CONTENT)

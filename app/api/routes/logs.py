@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 
 from app.api.schemas import AUTH_ERRORS, LogChunk, job_errors
-from app.core.tables import Job
+from app.core.tables import DB_INT_MAX, Job
 from app.deps import JobDep, ReadAccess
+from app.problems import ApiError, invalid
 from pipebd_core.phases import PHASE_KINDS
 from pipebd_core.rundir import DISTILL, RunDir
 
 router = APIRouter(prefix="/jobs/{job_id}/logs", tags=["logs"], responses=AUTH_ERRORS)
 CHUNK_MAX = 1 << 20
+OFFSET_MAX = 2**63 - 1  # the largest file offset
 LOGGED_PHASES = [name for name, kind in PHASE_KINDS.items() if kind.runs != "local"]
+if TYPE_CHECKING:
+    LoggedPhase = str
+else:  # an enum in the schema, checked by FastAPI: the phases that write logs (any new one included)
+    LoggedPhase = Literal[tuple(LOGGED_PHASES)]
 
 
 def log_path(run_dir: RunDir, phase: str, rank: int | None) -> Path:
@@ -41,23 +47,23 @@ def default_phase(job: Job, run_dir: RunDir, rank: int | None) -> str:
 )
 def read_logs(
     job: JobDep,
-    rank: Annotated[int | None, Query(ge=0, description="a rank's log; omitted: the launcher (torchrun) log")] = None,
-    phase: Annotated[
-        str | None,
-        Query(description="the phase: profile, distill or finalize; omitted: the newest one so far with this log"),
+    rank: Annotated[
+        int | None, Query(ge=0, le=DB_INT_MAX, description="a rank's log; omitted: the launcher (torchrun) log")
     ] = None,
-    offset: Annotated[int, Query(ge=0, description="byte offset to read from (next_offset of the last call)")] = 0,
+    phase: Annotated[
+        LoggedPhase | None,
+        Query(description="the phase whose log to read; omitted: the newest one so far with this log"),
+    ] = None,
+    offset: Annotated[
+        int, Query(ge=0, le=OFFSET_MAX, description="byte offset to read from (next_offset of the last call)")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=CHUNK_MAX, description="bytes to read at most")] = 65536,
 ) -> dict[str, Any]:
     """A chunk of a log file; poll again from `next_offset` to follow it."""
     if rank is not None and rank >= job.nproc:
-        raise HTTPException(422, f"rank: job {job.id} has ranks 0..{job.nproc - 1}, got {rank}")
-    if phase is not None and phase not in LOGGED_PHASES:
-        raise HTTPException(422, f"phase: {phase!r} has no logs; use one of {', '.join(LOGGED_PHASES)}")
+        raise invalid(["query", "rank"], f"job {job.id} has ranks 0..{job.nproc - 1}", rank)
     if job.run_dir is None:
-        raise HTTPException(
-            404, f"job {job.id} is {job.state} and has no logs yet; they appear once a worker starts it"
-        )
+        raise ApiError(404, f"job {job.id} is {job.state} and has no logs yet; they appear once a worker starts it")
     run_dir = RunDir(Path(job.run_dir))
     phase = phase or default_phase(job, run_dir, rank)
     path = log_path(run_dir, phase, rank)

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from sqlmodel import col, select
 
 from app.api.schemas import AUTH_ERRORS, MetricsPage, job_errors
 from app.core.downsample import downsample, to_point
 from app.core.rollups import chart_points
-from app.core.tables import EVAL_SEQ, JobMetric
+from app.core.tables import DB_INT_MAX, EVAL_SEQ, JobMetric
 from app.deps import JobDep, ReadAccess, SessionDep
+from app.problems import invalid
 
 router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=AUTH_ERRORS)
 MAX_POINTS_LIMIT = 10_000
@@ -28,16 +29,18 @@ MAX_POINTS_LIMIT = 10_000
 def read_metrics(
     job: JobDep,
     session: SessionDep,
-    rank: Annotated[int | None, Query(ge=0, description="one rank only")] = None,
+    rank: Annotated[int | None, Query(ge=0, le=DB_INT_MAX, description="one rank only")] = None,
     phase: Annotated[
         Literal["distill", "finetune"], Query(description="the phase whose telemetry: distill or finetune")
     ] = "distill",
-    since_step: Annotated[int | None, Query(ge=0, description="only lines at this training step or later")] = None,
+    since_step: Annotated[
+        int | None, Query(ge=0, le=DB_INT_MAX, description="only lines at this training step or later")
+    ] = None,
     max_points: Annotated[int, Query(ge=2, le=MAX_POINTS_LIMIT, description="points per rank at most")] = 500,
 ) -> dict[str, Any]:
     """Points per rank (loss per block, phase times, samples, peak memory); buckets keep their min and max."""
     if rank is not None and rank >= job.nproc:
-        raise HTTPException(422, f"rank: job {job.id} has ranks 0..{job.nproc - 1}, got {rank}")
+        raise invalid(["query", "rank"], f"job {job.id} has ranks 0..{job.nproc - 1}", rank)
     assert job.id is not None
     ranks = [rank] if rank is not None else list(range(job.nproc))
     if since_step is None:  # whole series: from the rollups where a rank has more than max_points lines

@@ -1,7 +1,7 @@
 // The new-job page: load a bundled example into the editor, show the equivalent curl command, post
 // the spec to the API as YAML, and put each problem the API reports next to its field's line.
 import { SpecEditor } from "./editor.js";
-import { ApiError, detailText, request } from "./server.js";
+import { ApiError, request } from "./server.js";
 import { lineOf } from "./yaml_paths.js";
 
 const examples = JSON.parse(document.getElementById("examples-data").textContent);
@@ -35,17 +35,17 @@ function showCurl() {
   curl.textContent = curlCommand(config.apiUrl, editor.text, config.auth);
 }
 
-// The API's answer as problems on lines: 422 items carry `loc` field paths; YAML errors a line number.
+// The API's problem as problems on lines: each bad field's `loc` finds its line; a body that is not
+// YAML at all says its line number in the detail.
 export function problemsOf(error, text) {
-  if (Array.isArray(error.detail)) {
-    return error.detail.map((item) => {
-      const path = (item.loc ?? []).filter((part, index) => !(index === 0 && part === "body"));
-      const field = path.join(".");
-      const message = String(item.msg ?? "").replace(new RegExp(`^${field.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}: `), "");
-      return { line: path.length ? lineOf(text, path) : -1, field, message };
+  const errors = error.problem?.errors ?? [];
+  if (errors.length) {
+    return errors.map((item) => {
+      const path = (item.loc ?? []).slice(item.loc?.[0] === "body" ? 1 : 0);
+      return { line: path.length ? lineOf(text, path) : -1, field: path.join("."), message: item.message };
     });
   }
-  const message = detailText(error.detail) || error.message;
+  const message = error.problem?.detail || error.message;
   const found = /line (\d+)/.exec(message);
   return [{ line: found ? Number(found[1]) - 1 : -1, field: "", message }];
 }

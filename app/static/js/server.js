@@ -1,20 +1,27 @@
-// Talking to the service from the pages: JSON requests to the API (with the error text of a failed
-// one, and the login page on 401), server-rendered parts fetched again and swapped in, the job's
+// Talking to the service from the pages: JSON requests to the API (with the problem a failed one
+// answers, and the login page on 401), server-rendered parts fetched again and swapped in, the job's
 // event stream, and cancel buttons.
 
+// A failed request: its status and the API's problem body ({detail, errors: [{loc, message, value}]}).
 export class ApiError extends Error {
-  constructor(status, detail) {
-    super(detailText(detail) || `HTTP ${status}`);
+  constructor(status, problem) {
+    super(problemText(problem) || `HTTP ${status}`);
     this.status = status;
-    this.detail = detail;
+    this.problem = problem;
   }
 }
 
-// A FastAPI `detail` (a string, or a list of {loc, msg}) as one readable line.
-export function detailText(detail) {
-  if (typeof detail === "string") return detail;
-  if (Array.isArray(detail)) return detail.map((item) => item.msg ?? JSON.stringify(item)).join("; ");
-  return detail ? JSON.stringify(detail) : "";
+// The field a problem item is about, as a reader names it: `train.epochs` for ["body", "train", "epochs"].
+export function fieldOf(item) {
+  const loc = (item.loc ?? []).map(String);
+  return loc.slice(1).join(".") || (loc[0] ?? "");
+}
+
+// A problem body as one readable line: each bad field with its message, or the detail.
+export function problemText(problem) {
+  const errors = problem?.errors ?? [];
+  if (errors.length) return errors.map((item) => `${fieldOf(item)}: ${item.message}`).join("; ");
+  return problem?.detail ?? "";
 }
 
 export function goLogin() {
@@ -22,11 +29,11 @@ export function goLogin() {
   window.location.assign(`/login?next=${encodeURIComponent(here)}`);
 }
 
-async function readDetail(response) {
+async function readProblem(response) {
   try {
-    return (await response.json()).detail;
+    return await response.json();
   } catch {
-    return response.statusText;
+    return { detail: response.statusText, errors: [] };
   }
 }
 
@@ -34,9 +41,9 @@ export async function request(url, options = {}) {
   const response = await fetch(url, { ...options, headers: { Accept: "application/json", ...(options.headers ?? {}) } });
   if (response.status === 401) {
     goLogin();
-    throw new ApiError(401, "log in first");
+    throw new ApiError(401, { detail: "log in first", errors: [] });
   }
-  if (!response.ok) throw new ApiError(response.status, await readDetail(response));
+  if (!response.ok) throw new ApiError(response.status, await readProblem(response));
   return response.status === 204 ? null : response.json();
 }
 

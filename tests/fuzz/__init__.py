@@ -1,0 +1,1 @@
+"""Fuzz tier: schemathesis against a real API process, both token scopes, seeded and bounded."""

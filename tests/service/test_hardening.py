@@ -1,0 +1,217 @@
+"""Service tier: the findings of issue 11, each as the test that would have caught it.
+
+Ids past the database's integer range on every route, a large value echoed back, an unexpected
+exception answered as plain text and unlogged, the server stalled by a large or slow spec, limits
+that differ from the README, and an API process holding torch: each runs against the real app (and,
+where the event loop or the process matters, a real uvicorn or a real `pipebd api`).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from app.core.lifecycle import RUNNING
+from app.core.settings import Settings
+from app.main import create_app
+from tests.service.conftest import make_settings
+from tests.service.exiting_data import EXIT_CODE
+from tests.service.exiting_data import FACTORY as EXITING_DATA
+from tests.service.factories import insert_job, tiny_job
+from tests.service.live import pipebd_api, serve
+from tests.service.slow_data import FACTORY as SLOW_DATA
+from tests.service.workers import REPO, wait_for
+
+JOBS = "/api/v1/jobs"
+DB_INT_MAX = 2**31 - 1  # PostgreSQL's INTEGER, the type of job.id
+
+
+def job_routes(client: TestClient) -> list[tuple[str, str]]:
+    """Every (method, path template) of the schema under /jobs/{job_id}, so a route added later is checked too."""
+    paths = client.get("/openapi.json").json()["paths"]
+    return [(method, path) for path, item in paths.items() if "{job_id}" in path for method in item]
+
+
+def test_ids_past_the_integer_range_are_422_on_every_job_route(client: TestClient) -> None:
+    routes = job_routes(client)
+    assert len(routes) >= 9  # read, cancel, delete, plan, metrics, logs, artifacts, an artifact, events
+    for method, template in routes:
+        for job_id in (DB_INT_MAX + 1, 2**63, 10**30):
+            answer = client.request(method, template.format(job_id=job_id, name="plan.json"))
+            assert answer.status_code == 422, (method, template, job_id, answer.text)
+            assert answer.json()["errors"][0]["loc"] == ["path", "job_id"], (method, template)
+        missing = client.request(method, template.format(job_id=DB_INT_MAX, name="plan.json"))
+        assert missing.status_code == 404 and "does not exist" in missing.json()["detail"], (method, template)
+
+
+def test_dashboard_pages_refuse_such_ids_too(client: TestClient) -> None:
+    for path in (f"/jobs/{2**63}", f"/jobs/{2**63}/partials/status", f"/jobs/{10**30}"):
+        page = client.get(path)
+        assert page.status_code == 422 and "less than or equal to 2147483647" in page.text, path
+    compare = client.get("/compare", params={"ids": f"1,{2**63}"})
+    assert compare.status_code == 422 and "is not a job id" in compare.text
+    cursor = base64.urlsafe_b64encode(f"job:{2**63}".encode()).decode().rstrip("=")
+    listing = client.get("/", params={"cursor": cursor})
+    assert listing.status_code == 422 and "was not returned by this API" in listing.text
+    api_listing = client.get(JOBS, params={"cursor": cursor})
+    assert api_listing.status_code == 422 and api_listing.json()["errors"][0]["loc"] == ["query", "cursor"]
+
+
+def test_a_large_value_comes_back_as_an_excerpt(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", max_body_bytes=32 << 20)
+    client = TestClient(create_app(settings))
+    answer = client.post(JOBS, json={**tiny_job(), "note": "x" * 20_000_000})  # a field the spec does not have
+    assert answer.status_code == 422 and len(answer.content) < 4096
+    (item,) = answer.json()["errors"]
+    assert item["loc"] == ["body", "note"] and item["value"].startswith("x" * 120)
+    assert item["value"].endswith(f"... ({20_000_000 - 120} more characters)")
+
+
+def test_an_unexpected_exception_is_a_problem_logged_once_under_its_id(
+    client: TestClient, settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text('{"mode": "tr", ')  # a run directory damaged on disk
+    job = insert_job(settings, state=RUNNING, run_dir=str(run))
+    with caplog.at_level(logging.ERROR, logger="pipebd.api"):
+        answer = client.get(f"{JOBS}/{job.id}/plan")
+    assert answer.status_code == 500 and answer.headers["content-type"] == "application/problem+json"
+    request_id = answer.headers["x-request-id"]
+    problem = answer.json()
+    assert problem["request_id"] == request_id and request_id in problem["detail"]
+    logged = [record for record in caplog.records if request_id in record.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None
+    assert f"GET {JOBS}/{job.id}/plan failed: JSONDecodeError" in logged[0].getMessage()
+    assert client.get(f"{JOBS}/{job.id}").status_code == 200  # the server goes on
+
+
+def post_concurrently(url: str, bodies: dict[str, tuple[bytes, str]]) -> tuple[dict[str, Any], threading.Thread]:
+    """POST each body in a thread of its own; the answers (status, seconds taken) fill in as they come."""
+    answers: dict[str, Any] = {}
+
+    def send(name: str, body: bytes, content_type: str) -> None:
+        started = time.monotonic()
+        response = httpx.post(f"{url}{JOBS}", content=body, headers={"Content-Type": content_type}, timeout=60)
+        answers[name] = (response.status_code, time.monotonic() - started)
+
+    threads = [threading.Thread(target=send, args=(name, *body)) for name, body in bodies.items()]
+    for thread in threads:
+        thread.start()
+    joiner = threading.Thread(target=lambda: [thread.join() for thread in threads])
+    joiner.start()
+    return answers, joiner
+
+
+def test_health_answers_while_large_and_slow_specs_are_refused(tmp_path: Path) -> None:
+    allow = "pipebd_core.workloads,tests.service.slow_data"
+    settings = make_settings(
+        tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", spec_check_timeout_s=4.0, factory_allowlist=allow
+    )
+    slow = tiny_job(data={"dataset": "custom", "factory": SLOW_DATA, "options": {"delay_s": 60}})
+    bodies = {
+        "20 MB of YAML": (yaml.safe_dump({**tiny_job(), "name": "x" * 20_000_000}).encode(), "application/yaml"),
+        "1 MB of YAML": (yaml.safe_dump({**tiny_job(), "name": "y" * 1_000_000}).encode(), "application/yaml"),
+        "a slow spec": (yaml.safe_dump(slow).encode(), "application/yaml"),
+    }
+    with serve(create_app(settings)) as url:
+        httpx.post(f"{url}{JOBS}", json=tiny_job(), timeout=120)  # the spec checker is up: time only the refusals
+        answers, joiner = post_concurrently(url, bodies)
+        delays = []
+        while joiner.is_alive():
+            started = time.monotonic()
+            assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
+            delays.append(time.monotonic() - started)
+            time.sleep(0.05)
+        joiner.join()
+    assert answers["20 MB of YAML"][0] == 413 and answers["20 MB of YAML"][1] < 2.0
+    assert answers["1 MB of YAML"][0] == 422  # read, parsed and refused (the name's pattern)
+    assert answers["a slow spec"][0] == 422 and 4.0 <= answers["a slow spec"][1] < 15.0
+    assert len(delays) >= 10 and max(delays) < 1.0, sorted(delays)[-5:]
+
+
+def test_a_spec_that_kills_the_checker_is_refused_and_the_next_one_checked(tmp_path: Path) -> None:
+    allow = "pipebd_core.workloads,tests.service.exiting_data"
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", factory_allowlist=allow)
+    client = TestClient(create_app(settings))
+    killer = client.post(JOBS, json=tiny_job(data={"dataset": "custom", "factory": EXITING_DATA}))
+    assert killer.status_code == 422
+    assert f"ended the spec checker process (exit code {EXIT_CODE})" in killer.json()["detail"]
+    assert client.post(JOBS, json=tiny_job()).status_code == 202  # on a new checker
+
+
+def test_submissions_are_counted_per_token(tmp_path: Path) -> None:
+    first, second = "first-token-0123456789abcdef", "second-token-0123456789abcdef"
+    settings = make_settings(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'db.sqlite'}",
+        api_tokens=f"{first}=submit,{second}=submit",
+        submissions_per_minute=2,
+    )
+    client = TestClient(create_app(settings))
+    answers = [client.post(JOBS, json={}, headers={"Authorization": f"Bearer {first}"}) for _ in range(3)]
+    assert [answer.status_code for answer in answers] == [422, 422, 429]
+    assert 1 <= int(answers[2].headers["retry-after"]) <= 60
+    assert "from this token" in answers[2].json()["detail"]
+    assert client.post(JOBS, json={}, headers={"Authorization": f"Bearer {second}"}).status_code == 422
+
+
+def readme_limits() -> dict[str, str]:
+    """`PIPEBD_X` -> the default the README's limits table gives it."""
+    section = (REPO / "README.md").read_text().split("### Limits", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return {cells[0].strip(" `"): cells[1].strip() for cells in (row.strip("|").split("|") for row in rows)}
+
+
+def test_the_readme_limits_are_the_settings() -> None:
+    limits = readme_limits()
+    assert len(limits) >= 10
+    for variable, default in limits.items():
+        name = variable.removeprefix("PIPEBD_").lower()
+        assert str(Settings.model_fields[name].default) == default, variable
+
+
+def loads_torch(pid: int) -> bool:
+    return any("libtorch" in os.path.basename(mapping.path) for mapping in psutil.Process(pid).memory_maps())
+
+
+def test_the_api_checks_specs_without_loading_torch(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")
+    with pipebd_api(settings, PIPEBD_SPEC_CHECKER_IDLE_S="3") as server:
+        process, url, api = server.process, server.url, psutil.Process(server.process.pid)
+        assert not loads_torch(process.pid) and api.children() == []
+        refused = httpx.post(f"{url}{JOBS}", json=tiny_job(data={"image_size": 4}), timeout=120)
+        assert refused.status_code == 422  # the engine's own model: no helper needed
+        assert api.children() == []
+        accepted = httpx.post(f"{url}{JOBS}", json=tiny_job(), timeout=120)
+        assert accepted.status_code == 202, accepted.text
+        (helper,) = api.children()
+        assert loads_torch(helper.pid) and not loads_torch(process.pid)
+        wait_for(lambda: not api.children(), 30, "the idle spec checker to exit")
+        again = httpx.post(f"{url}{JOBS}", json=tiny_job(name="again"), timeout=120)  # a new helper starts
+        assert again.status_code == 202 and not loads_torch(process.pid)
+
+
+def test_pipebd_submit_prints_each_problem(
+    tmp_path: Path, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import main
+
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(yaml.safe_dump(tiny_job(train={"epochs": "many"}, data={"bogus": 1})))
+    with serve(create_app(settings)) as url:
+        assert main(["submit", str(spec), "--server", url]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("pipebd: error: HTTP 422: ")
+    assert "data.bogus: not a field here" in error and "train.epochs: Input should be a valid integer" in error
