@@ -7,9 +7,9 @@ next job of this workload plans on what training measured; event `calibrated`.
 
 With `schedule.replan` (the default for `auto`), each calibration also decides (`decide`) whether to
 re-plan: when the measured step is more than THRESHOLD away from the plan's prediction, the best plan
-under the calibrated costs is faster than the running one by more than MARGIN, what it would save
-over the remaining steps outweighs a relaunch (as long as this launch took to start), and the job
-has re-planned fewer than `schedule.max_replans` times. Then it asks the ranks to stop at the next
+under the calibrated costs is faster than the running one by more than MARGIN, the job has
+re-planned fewer than `schedule.max_replans` times, and what the new plan would save over the
+remaining steps outweighs a relaunch (as long as this launch took to reach its first step). Then it asks the ranks to stop at the next
 step boundary (control.py: every block checkpointed at one common step), event `replan_requested`;
 once they have, `replan` writes the new plan.json, whose `replans` history records each re-plan (at
 which step, from which stages to which, predicted and measured step before and after), event
@@ -101,13 +101,13 @@ def decide(
             f"measured {measured_s * 1e3:.1f} ms a step against {predicted * 1e3:.1f} ms predicted, but under the"
             f" measured costs no plan is {MARGIN:.0%} faster than this one ({current * 1e3:.1f} ms)"
         )
+    elif replans_done >= max_replans:
+        reason = f"a faster plan exists, but the job has re-planned {replans_done} times (schedule.max_replans)"
     elif saved_s <= relaunch_s:
         reason = (
             f"the remaining {remaining_steps} steps would save {saved_s:.1f} s, less than a relaunch"
             f" ({relaunch_s:.1f} s)"
         )
-    elif replans_done >= max_replans:
-        reason = f"a faster plan exists, but the job has re-planned {replans_done} times (schedule.max_replans)"
     else:
         gain = 1 - best.step_s / current
         return Decision(True, f"measured {off:.0%} off the prediction; a plan {gain:.0%} faster", *numbers)

@@ -10,11 +10,14 @@ batch; sums, not a median of ratios: a step takes the mean, outliers included) f
 student, the same for data loading, and for the gradient all-reduces one ratio (the all-reduce a rank
 waits for after its backward, against the profile's all-reduces of the task's blocks: on a shared CPU
 the all-reduce competes with the compute it overlaps); sends are not calibrated (what a receiving
-rank measures is mostly waiting for the stage before it). The result keeps both numbers and where they came from:
+rank measures is mostly waiting for the stage before it). What a task costs beyond all that (sends
+posted, Python between tasks, telemetry, checkpoints) is measured too: `task_overhead_s`, the mean
+time between a rank's lines not spent in the blocks, loading, all-reduce or waiting for input; the
+cost model adds it to every task. The result keeps both numbers and where they came from:
 
     {"blocks": [{"teacher": ratio, "student": ratio, "teacher_s": s, "student_s": s, "batch": b,
                  "tasks": n}, ...],
-     "data": ratio, "allreduce": ratio, "measured_step_s": s,
+     "data": ratio, "allreduce": ratio, "task_overhead_s": s, "measured_step_s": s,
      "source": {"run": name, "steps": [first, last], "stages": [...], "at": unix time}}
 
 The supervisor writes it to the run's calibration.json and into the cached profile (profile
@@ -24,6 +27,7 @@ workload plans on what training measured. `pipebd profile --refresh` measures af
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -49,7 +53,7 @@ class Window:
     run_dir: RunDir
     nproc: int
     tails: list[FileTail] = field(default_factory=list)
-    lines: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # per rank, weight rounds
+    lines: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # per rank, in order
 
     @classmethod
     def opened(cls, run_dir: RunDir, nproc: int) -> Window:
@@ -64,7 +68,7 @@ class Window:
         for rank, tail in enumerate(self.tails):
             for line in tail.read_new():
                 record = json.loads(line)
-                if record.get("round") == "weights" and "block_s" in record:
+                if "block_s" in record:
                     self.lines[rank].append(record)
 
     def steady(self, since_step: int | None = None) -> dict[int, list[dict[str, Any]]]:
@@ -133,7 +137,11 @@ def calibrate(
     tallies: dict[tuple[int, str], Tally] = {}
     batches: dict[int, int] = {}
     data, allreduce = Tally(), Tally()
-    for rank, record in ((rank, r) for rank, records in steady.items() for r in records):
+    overhead = Tally()
+    for records in steady.values():
+        for previous, line in itertools.pairwise(records):
+            overhead.add(max(0.0, line["time"] - previous["time"] - accounted_s(line)), 1.0)
+    for rank, record in ((rank, r) for rank, records in steady.items() for r in records if r["round"] == "weights"):
         batch = int(record["samples"])
         for what in ("teacher", "student"):
             for block, measured in record["block_s"][what].items():
@@ -160,9 +168,18 @@ def calibrate(
         "blocks": calibrated,
         "data": data.ratio or before.get("data", 1.0),
         "allreduce": allreduce.ratio or before.get("allreduce", 1.0),
+        "task_overhead_s": overhead.ratio if overhead.lines else before.get("task_overhead_s", 0.0),
         "measured_step_s": measured_step_s(steady),
         "source": {**source, "at": time.time()},
     }
+
+
+def accounted_s(line: dict[str, Any]) -> float:
+    """What the cost model accounts for in a task (its blocks, loading, all-reduce) and the time it
+    waited for its input; the rest of the time between two lines is the task's overhead."""
+    blocks = sum(line["block_s"]["teacher"].values()) + sum(line["block_s"]["student"].values())
+    phases = line["phases"]
+    return float(blocks + phases.get("data", 0.0) + phases.get("allreduce", 0.0) + phases.get("recv_wait", 0.0))
 
 
 def steps_covered(steady: dict[int, list[dict[str, Any]]]) -> list[int]:

@@ -27,10 +27,11 @@ class StageCost:
     compute_s: float  # teacher + student work of every block
     allreduce_s: float
     memory_bytes: int
+    overhead_s: float = 0.0  # per step beyond the work (calibrated: calibration.py)
 
     @property
     def total_s(self) -> float:
-        return self.input_s + self.compute_s + self.allreduce_s
+        return self.input_s + self.compute_s + self.allreduce_s + self.overhead_s
 
 
 def at_batch(table: dict[str, Any], batch: int) -> float:
@@ -53,6 +54,7 @@ class Scales:
     student: list[float]
     data: float = 1.0
     allreduce: float = 1.0
+    task_overhead_s: float = 0.0  # seconds a task costs beyond its blocks, loading and all-reduce
 
     @classmethod
     def of(cls, profile: dict[str, Any]) -> Scales:
@@ -66,6 +68,7 @@ class Scales:
             [float(blocks[b].get("student") or 1.0) for b in range(count)],
             float(calibration.get("data") or 1.0),
             float(calibration.get("allreduce") or 1.0),
+            float(calibration.get("task_overhead_s") or 0.0),
         )
 
 
@@ -85,6 +88,11 @@ class CostModel:
         self.blocks: list[dict[str, Any]] = profile["blocks"]
         self.num_blocks = len(self.blocks)
         self.memory_limit: int = profile["device_memory_bytes"]
+
+    @property
+    def task_overhead(self) -> float:
+        """Seconds each task costs beyond its blocks, loading and all-reduce (0 until calibrated)."""
+        return self.scales.task_overhead_s
 
     def per_replica(self, replicas: int) -> int:
         return math.ceil(self.batch_size / replicas)
@@ -136,6 +144,7 @@ class CostModel:
             compute_s=sum(self.repeat * self.teacher(b, batch) + self.student_step(b, batch) for b in blocks),
             allreduce_s=sum(self.allreduce(b, replicas) for b in blocks),
             memory_bytes=self.stage_memory(start, stop, replicas),
+            overhead_s=self.repeat * self.task_overhead,
         )
 
     def stage_memory(self, start: int, stop: int, replicas: int) -> int:
@@ -166,16 +175,16 @@ class CostModel:
         total = 0.0
         for block in range(self.num_blocks):
             prefix = sum(self.teacher(b, batch) for b in range(block + 1))
-            total += self.repeat * (self.data(batch) + prefix) + self.student_step(block, batch)
+            total += self.repeat * (self.data(batch) + prefix + self.task_overhead) + self.student_step(block, batch)
             total += self.allreduce(block, self.nproc)
         return total
 
     def ls_costs(self) -> list[float]:
         """What each block costs as a layerwise task: load, teacher prefix, student, at full batch."""
         batch = self.batch_size
+        prefix = [sum(self.teacher(b, batch) for b in range(block + 1)) for block in range(self.num_blocks)]
         return [
-            self.repeat * (self.data(batch) + sum(self.teacher(b, batch) for b in range(block + 1)))
-            + self.student_step(block, batch)
+            self.repeat * (self.data(batch) + prefix[block] + self.task_overhead) + self.student_step(block, batch)
             for block in range(self.num_blocks)
         ]
 

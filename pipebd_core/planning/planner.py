@@ -39,7 +39,8 @@ class RankedPlan:
             "bottleneck_stage": self.bottleneck,
             "stage_s": [s.total_s for s in self.stages],
             "stage_parts": [
-                {"input_s": s.input_s, "compute_s": s.compute_s, "allreduce_s": s.allreduce_s} for s in self.stages
+                {key: getattr(s, key) for key in ("input_s", "compute_s", "allreduce_s", "overhead_s")}
+                for s in self.stages
             ],
             "memory_bytes": [s.memory_bytes for s in self.stages],
         }

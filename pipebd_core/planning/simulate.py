@@ -120,6 +120,7 @@ class Simulation:
     def _students(self, state: RankState, task: Task) -> bool:
         for block in task.train:
             self._add(state, "student", block, self.model.student(block, self._rows(task), task.round))
+        state.clock += self.model.task_overhead  # calibrated per-task overhead: time, not a segment
         return True
 
     def _collective(self, state: RankState, key: Any, members: tuple[int, ...], cost: float, kind: str) -> bool:
