@@ -9,13 +9,13 @@ With `schedule.replan` (the default for `auto`), each calibration also decides (
 re-plan: when the measured step is more than THRESHOLD away from the plan's prediction, the best plan
 under the calibrated costs is faster than the running one by more than MARGIN, the job has
 re-planned fewer than `schedule.max_replans` times, and what the new plan would save over the
-remaining steps outweighs a relaunch (as long as this launch took to reach its first step). Then it asks the ranks to stop at the next
-step boundary (control.py: every block checkpointed at one common step), event `replan_requested`;
-once they have, `replan` writes the new plan.json, whose `replans` history records each re-plan (at
-which step, from which stages to which, predicted and measured step before and after), event
-`replanned`; the supervisor launches the phase again and every block resumes from its checkpoint.
-The math does not change: each block trains the same steps, on the same batches, with the same
-learning rates, whichever ranks run it.
+remaining steps outweighs a relaunch (as long as this launch took to reach its first step). Then it
+asks the ranks to stop at the next step boundary (control.py: every block checkpointed at one
+common step), event `replan_requested`; once they have, `replan` writes the new plan.json, whose
+`replans` history records each re-plan (at which step, from which stages to which, predicted and
+measured step before and after), event `replanned`; the supervisor launches the phase again and
+every block resumes from its checkpoint. The math does not change: each block trains the same
+steps, on the same batches, with the same learning rates, whichever ranks run it.
 """
 
 from __future__ import annotations

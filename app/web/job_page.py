@@ -68,7 +68,7 @@ class JobParts:
             "row": job_row(self.job),
             "waiting": reason,
             "explanation": explanation,
-            "phases": phase_timeline(self.job),
+            "phases": phase_timeline(self.job, replans=(self.plan or {}).get("replans")),
         }
 
     @property
@@ -85,7 +85,9 @@ class JobParts:
         return {"loads": loads, "finding": finding, "labels": LABELS, "memory": memory}
 
     def plan_part(self) -> dict[str, Any]:
-        return {"plan": plan_view(self.plan) if self.plan else None, "schedule": self.job.spec.get("schedule", {})}
+        calibration = queries.read_json_artifact(self.job, "calibration.json") if self.plan else None
+        view = plan_view(self.plan, calibration) if self.plan else None
+        return {"plan": view, "schedule": self.job.spec.get("schedule", {})}
 
     def artifacts(self) -> dict[str, Any]:
         items = [

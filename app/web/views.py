@@ -1,5 +1,6 @@
 """View models the templates draw: a job's list row, and its plan as ranks x blocks with stages,
-alternatives and per-mode predictions."""
+alternatives, per-mode predictions, how far the profile can be trusted, the calibration training
+measured and the re-plans."""
 
 from __future__ import annotations
 
@@ -118,18 +119,51 @@ class PhaseStep:
     status: str  # pending, running, or the outcome: succeeded, failed, cancelled, skipped
     duration_s: float | None
     reason: str | None
+    notes: list[str] = field(default_factory=list)  # what happened inside it (distill: each re-plan)
 
 
-def phase_timeline(job: Job, now: float | None = None) -> list[PhaseStep]:
-    """The job's phases in order with their durations so far (a running phase's up to `now`)."""
+def phase_timeline(job: Job, now: float | None = None, replans: list[dict[str, Any]] | None = None) -> list[PhaseStep]:
+    """The job's phases in order with their durations so far (a running phase's up to `now`); the distill
+    phase notes each re-plan of plan.json's `replans`."""
     now = now or time.time()
     steps = []
     for entry in job.phases or []:
         started, ended = entry.get("started_at"), entry.get("ended_at")
         duration = None if started is None else (ended or now) - started
         status = entry.get("outcome") or entry.get("state", "pending")
-        steps.append(PhaseStep(entry["name"], status, duration, entry.get("reason")))
+        notes = [replan_note(r) for r in replans or []] if entry["name"] == "distill" else []
+        steps.append(PhaseStep(entry["name"], status, duration, entry.get("reason"), notes))
     return steps
+
+
+def replan_note(replan: dict[str, Any]) -> str:
+    return f"re-planned at step {replan['resumed_at_step']}: {stages_text(replan['to'])}"
+
+
+@dataclass
+class ReplanView:
+    """One re-plan of a running job, as its plan.json history records it."""
+
+    step: int
+    before: str
+    after: str
+    measured_before_s: float
+    predicted_before_s: float
+    predicted_after_s: float | None
+    measured_after_s: float | None
+    reason: str
+
+
+@dataclass
+class BlockCalibration:
+    """One block's measured time against its profiled time (ratio > 1: training ran slower)."""
+
+    block: int
+    name: str
+    teacher: float | None
+    student: float | None
+    teacher_s: float | None
+    student_s: float | None
 
 
 @dataclass
@@ -183,6 +217,11 @@ class PlanView:
     predicted_step_s: float | None = None
     ideal_step_s: float | None = None
     warnings: list[str] = field(default_factory=list)
+    trust: dict[str, Any] | None = None  # trust.assess of the profile the plan was made from
+    replans: list[ReplanView] = field(default_factory=list)
+    calibration: list[BlockCalibration] = field(default_factory=list)
+    calibrated_steps: list[int] | None = None  # the steps the calibration measured
+    measured_step_s: float | None = None  # the step time that calibration measured
 
     @property
     def auto_choice(self) -> str | None:
@@ -230,7 +269,38 @@ def _mode_steps(plan: dict[str, Any]) -> list[tuple[str, float, float | None]]:
     ]
 
 
-def plan_view(plan: dict[str, Any]) -> PlanView:
+def replan_views(plan: dict[str, Any]) -> list[ReplanView]:
+    return [
+        ReplanView(
+            step=entry["resumed_at_step"],
+            before=stages_text(entry["from"]),
+            after=stages_text(entry["to"]),
+            measured_before_s=entry["measured_before_s"],
+            predicted_before_s=entry["predicted_before_s"],
+            predicted_after_s=entry.get("predicted_after_s"),
+            measured_after_s=entry.get("measured_after_s"),
+            reason=entry.get("reason", ""),
+        )
+        for entry in plan.get("replans") or []
+    ]
+
+
+def calibration_views(calibration: dict[str, Any] | None, names: list[str]) -> list[BlockCalibration]:
+    blocks = (calibration or {}).get("blocks") or []
+    return [
+        BlockCalibration(
+            index,
+            names[index] if index < len(names) else f"block{index}",
+            entry.get("teacher"),
+            entry.get("student"),
+            entry.get("teacher_s"),
+            entry.get("student_s"),
+        )
+        for index, entry in enumerate(blocks)
+    ]
+
+
+def plan_view(plan: dict[str, Any], calibration: dict[str, Any] | None = None) -> PlanView:
     num_blocks = int(plan.get("num_blocks") or len(plan.get("block_names") or []))
     names = list(plan.get("block_names") or [f"block{i}" for i in range(num_blocks)])
     stages = [
@@ -250,4 +320,9 @@ def plan_view(plan: dict[str, Any]) -> PlanView:
         predicted_step_s=plan.get("predicted_step_s"),
         ideal_step_s=plan.get("ideal_step_s"),
         warnings=[str(w) for w in plan.get("warnings") or []],
+        trust=plan.get("profile_trust"),
+        replans=replan_views(plan),
+        calibration=calibration_views(calibration, names),
+        calibrated_steps=((calibration or {}).get("source") or {}).get("steps"),
+        measured_step_s=(calibration or {}).get("measured_step_s"),
     )

@@ -505,3 +505,41 @@ def test_compare_shows_accuracies_parameters_and_phase_times_of_jobs_that_traine
     assert "distill 1 min 00 s" in cells and "profile_finetune skipped" in cells and "finetune 12.5 s" in cells
     other = re.search(rf'<tr data-job="{plain.id}">.*?</tr>', page, re.S)
     assert other is not None and '<td class="top1">—</td>' in other.group(0)
+
+
+def test_job_page_says_how_far_the_profile_is_trusted_what_training_measured_and_each_replan(
+    web: TestClient, sqlite_settings: Settings, tmp_path: Path
+) -> None:
+    run = write_run(tmp_path / "run")
+    plan = json.loads((run / "plan.json").read_text())
+    plan["predicted_step_s"] = 0.012
+    plan["profile_trust"] = {
+        "trusted": False,
+        "flags": ["noisy", "busy"],
+        "messages": ["noisy: 1 measurements disagree after re-measuring (block 1 student at batch 10 spread 1.70)"],
+    }
+    plan["replans"] = [
+        {
+            "resumed_at_step": 40,
+            "from": [{"start": 0, "stop": 3, "replicas": 1}, {"start": 3, "stop": 4, "replicas": 1}],
+            "to": plan["stages"],
+            "measured_before_s": 0.02,
+            "predicted_before_s": 0.04,
+            "predicted_after_s": 0.012,
+            "measured_after_s": 0.0125,
+            "reason": "measured 50% off the prediction; a plan 40% faster",
+        }
+    ]
+    (run / "plan.json").write_text(json.dumps(plan))
+    calibration = {"blocks": [{"teacher": 1.5, "student": 0.8, "teacher_s": 0.002, "student_s": 0.003}] * 4}
+    calibration["source"] = {"run": "run", "steps": [2, 40]}
+    (run / "calibration.json").write_text(json.dumps({**calibration, "measured_step_s": 0.0125}))
+    phases = [{"name": "distill", "state": "running", "started_at": time.time() - 10}]
+    job = insert_job(sqlite_settings, "running", started_at=time.time() - 10, run_dir=str(run), phases=phases)
+    html = web.get(f"/jobs/{job.id}").text
+    assert 'id="profile-trust" data-flags="noisy busy"' in html and "Profile: noisy, busy" in html
+    assert "block 1 student at batch 10 spread 1.70" in html
+    assert "At step 40: <strong>0–2 | 3</strong> → <strong>0–1 | 2–3</strong>" in html
+    assert 'data-count="1"' in html and "re-planned at step 40: 0–1 | 2–3" in html  # also on the timeline
+    rows = re.findall(r'<tr data-block="(\d)">.*?×([\d.]+)</td>.*?×([\d.]+)</td>', html, re.S)
+    assert rows == [(str(b), "1.50", "0.80") for b in range(4)] and "Steps 2–40: a step took 12.50 ms" in html

@@ -54,6 +54,12 @@ const refresh = {
   bottleneck: throttle(() => part("bottleneck"), 2000),
   events: throttle(() => part("events"), 3000),
   finetune: throttle(() => (finetune ? part("finetune") : Promise.resolve()), 1000),
+  // calibration and re-plans change the plan while distillation runs; a re-plan also its prediction
+  plan: throttle(async () => {
+    const before = document.getElementById("plan-replans")?.dataset.count;
+    await part("plan");
+    if (document.getElementById("plan-replans")?.dataset.count !== before) await loadPlan().then(drawSchedules);
+  }, 5000),
   architecture: throttle(async () => {
     const section = document.getElementById("part-architecture");
     if (await part("architecture")) section.hidden = section.querySelector("table") === null;
@@ -129,6 +135,7 @@ function onMetrics(event) {
   redrawSchedules();
   refresh.status();
   refresh.bottleneck();
+  if (planned) refresh.plan();
   if (telemetry.hasArchitecture) refresh.architecture();
 }
 
