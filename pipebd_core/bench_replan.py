@@ -112,6 +112,7 @@ def run_variant(spec: Spec, profile: dict[str, Any], out: Path) -> dict[str, Any
         "calibration_measured_step_s": last.get("measured_step_s"),
         "stages": [[s["start"], s["stop"], s["replicas"]] for s in plan["stages"]],
         "replans": plan.get("replans", []),
+        "declined": [e["reason"] for e in events if e["event"] == "replan_declined"],
     }
     (out / "run" / "compressed_model.pt").unlink(missing_ok=True)
     return result
@@ -160,6 +161,7 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
         "calibrated_prediction_error": statistics.median(errors) if errors else None,
         "stages": [r["stages"] for r in results],
         "replans": [len(r["replans"]) for r in results],
+        "declined": [r["declined"] for r in results],
     }
 
 
@@ -174,6 +176,9 @@ def format_table(report: dict[str, Any]) -> str:
             f" {entry['predicted_step_s'] * 1e3:11.1f} {'-' if error is None else f'{error:+.0%}':>10}"
             f" {','.join(map(str, entry['replans'])):>8}  {entry['stages'][-1]}"
         )
+    for variant, entry in report["variants"].items():
+        for reasons in entry["declined"]:
+            lines.extend(f"{variant}: no re-plan: {reason}" for reason in reasons[-1:])
     for name, trust in report["profiles"].items():
         lines.append(f"{name} profile: {'trusted' if trust['trusted'] else ', '.join(trust['flags'])}")
         lines.extend(f"  {message}" for message in trust["messages"])

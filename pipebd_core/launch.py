@@ -73,7 +73,7 @@ def preflight(spec: Spec) -> None:
     document = spec.model_dump(mode="json")
     document["schedule"]["profile"] = False
     if document["schedule"]["mode"] == "auto":
-        document["schedule"].update(mode="ir", stages=None)
+        document["schedule"].update(mode="ir", stages=None, replan=None)
     tune = document.get("finetune")
     if tune is not None and tune["strategy"] == "auto":  # the same stand-ins for the end-to-end training
         tune.update(strategy="gpipe" if tune["stages"] else "ddp", profile=False)
