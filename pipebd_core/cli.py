@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from pipebd_core import bench_finetune, bench_replan
 from pipebd_core.bench import format_table, run_bench
@@ -75,6 +76,14 @@ class ProgressLine(Watcher):
                 for warning in self.run_dir.read_json(self.run_dir.plan).get("warnings") or []:
                     self.say(f"pipebd: warning: {warning}")
 
+    def replanned(self, entry: dict[str, Any]) -> None:
+        before, after = (stages_line(entry[key]) for key in ("from", "to"))
+        self.say(
+            f"pipebd: distill: re-planned at step {entry['resumed_at_step']}: {before} -> {after}"
+            f" (measured {entry['measured_before_s'] * 1e3:.1f} ms a step, planned"
+            f" {entry['predicted_before_s'] * 1e3:.1f} ms; the new plan: {entry['predicted_after_s'] * 1e3:.1f} ms)"
+        )
+
     def tick(self, phase: str) -> None:
         if phase not in TRAINING:
             return
@@ -103,6 +112,11 @@ class ProgressLine(Watcher):
         if self.interactive and self.follower is not None:
             line = "\n" + line
         print(line, file=sys.stderr, flush=True)
+
+
+def stages_line(stages: list[dict[str, Any]]) -> str:
+    """`0-2 x1 | 3-7 x1`: each stage's blocks and replicas, as `pipebd plan` writes them."""
+    return " | ".join(f"{s['start']}-{s['stop'] - 1} x{s['replicas']}" for s in stages)
 
 
 def interrupt_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -184,6 +198,10 @@ def command_profile(args: argparse.Namespace) -> int:
             teacher, student = block["teacher_s"][str(batch)], block["student_s"][str(batch)]
             spread = max(teacher["spread"], student["spread"])
             print(f"{index:5} {batch:5} {teacher['median'] * 1e3:11.2f} {student['median'] * 1e3:11.2f} {spread:7.0%}")
+    trust = assess(profile)
+    print("profile: " + ("trusted" if trust["trusted"] else ", ".join(trust["flags"]).upper()))
+    for message in trust["messages"]:
+        print(f"  {message}")
     return 0
 
 
@@ -213,7 +231,7 @@ def command_plan(args: argparse.Namespace) -> int:
         print(f"  {message}")
     print(f"{result.considered} plans fit in memory; the best {len(result.plans)}:")
     for rank, plan in enumerate(result.plans, start=1):
-        stages = " | ".join(f"{s.start}-{s.stop - 1} x{s.replicas}" for s in plan.stages)
+        stages = stages_line([{"start": s.start, "stop": s.stop, "replicas": s.replicas} for s in plan.stages])
         print(f"{rank:3}. {plan.step_s * 1e3:9.2f} ms/step  bottleneck stage {plan.bottleneck}  [{stages}]")
     print("predicted ms per global step: " + ", ".join(f"{m} {t * 1e3:.1f}" for m, t in modes.items()))
     print(f"ideal bound: {model.ideal_step() * 1e3:.1f} ms")

@@ -196,8 +196,9 @@ class DistillMonitor:
             history[-1]["measured_after_s"] = measured
             self.run_dir.write_json(self.run_dir.plan, plan)
 
-    def replan(self) -> None:
-        """After the ranks stopped on a re-plan request: write the new plan (with its history)."""
+    def replan(self) -> dict[str, Any]:
+        """After the ranks stopped on a re-plan request: write the new plan (with its history); returns
+        the history entry."""
         decision, previous = self.pending, self.plan
         assert decision is not None and self.profile is not None
         calibrated = {**uncalibrated(self.profile), "calibration": self.run_dir.read_json(self.run_dir.calibration)}
@@ -218,3 +219,4 @@ class DistillMonitor:
         self.run_dir.write_json(self.run_dir.plan, plan.to_json())
         append_event(self.run_dir.events, "replanned", **entry)
         self.pending = None
+        return entry

@@ -23,6 +23,7 @@ from __future__ import annotations
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from pipebd_core import launch
 from pipebd_core.control import clear_stop, stopped_early
@@ -75,6 +76,9 @@ class Watcher:
 
     def drain(self, phase: str) -> None:
         """The phase's process has exited: take in what it wrote last."""
+
+    def replanned(self, entry: dict[str, Any]) -> None:
+        """The distill phase stopped to re-plan and runs again under a new plan (entry: replan.py)."""
 
 
 class Supervisor:
@@ -151,7 +155,7 @@ class Supervisor:
             if not replanning or outcome.result != SUCCEEDED or not stopped_early(self.run_dir):
                 return outcome
             assert monitor is not None
-            monitor.replan()
+            self.watcher.replanned(monitor.replan())
 
     def _launch(self, phase: str, monitor: DistillMonitor | None) -> Outcome:
         process = launch.start_phase(self.run_dir, self.spec, phase, self.extra_env, self.profile_trials)

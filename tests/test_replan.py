@@ -265,3 +265,19 @@ def test_a_noisy_profile_is_reported_in_plan_json_and_by_pipebd_plan(tmp_path: P
     result = pipebd("plan", str(path))
     assert result.returncode == 0, result.stderr
     assert "profile: NOISY" in result.stdout and "block 1 student at batch 16 spread 1.70" in result.stdout
+
+
+def test_pipebd_run_says_when_it_replanned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipebd_core.cli import ProgressLine
+
+    entry = {
+        "resumed_at_step": 42,
+        "from": [stage(0, 7), stage(7, 8)],
+        "to": [stage(0, 3), stage(3, 8)],
+        "measured_before_s": 0.0301,
+        "predicted_before_s": 0.0566,
+        "predicted_after_s": 0.0179,
+    }
+    ProgressLine(RunDir(tmp_path), replan_spec(16)).replanned(entry)
+    said = capsys.readouterr().err
+    assert "re-planned at step 42: 0-6 x1 | 7-7 x1 -> 0-2 x1 | 3-7 x1 (measured 30.1 ms" in said and "17.9 ms" in said
