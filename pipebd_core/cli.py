@@ -59,6 +59,7 @@ class ProgressLine(Watcher):
     def __init__(self, run_dir: RunDir, spec: Spec) -> None:
         self.run_dir, self.spec = run_dir, spec
         self.follower: MetricsFollower | None = None
+        self.training = DISTILL  # the phase the follower reads
         self.interactive = sys.stderr.isatty()
         self.last_print = 0.0
         self.said: dict[str, str] = {}
@@ -100,11 +101,14 @@ class ProgressLine(Watcher):
     def follow(self, phase: str) -> None:
         if self.follower is None:
             self.follower = MetricsFollower(self.run_dir, phase)
+            self.training = phase
         self.follower.poll()
 
     def print_progress(self, end: str) -> None:
         assert self.follower is not None
-        head = f"[{self.spec.name} {self.spec.schedule.mode} x{self.spec.schedule.nproc}]"
+        tune = self.spec.finetune
+        how = tune.strategy if self.training == FINETUNE and tune is not None else self.spec.schedule.mode
+        head = f"[{self.spec.name} {how} x{self.spec.schedule.nproc}]"
         print(f"{head} {self.follower.progress.describe()}", end=end, file=sys.stderr, flush=True)
         self.last_print = time.time()
 
