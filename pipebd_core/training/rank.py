@@ -38,6 +38,7 @@ from pipebd_core.runtime import FAULT_ENV, injected_fault_step, learning_rate
 from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.telemetry import TelemetryWriter, append_event, current_memory_bytes, peak_memory_bytes
 from pipebd_core.training.deferred import WeightGradients, defer_weight_gradients
+from pipebd_core.training.moved import stage_shares
 from pipebd_core.training.network import Network, build_network, teacher_network
 from pipebd_core.training.pipeline import Segment, make_schedule, make_stage, timed_waits
 from pipebd_core.training.plan import TrainPlan, finetune_view
@@ -277,7 +278,8 @@ class PipelineTrainer(Trainer):
         self.weights: WeightGradients | None = (
             defer_weight_gradients(self.module) if ctx.plan.strategy == "zb" else None
         )
-        self.stage = make_stage(ctx.plan, ctx.rank, self.module, ctx.device, self.weights)
+        self.shares = stage_shares(ctx.plan, ctx.rank, ctx.network.layers, ctx.device, self.weights)
+        self.stage = make_stage(ctx.plan, ctx.rank, self.module, ctx.device, self.weights, self.shares)
         self.schedule = make_schedule(ctx.plan, self.stage, ctx.losses)
         loads = self.first or self.last
         self.loader = ctx.batches((0, ctx.plan.batch_size)) if loads else None
@@ -307,6 +309,7 @@ class PipelineTrainer(Trainer):
             "times": {"optim": time.perf_counter() - optim_start},
             "timeline": [s.to_json() for s in rebased(stage.segments, start)],
             "w_calls": self.weights.calls if self.weights is not None else 0,
+            **self.moved_counts(),
         }
         if self.last:
             assert labels is not None
@@ -316,6 +319,15 @@ class PipelineTrainer(Trainer):
                 samples=len(labels),
             )
         return result
+
+    def moved_counts(self) -> dict[str, int]:
+        """Micro-batches so far whose moved delta share this rank combined (as the owner of the boundary
+        layer) and computed (as the next stage): how the tests see that a move ran."""
+        gives, takes = self.shares
+        return {
+            "moved_combined": gives.combined if gives is not None else 0,
+            "moved_computed": takes.computed if takes is not None else 0,
+        }
 
 
 def build_context(run_dir: RunDir, rank: int, world: int, device: torch.device) -> Context:
