@@ -110,8 +110,11 @@ class Trainer:
         self.ctx, self.module = ctx, module.to(ctx.device).train()
         self.unit = unit  # the checkpoint unit this rank writes (its stage, or 0 for DDP's rank 0), or None
         train = ctx.spec.train
+        # a stage of parameter-free layers (one that takes a moved delta share can be) has nothing to update:
+        # an empty placeholder keeps its optimiser, steps and checkpoints like every other stage's
+        parameters = list(module.parameters()) or [nn.Parameter(torch.zeros(0, device=ctx.device))]
         self.optimizer = torch.optim.SGD(
-            module.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
+            parameters, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
         )
         self.telemetry = TelemetryWriter(ctx.run_dir.metrics(ctx.rank, FINETUNE))
         self.eval_network: Network | None = None
