@@ -22,7 +22,7 @@ import torch
 from pipebd_core.data import build_dataset, check_dataset, steps_per_epoch, total_steps
 from pipebd_core.flops import count_flops
 from pipebd_core.plan import StepPlan, Stream
-from pipebd_core.planning.partition import PARTITIONERS, Partition
+from pipebd_core.planning.partition import PARTITIONER_FUNCTIONS, Partition
 from pipebd_core.planning.simulate_training import (
     Prediction,
     TrainCosts,
@@ -162,7 +162,7 @@ def partition_candidates(spec: Spec, layers: Layers, strategy: str) -> dict[str,
     """Partitioner auto: what each partitioner would have given the chosen strategy, predicted."""
     assert spec.finetune is not None
     result = {}
-    for name in PARTITIONERS:
+    for name in PARTITIONER_FUNCTIONS:
         single = spec.model_copy(update={"finetune": spec.finetune.model_copy(update={"partitioner": name})})
         candidate = predict(single, strategy, layers)
         result[name] = {

@@ -183,7 +183,7 @@ def _fill_to(
     return stages, moved
 
 
-PARTITIONERS: dict[str, Callable[[Sequence[LayerCost], int], Partition]] = {
+PARTITIONER_FUNCTIONS: dict[str, Callable[[Sequence[LayerCost], int], Partition]] = {
     "even": even,
     "pipedream": pipedream,
     "layerpipe": layerpipe,

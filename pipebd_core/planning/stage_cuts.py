@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from pipebd_core.plan import PlanError
-from pipebd_core.planning.partition import PARTITIONERS, LayerCost, Partition, stage_work
+from pipebd_core.planning.partition import PARTITIONER_FUNCTIONS, LayerCost, Partition, pipedream, stage_work
 from pipebd_core.planning.simulate_training import TrainCosts
 from pipebd_core.spec import Spec, SpecError
 from pipebd_core.training.moved import SPLITTABLE, split_channels
@@ -57,7 +57,7 @@ def stage_cuts(spec: Spec, flops: list[float]) -> list[tuple[int, int]]:
         )
     if tune.stages is None:
         try:
-            return PARTITIONERS["pipedream"](flop_costs(flops), nproc).stages
+            return pipedream(flop_costs(flops), nproc).stages
         except PlanError as error:
             raise SpecError(f"finetune.stages: {error}") from None
     if tune.stages[-1] >= layers:
@@ -105,9 +105,9 @@ def partitions(spec: Spec, layers: Layers, strategy: str) -> list[Partition]:
         moved = given_moves(spec, layers, stages)
         return [Partition("given", stages, moved)]
     costs = layer_costs(spec, layers, split=strategy == "zb")
-    names = list(PARTITIONERS) if tune.partitioner == "auto" else [tune.partitioner]
+    names = list(PARTITIONER_FUNCTIONS) if tune.partitioner == "auto" else [tune.partitioner]
     assert layers.costs is not None or "layerpipe" not in names, "the spec refuses layerpipe without a profile"
-    return [PARTITIONERS[name](costs, nproc) for name in names]
+    return [PARTITIONER_FUNCTIONS[name](costs, nproc) for name in names]
 
 
 def given_moves(spec: Spec, layers: Layers, stages: list[tuple[int, int]]) -> list[float]:
@@ -137,9 +137,10 @@ def where_splittable(layers: Layers, boundary: int, index: int) -> str:
     splittable = [i for i, layer in enumerate(layers.network.layers[1:-1], start=1) if split_channels(layer)]
     if not splittable:
         return "move nothing: this network has no layer that can be split"
-    nearest = sorted(splittable, key=lambda i: (abs(i - index), i))[:2]
-    starts = " or ".join(f"{i + 1} (after {layers.describe(i)})" for i in sorted(nearest))
-    return f"start stage {boundary + 1} at layer {starts} in finetune.stages"
+    nearest = sorted(sorted(splittable, key=lambda i: (abs(i - index), i))[:2])
+    ends = " or ".join(layers.describe(i) for i in nearest)
+    starts = " or ".join(str(i + 1) for i in nearest)
+    return f"end stage {boundary} with {ends}: stage {boundary + 1} starting at {starts} in finetune.stages"
 
 
 def with_channels(layers: Layers, partition: Partition) -> tuple[Partition, list[int]]:
