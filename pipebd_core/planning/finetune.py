@@ -22,7 +22,7 @@ import torch
 from pipebd_core.data import build_dataset, check_dataset, steps_per_epoch, total_steps
 from pipebd_core.flops import count_flops
 from pipebd_core.plan import StepPlan, Stream
-from pipebd_core.planning.partition import PARTITIONER_FUNCTIONS, Partition
+from pipebd_core.planning.partition import Partition
 from pipebd_core.planning.simulate_training import (
     Prediction,
     TrainCosts,
@@ -110,25 +110,34 @@ class Candidate:
     actions: list[list[Action]]
 
 
+def candidates(spec: Spec, strategy: str, layers: Layers) -> list[Candidate]:
+    """A strategy predicted on every partition it may run (ddp: the whole network on every rank)."""
+    nproc, costs = spec.schedule.nproc, layers.costs
+    assert costs is not None
+    if strategy == "ddp":
+        whole = Partition("whole", [(0, len(layers.flops))], [])
+        return [Candidate(whole, [], simulate_ddp(costs, len(layers.flops), nproc), [])]
+    return [simulate_partition(spec, strategy, layers, partition) for partition in partitions(spec, layers, strategy)]
+
+
+def simulate_partition(spec: Spec, strategy: str, layers: Layers, partition: Partition) -> Candidate:
+    """A pipelined strategy on one partition, its shares rounded to channels: its action lists (zb's from
+    the moved stage costs) replayed."""
+    costs, tune = layers.costs, spec.finetune
+    assert costs is not None and tune is not None
+    rounded, channels = with_channels(layers, partition)
+    times = moved_times(costs, rounded.stages, rounded.moved, tune.microbatches)
+    comm = max(max(link.forward, link.backward) for link in links(costs, rounded.stages, rounded.moved))
+    stage_costs = [StageCosts(t.f, t.i, t.w) for t in times]
+    lists = rank_actions(strategy, spec.schedule.nproc, tune.microbatches, stage_costs, comm)
+    prediction = simulate_pipeline(strategy, rounded.stages, lists, costs, rounded.moved)
+    return Candidate(rounded, channels, prediction, lists)
+
+
 def predict(spec: Spec, strategy: str, layers: Layers) -> Candidate:
     """One strategy's predicted step on this profile: for a pipeline, on the partition its partitioner
     gives (for partitioner `auto`, on each one's, keeping the fastest)."""
-    nproc, costs = spec.schedule.nproc, layers.costs
-    assert costs is not None and spec.finetune is not None
-    if strategy == "ddp":
-        whole = Partition("whole", [(0, len(layers.flops))], [])
-        return Candidate(whole, [], simulate_ddp(costs, len(layers.flops), nproc), [])
-    found = []
-    for partition in partitions(spec, layers, strategy):
-        rounded, channels = with_channels(layers, partition)
-        microbatches = spec.finetune.microbatches
-        times = moved_times(costs, rounded.stages, rounded.moved, microbatches)
-        comm = max(max(link.forward, link.backward) for link in links(costs, rounded.stages, rounded.moved))
-        stage_costs = [StageCosts(t.f, t.i, t.w) for t in times]
-        lists = rank_actions(strategy, nproc, microbatches, stage_costs, comm)
-        prediction = simulate_pipeline(strategy, rounded.stages, lists, costs, rounded.moved)
-        found.append(Candidate(rounded, channels, prediction, lists))
-    return min(found, key=lambda candidate: candidate.prediction.step_s)
+    return min(candidates(spec, strategy, layers), key=lambda candidate: candidate.prediction.step_s)
 
 
 def rank_strategies(spec: Spec, layers: Layers) -> list[dict[str, Any]]:
@@ -159,19 +168,16 @@ def rank_strategies(spec: Spec, layers: Layers) -> list[dict[str, Any]]:
 
 
 def partition_candidates(spec: Spec, layers: Layers, strategy: str) -> dict[str, Any]:
-    """Partitioner auto: what each partitioner would have given the chosen strategy, predicted."""
-    assert spec.finetune is not None
-    result = {}
-    for name in PARTITIONER_FUNCTIONS:
-        single = spec.model_copy(update={"finetune": spec.finetune.model_copy(update={"partitioner": name})})
-        candidate = predict(single, strategy, layers)
-        result[name] = {
+    """Partitioner auto: what each partitioner's cut gives the chosen strategy, predicted."""
+    return {
+        candidate.partition.partitioner: {
             "stages": [list(stage) for stage in candidate.partition.stages],
             "moved": candidate.channels,
             "step_s": candidate.prediction.step_s,
             "stage_s": candidate.prediction.stage_s,
         }
-    return result
+        for candidate in candidates(spec, strategy, layers)
+    }
 
 
 def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: dict[str, Any] | None = None) -> TrainPlan:
