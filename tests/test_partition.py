@@ -94,18 +94,23 @@ def sample_costs() -> tuple[list[LayerCost], list[int]]:
 
 def test_on_the_papers_sample_network_layerpipe_moves_layer_2s_delta_to_the_next_processor() -> None:
     costs, convs = sample_costs()
-    layered = pipedream(costs, 3)
-    conv_of_stage = [[i for i in convs if a <= i < b] for a, b in layered.stages]
-    assert conv_of_stage == [convs[:1], convs[1:2], convs[2:]]  # the paper's PipeDream: 1 | 2 | 3 and 4
-    balanced = layerpipe(costs, 3)
-    assert balanced.stages == layered.stages  # the same layers on the same processors, and then
-    assert balanced.moved[0] == 0.0 and 0.0 < balanced.moved[1] < 1.0  # part of layer 2's delta moves on
-    before = stage_work(costs, layered.stages, layered.moved)
-    after = stage_work(costs, balanced.stages, balanced.moved)
-    assert after[1].delta < before[1].delta and after[2].delta > before[2].delta  # from processor 2 to 3
-    assert after[1].total == pytest.approx(after[2].total)  # balanced, and so the slowest is their mean
-    assert slowest(costs, balanced) == pytest.approx((before[1].total + before[2].total) / 2)
-    assert slowest(costs, balanced) < slowest(costs, layered)
+    for parts in (3, 2):
+        layered = pipedream(costs, parts)
+        conv_of_stage = [[i for i in convs if a <= i < b] for a, b in layered.stages]
+        paper = [convs[:1], convs[1:2], convs[2:]] if parts == 3 else [convs[:2], convs[2:]]
+        assert conv_of_stage == paper  # the paper's PipeDream on three: 1 | 2 | 3 and 4
+        balanced = layerpipe(costs, parts)
+        assert balanced.stages == layered.stages  # the same layers on the same processors, and then
+        owner = parts - 2  # the stage that ends with layer 2 gives part of its delta to the one after it
+        share, delta = balanced.moved[owner], costs[convs[1]].delta
+        assert balanced.moved[:owner] == [0.0] * owner and share > 0
+        before = stage_work(costs, layered.stages, layered.moved)
+        after = stage_work(costs, balanced.stages, balanced.moved)
+        assert after[owner].delta == pytest.approx(before[owner].delta - share * delta)
+        assert after[owner + 1].delta == pytest.approx(before[owner + 1].delta + share * delta)
+        gap = before[owner].total - before[owner + 1].total
+        assert share == pytest.approx(min(1.0, gap / 2 / delta))  # balanced, or all the delta there is
+        assert slowest(costs, balanced) < slowest(costs, layered)
 
 
 def test_the_replay_moves_the_share_and_its_sends_between_stages() -> None:

@@ -44,7 +44,7 @@ class LayerCost:
     delta: float  # input gradient: what a later stage can take over a share of
     g: float  # weight gradient
     movable: bool = False
-    split_s: float = 0.0  # what splitting its delta costs the owner beyond the work itself (combining, kernels)
+    split_s: float = 0.0  # what each of the two pieces of a split delta costs beyond its share of the work
 
     @property
     def total(self) -> float:
@@ -62,8 +62,8 @@ class Partition:
 
 @dataclass(frozen=True)
 class StageWork:
-    """A stage's seconds per micro-batch: F, delta (its own, less what it gives, plus what it takes and the
-    split's cost) and G."""
+    """A stage's seconds per micro-batch: F, delta (its own, less the share it gives, plus the share it takes,
+    each split piece with its cost) and G."""
 
     f: float
     delta: float
@@ -86,7 +86,7 @@ def stage_work(
             boundary = costs[stop - 1]
             delta -= moved[s] * boundary.delta - boundary.split_s
         if s > 0 and moved[s - 1] > 0:
-            delta += moved[s - 1] * costs[start - 1].delta
+            delta += moved[s - 1] * costs[start - 1].delta + costs[start - 1].split_s
         work.append(StageWork(sum(c.f for c in layers), delta, sum(c.g for c in layers)))
     return work
 
@@ -160,10 +160,10 @@ def _fill(costs: Sequence[LayerCost], parts: int, cap: float) -> tuple[list[tupl
 
 def _share(cost: LayerCost, idle: float) -> float:
     """How much of a boundary layer's delta the later processor takes into its `idle` seconds: all that
-    fits, unless that relieves the owner less than the split costs it."""
-    if not cost.movable or cost.delta <= 0 or idle <= 0:
+    fits with the cost of its piece, unless that relieves the owner less than the owner's piece costs."""
+    if not cost.movable or cost.delta <= 0 or idle <= cost.split_s:
         return 0.0
-    share = min(1.0, idle / cost.delta)
+    share = min(1.0, (idle - cost.split_s) / cost.delta)
     return share if share * cost.delta > cost.split_s else 0.0
 
 

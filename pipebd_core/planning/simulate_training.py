@@ -8,8 +8,8 @@ tensor between ranks by its size. `simulate_pipeline` replays the per-rank actio
 the previous stage's forward of that micro-batch and the send between them; a backward after the next
 stage's backward or, on the last stage, its own forward), so the waits the schedule really has, the
 bubbles, come out of the replay. A moved delta share (planning/partition.py, training/moved.py) is
-replayed as what it is: the boundary layer's owner does less delta work (plus the split's own cost) and
-the next stage more, the weight slice travels with micro-batch 0's activation and each micro-batch's
+replayed as what it is: the boundary layer's owner does less delta work and the next stage more (each
+piece of the split with its own cost), the weight slice travels with micro-batch 0's activation and each micro-batch's
 partial input gradient with its output gradient. `simulate_ddp` is a forward and a backward of one
 shard, the gradients' all-reduce and the optimiser step. Both give the step time, each rank's busy
 share and compute seconds, its peak memory estimate and Gantt segments (rank, kind, micro-batch, start,
@@ -100,12 +100,13 @@ class TrainCosts:
         return f, min(i, b), b - min(i, b)
 
     def split_s(self, index: int) -> float:
-        """What computing a layer's delta in two channel halves and combining them costs beyond computing it
-        whole (0 where the profile did not measure the layer: it cannot be split)."""
+        """What each piece of a layer's delta split in two costs beyond its share of the work: half of what
+        its two channel halves (and their concatenation) took beyond the kernel computing it whole (0 where
+        the profile did not measure the layer: it cannot be split)."""
         entry = self.layers[index]["microbatch"]
         if "I_halves" not in entry:
             return 0.0
-        return max(0.0, float(entry["I_halves"]["median"]) - float(entry["I_kernel"]["median"]))
+        return max(0.0, float(entry["I_halves"]["median"]) - float(entry["I_kernel"]["median"])) / 2
 
     def move_bytes(self, index: int, share: float) -> tuple[int, int]:
         """(weight-slice bytes per step, partial-gradient bytes per micro-batch) of moving `share` of layer
@@ -150,8 +151,9 @@ def moved_times(
     costs: TrainCosts, stages: list[tuple[int, int]], moved: Sequence[float], microbatches: int
 ) -> list[StageTimes]:
     """Each stage's times with the shares `moved` across its boundaries: the owner of a boundary layer
-    loses that share of its delta (I, or B's input-gradient part) and pays the split, the next stage gains
-    the share and holds the weight slice and the owner the buffers of the partial gradients."""
+    loses that share of its delta (I, or B's input-gradient part), the next stage gains it, each with the
+    cost of its piece of the split; the next stage holds the weight slice, the owner the buffers of the
+    partial gradients."""
     times = [costs.stage(start, stop) for start, stop in stages]
     for s, share in enumerate(moved):
         if share <= 0:
@@ -169,7 +171,10 @@ def moved_times(
             held_bytes=owner.held_bytes + buffers,
         )
         times[s + 1] = replace(
-            taker, b=taker.b + share * whole, i=taker.i + share * input_only, held_bytes=taker.held_bytes + weight
+            taker,
+            b=taker.b + share * whole + split,
+            i=taker.i + share * input_only + split,
+            held_bytes=taker.held_bytes + weight,
         )
     return times
 

@@ -7,8 +7,10 @@ input-gradient part and the rest otherwise), or FLOP estimates without one. A la
 (LayerPipe's classification) when it can be split along its input channels (training/moved.py) and moving
 all of it would cost little communication and memory: its weight once a step and its input gradient
 each micro-batch take at most MOVE_COMM_SHARE of the delta's time to send, and its weight at most
-MOVE_MEMORY_SHARE of a rank's memory. Shares become whole channels; `partition_details` is what
-finetune_plan.json says about the cut: stages, each stage's F / delta / G, every move and its bytes.
+MOVE_MEMORY_SHARE of a rank's memory. Shares become whole channels (planned ones whole blocks of
+CHANNEL_BLOCK, where a layer has several: CPU convolution kernels work in blocks of 16 channels and a
+slice of fewer costs about as much); `partition_details` is what finetune_plan.json says about the cut:
+stages, each stage's F / delta / G, every move and its bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pipebd_core.training.network import Network
 
 MOVE_COMM_SHARE = 0.5  # movable: sending the weight (per micro-batch, amortised) and the partial gradient
 MOVE_MEMORY_SHARE = 0.05  # takes at most this share of the delta's time, the weight this share of memory
+CHANNEL_BLOCK = 16  # planned shares move whole blocks of channels: a kernel on fewer costs about as much
 FLOAT_BYTES = 4
 
 
@@ -144,12 +147,15 @@ def where_splittable(layers: Layers, boundary: int, index: int) -> str:
 
 
 def with_channels(layers: Layers, partition: Partition) -> tuple[Partition, list[int]]:
-    """The partition with each share rounded to whole input channels of its boundary layer, and the channels."""
+    """The partition with each share rounded to whole input channels of its boundary layer (a planned one
+    to whole blocks of CHANNEL_BLOCK where the layer has several), and the channels."""
     channels, shares = [], []
     for boundary, share in enumerate(partition.moved):
         layer = layers.network.layers[partition.stages[boundary][1] - 1]
         total = split_channels(layer) or 0
-        moved = round(share * total) if share > 0 else 0
+        planned = partition.partitioner != "given" and total % CHANNEL_BLOCK == 0 and total > CHANNEL_BLOCK
+        block = CHANNEL_BLOCK if planned else 1
+        moved = round(share * total / block) * block if share > 0 else 0
         channels.append(moved)
         shares.append(moved / total if moved else 0.0)
     rounded = Partition(partition.partitioner, partition.stages, shares, partition.target_s, partition.rounds)
