@@ -6,8 +6,10 @@ costs: F, delta and G per micro-batch from the layer profile (I and W for zb's s
 input-gradient part and the rest otherwise), or FLOP estimates without one. A layer's delta is movable
 (LayerPipe's classification) when it can be split along its input channels (training/moved.py) and moving
 all of it would cost little communication and memory: its weight once a step and its input gradient
-each micro-batch take at most MOVE_COMM_SHARE of the delta's time to send, and its weight at most
-MOVE_MEMORY_SHARE of a rank's memory. Shares become whole channels (planned ones whole blocks of
+each micro-batch take at most MOVE_COMM_SHARE of the delta's time to send, and its weight, which the
+next stage then receives and holds, is at most MOVE_WEIGHT_SHARE of the activations the boundary passes
+in a step (the paper's premise: weights are kilobytes where activations are megabytes; a classifier's
+100-million-weight Linear is the opposite). Shares become whole channels (planned ones whole blocks of
 CHANNEL_BLOCK, where a layer has several: CPU convolution kernels work in blocks of 16 channels and a
 slice of fewer costs about as much); `partition_details` is what finetune_plan.json says about the cut:
 stages, each stage's F / delta / G, every move and its bytes.
@@ -30,7 +32,7 @@ from pipebd_core.training.moved import SPLITTABLE, split_channels
 from pipebd_core.training.network import Network
 
 MOVE_COMM_SHARE = 0.5  # movable: sending the weight (per micro-batch, amortised) and the partial gradient
-MOVE_MEMORY_SHARE = 0.05  # takes at most this share of the delta's time, the weight this share of memory
+MOVE_WEIGHT_SHARE = 0.25  # takes at most this share of the delta's time, the weight this share of activations
 CHANNEL_BLOCK = 16  # planned shares move whole blocks of channels: a kernel on fewer costs about as much
 FLOAT_BYTES = 4
 
@@ -95,7 +97,8 @@ def is_movable(costs: TrainCosts, layer: nn.Module, index: int, delta: float, mi
         return False
     weight, grad = costs.move_bytes(index, 1.0)
     sends = costs.send_s(weight) / microbatches + costs.send_s(grad)
-    return sends <= MOVE_COMM_SHARE * delta and weight <= MOVE_MEMORY_SHARE * costs.memory_limit
+    activations = microbatches * costs.batches["microbatch"] * int(costs.layers[index]["output_bytes_per_sample"])
+    return sends <= MOVE_COMM_SHARE * delta and weight <= MOVE_WEIGHT_SHARE * activations
 
 
 def partitions(spec: Spec, layers: Layers, strategy: str) -> list[Partition]:
