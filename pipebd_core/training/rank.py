@@ -7,7 +7,8 @@ size (DDP then averages), a pipeline's micro-batches are equal and the schedule 
 
 Per step each rank writes one telemetry line (metrics/finetune/rank-<r>.jsonl): loss and train
 accuracy of what it saw (the last stage, for pipelines), time in F, B or I and W, send, receive wait,
-all-reduce, optimiser and idle, the step's timeline of micro-batch actions, memory. At the end of each
+all-reduce, optimiser and idle, the step's timeline of micro-batch actions, memory, and how many
+micro-batches' moved delta shares (moved.py) it has combined or computed. At the end of each
 epoch every stage is checkpointed (checkpoints/finetune/block-<stage>/), and every `eval_every` epochs
 rank 0 evaluates top-1 of the whole network from those checkpoints; `--resume` continues from the last
 step every stage saved, with its optimiser state.
