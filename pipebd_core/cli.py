@@ -224,8 +224,8 @@ def command_bench(args: argparse.Namespace) -> int:
     wrong = [name for name in partitioners if name not in PARTITIONERS]
     if wrong or (partitioners and not finetune):
         return fail(
-            f"--partitioners: {'unknown ' + ', '.join(wrong) if wrong else 'only with --phase finetune'};"
-            f" choose from {', '.join(PARTITIONERS)} with --phase finetune"
+            f"--partitioners: {'unknown ' + ', '.join(wrong) if wrong else 'compares end-to-end training'};"
+            f" give --phase finetune and some of {', '.join(PARTITIONERS)}"
         )
     try:
         spec = load_run_spec(args)
