@@ -31,7 +31,7 @@ from pipebd_core.planning.trust import assess
 from pipebd_core.profiling import obtain_profile
 from pipebd_core.progress import MetricsFollower
 from pipebd_core.rundir import DISTILL, RunDir
-from pipebd_core.spec import MODES, Spec, SpecError, load_spec, parse_spec
+from pipebd_core.spec import MODES, PARTITIONERS, Spec, SpecError, load_spec, parse_spec
 from pipebd_core.supervisor import Outcome, Supervisor, Watcher
 from pipebd_core.telemetry import append_event
 
@@ -245,10 +245,17 @@ def command_plan(args: argparse.Namespace) -> int:
 def command_bench(args: argparse.Namespace) -> int:
     finetune = args.phase == "finetune"
     known = bench_finetune.STRATEGIES if finetune else MODES
-    modes = [mode.strip() for mode in (args.modes or ",".join(known)).split(",") if mode.strip()]
+    partitioners = comma_list(args.partitioners)
+    modes = comma_list(args.modes or ("" if partitioners else ",".join(known)))
     unknown = [mode for mode in modes if mode not in known]
     if unknown:
         return fail(f"--modes: unknown {', '.join(unknown)}; for --phase {args.phase} choose from {', '.join(known)}")
+    wrong = [name for name in partitioners if name not in PARTITIONERS]
+    if wrong or (partitioners and not finetune):
+        return fail(
+            f"--partitioners: {'unknown ' + ', '.join(wrong) if wrong else 'compares end-to-end training'};"
+            f" give --phase finetune and some of {', '.join(PARTITIONERS)}"
+        )
     try:
         spec = load_run_spec(args)
         out = Path(args.out) if args.out else default_run_dir(spec, Path("runs") / "bench")
@@ -258,7 +265,9 @@ def command_bench(args: argparse.Namespace) -> int:
             )
             table = bench_replan.format_table(report)
         elif finetune:
-            report = bench_finetune.run_finetune_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep)
+            report = bench_finetune.run_finetune_bench(
+                spec, modes, args.steps, args.repeats, out, keep=args.keep, partitioners=partitioners
+            )
             table = bench_finetune.format_table(report)
         else:
             report = run_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep)
@@ -267,6 +276,10 @@ def command_bench(args: argparse.Namespace) -> int:
         return fail(str(error))
     print(json.dumps(report, indent=1) if args.json else table)
     return 0
+
+
+def comma_list(text: str | None) -> list[str]:
+    return [item.strip() for item in (text or "").split(",") if item.strip()]
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -304,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--phase", choices=("distill", "finetune"), default="distill", help="what to benchmark")
     bench.add_argument(
         "--modes", help="comma-separated modes (distill: dp,ls,ir,tr,tr_dpu,auto) or strategies (finetune)"
+    )
+    bench.add_argument(
+        "--partitioners", help="finetune: comma-separated partitioners (even,pipedream,layerpipe,auto), one schedule"
     )
     bench.add_argument("--steps", type=int, default=20, help="optimiser steps (per block, for distill) each run")
     bench.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every mode")

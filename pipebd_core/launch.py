@@ -67,7 +67,8 @@ def check_devices(spec: Spec) -> None:
 def preflight(spec: Spec) -> None:
     """The launch checks that need no profile and no earlier phase: data set, workload, the distillation
     plan (`auto`, which plans from a profile, is checked as `ir`, one of its candidates that runs wherever
-    the batch splits over nproc) and the finetune plan on a freshly initialised network (a searched
+    the batch splits over nproc) and the finetune plan on a freshly initialised network (strategy `auto`
+    as `gpipe` or `ddp`, partitioners that plan from the profile as `pipedream`; a searched
     network exists only after its search: only its data is checked). Raises SpecError or PlanError
     naming what to change."""
     document = spec.model_dump(mode="json")
@@ -77,6 +78,8 @@ def preflight(spec: Spec) -> None:
     tune = document.get("finetune")
     if tune is not None and tune["strategy"] == "auto":  # the same stand-ins for the end-to-end training
         tune.update(strategy="gpipe" if tune["stages"] else "ddp", profile=False)
+    if tune is not None and tune["partitioner"] in ("layerpipe", "auto"):  # they plan from the profile
+        tune.update(partitioner="pipedream", profile=False)
     try:
         if spec.workload.kind != "train":
             resolve_plan(parse_spec(document), None)

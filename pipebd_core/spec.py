@@ -19,6 +19,7 @@ MODES = ("dp", "ls", "ir", "tr", "tr_dpu", "hybrid", "auto")
 COMPRESSION_TEACHERS = ("vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn")
 TRAINED_NETWORKS = (*COMPRESSION_TEACHERS, "mobilenet_v2")  # kind train: torchvision classifiers from scratch
 STRATEGIES = ("ddp", "gpipe", "1f1b", "zb", "auto")
+PARTITIONERS = ("even", "pipedream", "layerpipe", "auto")  # how a pipeline's layers are cut into stages
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 Mode = Literal["dp", "ls", "ir", "tr", "tr_dpu", "hybrid", "auto"]
@@ -153,6 +154,8 @@ class FinetuneSpec(_Strict):
     microbatches: int = Field(4, ge=1)  # pipelined strategies split the batch into this many equal parts
     strategy: Literal["ddp", "gpipe", "1f1b", "zb", "auto"] = "auto"  # see the README's table of strategies
     stages: list[int] | None = None  # pipelines: the first layer of each stage, from 0; None: the planner cuts
+    partitioner: Literal["even", "pipedream", "layerpipe", "auto"] = "pipedream"  # how the planner cuts (README)
+    moved: list[float] | None = None  # with stages: per boundary, the share of its last layer's delta moved on
     init: Literal["distilled", "scratch"] = "distilled"  # nas: the distilled supernet weights or DNA's retraining
     eval_every: int = Field(1, ge=1)  # epochs between evaluations of top-1 on the eval split
     profile: bool = True  # measure every layer first (cached): strategies ranked and predicted in the plan
@@ -164,11 +167,24 @@ class FinetuneSpec(_Strict):
             raise ValueError(f"must start at layer 0 and increase, e.g. [0, 6, 14]; got {value}")
         return value
 
+    @field_validator("moved")
+    @classmethod
+    def _shares(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and any(not 0 <= share <= 1 for share in value):
+            raise ValueError(f"shares are fractions of a layer's input gradient, from 0 to 1; got {value}")
+        return value
+
     @field_validator("profile")
     @classmethod
     def _auto_profiles(cls, value: bool, info: ValidationInfo) -> bool:
         if info.data.get("strategy") == "auto" and not value:
             raise ValueError("strategy 'auto' plans from measured layer costs; set profile: true or pick a strategy")
+        partitioner = info.data.get("partitioner")
+        if partitioner in ("layerpipe", "auto") and not value:
+            raise ValueError(
+                f"partitioner {partitioner!r} plans from measured delta and weight-gradient times; set profile:"
+                " true or use partitioner 'pipedream' or 'even'"
+            )
         return value
 
 
@@ -268,6 +284,29 @@ def finetune_problems(spec: Spec) -> list[str]:
         )
     if tune.strategy == "ddp" and batch < nproc:
         problems.append(f"finetune.batch_size: a batch of {batch} cannot be split over {nproc} ranks")
+    return problems + partition_problems(tune, nproc)
+
+
+def partition_problems(tune: FinetuneSpec, nproc: int) -> list[str]:
+    """How finetune.stages, partitioner and moved disagree with each other or with nproc."""
+    problems = []
+    if tune.stages is not None and tune.partitioner != "pipedream":
+        problems.append(
+            f"finetune.stages: partitioner {tune.partitioner!r} cuts the stages itself"
+            + (" and plans the moved shares" if tune.partitioner in ("layerpipe", "auto") else "")
+            + "; remove stages, or remove partitioner to train the given cuts (with finetune.moved to move"
+            " delta across them)"
+        )
+    if tune.moved is not None and tune.stages is None:
+        problems.append(
+            "finetune.moved: the shares belong to explicit stage cuts; give finetune.stages too, or use"
+            " partitioner 'layerpipe' to plan cuts and shares"
+        )
+    elif tune.moved is not None and len(tune.moved) != nproc - 1:
+        problems.append(
+            f"finetune.moved: {len(tune.moved)} shares for {nproc} stages; give one per boundary"
+            f" ({nproc - 1}), 0 where nothing moves"
+        )
     return problems
 
 

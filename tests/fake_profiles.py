@@ -49,9 +49,17 @@ def fake_profile(
 
 
 def fake_layer_profile(
-    layers: int, f: float, i: float, w: float, b: float, kept_bytes: int = 1000, memory_limit: int = 10**12
+    layers: int,
+    f: float,
+    i: float,
+    w: float,
+    b: float,
+    kept_bytes: int = 1000,
+    memory_limit: int = 10**12,
+    p2p_per_byte: float = 0.0,
 ) -> Any:
-    """A finetune cost model whose every layer takes the given seconds per micro-batch, without sends."""
+    """A finetune cost model whose every layer takes the given seconds per micro-batch and carries 4-byte
+    outputs and inputs and a 400-byte weight; sends take `p2p_per_byte` seconds a byte (none at 0)."""
     from pipebd_core.planning.simulate_training import TrainCosts
 
     def timing(value: float) -> dict[str, float]:
@@ -59,12 +67,22 @@ def fake_layer_profile(
 
     entry = {key: timing(value) for key, value in {"F": f, "I": i, "W": w, "B": b, "optim": 0.0}.items()}
     layer = {"microbatch": {**entry, "saved_bytes": kept_bytes}, "shard": {**entry, "saved_bytes": kept_bytes}}
+    sizes = (1, 100, 10_000)  # float32 elements
     return TrainCosts(
         {
             "batches": {"microbatch": 1, "shard": 1},
             "device_memory_bytes": memory_limit,
-            "layers": [{**layer, "output_bytes_per_sample": 4, "param_bytes": 400} for _ in range(layers)],
-            "p2p_s": {},
+            "layers": [
+                {
+                    **layer,
+                    "output_bytes_per_sample": 4,
+                    "input_bytes_per_sample": 4,
+                    "param_bytes": 400,
+                    "weight_bytes": 400,
+                }
+                for _ in range(layers)
+            ],
+            "p2p_s": {str(size): timing(4 * size * p2p_per_byte) for size in sizes} if p2p_per_byte else {},
             "allreduce_s": timing(0.0),
         }
     )

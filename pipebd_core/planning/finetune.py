@@ -3,25 +3,35 @@ rank's actions.
 
 `resolve_train_plan` is the `plan_finetune` phase (and, on a freshly initialised network, part of the
 preflight of every launch): it checks what can only be checked against the network and the data
-(labels for a cross-entropy, more stages than layers), cuts the layers into one stage per rank (the
-spec's `finetune.stages`, or the exact min-max cut of the measured per-layer work, or of FLOP
-estimates without a profile) and writes each rank's action list. With a layer profile it predicts
-every strategy by replaying its schedule (planning/simulate_training.py), rejects what does not fit in
-memory, ranks the rest, and `auto` runs the fastest; the ranking, the predicted step and the
-predicted timelines go into finetune_plan.json.
+(labels for a cross-entropy, more stages than layers), cuts the layers into one stage per rank
+(planning/stage_cuts.py: the spec's `finetune.stages` and `moved` shares, or its partitioner over the
+measured layer costs, or over FLOP estimates without a profile) and writes each rank's action list.
+With a layer profile it predicts every strategy by replaying its schedule on its partition
+(planning/simulate_training.py; partitioner `auto`: on every partitioner's, keeping the fastest),
+rejects what does not fit in memory, ranks the rest, and `auto` runs the fastest; the partition, the
+ranking, the predicted step and stage times and the predicted timelines go into finetune_plan.json.
 """
 
 from __future__ import annotations
 
-import itertools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from pipebd_core.data import build_dataset, check_dataset, steps_per_epoch, total_steps
 from pipebd_core.flops import count_flops
-from pipebd_core.plan import PlanError, StepPlan, Stream, balanced_partition
-from pipebd_core.planning.simulate_training import Prediction, TrainCosts, simulate_ddp, simulate_pipeline
+from pipebd_core.plan import StepPlan, Stream
+from pipebd_core.planning.partition import Partition
+from pipebd_core.planning.simulate_training import (
+    Prediction,
+    TrainCosts,
+    links,
+    moved_times,
+    simulate_ddp,
+    simulate_pipeline,
+)
+from pipebd_core.planning.stage_cuts import Layers, partition_details, partitions, with_channels
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
 from pipebd_core.training.network import Network, build_network
@@ -68,44 +78,10 @@ def check_labels(spec: Spec) -> None:
         )
 
 
-def stage_cuts(spec: Spec, flops: list[float]) -> list[tuple[int, int]]:
-    """One stage of contiguous layers per rank: finetune.stages, or balanced on FLOP estimates."""
-    tune, layers, nproc = spec.finetune, len(flops), spec.schedule.nproc
-    assert tune is not None
-    if nproc > layers:
-        raise SpecError(
-            f"schedule.nproc: {nproc} pipeline stages need at least {nproc} layers, the network has {layers};"
-            f" use --nproc {layers} or fewer, or finetune.strategy 'ddp'"
-        )
-    if tune.stages is None:
-        try:
-            return balanced_partition([3 * cost for cost in flops], nproc)
-        except PlanError as error:
-            raise SpecError(f"finetune.stages: {error}") from None
-    if tune.stages[-1] >= layers:
-        raise SpecError(
-            f"finetune.stages: stage starts {tune.stages} reach past the network's {layers} layers"
-            f" (0..{layers - 1}); every stage needs at least one layer"
-        )
-    bounds = [*tune.stages, layers]
-    return list(itertools.pairwise(bounds))
-
-
 def step_counts(view: Spec) -> StepPlan:
     """The finetune phase's steps over the whole training split (no held-out architecture batches)."""
     count = check_dataset(view)
     return StepPlan(total_steps(view, count), steps_per_epoch(view, count), Stream("train", 0, count))
-
-
-def pipeline_cuts(spec: Spec, costs: TrainCosts | None, flops: list[float], split: bool) -> list[tuple[int, int]]:
-    """The stages of a pipelined strategy: finetune.stages, else the min-max cut of the measured work
-    per layer (F + B, or F + I + W for a split backward), else of FLOP estimates."""
-    assert spec.finetune is not None
-    if spec.finetune.stages is not None or costs is None:
-        return stage_cuts(spec, flops)
-    work = [costs.layer_work(index, split) for index in range(len(flops))]
-    stage_cuts(spec, flops)  # the same refusals as without a profile (too few layers)
-    return balanced_partition(work, spec.schedule.nproc)
 
 
 def feasible(spec: Spec, strategy: str, layers: int) -> str | None:
@@ -124,35 +100,84 @@ def feasible(spec: Spec, strategy: str, layers: int) -> str | None:
     return None
 
 
-def predict(spec: Spec, strategy: str, costs: TrainCosts, flops: list[float]) -> tuple[Prediction, list[list[Action]]]:
-    """One strategy's predicted step on this profile, with the action lists it would run."""
-    nproc, layers = spec.schedule.nproc, len(flops)
+@dataclass
+class Candidate:
+    """A strategy on one partition: its predicted step and the action lists it would run."""
+
+    partition: Partition  # shares rounded to whole channels
+    channels: list[int]  # per boundary, the input channels moved
+    prediction: Prediction
+    actions: list[list[Action]]
+
+
+def candidates(spec: Spec, strategy: str, layers: Layers) -> list[Candidate]:
+    """A strategy predicted on every partition it may run (ddp: the whole network on every rank)."""
+    nproc, costs = spec.schedule.nproc, layers.costs
+    assert costs is not None
     if strategy == "ddp":
-        return simulate_ddp(costs, layers, nproc), []
-    assert spec.finetune is not None
-    stages = pipeline_cuts(spec, costs, flops, split=strategy == "zb")
-    times = [costs.stage(start, stop) for start, stop in stages]
-    comm = max((costs.p2p(start) for start, _ in stages), default=0.0)
-    lists = rank_actions(strategy, nproc, spec.finetune.microbatches, [StageCosts(t.f, t.i, t.w) for t in times], comm)
-    return simulate_pipeline(strategy, stages, lists, costs), lists
+        whole = Partition("whole", [(0, len(layers.flops))], [])
+        return [Candidate(whole, [], simulate_ddp(costs, len(layers.flops), nproc), [])]
+    return [simulate_partition(spec, strategy, layers, partition) for partition in partitions(spec, layers, strategy)]
 
 
-def rank_strategies(spec: Spec, costs: TrainCosts, flops: list[float]) -> list[dict[str, Any]]:
+def simulate_partition(spec: Spec, strategy: str, layers: Layers, partition: Partition) -> Candidate:
+    """A pipelined strategy on one partition, its shares rounded to channels: its action lists (zb's from
+    the moved stage costs) replayed."""
+    costs, tune = layers.costs, spec.finetune
+    assert costs is not None and tune is not None
+    rounded, channels = with_channels(layers, partition)
+    times = moved_times(costs, rounded.stages, rounded.moved, tune.microbatches)
+    comm = max(max(link.forward, link.backward) for link in links(costs, rounded.stages, rounded.moved))
+    stage_costs = [StageCosts(t.f, t.i, t.w) for t in times]
+    lists = rank_actions(strategy, spec.schedule.nproc, tune.microbatches, stage_costs, comm)
+    prediction = simulate_pipeline(strategy, rounded.stages, lists, costs, rounded.moved)
+    return Candidate(rounded, channels, prediction, lists)
+
+
+def predict(spec: Spec, strategy: str, layers: Layers) -> Candidate:
+    """One strategy's predicted step on this profile: for a pipeline, on the partition its partitioner
+    gives (for partitioner `auto`, on each one's, keeping the fastest)."""
+    return min(candidates(spec, strategy, layers), key=lambda candidate: candidate.prediction.step_s)
+
+
+def rank_strategies(spec: Spec, layers: Layers) -> list[dict[str, Any]]:
     """Every strategy predicted and ranked, fastest first; those that cannot run or do not fit last."""
     ranked = []
+    costs = layers.costs
+    assert costs is not None
     for strategy in ("ddp", *PIPELINED):
-        reason = feasible(spec, strategy, len(flops))
+        reason = feasible(spec, strategy, len(layers.flops))
         if reason is not None:
             ranked.append({"strategy": strategy, "fits": False, "reason": reason})
             continue
-        prediction, _ = predict(spec, strategy, costs, flops)
+        candidate = predict(spec, strategy, layers)
+        prediction = candidate.prediction
         over = max(prediction.memory_bytes) > costs.memory_limit
-        entry = {**prediction.to_json(), "fits": not over, "segments": prediction.segments}
+        entry = {
+            **prediction.to_json(),
+            "partitioner": candidate.partition.partitioner,
+            "moved": candidate.channels,
+            "fits": not over,
+            "segments": prediction.segments,
+        }
         if over:
             need, have = max(prediction.memory_bytes) / 2**30, costs.memory_limit / 2**30
             entry["reason"] = f"needs {need:.1f} GiB on a rank, {have:.1f} GiB there"
         ranked.append(entry)
     return sorted(ranked, key=lambda entry: (not entry["fits"], entry.get("step_s", float("inf"))))
+
+
+def partition_candidates(spec: Spec, layers: Layers, strategy: str) -> dict[str, Any]:
+    """Partitioner auto: what each partitioner's cut gives the chosen strategy, predicted."""
+    return {
+        candidate.partition.partitioner: {
+            "stages": [list(stage) for stage in candidate.partition.stages],
+            "moved": candidate.channels,
+            "step_s": candidate.prediction.step_s,
+            "stage_s": candidate.prediction.stage_s,
+        }
+        for candidate in candidates(spec, strategy, layers)
+    }
 
 
 def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: dict[str, Any] | None = None) -> TrainPlan:
@@ -166,11 +191,11 @@ def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: dict[str, A
     network = build_network(spec, run_dir)
     sample = build_dataset(view)[0][0]
     shapes, flops = layer_probe(network, sample)
-    costs = TrainCosts(measured) if measured is not None else None
+    layers = Layers(network, shapes, flops, TrainCosts(measured) if measured is not None else None)
     details: dict[str, Any] = {"layer_flops": flops, "requested_strategy": tune.strategy}
     strategy = tune.strategy
-    if costs is not None:
-        ranked = rank_strategies(spec, costs, flops)
+    if layers.costs is not None:
+        ranked = rank_strategies(spec, layers)
         details["strategies"] = ranked
         if strategy == "auto":
             best = ranked[0]
@@ -179,25 +204,35 @@ def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: dict[str, A
             strategy = best["strategy"]
     assert strategy != "auto", "the spec refuses auto without a profile"
     nproc, pipelined = spec.schedule.nproc, strategy in PIPELINED
-    if pipelined:
-        stage_cuts(spec, flops)  # refuses more stages than layers, or stages past the network, naming the field
     microbatches = tune.microbatches if pipelined else 1
-    if costs is not None:
-        prediction, lists = predict(spec, strategy, costs, flops)
-        stages = prediction.stages
-        details.update(predicted_step_s=prediction.step_s, simulation=prediction.segments)
+    if layers.costs is not None:
+        candidate = predict(spec, strategy, layers)
+        partition, channels, lists = candidate.partition, candidate.channels, candidate.actions
+        details.update(
+            predicted_step_s=candidate.prediction.step_s,
+            predicted_stage_s=candidate.prediction.stage_s,
+            simulation=candidate.prediction.segments,
+        )
+    elif pipelined:
+        (unrounded,) = partitions(spec, layers, strategy)  # without a profile: one partitioner, on FLOPs
+        partition, channels = with_channels(layers, unrounded)
+        lists = rank_actions(strategy, nproc, microbatches)
     else:
-        stages = stage_cuts(spec, flops) if pipelined else [(0, network.num_layers)]
-        lists = rank_actions(strategy, nproc, microbatches) if pipelined else []
+        partition, channels, lists = Partition("whole", [(0, network.num_layers)], []), [], []
+    if pipelined:
+        details["partition"] = partition_details(spec, layers, strategy, partition, channels)
+        if tune.partitioner == "auto":
+            details["partition"]["candidates"] = partition_candidates(spec, layers, strategy)
     return TrainPlan(
         strategy=strategy,
         nproc=nproc,
         batch_size=view.data.batch_size,
         microbatches=microbatches,
-        stages=stages,
+        stages=partition.stages,
         steps=step_counts(view),
         shapes=shapes,
         layer_names=network.names,
         actions=lists,
+        moved=channels if any(channels) else [],
         details=details,
     )

@@ -3,12 +3,16 @@
 Run by the `profile_finetune` phase as `torchrun ... -m pipebd_core.planning.layer_profiler --run-dir
 DIR`; it writes DIR/layer_profile.json. Every rank measures every layer (so all ranks load the node as
 training does) and rank 0 pools the trials. Per layer, at the micro-batch size (pipelines) and at the
-largest DDP shard (ceil(B/N)): forward (F), whole backward (B), input-gradient backward (I) and the
-batched weight-gradient pass (W) as deferred.py runs them, and the bytes autograd keeps for the
-backward; the bytes of the layer's output per sample and of its parameters; its SGD step. Between
-rank pairs, the one-way time of each boundary tensor at the micro-batch size; over all ranks, the
-all-reduce of the whole network's gradients. Each value: median of the trials after a warm-up, with
-its spread (p90 - p10) / median.
+largest DDP shard (ceil(B/N)): forward (F), whole backward (B) and input-gradient backward (I), each
+timed without the forward that precedes it, the batched weight-gradient pass (W) as deferred.py runs
+them, and the bytes autograd keeps for the backward; the first layer's input is the data, which needs
+no gradient, as in training. Per layer also the bytes per sample of its output and of its input (and
+input gradient), of its weight and parameters, its SGD step, and for a layer whose delta can be split
+along its input channels (moved.split_channels) the input-gradient kernel whole (I_kernel) and in two
+channel halves put back together (I_halves): what LayerPipe's move costs beyond the work it moves.
+Between rank pairs, the one-way time of each boundary tensor at the micro-batch size and of each such
+weight (what a moved share sends); over all ranks, the all-reduce of the whole network's gradients.
+Each value: median of the trials after a warm-up, with its spread (p90 - p10) / median.
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from pipebd_core.planning.profiler import WARMUP, saved_bytes, summarise, timed_
 from pipebd_core.ranks import join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
-from pipebd_core.training.deferred import defer_weight_gradients
+from pipebd_core.training.deferred import defer_weight_gradients, input_gradient
+from pipebd_core.training.moved import channel_dim, split_channels, weight_of, with_channels
 from pipebd_core.training.network import Network, build_network
 from pipebd_core.training.plan import finetune_view
+
+P2P_MAX_ELEMENTS = 2**24  # larger tensors (a big layer's weight) are costed by scaling the largest measured
 
 
 def layer_batches(spec: Spec) -> dict[str, int]:
@@ -45,42 +52,84 @@ def layer_batches(spec: Spec) -> dict[str, int]:
     return {"microbatch": max(1, batch // tune.microbatches), "shard": -(-batch // nproc)}
 
 
-def measure_layer(layer: nn.Module, shape: list[int], batch: int, trials: int, device: torch.device) -> dict[str, Any]:
-    """F, B, I and W of one layer at one batch, as the strategies run them."""
+def measure_layer(
+    layer: nn.Module, shape: list[int], batch: int, trials: int, device: torch.device, first: bool
+) -> dict[str, Any]:
+    """F, B, I and W of one layer at one batch, as the strategies run them (`first`: its input is the data)."""
     layer = copy.deepcopy(layer).to(device).train()
     trainable = any(p.requires_grad for p in layer.parameters())
-    x = torch.randn((batch, *shape), device=device, requires_grad=True)
+    x = torch.randn((batch, *shape), device=device, requires_grad=not first)
     output = layer(x)
     grad = torch.randn_like(output)
 
     def forward() -> None:
         layer(x)
 
-    def whole_backward() -> None:
-        layer(x).backward(grad)
-
+    backward = output.requires_grad
     result = {
         "F": timed_once(forward, trials, device),
-        "B": timed_once(whole_backward, trials, device),
+        "B": timed_backward(layer, x, grad, trials, device) if backward else [0.0] * trials,
         "saved_bytes": saved_bytes(layer, x) if trainable else 0,
     }
     weights = defer_weight_gradients(layer)
-
-    def input_backward() -> None:
-        layer(x).backward(grad)
-
-    result["I"] = timed_once(input_backward, trials, device)
+    result["I"] = timed_backward(layer, x, grad, trials, device) if backward else [0.0] * trials
     weights.run()  # what the timed input passes kept: flushed, untimed
     result["W"] = [0.0] * trials
     if weights.layers:  # one kept micro-batch per W, as the zero-bubble lists mostly run them
         result["W"] = [_w_time(layer, weights, x, grad, device) for _ in range(WARMUP + trials)][WARMUP:]
     weights.restore()
+    if not first and (split_channels(layer) or 0) > 1:
+        result.update(measure_split(layer, x, grad, trials, device))
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.01, momentum=0.9) if trainable else None
-    layer(x).backward(grad)
+    if backward:
+        layer(x).backward(grad)
     result["optim"] = timed_once(optimizer.step, trials, device) if optimizer else [0.0] * trials
     result["output_bytes_per_sample"] = output[0].numel() * output.element_size()
+    result["input_bytes_per_sample"] = x[0].numel() * x.element_size()
     result["param_bytes"] = sum(p.numel() * p.element_size() for p in layer.parameters())
+    weight = getattr(layer, "weight", None)
+    result["weight_bytes"] = weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else 0
     return result
+
+
+def timed_backward(
+    layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, trials: int, device: torch.device
+) -> list[float]:
+    """Seconds of the layer's backward alone: each trial's forward runs, untimed, before it."""
+    samples = []
+    for index in range(WARMUP + trials):
+        output = layer(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        output.backward(grad)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if index >= WARMUP:
+            samples.append(time.perf_counter() - started)
+    return samples
+
+
+def measure_split(
+    layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, trials: int, device: torch.device
+) -> dict[str, list[float]]:
+    """The input-gradient kernel of a splittable layer whole, and in two channel halves concatenated."""
+    weight, channels = weight_of(layer).detach(), split_channels(layer)
+    assert channels is not None
+    half = channels // 2
+    shapes = (with_channels(x.shape, layer, half), with_channels(x.shape, layer, channels - half))
+
+    def whole() -> None:
+        with torch.no_grad():
+            input_gradient(layer, weight, grad, x.shape)
+
+    def halves() -> None:
+        with torch.no_grad():
+            first = input_gradient(layer, weight[:, :half], grad, shapes[0])
+            second = input_gradient(layer, weight[:, half:], grad, shapes[1])
+            torch.cat([first, second], dim=channel_dim(layer))
+
+    return {"I_kernel": timed_once(whole, trials, device), "I_halves": timed_once(halves, trials, device)}
 
 
 def _w_time(layer: nn.Module, weights: Any, x: torch.Tensor, grad: torch.Tensor, device: torch.device) -> float:
@@ -120,19 +169,26 @@ def measure_rank(
 ) -> dict[str, Any]:
     batches = layer_batches(spec)
     layers = {
-        name: [measure_layer(layer, shapes[i], batch, trials, device) for i, layer in enumerate(network.layers)]
+        name: [
+            measure_layer(layer, shapes[i], batch, trials, device, first=i == 0)
+            for i, layer in enumerate(network.layers)
+        ]
         for name, batch in batches.items()
     }
     distributed = dist.is_initialized() and dist.get_world_size() > 1
-    sizes = sorted({batches["microbatch"] * max(1, torch.Size(shape).numel()) for shape in shapes[1:-1]})
+    sizes = {batches["microbatch"] * max(1, torch.Size(shape).numel()) for shape in shapes[1:-1]}
+    sizes |= {min(P2P_MAX_ELEMENTS, weight_of(layer).numel()) for layer in network.layers[1:] if split_channels(layer)}
     params = sum(p.numel() for p in network.model.parameters())
     flat = torch.zeros(max(1, params), device=device)
     return {
         "batches": batches,
         "layers": layers,
-        "p2p": measure_p2p(sizes, trials, device) if distributed else {},
+        "p2p": measure_p2p(sorted(sizes), trials, device) if distributed else {},
         "allreduce": timed_once(functools.partial(dist.all_reduce, flat), trials, device) if distributed else [],
     }
+
+
+TIMED = ("F", "B", "I", "W", "optim", "I_kernel", "I_halves")  # per layer and batch, in seconds
 
 
 def pool(measured: list[dict[str, Any]], spec: Spec, device: torch.device, shapes: list[list[int]]) -> dict[str, Any]:
@@ -145,13 +201,13 @@ def pool(measured: list[dict[str, Any]], spec: Spec, device: torch.device, shape
     layers = []
     for index in range(len(first["layers"]["microbatch"])):
         entry: dict[str, Any] = {
-            batch: {key: pooled(batch, index, key) for key in ("F", "B", "I", "W", "optim")}
+            batch: {key: pooled(batch, index, key) for key in TIMED if key in first["layers"][batch][index]}
             for batch in first["batches"]
         }
         for batch in first["batches"]:
             entry[batch]["saved_bytes"] = first["layers"][batch][index]["saved_bytes"]
-        entry["output_bytes_per_sample"] = first["layers"]["microbatch"][index]["output_bytes_per_sample"]
-        entry["param_bytes"] = first["layers"]["microbatch"][index]["param_bytes"]
+        for key in ("output_bytes_per_sample", "input_bytes_per_sample", "param_bytes", "weight_bytes"):
+            entry[key] = first["layers"]["microbatch"][index][key]
         layers.append(entry)
     p2p = {size: summarise([t for m in measured for t in m["p2p"].get(size, [])]) for size in first["p2p"]}
     allreduce = [t for m in measured for t in m["allreduce"]]

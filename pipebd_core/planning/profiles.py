@@ -23,6 +23,7 @@ from pipebd_core.spec import Spec
 
 CACHE_ENV = "PIPEBD_CACHE_DIR"
 FORMAT_VERSION = 1
+LAYER_FORMAT_VERSION = 2  # 2: backward times without their forward, input and weight bytes, split kernels
 
 
 class ProfileError(RuntimeError):
@@ -62,6 +63,7 @@ def layer_profile_key(spec: Spec, architecture: str | None) -> str:
     tune = spec.finetune
     assert tune is not None, "only a spec with a finetune section has layers to profile"
     key = {
+        "layers": LAYER_FORMAT_VERSION,
         "blocks": profile_key(spec),
         "batch": tune.batch_size or spec.data.batch_size,
         "microbatches": tune.microbatches,

@@ -1,19 +1,25 @@
 """Predicting a finetune step: the layer cost model and a replay of every strategy's real schedule.
 
 `TrainCosts` reads a layer profile (planning/layer_profiler.py): per layer F, B, I, W and SGD-step
-seconds at one micro-batch and at the largest DDP shard, bytes of outputs, parameters and what autograd
-keeps. `simulate_pipeline` replays the per-rank action lists the ranks run (training/schedules.py): a
-rank does its actions in order, each when its input has come (a forward after the previous stage's
-forward of that micro-batch and the send between them; a backward after the next stage's backward or,
-on the last stage, its own forward), so the waits the schedule really has, the bubbles, come out of
-the replay. `simulate_ddp` is a forward and a backward of one shard, the gradients' all-reduce and the
-optimiser step. Both give the step time, each rank's busy share, its peak memory estimate and Gantt
-segments (rank, kind, micro-batch, start, end).
+seconds at one micro-batch and at the largest DDP shard, bytes of outputs, input gradients, weights,
+parameters and what autograd keeps, what splitting a layer's delta costs, and the one-way time of a
+tensor between ranks by its size. `simulate_pipeline` replays the per-rank action lists the ranks run
+(training/schedules.py): a rank does its actions in order, each when its input has come (a forward after
+the previous stage's forward of that micro-batch and the send between them; a backward after the next
+stage's backward or, on the last stage, its own forward), so the waits the schedule really has, the
+bubbles, come out of the replay. A moved delta share (planning/partition.py, training/moved.py) is
+replayed as what it is: the boundary layer's owner does less delta work and the next stage more (each
+piece of the split with its own cost), the weight slice travels with micro-batch 0's activation and each micro-batch's
+partial input gradient with its output gradient. `simulate_ddp` is a forward and a backward of one
+shard, the gradients' all-reduce and the optimiser step. Both give the step time, each rank's busy
+share and compute seconds, its peak memory estimate and Gantt segments (rank, kind, micro-batch, start,
+end).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipebd_core.training.schedules import Action
@@ -30,6 +36,17 @@ class StageTimes:
     optim: float
     kept_bytes: int  # what one micro-batch's forward keeps for its backward
     param_bytes: int
+    held_bytes: int = 0  # besides both: a received weight slice, the buffers of received partial gradients
+
+
+@dataclass(frozen=True)
+class Link:
+    """One-way seconds into stage s from stage s - 1: each forward's activation, the weight slice that
+    travels with micro-batch 0's, and each backward's gradients going back out of s."""
+
+    forward: float = 0.0
+    weight_slice: float = 0.0
+    backward: float = 0.0
 
 
 class TrainCosts:
@@ -56,15 +73,48 @@ class TrainCosts:
             param_bytes=sum(int(self.layers[i]["param_bytes"]) for i in layers),
         )
 
-    def p2p(self, layer: int) -> float:
-        """One-way seconds of the tensor leaving layer `layer - 1` at one micro-batch (0 without peers)."""
+    def send_s(self, nbytes: float) -> float:
+        """One-way seconds of a float32 tensor of `nbytes` between ranks: the measured size nearest to it,
+        scaled up linearly beyond it (0 without peers, or for nothing to send)."""
         table = self.profile.get("p2p_s") or {}
-        if not table or layer == 0:
+        if not table or nbytes <= 0:
             return 0.0
-        elements = self.batches["microbatch"] * self.layers[layer - 1]["output_bytes_per_sample"] // 4
+        elements = nbytes / 4
         sizes = sorted(int(size) for size in table)
         nearest = min(sizes, key=lambda size: abs(size - elements))
         return float(table[str(nearest)]["median"]) * max(1.0, elements / max(1, nearest))
+
+    def p2p(self, layer: int) -> float:
+        """One-way seconds of the tensor leaving layer `layer - 1` at one micro-batch (0 without peers)."""
+        if layer == 0:
+            return 0.0
+        return self.send_s(self.batches["microbatch"] * self.layers[layer - 1]["output_bytes_per_sample"])
+
+    def parts(self, index: int, split: bool) -> tuple[float, float, float]:
+        """(F, delta, G) of a layer per micro-batch: the input gradient I and weight gradient W of a split
+        backward, or a whole backward B divided into its input-gradient part (at most I) and the rest."""
+        f, i = self.layer(index, "microbatch", "F"), self.layer(index, "microbatch", "I")
+        if split:
+            return f, i, self.layer(index, "microbatch", "W")
+        b = self.layer(index, "microbatch", "B")
+        return f, min(i, b), b - min(i, b)
+
+    def split_s(self, index: int) -> float:
+        """What each piece of a layer's delta split in two costs beyond its share of the work: half of what
+        its two channel halves (and their concatenation) took beyond the kernel computing it whole (0 where
+        the profile did not measure the layer: it cannot be split)."""
+        entry = self.layers[index]["microbatch"]
+        if "I_halves" not in entry:
+            return 0.0
+        return max(0.0, float(entry["I_halves"]["median"]) - float(entry["I_kernel"]["median"])) / 2
+
+    def move_bytes(self, index: int, share: float) -> tuple[int, int]:
+        """(weight-slice bytes per step, partial-gradient bytes per micro-batch) of moving `share` of layer
+        `index`'s delta to the next stage."""
+        layer = self.layers[index]
+        weight = round(share * int(layer.get("weight_bytes", 0)))
+        grad = round(share * self.batches["microbatch"] * int(layer["input_bytes_per_sample"]))
+        return weight, grad
 
     def allreduce(self) -> float:
         return float(self.profile["allreduce_s"]["median"])
@@ -84,15 +134,60 @@ class Prediction:
     busy: list[float]  # per rank, the share of the step it computes
     memory_bytes: list[int]  # per rank, estimated peak
     segments: list[dict[str, Any]] = field(default_factory=list)
+    stage_s: list[float] = field(default_factory=list)  # per rank, compute seconds per step (optimiser too)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "strategy": self.strategy,
             "stages": [list(stage) for stage in self.stages],
             "step_s": self.step_s,
+            "stage_s": self.stage_s,
             "bubble": [1.0 - share for share in self.busy],
             "memory_bytes": self.memory_bytes,
         }
+
+
+def moved_times(
+    costs: TrainCosts, stages: list[tuple[int, int]], moved: Sequence[float], microbatches: int
+) -> list[StageTimes]:
+    """Each stage's times with the shares `moved` across its boundaries: the owner of a boundary layer
+    loses that share of its delta (I, or B's input-gradient part), the next stage gains it, each with the
+    cost of its piece of the split; the next stage holds the weight slice, the owner the buffers of the
+    partial gradients."""
+    times = [costs.stage(start, stop) for start, stop in stages]
+    for s, share in enumerate(moved):
+        if share <= 0:
+            continue
+        layer = stages[s][1] - 1
+        _, whole, _ = costs.parts(layer, split=False)
+        _, input_only, _ = costs.parts(layer, split=True)
+        split, (weight, grad) = costs.split_s(layer), costs.move_bytes(layer, share)
+        owner, taker = times[s], times[s + 1]
+        buffers = grad * microbatches
+        times[s] = replace(
+            owner,
+            b=owner.b - share * whole + split,
+            i=owner.i - share * input_only + split,
+            held_bytes=owner.held_bytes + buffers,
+        )
+        times[s + 1] = replace(
+            taker,
+            b=taker.b + share * whole + split,
+            i=taker.i + share * input_only + split,
+            held_bytes=taker.held_bytes + weight,
+        )
+    return times
+
+
+def links(costs: TrainCosts, stages: list[tuple[int, int]], moved: Sequence[float]) -> list[Link]:
+    """The sends into each stage from the one before (none into stage 0), with the moved shares' traffic."""
+    result = [Link()]
+    for s in range(1, len(stages)):
+        share = moved[s - 1] if s - 1 < len(moved) else 0.0
+        weight, grad = costs.move_bytes(stages[s][0] - 1, share) if share > 0 else (0, 0)
+        boundary = costs.p2p(stages[s][0])
+        result.append(Link(boundary, costs.send_s(weight), boundary + costs.send_s(grad)))
+    return result
 
 
 def simulate_pipeline(
@@ -100,16 +195,17 @@ def simulate_pipeline(
     stages: list[tuple[int, int]],
     actions: list[list[Action]],
     costs: TrainCosts,
+    moved: Sequence[float] = (),
 ) -> Prediction:
-    """Replay one step of the per-rank action lists with the profiled costs."""
-    times = [costs.stage(start, stop) for start, stop in stages]
-    sends = [costs.p2p(start) for start, _ in stages]  # into stage s (forward) and out of it (backward)
+    """Replay one step of the per-rank action lists with the profiled costs and the moved shares."""
+    times = moved_times(costs, stages, moved, len({action.microbatch for action in actions[0]}))
+    sends = links(costs, stages, moved)
     count = len(stages)
     done: dict[tuple[str, int, int], float] = {}
     clock, position = [0.0] * count, [0] * count
     segments: list[dict[str, Any]] = []
     while any(position[s] < len(actions[s]) for s in range(count)):
-        moved = False
+        progressed = False
         for s in range(count):
             while position[s] < len(actions[s]):
                 action = actions[s][position[s]]
@@ -124,27 +220,31 @@ def simulate_pipeline(
                     {"rank": s, "kind": action.kind, "microbatch": action.microbatch, "start": start, "end": clock[s]}
                 )
                 position[s] += 1
-                moved = True
-        if not moved:
+                progressed = True
+        if not progressed:
             raise RuntimeError(f"the {strategy} action lists deadlock in the replay: {actions}")
     step = max(clock[s] + times[s].optim for s in range(count))
-    busy = [sum(seg["end"] - seg["start"] for seg in segments if seg["rank"] == s) / step for s in range(count)]
+    computed = [sum(seg["end"] - seg["start"] for seg in segments if seg["rank"] == s) for s in range(count)]
+    busy = [seconds / step for seconds in computed]
     memory = [_pipeline_memory(actions[s], times[s]) for s in range(count)]
-    return Prediction(strategy, stages, step, busy, memory, segments)
+    stage_s = [seconds + times[s].optim for s, seconds in enumerate(computed)]
+    return Prediction(strategy, stages, step, busy, memory, segments, stage_s)
 
 
 def _ready(
-    action: Action, s: int, count: int, done: dict[tuple[str, int, int], float], sends: list[float]
+    action: Action, s: int, count: int, done: dict[tuple[str, int, int], float], sends: list[Link]
 ) -> float | None:
     """When `action` of stage `s` can start as far as other stages go, or None while it cannot yet."""
     m = action.microbatch
     if action.kind == "F":
-        return 0.0 if s == 0 else _after(done, ("F", s - 1, m), sends[s])
+        if s == 0:
+            return 0.0
+        return _after(done, ("F", s - 1, m), sends[s].forward + (sends[s].weight_slice if m == 0 else 0.0))
     if action.kind in ("B", "I"):
         if s == count - 1:
             return _after(done, ("F", s, m), 0.0)
         upstream = done.get(("B", s + 1, m), done.get(("I", s + 1, m)))
-        return None if upstream is None else upstream + sends[s + 1]
+        return None if upstream is None else upstream + sends[s + 1].backward
     return _after(done, ("I", s, m), 0.0)
 
 
@@ -159,7 +259,7 @@ def _pipeline_memory(actions: list[Action], times: StageTimes) -> int:
     for action in actions:
         alive += 1 if action.kind == "F" else -1 if action.kind in ("B", "W") else 0
         peak = max(peak, alive)
-    return MEMORY_COPIES * times.param_bytes + peak * times.kept_bytes
+    return MEMORY_COPIES * times.param_bytes + peak * times.kept_bytes + times.held_bytes
 
 
 def simulate_ddp(costs: TrainCosts, layers: int, nproc: int) -> Prediction:
@@ -182,4 +282,5 @@ def simulate_ddp(costs: TrainCosts, layers: int, nproc: int) -> Prediction:
         ]
     memory = (MEMORY_COPIES + 1) * whole.param_bytes + whole.kept_bytes  # DDP's buckets hold a gradient copy
     busy = (whole.f + whole.b) / step
-    return Prediction("ddp", [(0, layers)], step, [busy] * nproc, [memory] * nproc, segments)
+    stage_s = [whole.f + whole.b + whole.optim] * nproc
+    return Prediction("ddp", [(0, layers)], step, [busy] * nproc, [memory] * nproc, segments, stage_s)

@@ -8,7 +8,8 @@ backward-p2): dW = dY^T X for Linear, `conv2d_weight` over the concatenated batc
 parameters (BatchNorm's) get their gradients in the input pass, as autograd gives them.
 
 The parameters stay the modules' own (their state_dict and optimiser are unchanged); only `forward`
-changes, and `restore` undoes it.
+changes, and `restore` undoes it. `input_gradient` and `weight_gradients` are the two halves of a layer's
+backward as formulas; moved.py computes a channel slice of the first on another stage.
 """
 
 from __future__ import annotations
@@ -46,18 +47,46 @@ class Kept:
             self.grads.append(grad.detach())
 
 
+def input_gradient(layer: nn.Module, weight: torch.Tensor, grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """dL/dx of a Linear or Conv2d `layer` computed with `weight` (the layer's, or a slice of its input
+    channels) from the output gradient `grad`; `shape` is the shape of that input (or of its slice)."""
+    if isinstance(layer, nn.Linear):
+        return grad @ weight
+    assert isinstance(layer, nn.Conv2d)
+    return conv2d_input(shape, weight, grad, layer.stride, layer.padding, layer.dilation, layer.groups)
+
+
+def weight_gradients(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dL/dW, dL/db) of a Linear or Conv2d `layer` from its inputs and their output gradients (any batch)."""
+    bias = None
+    if isinstance(layer, nn.Linear):
+        dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+        if layer.bias is not None:
+            bias = dy2.sum(0)
+        return dy2.t() @ x2, bias
+    assert isinstance(layer, nn.Conv2d)
+    weight = conv2d_weight(x, layer.weight.shape, dy, layer.stride, layer.padding, layer.dilation, layer.groups)
+    if layer.bias is not None:
+        bias = dy.sum((0, 2, 3))
+    return weight, bias
+
+
 class _LinearInput(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kept: Kept) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, linear: nn.Linear, kept: Kept
+    ) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        ctx.kept = kept
+        ctx.linear, ctx.kept = linear, kept
         return F.linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None, None]:
         x, weight = ctx.saved_tensors
         ctx.kept.keep(x, grad)
-        return (grad @ weight if ctx.needs_input_grad[0] else None), None, None, None
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        return input_gradient(ctx.linear, weight, grad, x.shape), None, None, None, None
 
 
 class _ConvInput(torch.autograd.Function):
@@ -76,8 +105,7 @@ class _ConvInput(torch.autograd.Function):
         ctx.kept.keep(x, grad)
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
-        dx = conv2d_input(x.shape, weight, grad, conv.stride, conv.padding, conv.dilation, conv.groups)
-        return dx, None, None, None, None
+        return input_gradient(conv, weight, grad, x.shape), None, None, None, None
 
 
 def _accumulate(param: torch.Tensor | None, value: torch.Tensor) -> None:
@@ -117,17 +145,11 @@ class WeightGradients:
                 x, dy = torch.cat(kept.inputs), torch.cat(kept.grads)
                 kept.inputs.clear()
                 kept.grads.clear()
-                if isinstance(layer, nn.Linear):
-                    dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
-                    _accumulate(layer.weight, dy2.t() @ x2)
-                    _accumulate(layer.bias, dy2.sum(0))
-                else:
-                    assert isinstance(layer, nn.Conv2d)
-                    weight = conv2d_weight(
-                        x, layer.weight.shape, dy, layer.stride, layer.padding, layer.dilation, layer.groups
-                    )
-                    _accumulate(layer.weight, weight)
-                    _accumulate(layer.bias, dy.sum((0, 2, 3)))
+                assert isinstance(layer, nn.Linear | nn.Conv2d)
+                weight, bias = weight_gradients(layer, x, dy)
+                _accumulate(layer.weight, weight)
+                if bias is not None:
+                    _accumulate(layer.bias, bias)
 
     def restore(self) -> None:
         """Give every layer its own forward back."""
@@ -137,7 +159,7 @@ class WeightGradients:
 
 def _deferred_forward(layer: nn.Module, kept: Kept) -> Any:
     if isinstance(layer, nn.Linear):
-        return lambda x: _LinearInput.apply(x, layer.weight, layer.bias, kept)
+        return lambda x: _LinearInput.apply(x, layer.weight, layer.bias, layer, kept)
     assert isinstance(layer, nn.Conv2d)
     if layer.padding_mode != "zeros":
         raise ValueError(f"{layer}: only zero-padded convolutions can defer their weight gradient")

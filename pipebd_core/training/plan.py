@@ -2,8 +2,10 @@
 
 A strategy (`ddp`: the whole network on every rank, the batch split over them; `gpipe`, `1f1b`, `zb`:
 one pipeline stage of contiguous layers per rank, the batch split into equal micro-batches), the
-stages' layer ranges, every rank's action list (schedules.py), the steps and the sample stream, and the
-boundary shapes. `details` keeps what is informational: the ranked strategies, predictions, timelines.
+stages' layer ranges, the channels of each boundary layer whose delta the next stage computes (moved.py),
+every rank's action list (schedules.py), the steps and the sample stream, and the boundary shapes.
+`details` keeps what is informational: the partition and its costs, the ranked strategies, predictions,
+timelines.
 
 `finetune_view(spec)` is the spec as the finetune phase trains it: the finetune section's optimiser,
 epochs and batch put where the data and step helpers of the engine read them.
@@ -50,6 +52,9 @@ class TrainPlan:
     shapes: list[list[int]]  # per-sample shape entering each layer, then the logits'
     layer_names: list[str]
     actions: list[list[Action]] = field(default_factory=list)  # pipelines: per rank, in order
+    # pipelines: per boundary s -> s+1, how many input channels of stage s's last layer have their delta
+    # computed by stage s+1 (LayerPipe's moved share); empty: none anywhere
+    moved: list[int] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -63,6 +68,10 @@ class TrainPlan:
     def stage_of(self, rank: int) -> tuple[int, int]:
         return self.stages[rank] if self.pipelined else self.stages[0]
 
+    def moved_at(self, boundary: int) -> int:
+        """Channels moved across boundary `boundary` (between stages `boundary` and `boundary + 1`)."""
+        return self.moved[boundary] if self.pipelined and 0 <= boundary < len(self.moved) else 0
+
     def to_json(self) -> dict[str, Any]:
         return {
             "strategy": self.strategy,
@@ -74,12 +83,14 @@ class TrainPlan:
             "shapes": self.shapes,
             "layer_names": self.layer_names,
             "actions": [[str(action) for action in actions] for actions in self.actions],
+            "moved": self.moved,
             **self.details,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainPlan:
         known = {"strategy", "nproc", "batch_size", "microbatches", "stages", "shapes", "layer_names", "actions"}
+        known |= {"moved"}
         known |= {"total_steps", "steps_per_epoch", "num_samples", "streams", "search"}
         return cls(
             strategy=data["strategy"],
@@ -91,5 +102,6 @@ class TrainPlan:
             shapes=data["shapes"],
             layer_names=data["layer_names"],
             actions=[[Action.parse(text) for text in actions] for actions in data["actions"]],
+            moved=[int(channels) for channels in data.get("moved", [])],
             details={key: value for key, value in data.items() if key not in known},
         )

@@ -7,7 +7,8 @@ size (DDP then averages), a pipeline's micro-batches are equal and the schedule 
 
 Per step each rank writes one telemetry line (metrics/finetune/rank-<r>.jsonl): loss and train
 accuracy of what it saw (the last stage, for pipelines), time in F, B or I and W, send, receive wait,
-all-reduce, optimiser and idle, the step's timeline of micro-batch actions, memory. At the end of each
+all-reduce, optimiser and idle, the step's timeline of micro-batch actions, memory, and how many
+micro-batches' moved delta shares (moved.py) it has combined or computed. At the end of each
 epoch every stage is checkpointed (checkpoints/finetune/block-<stage>/), and every `eval_every` epochs
 rank 0 evaluates top-1 of the whole network from those checkpoints; `--resume` continues from the last
 step every stage saved, with its optimiser state.
@@ -39,6 +40,7 @@ from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.students import with_sync_batchnorm
 from pipebd_core.telemetry import TelemetryWriter, append_event, current_memory_bytes, peak_memory_bytes
 from pipebd_core.training.deferred import WeightGradients, defer_weight_gradients
+from pipebd_core.training.moved import stage_shares
 from pipebd_core.training.network import Network, build_network, teacher_network
 from pipebd_core.training.pipeline import Segment, make_schedule, make_stage, timed_waits
 from pipebd_core.training.plan import TrainPlan, finetune_view
@@ -110,8 +112,11 @@ class Trainer:
         self.ctx, self.module = ctx, module.to(ctx.device).train()
         self.unit = unit  # the checkpoint unit this rank writes (its stage, or 0 for DDP's rank 0), or None
         train = ctx.spec.train
+        # a stage of parameter-free layers (one that takes a moved delta share can be) has nothing to update:
+        # an empty placeholder keeps its optimiser, steps and checkpoints like every other stage's
+        parameters = list(module.parameters()) or [nn.Parameter(torch.zeros(0, device=ctx.device))]
         self.optimizer = torch.optim.SGD(
-            module.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
+            parameters, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
         )
         self.telemetry = TelemetryWriter(ctx.run_dir.metrics(ctx.rank, FINETUNE))
         self.eval_network: Network | None = None
@@ -286,7 +291,8 @@ class PipelineTrainer(Trainer):
         self.weights: WeightGradients | None = (
             defer_weight_gradients(self.module) if ctx.plan.strategy == "zb" else None
         )
-        self.stage = make_stage(ctx.plan, ctx.rank, self.module, ctx.device, self.weights)
+        self.shares = stage_shares(ctx.plan, ctx.rank, ctx.network.layers, ctx.device, self.weights)
+        self.stage = make_stage(ctx.plan, ctx.rank, self.module, ctx.device, self.weights, self.shares)
         self.schedule = make_schedule(ctx.plan, self.stage, ctx.losses)
         loads = self.first or self.last
         self.loader = ctx.batches((0, ctx.plan.batch_size)) if loads else None
@@ -316,6 +322,7 @@ class PipelineTrainer(Trainer):
             "times": {"optim": time.perf_counter() - optim_start},
             "timeline": [s.to_json() for s in rebased(stage.segments, start)],
             "w_calls": self.weights.calls if self.weights is not None else 0,
+            **self.moved_counts(),
         }
         if self.last:
             assert labels is not None
@@ -325,6 +332,15 @@ class PipelineTrainer(Trainer):
                 samples=len(labels),
             )
         return result
+
+    def moved_counts(self) -> dict[str, int]:
+        """Micro-batches so far whose moved delta share this rank combined (as the owner of the boundary
+        layer) and computed (as the next stage): how the tests see that a move ran."""
+        gives, takes = self.shares
+        return {
+            "moved_combined": gives.combined if gives is not None else 0,
+            "moved_computed": takes.computed if takes is not None else 0,
+        }
 
 
 def build_context(run_dir: RunDir, rank: int, world: int, device: torch.device) -> Context:
