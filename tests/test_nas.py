@@ -19,7 +19,8 @@ import torch.nn.functional as F
 import torchvision
 
 from pipebd_core.data import build_dataset, stream_batch_indices
-from pipebd_core.launch import Steps
+from pipebd_core.plan import StepPlan
+from pipebd_core.planning.resolve import step_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.schedule import arch_update_index
 from pipebd_core.spec import Spec, SpecError, parse_spec
@@ -143,7 +144,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir.root
 
 
-def search_rounds(spec: Spec, steps: Steps, step: int) -> list[tuple[str, list[int]]]:
+def search_rounds(spec: Spec, steps: StepPlan, step: int) -> list[tuple[str, list[int]]]:
     """The rounds of one step and the sample indices of their batches: weights, then arch if it updates."""
     rounds = [("weights", stream_batch_indices(spec, steps.train, step))]
     update = arch_update_index(step, steps.search)
@@ -158,7 +159,7 @@ def plain_search(spec: Spec) -> dict[str, torch.Tensor]:
     then at architecture updates the arch round on a held-out batch (Adam); paths from path_generator.
 
     One thread, as a rank runs: CPU kernels sum in an order that depends on the thread count."""
-    workload, dataset, steps, train = build_workload(spec), build_dataset(spec), Steps.of(spec), spec.train
+    workload, dataset, steps, train = build_workload(spec), build_dataset(spec), step_plan(spec), spec.train
     students = [s for s in workload.student_blocks if isinstance(s, SupernetBlock)]
     assert workload.search is not None and len(students) == workload.num_blocks
     sgd = [
