@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from pipebd_core.plan import Plan, SearchSchedule
 from pipebd_core.planning import profiles
 from pipebd_core.planning.calibration import calibrate
 from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.planning.profiler import MAX_REMEASURES, conditions, spread_of, timed
+from pipebd_core.planning.profiler import MAX_REMEASURES, conditions, node_busy_seconds, spread_of, timed
 from pipebd_core.planning.resolve import resolve_plan
 from pipebd_core.planning.trust import NOISY_SPREAD, assess
 from pipebd_core.profiling import obtain_profile
@@ -38,6 +39,9 @@ from tests.helpers import assert_same_weights, load_students, plain_loop, run_jo
 from tests.test_failures import pipebd
 
 CPU = torch.device("cpu")
+# Other processes' use of the node (in cores, over the whole run) above which a step time measured there
+# is not the one a quiet node would measure: the 10% prediction claim is then not checkable.
+QUIET_CORES = 0.25
 
 
 def sleeper(durations: Iterator[float]) -> Any:
@@ -189,23 +193,32 @@ def events_of(run_dir: RunDir, kind: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def replanned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Spec, RunDir, int]:
-    """A run of 800 steps from a deliberately wrong profile (the real one measured first)."""
+def replanned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Spec, RunDir, int, float]:
+    """A run of 800 steps from a deliberately wrong profile (the real one measured first), and the cores
+    that other processes on the node kept busy meanwhile."""
     spec = replan_spec(samples=16 * 400)
     measured, _ = obtain_profile(spec, refresh=True, trials=3)
     wrong, cut = misplanned(measured, spec.data.batch_size)
     profiles.store(spec, wrong)
     stages = [(s.start, s.stop, s.replicas) for s in resolve_plan(spec, wrong).stages]
     assert stages == [(0, cut, 1), (cut, 8, 1)], f"the wrong profile should plan the cut at {cut}, not {stages}"
+    busy, ours, started = node_busy_seconds(), cpu_seconds_of_this_tree(), time.monotonic()
     code, run_dir = run_job(spec, tmp_path_factory.mktemp("replan") / "run")
     assert code == 0, run_dir.events.read_text()[-3000:]
-    return spec, run_dir, cut
+    others = node_busy_seconds() - busy - (cpu_seconds_of_this_tree() - ours)
+    return spec, run_dir, cut, max(0.0, others) / (time.monotonic() - started)
+
+
+def cpu_seconds_of_this_tree() -> float:
+    """CPU seconds of this process and of its descendants that have ended (torchrun, the ranks)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def test_a_run_from_a_wrong_profile_replans_once_and_learns_what_the_sequential_loop_learns(
-    replanned: tuple[Spec, RunDir, int],
+    replanned: tuple[Spec, RunDir, int, float],
 ) -> None:
-    spec, run_dir, cut = replanned
+    spec, run_dir, cut, _ = replanned
     plan = run_dir.read_json(run_dir.plan)
     assert len(plan["replans"]) == 1, events_of(run_dir, "replan_declined")
     entry = plan["replans"][0]
@@ -221,9 +234,9 @@ def test_a_run_from_a_wrong_profile_replans_once_and_learns_what_the_sequential_
 
 
 def test_calibration_is_cached_and_the_next_plan_predicts_what_was_measured(
-    replanned: tuple[Spec, RunDir, int], tmp_path: Path
+    replanned: tuple[Spec, RunDir, int, float], tmp_path: Path
 ) -> None:
-    spec, run_dir, _ = replanned
+    spec, run_dir, _, other_cores = replanned
     cached = profiles.load_cached(spec)
     assert cached is not None and cached["calibration"]["source"]["run"] == run_dir.root.name
     assert cached["blocks"] == run_dir.read_json(run_dir.profile)["blocks"]  # the measured numbers stay
@@ -236,11 +249,19 @@ def test_calibration_is_cached_and_the_next_plan_predicts_what_was_measured(
     report = json.loads(result.stdout)
     ranked = {json.dumps([[s["start"], s["stop"], s["replicas"]] for s in p["stages"]]): p for p in report["plans"]}
     predicted = ranked[json.dumps(final)]["step_s"]
-    assert abs(predicted - measured) <= 0.1 * measured, (predicted, measured)
     assert report["profile_trust"]["calibrated_from"]["run"] == run_dir.root.name
+    if other_cores > QUIET_CORES and abs(predicted - measured) > 0.1 * measured:
+        pytest.skip(
+            f"other processes kept {other_cores:.2f} cores busy while the run measured its steps: the 10% claim"
+            f" holds for a node that is not shared mid-run (predicted {predicted * 1e3:.1f} ms,"
+            f" measured {measured * 1e3:.1f} ms)"
+        )
+    assert abs(predicted - measured) <= 0.1 * measured, (predicted, measured, f"other cores busy {other_cores:.2f}")
 
 
-def test_a_run_from_the_calibrated_profile_never_replans(replanned: tuple[Spec, RunDir, int], tmp_path: Path) -> None:
+def test_a_run_from_the_calibrated_profile_never_replans(
+    replanned: tuple[Spec, RunDir, int, float], tmp_path: Path
+) -> None:
     spec = replan_spec(samples=16 * 150)  # same workload, so the same cached (now calibrated) profile
     code, run_dir = run_job(spec, tmp_path / "run")
     assert code == 0, run_dir.events.read_text()[-3000:]
