@@ -9,6 +9,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,6 +39,17 @@ def join_process_group(spec: Spec, device: torch.device, world: int, alone_too: 
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=spec.schedule.timeout_s)
     dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
+
+
+def gather_on_rank_zero(measured: Any) -> list[Any] | None:
+    """Every rank's `measured`, in rank order, on rank 0 (None on the others); then leave the group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    gathered: list[Any] = [measured] * world
+    if world > 1:
+        dist.all_gather_object(gathered, measured)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return gathered if int(os.environ.get("RANK", "0")) == 0 else None
 
 
 def redirect_output_to_log(run_dir: RunDir, phase: str) -> None:

@@ -33,7 +33,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from pipebd_core.data import build_dataset
 from pipebd_core.phases import PROFILE_FINETUNE
 from pipebd_core.planning.profiler import WARMUP, saved_bytes, summarise, timed_once
-from pipebd_core.ranks import join_process_group, phase_entry, pick_device
+from pipebd_core.ranks import gather_on_rank_zero, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.training.deferred import defer_weight_gradients, input_gradient
@@ -245,13 +245,9 @@ def profile_layers(run_dir: RunDir, trials: int) -> None:
             x = layer(x)
             shapes.append(list(x.shape[1:]))
     measured = measure_rank(spec, network, shapes, trials, device)
-    gathered: list[Any] = [measured] * world
-    if world > 1:
-        dist.all_gather_object(gathered, measured)
-    if int(os.environ.get("RANK", "0")) == 0:
+    gathered = gather_on_rank_zero(measured)
+    if gathered is not None:
         run_dir.write_json(run_dir.layer_profile, pool(gathered, spec, device, shapes))
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @record

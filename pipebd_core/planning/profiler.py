@@ -40,7 +40,7 @@ from pipebd_core.data import BatchLoader, build_dataset
 from pipebd_core.phases import PROFILE
 from pipebd_core.planning.probe import probe_workload
 from pipebd_core.planning.trust import NOISY_SPREAD
-from pipebd_core.ranks import join_process_group, phase_entry, pick_device
+from pipebd_core.ranks import gather_on_rank_zero, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.students import StudentBlock
@@ -389,13 +389,9 @@ def profile_ranks(run_dir: RunDir, trials: int) -> None:
     device = pick_device(spec, int(os.environ.get("LOCAL_RANK", "0")))
     join_process_group(spec, device, world)
     measured = measure_rank(spec, device, trials)
-    gathered: list[Any] = [measured] * world
-    if world > 1:
-        dist.all_gather_object(gathered, measured)
-    if int(os.environ.get("RANK", "0")) == 0:
+    gathered = gather_on_rank_zero(measured)
+    if gathered is not None:
         run_dir.write_json(run_dir.profile, pool(gathered, spec, device))
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @record
