@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from app.core.database import session_scope
-from app.core.queue import TASK_NAME
+from app.core.queue import TASK_NAME, enqueue
 from app.core.settings import get_settings
 from app.core.tables import Job
 from worker.celery_app import celery_app, shutting_down
@@ -21,6 +21,11 @@ def device_pool() -> DevicePool:
     return DevicePool(settings.worker_devices or detect_devices(), torch.cuda.is_available())
 
 
+def publish(job_id: int, queue: str) -> None:
+    """Put a requeued job's id back on the broker (launcher.Publish)."""
+    enqueue(celery_app, job_id, queue)
+
+
 def needed_ranks(job_id: int) -> int | None:
     with session_scope(get_settings().database) as session:
         job = session.get(Job, job_id)
@@ -34,4 +39,4 @@ def run_job(job_id: int) -> str:
     if nproc is None:
         return "deleted"
     with device_pool().take(nproc) as env:
-        return JobRunner(job_id, get_settings(), shutting_down, env).run()
+        return JobRunner(job_id, get_settings(), shutting_down, env, publish).run()
