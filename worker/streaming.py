@@ -6,6 +6,11 @@ one `metrics` event naming their id range, and the job's progress and samples/s 
 pipebd_core.progress, as `pipebd run` computes them). Logs are not copied: a `log` event says which
 log of which phase grew to what size, and readers fetch the bytes from the run directory
 (`GET /api/v1/jobs/{id}/logs`). The event stream of the API replays exactly these events.
+
+A job that runs again (resumed, restarted) re-reads its telemetry files from the start, and its ranks
+redo the steps after their last checkpoint: a line is stored only when its rank's `seq` is past the
+highest one already stored for that phase (an evaluation line, once per epoch), so every step is
+stored exactly once, whatever attempt wrote it.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import update
-from sqlmodel import Session, col
+from sqlmodel import Session, col, func, select
 
 from app.core.database import session_scope
 from app.core.downsample import to_point
@@ -33,6 +38,38 @@ class TelemetryStreamer:
         self.followers: dict[str, MetricsFollower] = {}
         self.rollups = {phase: RollupBuilder(job_id, phase) for phase in PHASES_WITH_METRICS}
         self.log_sizes: dict[tuple[str, str], int] = {}
+        self.stored_seq, self.stored_evals = self._stored()
+
+    def _stored(self) -> tuple[dict[tuple[str, int], int], set[tuple[str, int, int]]]:
+        """What earlier attempts stored: the highest seq per (phase, rank), and the evaluations' epochs."""
+        with session_scope(self.database) as session:
+            highest = session.exec(
+                select(JobMetric.phase, JobMetric.rank, func.max(JobMetric.seq))
+                .where(JobMetric.job_id == self.job_id, JobMetric.seq != EVAL_SEQ)
+                .group_by(col(JobMetric.phase), col(JobMetric.rank))
+            ).all()
+            evals = session.exec(
+                select(JobMetric.phase, JobMetric.rank, JobMetric.epoch).where(
+                    JobMetric.job_id == self.job_id, JobMetric.seq == EVAL_SEQ
+                )
+            ).all()
+        seqs = {(phase, rank): int(seq) for phase, rank, seq in highest}
+        return seqs, {(phase, rank, epoch) for phase, rank, epoch in evals}
+
+    def fresh(self, phase: str, line: dict[str, Any]) -> bool:
+        """Whether `line` was not stored before (and now counts as stored)."""
+        rank, seq = int(line["rank"]), int(line.get("done", EVAL_SEQ))
+        if seq == EVAL_SEQ:
+            key = (phase, rank, int(line.get("epoch", 0)))
+            if key in self.stored_evals:
+                return False
+            self.stored_evals.add(key)
+            return True
+        highest = self.stored_seq.get((phase, rank))
+        if highest is not None and seq <= highest:
+            return False
+        self.stored_seq[(phase, rank)] = seq
+        return True
 
     def follower(self, phase: str) -> MetricsFollower | None:
         """The telemetry of `phase`, once it has a plan to read it against."""
@@ -52,7 +89,7 @@ class TelemetryStreamer:
     def poll(self, phase: str, records: list[PhaseRecord]) -> int:
         """Store what is new in `phase`; returns the number of telemetry lines stored."""
         follower = self.follower(phase)
-        lines = follower.poll() if follower is not None else []
+        lines = [line for line in follower.poll() if self.fresh(phase, line)] if follower is not None else []
         grown = self.grown_logs(phase)
         if not lines and not grown:
             return 0
