@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipebd_core import launch
@@ -196,7 +196,7 @@ class Supervisor:
                     request_stop(self.run_dir, PAUSE)
                     asked = stop
             elif stop is not None:
-                return stop
+                return replace(stop, checkpoint=False)  # stopped at once: nothing waits for a checkpoint
             time.sleep(self.poll_s)
         return asked
 

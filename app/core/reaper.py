@@ -37,6 +37,7 @@ from app.core.tables import Job
 FINAL_OUTPUTS = (("student.pt", "finetuned_model.pt"), ("summary.json",))  # one of each, as the last phase writes
 
 LOST_MESSAGE = "the worker {worker} stopped sending heartbeats ({age:.0f} s) while the job was {state}{phase}"
+DIED_MESSAGE = "the worker {worker} (pid {pid} on this host) died while the job was {state}{phase}"
 
 
 def kill_orphans(job: Job) -> list[int]:
@@ -128,7 +129,8 @@ def settle(database: str, job: Job, publish: Publish | None, max_restarts: int) 
     assert job.id is not None
     age = time.time() - (job.heartbeat_at or job.updated_at)
     phase = f" (phase {job.phase})" if job.phase else ""
-    message = LOST_MESSAGE.format(worker=job.worker or "?", age=age, state=job.state, phase=phase)
+    template = DIED_MESSAGE if visibly_gone(job) else LOST_MESSAGE
+    message = template.format(worker=job.worker or "?", pid=job.worker_pid, age=age, state=job.state, phase=phase)
     budget = max_restarts if job.max_restarts is None else job.max_restarts
     with session_scope(database) as session:
         if job.state == PAUSING:  # its ranks are gone, its checkpoints stay: as paused as it will be

@@ -58,8 +58,7 @@ def detail_of(session: Session, settings: Settings, job: Job) -> JobDetail:
     assert job.id is not None
     attempts = [AttemptPublic(**attempt.model_dump()) for attempt in attempts_of(session, job.id)]
     return JobDetail(
-        **{**job.model_dump(), "phases": job.phases or []},
-        max_restarts=restart_budget(job, settings),
+        **{**job.model_dump(), "phases": job.phases or [], "max_restarts": restart_budget(job, settings)},
         attempts=attempts,
         waiting_reason=waiting_reason(session, job=job, stale_after_s=settings.stale_after_s),
         queue_position=queue_position(session, job=job),
