@@ -3,6 +3,7 @@
 pipebd up       the embedded default: migrations, the API and one worker, sharing one data folder
 pipebd api      the API server alone (refuses a non-loopback address without tokens unless --insecure)
 pipebd worker   one worker for this node's devices
+pipebd pause ID, pipebd resume ID   pause a job, or resume a failed, cancelled or paused one
 pipebd submit   send a spec to a server; --follow draws its progress from the event stream
 
 `pipebd api` and `pipebd up` are parsed without the engine's commands: the engine's CLI imports torch,
@@ -160,6 +161,22 @@ def command_submit(args: argparse.Namespace) -> int:
     return 0 if final == "succeeded" else 1
 
 
+def command_job_action(args: argparse.Namespace) -> int:
+    """`pipebd pause ID` and `pipebd resume ID`: the server's answer, or its refusal (409 says why)."""
+    from app.client import ClientError, act, follow
+
+    try:
+        job = act(args.server, args.token, args.job_id, args.command)
+        print(f"pipebd: job {job['id']} {job['state']}: {args.server}/api/v1/jobs/{job['id']}", flush=True)
+        if not getattr(args, "follow", False):
+            return 0
+        final = follow(args.server, args.token, job["id"])
+    except (ClientError, httpx.TransportError) as error:
+        return fail(f"{args.command} job {args.job_id}: {error}")
+    print(f"pipebd: job {job['id']} {final}")
+    return 0 if final == "succeeded" else 1
+
+
 def add_server_commands(commands: Any) -> None:
     up = commands.add_parser("up", help="run the embedded service: API and one worker, one data folder")
     api = commands.add_parser("api", help="run the API server")
@@ -190,6 +207,19 @@ def add_service_commands(commands: Any) -> None:
     submit.add_argument("--follow", action="store_true", help="follow the job's progress until it ends")
     submit.add_argument("--idempotency-key", help="resubmitting with the same key returns the same job")
     submit.set_defaults(handler=command_submit)
+
+    actions = {
+        "pause": "pause a job: a running one saves every block at its next step and stops; a queued one waits",
+        "resume": "put a failed, cancelled or paused job back in the queue, to continue from its checkpoints",
+    }
+    for name, description in actions.items():
+        action = commands.add_parser(name, help=description)
+        action.add_argument("job_id", type=int, metavar="ID", help="the job's id")
+        action.add_argument("--server", default=os.environ.get("PIPEBD_SERVER", "http://127.0.0.1:8000"))
+        action.add_argument("--token", default=os.environ.get("PIPEBD_TOKEN"), help="bearer token (or PIPEBD_TOKEN)")
+        if name == "resume":
+            action.add_argument("--follow", action="store_true", help="follow the job's progress until it ends")
+        action.set_defaults(handler=command_job_action)
 
 
 def build_parser() -> argparse.ArgumentParser:
