@@ -1,6 +1,7 @@
 """The `pipebd` command line: the engine's commands plus the service's `up`, `api`, `worker`, `submit`.
 
-pipebd up       the embedded default: migrations, the API and one worker, sharing one data folder
+pipebd up       the embedded default: migrations, the API and one worker, sharing one data folder; a
+                worker that dies is started again (app/keeper.py)
 pipebd api      the API server alone (refuses a non-loopback address without tokens unless --insecure)
 pipebd worker   one worker for this node's devices
 pipebd pause ID, pipebd resume ID   pause a job, or resume a failed, cancelled or paused one
@@ -114,31 +115,31 @@ def command_up(args: argparse.Namespace) -> int:
         return fail(str(error))
     settings.prepare_folders()
     migrate(settings.database)
-    api = [sys.executable, "-m", "app.cli", "api", "--host", args.host, "--port", str(args.port)]
-    worker = [sys.executable, "-m", "app.cli", "worker"]
+    from app.keeper import WorkerKeeper
+
+    api_command = [sys.executable, "-m", "app.cli", "api", "--host", args.host, "--port", str(args.port)]
     # Own sessions: a terminal's Ctrl-C reaches only this process, which stops each child exactly once.
-    children = [
-        subprocess.Popen([*api, *(["--insecure"] if args.insecure else [])], start_new_session=True),
-        subprocess.Popen(worker, start_new_session=True),
-    ]
+    api = subprocess.Popen([*api_command, *(["--insecure"] if args.insecure else [])], start_new_session=True)
+    keeper = WorkerKeeper([sys.executable, "-m", "app.cli", "worker"])
     signal.signal(signal.SIGTERM, _interrupt)
     url = f"http://{args.host}:{args.port}"
     try:
-        if not _wait_healthy(url, children):
-            _stop(children)
+        if not _wait_healthy(url, [api]):
             return fail(f"the API did not come up on {url}; see the output above")
         print(
             f"pipebd: dashboard and API at {url}  (API docs: {url}/docs; data in {settings.data_dir}); Ctrl-C stops",
             flush=True,
         )
-        while all(child.poll() is None for child in children):
+        while api.poll() is None:
+            keeper.check()
             time.sleep(0.5)
-        return fail("the API or the worker stopped unexpectedly; stopping the other")
+        return fail("the API stopped unexpectedly; stopping the worker")
     except KeyboardInterrupt:
+        # the worker's running jobs are checkpointed and requeued, its queued ones stay queued (worker/launcher.py)
         print("pipebd: stopping the API and the worker", flush=True)
         return 0
     finally:
-        _stop(children)
+        _stop([api, keeper.process])
 
 
 def command_submit(args: argparse.Namespace) -> int:

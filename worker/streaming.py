@@ -7,10 +7,11 @@ pipebd_core.progress, as `pipebd run` computes them). Logs are not copied: a `lo
 log of which phase grew to what size, and readers fetch the bytes from the run directory
 (`GET /api/v1/jobs/{id}/logs`). The event stream of the API replays exactly these events.
 
-A job that runs again (resumed, restarted) re-reads its telemetry files from the start, and its ranks
-redo the steps after their last checkpoint: a line is stored only when its rank's `seq` is past the
-highest one already stored for that phase (an evaluation line, once per epoch), so every step is
-stored exactly once, whatever attempt wrote it.
+A line's `seq` counts its rank's tasks over every launch of the phase (`seq_of`). A job that runs
+again (resumed, restarted) re-reads its telemetry files from the start, and its ranks redo the steps
+after their last checkpoint: a line is stored only when its rank's `seq` is past the highest one
+already stored for that phase (an evaluation line, once per epoch), so every step is stored exactly
+once, whatever attempt wrote it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ from pipebd_core.rundir import DISTILL, RunDir
 
 LAUNCHER = "launcher"
 PHASES_WITH_METRICS = (DISTILL, FINETUNE)
+
+
+def seq_of(line: dict[str, Any]) -> int:
+    """A line's place among its rank's tasks of the phase, over every launch: the tasks this launch did
+    (`done`) after those done before it (`skipped`: a resume, a re-plan); EVAL_SEQ for an evaluation."""
+    if "done" not in line:
+        return EVAL_SEQ
+    return int(line["done"]) + int(line.get("skipped", 0))
 
 
 class TelemetryStreamer:
@@ -58,7 +67,7 @@ class TelemetryStreamer:
 
     def fresh(self, phase: str, line: dict[str, Any]) -> bool:
         """Whether `line` was not stored before (and now counts as stored)."""
-        rank, seq = int(line["rank"]), int(line.get("done", EVAL_SEQ))
+        rank, seq = int(line["rank"]), seq_of(line)
         if seq == EVAL_SEQ:
             key = (phase, rank, int(line.get("epoch", 0)))
             if key in self.stored_evals:
@@ -121,7 +130,7 @@ class TelemetryStreamer:
                 job_id=self.job_id,
                 phase=phase,
                 rank=int(line["rank"]),
-                seq=int(line.get("done", EVAL_SEQ)),
+                seq=seq_of(line),
                 epoch=int(line.get("epoch", 0)),
                 step=int(line.get("step", 0)),
                 time=float(line.get("time", now())),

@@ -97,7 +97,7 @@ class JobMetric(SQLModel, table=True):
     job_id: int = Field(foreign_key="job.id")
     phase: str = Field(default="distill", max_length=20, sa_column_kwargs={"server_default": "distill"})
     rank: int
-    seq: int  # the rank's task counter (`done`) in its phase: up by one per line; EVAL_SEQ for an evaluation
+    seq: int  # the rank's task counter in its phase (done + skipped): one per line; EVAL_SEQ for an evaluation
     epoch: int
     step: int
     time: float
