@@ -27,7 +27,8 @@ UP_ENV = {
     "PIPEBD_HEARTBEAT_S": "0.5",
     "PIPEBD_REAPER_INTERVAL_S": "0.5",
     "PIPEBD_KILL_GRACE_S": "3",
-    "PIPEBD_WORKER_DEVICES": "3",
+    "PIPEBD_WORKER_DEVICES": "4",
+    "PIPEBD_WORKER_SLOTS": "2",  # two 2-rank jobs at once
     "PIPEBD_FACTORY_ALLOWLIST": "pipebd_core.workloads,tests.service.slow_data",
 }
 

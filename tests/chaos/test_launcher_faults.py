@@ -1,6 +1,6 @@
 """Chaos tier, the launcher in this process on a real database with real torchrun ranks: a pause then a
-resume of a 3-rank `hybrid` job, a worker shutting down mid-distillation, and a rank killed with
-SIGKILL. Each job ends `succeeded` with the weights of the uninterrupted run, its attempts say what
+resume of a 3-rank `hybrid` job, and a rank killed with SIGKILL (a worker shutting down is in
+test_embedded.py). Each job ends `succeeded` with the weights of the uninterrupted run, its attempts say what
 happened, no process is left behind, and its telemetry holds every step exactly once."""
 
 from __future__ import annotations
@@ -118,38 +118,6 @@ def test_pause_then_resume_of_a_hybrid_job_on_3_ranks_equals_the_uninterrupted_r
     assert len(set(second.resumed_from)) == 1 and 0 < second.resumed_from[0] < 24  # a pipeline: one common step
     assert_same_weights(load_students(RunDir(Path(job.run_dir))), reference(document), rtol=TOLERANCE)
     assert_telemetry_once(settings, job_id, 3)
-
-
-def test_a_worker_shutting_down_requeues_its_job_checkpointed_and_another_run_finishes_it(
-    tmp_path: Path, reference: Callable[[dict[str, Any]], dict[str, Any]]
-) -> None:
-    settings = settings_for(tmp_path)
-    document = slow_job("shutdown")
-    job_id = queued_job(settings, document)
-    published: list[tuple[int, str]] = []
-    shutdown = threading.Event()
-    thread, outcome = in_thread(JobRunner(job_id, settings, shutdown, publish=lambda *m: published.append(m)).run)
-    distilling(settings, job_id)
-    shutdown.set()
-    thread.join(timeout=60)
-    job = stored(settings, job_id)
-    assert outcome == [QUEUED] and job.state == QUEUED and job.restarts == 0  # a shutdown is not a restart
-    assert published == [(job_id, job.queue)]
-    assert job.run_dir is not None and rank_processes(job.run_dir) == []
-    # a worker that is shutting down takes no job off the queue: it puts the message back
-    assert JobRunner(job_id, settings, shutdown, publish=lambda *m: published.append(m)).run() == "not claimed"
-    assert stored(settings, job_id).state == QUEUED and published[-1] == (job_id, job.queue)
-    assert JobRunner(job_id, settings, threading.Event()).run() == "succeeded"
-    first, second = attempts(settings, job_id)
-    assert (first.outcome, first.reason) == ("requeued", "worker_shutdown")
-    assert second.resumed_from is not None and min(second.resumed_from) > 0
-    assert_same_weights(load_students(RunDir(Path(job.run_dir))), reference(document), rtol=TOLERANCE)
-    assert_telemetry_once(settings, job_id, 2)
-
-
-def ranks_of(run_dir: str) -> list[psutil.Process]:
-    """The rank processes (not the torchrun agent) of a run."""
-    return [p for p in rank_processes(run_dir) if "torchrun" not in " ".join(p.cmdline()) and p.parent() is not None]
 
 
 def test_a_rank_killed_with_sigkill_restarts_from_checkpoints_and_succeeds(

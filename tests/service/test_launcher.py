@@ -66,6 +66,9 @@ def test_a_worker_shutting_down_checkpoints_its_job_and_requeues_it(tmp_path: Pa
     assert any(Path(job.run_dir, "checkpoints").rglob("step-*.pt"))  # every block saved where it stopped
     phases = {record["name"]: record for record in job.phases or []}
     assert (phases["distill"]["outcome"], phases["distill"]["reason"]) == ("cancelled", "worker_shutdown")
+    published: list[tuple[int, str]] = []  # a worker shutting down takes no job: it puts the message back
+    assert JobRunner(job_id, settings, shutdown, publish=lambda *m: published.append(m)).run() == "not claimed"
+    assert published == [(job_id, job.queue)] and stored(settings, job_id).state == "queued"
 
 
 def test_a_worker_shutting_down_while_profiling_stops_the_profiler(tmp_path: Path) -> None:
