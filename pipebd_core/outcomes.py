@@ -30,14 +30,8 @@ TERMINATION_REASONS: dict[str, str] = {
 # Faults of the machine rather than of the job: a job ending by one is requeued and resumes from its checkpoints
 # (up to its max_restarts). A rank_error (a bug in a factory), a launch_error (a bad spec) or an OOM that a rank
 # reported itself would only happen again, so they are never retried.
-INFRASTRUCTURE_FAULTS = ("worker_lost", "rank_killed", "broker_lost", "database_lost")
-TERMINATION_REASONS.update(
-    {
-        "rank_killed": "A rank was killed by SIGKILL (most often the kernel's out-of-memory killer).",
-        "broker_lost": "The broker could not be reached while the job ran.",
-        "database_lost": "The database could not be reached while the job ran.",
-    }
-)
+INFRASTRUCTURE_FAULTS = ("worker_lost", "rank_killed")
+TERMINATION_REASONS["rank_killed"] = "A rank was killed by SIGKILL (most often the kernel's out-of-memory killer)."
 
 
 def fault_of(reason: str | None, exit_code: int | None, error: str | None) -> str | None:

@@ -20,6 +20,7 @@ outcome    succeeded, or failed with a reason (rank_error with the first rank's 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -27,6 +28,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ from sqlalchemy import update
 from sqlmodel import col
 
 from app.core.attempts import record_resume
-from app.core.database import session_scope
+from app.core.database import DATABASE_DOWN, persist, session_scope
 from app.core.lifecycle import (
     ACTIVE,
     ALLOWED_MOVES,
@@ -107,16 +109,39 @@ def free_run_dir(runs: Path, job_id: int) -> Path:
 
 
 class JobWatcher(Watcher):
-    """The worker's side of the supervisor: telemetry, heartbeats, phases and cancel requests."""
+    """The worker's side of the supervisor: telemetry, heartbeats, phases and cancel requests.
+
+    While the database does not answer, the ranks keep running: what could not be stored (telemetry,
+    a phase change, a process id) is stored on the first poll after it answers again."""
 
     def __init__(self, runner: JobRunner, run_dir: RunDir, nproc: int) -> None:
         self.runner, self.run_dir = runner, run_dir
         self.database, self.job_id = runner.database, runner.job_id
         self.streamer = TelemetryStreamer(self.database, self.job_id, run_dir, nproc)
         self.records: list[PhaseRecord] = []
+        self.unsaved: dict[str, Callable[[], None]] = {}  # what to store once the database answers, by kind
+        self.outage_since: float | None = None
+
+    def _store(self, kind: str, write: Callable[[], None]) -> None:
+        """Run a database write now, or keep it (the newest of its kind) for when the database answers."""
+        self.unsaved[kind] = write
+        try:
+            write()
+        except DATABASE_DOWN as error:
+            self._outage(error)
+            return
+        del self.unsaved[kind]
+
+    def _outage(self, error: Exception) -> None:
+        if self.outage_since is None:
+            self.outage_since = time.time()
+            log.warning("job %s: the database does not answer (%s); the ranks keep running", self.job_id, error)
 
     def phases_changed(self, records: list[PhaseRecord]) -> None:
         self.records = records
+        self._store("phases", functools.partial(self._save_phases, [replace(r) for r in records]))
+
+    def _save_phases(self, records: list[PhaseRecord]) -> None:
         now_running = current(records)
         name = now_running.name if now_running else records[-1].name
         progress = self.streamer.progress(name, records)
@@ -129,12 +154,23 @@ class JobWatcher(Watcher):
             session.add(JobEvent(job_id=self.job_id, kind="phase", data=data))
 
     def process_changed(self, phase: str, process: subprocess.Popen[bytes] | None) -> None:
-        record(self.database, self.job_id, pid=process.pid if process is not None else None)
+        pid = process.pid if process is not None else None
+        self._store("pid", functools.partial(record, self.database, self.job_id, pid=pid))
 
     def tick(self, phase: str) -> Stop | None:
-        self.streamer.poll(phase, self.records)
-        self.runner.heartbeat()
-        state = current_state(self.database, self.job_id)
+        try:
+            for kind in list(self.unsaved):
+                self.unsaved[kind]()
+                del self.unsaved[kind]
+            self.streamer.poll(phase, self.records)
+            self.runner.heartbeat()
+            state = current_state(self.database, self.job_id)
+        except DATABASE_DOWN as error:
+            self._outage(error)
+            return None
+        if self.outage_since is not None:
+            log.warning("job %s: the database answers again after %.0f s", self.job_id, time.time() - self.outage_since)
+            self.outage_since = None
         if state == CANCELLING:
             return Stop("cancelled", "user_cancelled")
         if state is None or state not in ACTIVE:  # deleted, or ended or requeued by the reaper: just stop
@@ -148,7 +184,8 @@ class JobWatcher(Watcher):
         return None
 
     def drain(self, phase: str) -> None:
-        self.streamer.poll(phase, self.records)
+        patience = self.runner.settings.outage_patience_s
+        persist(lambda: self.streamer.poll(phase, self.records), patience, f"job {self.job_id}: telemetry")
 
 
 class JobRunner:
@@ -286,7 +323,11 @@ class JobRunner:
         else:
             reason = fault or outcome.reason
             fields.update(termination_reason=reason, error=outcome.error, exit_code=outcome.exit_code)
-        move(self.database, self.job_id, outcome.result, sources, **fields)
+        persist(
+            lambda: move(self.database, self.job_id, outcome.result, sources, **fields),
+            self.settings.outage_patience_s,
+            f"job {self.job_id}: its end",
+        )
         return current_state(self.database, self.job_id) or "deleted"
 
     def _paused(self) -> bool:

@@ -11,17 +11,19 @@ A line's `seq` counts its rank's tasks over every launch of the phase (`seq_of`)
 again (resumed, restarted) re-reads its telemetry files from the start, and its ranks redo the steps
 after their last checkpoint: a line is stored only when its rank's `seq` is past the highest one
 already stored for that phase (an evaluation line, once per epoch), so every step is stored exactly
-once, whatever attempt wrote it.
+once, whatever attempt wrote it. Lines that could not be stored (the database did not answer) are kept
+and stored by the next poll.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from sqlalchemy import update
 from sqlmodel import Session, col, func, select
 
-from app.core.database import session_scope
+from app.core.database import DATABASE_DOWN, session_scope
 from app.core.downsample import to_point
 from app.core.rollups import RollupBuilder
 from app.core.tables import EVAL_SEQ, Job, JobEvent, JobMetric, now
@@ -48,6 +50,7 @@ class TelemetryStreamer:
         self.rollups = {phase: RollupBuilder(job_id, phase) for phase in PHASES_WITH_METRICS}
         self.log_sizes: dict[tuple[str, str], int] = {}
         self.stored_seq, self.stored_evals = self._stored()
+        self.unsent: dict[str, list[dict[str, Any]]] = {}  # read, not yet stored (the database did not answer)
 
     def _stored(self) -> tuple[dict[tuple[str, int], int], set[tuple[str, int, int]]]:
         """What earlier attempts stored: the highest seq per (phase, rank), and the evaluations' epochs."""
@@ -98,16 +101,25 @@ class TelemetryStreamer:
     def poll(self, phase: str, records: list[PhaseRecord]) -> int:
         """Store what is new in `phase`; returns the number of telemetry lines stored."""
         follower = self.follower(phase)
-        lines = [line for line in follower.poll() if self.fresh(phase, line)] if follower is not None else []
+        new = [line for line in follower.poll() if self.fresh(phase, line)] if follower is not None else []
+        lines = self.unsent.pop(phase, []) + new
         grown = self.grown_logs(phase)
         if not lines and not grown:
             return 0
-        with session_scope(self.database) as session:
-            if lines:
-                self._store_metrics(session, lines, phase, records)
-            for source, size in grown:
-                rank = None if source == LAUNCHER else int(source)
-                session.add(JobEvent(job_id=self.job_id, kind="log", data={"phase": phase, "rank": rank, "size": size}))
+        pending = copy.deepcopy(self.rollups[phase].pending) if phase in self.rollups else None
+        try:
+            with session_scope(self.database) as session:
+                if lines:
+                    self._store_metrics(session, lines, phase, records)
+                for source, size in grown:
+                    rank = None if source == LAUNCHER else int(source)
+                    data = {"phase": phase, "rank": rank, "size": size}
+                    session.add(JobEvent(job_id=self.job_id, kind="log", data=data))
+        except DATABASE_DOWN:  # kept for the next poll, the rollups as they were: nothing lost, nothing twice
+            self.unsent[phase] = lines
+            if pending is not None:
+                self.rollups[phase].pending = pending
+            raise
         return len(lines)
 
     def grown_logs(self, phase: str) -> list[tuple[str, int]]:

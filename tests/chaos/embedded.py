@@ -111,12 +111,14 @@ class Up:
         return found
 
     def telemetry(self, job_id: int) -> list[tuple[int, int]]:
-        """(rank, seq) of every distill telemetry row stored for the job."""
-        with Session(get_engine(self.database)) as session:
-            query = select(JobMetric.rank, JobMetric.seq).where(
-                JobMetric.job_id == job_id, JobMetric.phase == "distill"
-            )
-            return [(int(rank), int(seq)) for rank, seq in session.exec(query).all()]
+        return telemetry_rows(self.database, job_id)
+
+
+def telemetry_rows(database: str, job_id: int) -> list[tuple[int, int]]:
+    """(rank, seq) of every distill telemetry row stored for the job."""
+    query = select(JobMetric.rank, JobMetric.seq).where(JobMetric.job_id == job_id, JobMetric.phase == "distill")
+    with Session(get_engine(database)) as session:
+        return [(int(rank), int(seq)) for rank, seq in session.exec(query).all()]
 
 
 def assert_steps_once(rows: list[tuple[int, int]], reference: RunDir, nproc: int) -> None:
