@@ -1,7 +1,8 @@
 """Chaos tier, the launcher in this process on a real database with real torchrun ranks: a pause then a
 resume of a 3-rank `hybrid` job, and a rank killed with SIGKILL (a worker shutting down is in
-test_embedded.py). Each job ends `succeeded` with the weights of the uninterrupted run, its attempts say what
-happened, no process is left behind, and its telemetry holds every step exactly once."""
+test_embedded.py; that a job's own failures are never retried, in tests/service/test_restarts.py).
+Each job ends `succeeded` with the weights of the uninterrupted run, its attempts say what happened,
+no process is left behind, and its telemetry holds every step exactly once."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
-from sqlmodel import Session, col, select
+from sqlmodel import Session, select
 
 from app.core.attempts import attempts_of
 from app.core.database import get_engine, migrate
@@ -146,16 +147,3 @@ def test_a_rank_killed_with_sigkill_restarts_from_checkpoints_and_succeeds(
     assert second.resumed_from is not None and min(second.resumed_from) > 0
     assert_same_weights(load_students(RunDir(Path(run_dir))), reference(document), rtol=TOLERANCE)
     assert_telemetry_once(settings, job_id, 2)
-
-
-def test_a_rank_error_is_never_retried(tmp_path: Path) -> None:
-    settings = settings_for(tmp_path)
-    document = slow_job("bug")
-    job_id = queued_job(settings, document)
-    env = {"PIPEBD_INJECT_FAULT": "1:3"}  # rank 1 raises at step 3: a bug, not the machine
-    assert JobRunner(job_id, settings, threading.Event(), env, publish=lambda *m: None).run() == "failed"
-    job = stored(settings, job_id)
-    assert job.termination_reason == "rank_error" and job.restarts == 0
-    assert [(a.outcome, a.reason) for a in attempts(settings, job_id)] == [("failed", "rank_error")]
-    with Session(get_engine(settings.database)) as session:
-        assert session.exec(select(col(Job.state)).where(Job.id == job_id)).one() == "failed"
