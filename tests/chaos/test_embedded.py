@@ -2,7 +2,8 @@
 broker, torchrun): the worker killed with SIGKILL while two jobs distil is started again; one job
 resumes by itself and succeeds, the other (max_restarts 0) fails `worker_lost` and resumes from the
 API; a clean shutdown leaves a queued job queued and requeues the running ones checkpointed, and the
-next start runs them all. Every finished job's students equal those of the uninterrupted run (1e-6), its telemetry
+next start runs them all, the queued job's higher priority first.
+Every finished job's students equal those of the uninterrupted run (1e-6), its telemetry
 holds every step once, and no process of the dead worker is left."""
 
 from __future__ import annotations
@@ -103,9 +104,9 @@ def test_a_worker_killed_mid_distillation_is_restarted_its_job_resumes_and_one_w
 
 def test_a_clean_shutdown_keeps_queued_jobs_queued_and_requeues_the_running_one(up: Up, reference: RunDir) -> None:
     running, other = submit(up), submit(up)
-    waiting = submit(up, **tiny_job("waiting"))  # third: both slots are taken
     distilling(up, running)
     distilling(up, other)
+    waiting = submit(up, **tiny_job("waiting"), priority=5)  # both slots are taken
     assert up.get(f"/api/v1/jobs/{waiting}")["state"] == "queued"
     assert up.stop() == 0
     up.start()  # the API answers before the worker takes anything: it imports torch first
@@ -120,4 +121,7 @@ def test_a_clean_shutdown_keeps_queued_jobs_queued_and_requeues_the_running_one(
         assert job["state"] == "succeeded", (job["termination_reason"], job["error"])
         assert min(job["attempts"][1]["resumed_from"]) > 0
         assert_like_reference(up, job, reference)
-    assert up.wait_state(waiting, {"succeeded", "failed"})["state"] == "succeeded"
+    done = up.wait_state(waiting, {"succeeded", "failed"})
+    assert done["state"] == "succeeded"
+    # after the restart two slots took the priority-5 job and the older of the others; the newest came last
+    assert up.get(f"/api/v1/jobs/{other}")["attempts"][1]["started_at"] >= done["attempts"][0]["started_at"]

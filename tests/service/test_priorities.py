@@ -1,28 +1,32 @@
-"""Service tier: priorities with the real embedded worker (Celery on the SQLite broker, which has no
-message priorities): a free worker takes the highest-priority queued job, the oldest first within a
-priority, and a queued job's page says how many jobs run before it."""
+"""Service tier: which queued job a free worker takes (app/core/priority.py), on real databases: the
+highest priority that fits its devices, the oldest first within a priority; paused and running jobs
+are not in the queue. Every job the service tests run goes through this choice (worker/tasks.py)."""
 
 from __future__ import annotations
 
-from tests.service.conftest import Embedded
-from tests.service.factories import long_job, tiny_job
+from app.core.database import migrate
+from app.core.priority import next_queued
+from app.core.settings import Settings
+from tests.service.factories import insert_job
 
 
-def test_a_free_worker_takes_the_highest_priority_job_first(embedded: Embedded) -> None:
-    client = embedded.client
-    blocker = client.post("/api/v1/jobs", json=long_job(name="blocker")).json()["id"]
-    embedded.wait_state(blocker, {"running"}, 120)
-    low = client.post("/api/v1/jobs", json={**tiny_job("low", schedule={"nproc": 1}), "priority": 0}).json()["id"]
-    low_too = client.post("/api/v1/jobs", json={**tiny_job("low-too", schedule={"nproc": 1}), "priority": 0}).json()[
-        "id"
-    ]
-    high = client.post("/api/v1/jobs", json={**tiny_job("high", schedule={"nproc": 1}), "priority": 5}).json()["id"]
-    waiting = [client.get(f"/api/v1/jobs/{job_id}").json() for job_id in (low, low_too, high)]
-    assert [job["queue_position"] for job in waiting] == [1, 2, 0]
-    assert waiting[1]["waiting_reason"].startswith("2 queued jobs with a higher priority or submitted earlier")
-    assert waiting[2]["priority"] == 5 and "run first" not in waiting[2]["waiting_reason"]
-    client.post(f"/api/v1/jobs/{blocker}/cancel")
-    ended = [embedded.wait_state(job_id, {"succeeded", "failed"}, 180) for job_id in (high, low, low_too)]
-    assert [job["state"] for job in ended] == ["succeeded"] * 3, [job["error"] for job in ended]
-    started = [job["attempts"][0]["started_at"] for job in ended]
-    assert started == sorted(started), "high, then the two priority-0 jobs in the order they came"
+def ids(*jobs: object) -> list[int]:
+    return [job.id for job in jobs]  # type: ignore[attr-defined]
+
+
+def test_a_free_worker_takes_the_highest_priority_job_that_fits_oldest_first(settings: Settings) -> None:
+    migrate(settings.database)
+    low, low_too, big, high = ids(
+        insert_job(settings, priority=0, nproc=1),
+        insert_job(settings, priority=0, nproc=1),
+        insert_job(settings, priority=9, nproc=4),  # more ranks than a 2-device worker has
+        insert_job(settings, priority=5, nproc=2),
+    )
+    insert_job(settings, "paused", priority=50, nproc=1)
+    insert_job(settings, "running", priority=50, nproc=1)
+    assert next_queued(settings.database, 4) == big
+    assert next_queued(settings.database, 2) == high
+    assert next_queued(settings.database, 1) == low
+    assert next_queued(settings.database, 2, frozenset({high})) == low  # another worker claimed `high` first
+    assert next_queued(settings.database, 2, frozenset({high, low})) == low_too
+    assert next_queued(settings.database, 1, frozenset({low, low_too})) is None
