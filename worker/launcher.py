@@ -302,7 +302,9 @@ class JobRunner:
             time_limit_s=self.settings.job_timeout_s,
             extra_env=self.extra_env,
         )
-        return self.finish(supervisor.run())
+        outcome = supervisor.run()
+        # the ranks are gone; the database may not answer yet (a restart): record the end once it does
+        return persist(lambda: self.finish(outcome), self.settings.outage_patience_s, f"job {self.job_id}: its end")
 
     def finish(self, outcome: Outcome) -> str:
         """Record how this run of the job ended; a job that ended elsewhere meanwhile (deleted, reaped)
@@ -323,11 +325,7 @@ class JobRunner:
         else:
             reason = fault or outcome.reason
             fields.update(termination_reason=reason, error=outcome.error, exit_code=outcome.exit_code)
-        persist(
-            lambda: move(self.database, self.job_id, outcome.result, sources, **fields),
-            self.settings.outage_patience_s,
-            f"job {self.job_id}: its end",
-        )
+        move(self.database, self.job_id, outcome.result, sources, **fields)
         return current_state(self.database, self.job_id) or "deleted"
 
     def _paused(self) -> bool:
