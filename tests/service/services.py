@@ -44,7 +44,7 @@ class Service:
         """Stop the server as a crash would (its data stays); `start` brings it back."""
         assert self.halt_commands, "only a throw-away instance of this session may be stopped"
         for command in self.halt_commands:
-            subprocess.run(command, check=True, capture_output=True, timeout=60)
+            subprocess.run(command, check=False, capture_output=True, timeout=60)
 
     def start(self) -> None:
         for command in self.start_commands:
@@ -64,8 +64,9 @@ def redis_answers(url: str) -> bool:
         return False
 
 
-def start_redis() -> Service:
-    if redis_answers(REDIS_DEFAULT):
+def start_redis(own: bool = False) -> Service:
+    """The machine's Redis when it runs (unless `own`), else a throw-away server of this session."""
+    if not own and redis_answers(REDIS_DEFAULT):
         return Service(REDIS_DEFAULT)
     binary = shutil.which("redis-server")
     if binary is None:
@@ -74,31 +75,30 @@ def start_redis() -> Service:
             "Redis is not running on 127.0.0.1:6379 and redis-server is not installed (apt-get install redis-server)",
         )
     folder, port = tempfile.mkdtemp(prefix="pipebd-redis-"), free_port()
-    subprocess.run(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            folder,
-            "--daemonize",
-            "yes",
-            "--pidfile",
-            f"{folder}/redis.pid",
-        ],
-        check=False,
-        timeout=30,
-    )
+    start = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        folder,
+        "--daemonize",
+        "yes",
+        "--pidfile",
+        f"{folder}/redis.pid",
+    ]
+    subprocess.run(start, check=False, timeout=30)
     url = f"redis://127.0.0.1:{port}"
     for _ in range(50):
         if redis_answers(url):
-            return Service(url, stop_commands=[["redis-cli", "-p", str(port), "shutdown", "nosave"]], folder=folder)
+            stop = [["redis-cli", "-p", str(port), "shutdown", "nosave"]]
+            wait = ["sh", "-c", f"until redis-cli -p {port} ping >/dev/null 2>&1; do sleep 0.1; done"]
+            return Service(url, stop_commands=stop, folder=folder, halt_commands=stop, start_commands=[start, wait])
         time.sleep(0.1)
     return Service(None, f"could not start a throw-away redis-server on port {port}", folder=folder)
 
