@@ -1,8 +1,10 @@
 """The `pipebd` command line: the engine's commands plus the service's `up`, `api`, `worker`, `submit`.
 
-pipebd up       the embedded default: migrations, the API and one worker, sharing one data folder
+pipebd up       the embedded default: migrations, the API and one worker, sharing one data folder; a
+                worker that dies is started again (app/keeper.py)
 pipebd api      the API server alone (refuses a non-loopback address without tokens unless --insecure)
 pipebd worker   one worker for this node's devices
+pipebd pause ID, pipebd resume ID   pause a job, or resume a failed, cancelled or paused one
 pipebd submit   send a spec to a server; --follow draws its progress from the event stream
 
 `pipebd api` and `pipebd up` are parsed without the engine's commands: the engine's CLI imports torch,
@@ -113,31 +115,31 @@ def command_up(args: argparse.Namespace) -> int:
         return fail(str(error))
     settings.prepare_folders()
     migrate(settings.database)
-    api = [sys.executable, "-m", "app.cli", "api", "--host", args.host, "--port", str(args.port)]
-    worker = [sys.executable, "-m", "app.cli", "worker"]
+    from app.keeper import WorkerKeeper
+
+    api_command = [sys.executable, "-m", "app.cli", "api", "--host", args.host, "--port", str(args.port)]
     # Own sessions: a terminal's Ctrl-C reaches only this process, which stops each child exactly once.
-    children = [
-        subprocess.Popen([*api, *(["--insecure"] if args.insecure else [])], start_new_session=True),
-        subprocess.Popen(worker, start_new_session=True),
-    ]
+    api = subprocess.Popen([*api_command, *(["--insecure"] if args.insecure else [])], start_new_session=True)
+    keeper = WorkerKeeper([sys.executable, "-m", "app.cli", "worker"])
     signal.signal(signal.SIGTERM, _interrupt)
     url = f"http://{args.host}:{args.port}"
     try:
-        if not _wait_healthy(url, children):
-            _stop(children)
+        if not _wait_healthy(url, [api]):
             return fail(f"the API did not come up on {url}; see the output above")
         print(
             f"pipebd: dashboard and API at {url}  (API docs: {url}/docs; data in {settings.data_dir}); Ctrl-C stops",
             flush=True,
         )
-        while all(child.poll() is None for child in children):
+        while api.poll() is None:
+            keeper.check()
             time.sleep(0.5)
-        return fail("the API or the worker stopped unexpectedly; stopping the other")
+        return fail("the API stopped unexpectedly; stopping the worker")
     except KeyboardInterrupt:
+        # the worker's running jobs are checkpointed and requeued, its queued ones stay queued (worker/launcher.py)
         print("pipebd: stopping the API and the worker", flush=True)
         return 0
     finally:
-        _stop(children)
+        _stop([api, keeper.process])
 
 
 def command_submit(args: argparse.Namespace) -> int:
@@ -156,6 +158,22 @@ def command_submit(args: argparse.Namespace) -> int:
         final = follow(args.server, args.token, job["id"])
     except (SpecError, ClientError, httpx.TransportError) as error:
         return fail(str(error))
+    print(f"pipebd: job {job['id']} {final}")
+    return 0 if final == "succeeded" else 1
+
+
+def command_job_action(args: argparse.Namespace) -> int:
+    """`pipebd pause ID` and `pipebd resume ID`: the server's answer, or its refusal (409 says why)."""
+    from app.client import ClientError, act, follow
+
+    try:
+        job = act(args.server, args.token, args.job_id, args.command)
+        print(f"pipebd: job {job['id']} {job['state']}: {args.server}/api/v1/jobs/{job['id']}", flush=True)
+        if not getattr(args, "follow", False):
+            return 0
+        final = follow(args.server, args.token, job["id"])
+    except (ClientError, httpx.TransportError) as error:
+        return fail(f"{args.command} job {args.job_id}: {error}")
     print(f"pipebd: job {job['id']} {final}")
     return 0 if final == "succeeded" else 1
 
@@ -190,6 +208,19 @@ def add_service_commands(commands: Any) -> None:
     submit.add_argument("--follow", action="store_true", help="follow the job's progress until it ends")
     submit.add_argument("--idempotency-key", help="resubmitting with the same key returns the same job")
     submit.set_defaults(handler=command_submit)
+
+    actions = {
+        "pause": "pause a job: a running one saves every block at its next step and stops; a queued one waits",
+        "resume": "put a failed, cancelled or paused job back in the queue, to continue from its checkpoints",
+    }
+    for name, description in actions.items():
+        action = commands.add_parser(name, help=description)
+        action.add_argument("job_id", type=int, metavar="ID", help="the job's id")
+        action.add_argument("--server", default=os.environ.get("PIPEBD_SERVER", "http://127.0.0.1:8000"))
+        action.add_argument("--token", default=os.environ.get("PIPEBD_TOKEN"), help="bearer token (or PIPEBD_TOKEN)")
+        if name == "resume":
+            action.add_argument("--follow", action="store_true", help="follow the job's progress until it ends")
+        action.set_defaults(handler=command_job_action)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""A small HTTP client of the API for `pipebd submit`: submit a spec, follow its event stream.
+"""A small HTTP client of the API for `pipebd submit`, `pipebd pause` and `pipebd resume`: submit a spec,
+pause or resume a job, follow its event stream.
 
 The stream is resumed with `Last-Event-ID` when the connection drops, so a follower sees every event
 exactly once; it ends at the server's `end` event.
@@ -92,6 +93,14 @@ def raise_for(response: httpx.Response) -> None:
 def submit(server: str, token: str | None, document: dict[str, Any], key: str | None = None) -> dict[str, Any]:
     extra = {"Idempotency-Key": key} if key else {}
     response = httpx.post(f"{server}/api/v1/jobs", json=document, headers={**headers(token), **extra}, timeout=60)
+    raise_for(response)
+    job: dict[str, Any] = response.json()
+    return job
+
+
+def act(server: str, token: str | None, job_id: int, action: str) -> dict[str, Any]:
+    """POST /api/v1/jobs/{id}/{action} (pause, resume or cancel); the job as the server then shows it."""
+    response = httpx.post(f"{server}/api/v1/jobs/{job_id}/{action}", headers=headers(token), timeout=60)
     raise_for(response)
     job: dict[str, Any] = response.json()
     return job

@@ -22,7 +22,7 @@ import anyio
 from sqlmodel import col, select
 
 from app.core.database import session_scope
-from app.core.lifecycle import FINAL
+from app.core.lifecycle import AT_REST
 from app.core.tables import Job, JobEvent, JobMetric
 
 BATCH = 200  # events read per query
@@ -123,7 +123,7 @@ async def stream(
             last_sent = time.monotonic()
         if len(result.events) == BATCH:
             continue
-        if result.state is None or result.state in FINAL:
+        if result.state is None or result.state in AT_REST:
             yield format_event(
                 None,
                 "end",

@@ -11,14 +11,15 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import and_, delete, or_
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
-from app.core.lifecycle import FINAL, QUEUED
+from app.core.lifecycle import AT_REST, QUEUED
 from app.core.queue import queue_name
-from app.core.tables import DB_INT_MAX, Job, JobEvent, JobMetric, JobMetricRollup, Worker
+from app.core.tables import DB_INT_MAX, Job, JobAttempt, JobEvent, JobMetric, JobMetricRollup, Worker
 from app.problems import EXCERPT_CHARS, excerpt
 from pipebd_core.spec import Spec
 
@@ -44,6 +45,8 @@ def create_job(session: Session, *, spec: Spec, request_hash: str, idempotency_k
         nproc=spec.schedule.nproc,
         queue=queue_name(spec.schedule.nproc),
         spec=spec.model_dump(mode="json"),
+        priority=spec.priority,
+        max_restarts=spec.max_restarts,
         idempotency_key=idempotency_key,
         request_hash=request_hash,
     )
@@ -112,9 +115,9 @@ def queued_count(session: Session) -> int:
 
 def delete_job(session: Session, *, job: Job) -> None:
     """Remove a finished job, its metrics (and their rollups), its events and its run directory."""
-    if job.state not in FINAL:
+    if job.state not in AT_REST:
         raise ConflictError(f"job {job.id} is {job.state}; cancel it and wait for it to end before deleting it")
-    for table in (JobMetric, JobMetricRollup, JobEvent):
+    for table in (JobMetric, JobMetricRollup, JobEvent, JobAttempt):
         session.execute(delete(table).where(col(table.job_id) == job.id))
     session.delete(job)
     session.commit()
@@ -122,10 +125,33 @@ def delete_job(session: Session, *, job: Job) -> None:
         shutil.rmtree(Path(job.run_dir), ignore_errors=True)
 
 
+def ahead_of(job: Job) -> Any:
+    """The condition of the queued jobs that run before `job`: higher priority, or the same and older."""
+    return or_(col(Job.priority) > job.priority, and_(col(Job.priority) == job.priority, col(Job.id) < job.id))
+
+
+def queue_position(session: Session, *, job: Job) -> int | None:
+    """For a queued job: how many queued jobs run before it."""
+    if job.state != QUEUED:
+        return None
+    ahead = select(func.count()).select_from(Job).where(Job.state == QUEUED, ahead_of(job))
+    return int(session.exec(ahead).one())
+
+
 def waiting_reason(session: Session, *, job: Job, stale_after_s: float) -> str | None:
     """For a queued job: why no worker has started it yet."""
     if job.state != QUEUED:
         return None
+    ahead = queue_position(session, job=job) or 0
+    waits = waiting_for(session, job=job, stale_after_s=stale_after_s)
+    if ahead == 0:
+        return waits
+    jobs = f"{ahead} queued job{'s' if ahead > 1 else ''}"
+    return f"{jobs} with a higher priority or submitted earlier run first; {waits}"
+
+
+def waiting_for(session: Session, *, job: Job, stale_after_s: float) -> str:
+    """What a queued job at the head of the queue waits for."""
     cutoff = time.time() - stale_after_s
     workers = list(session.exec(select(Worker).where(Worker.last_seen >= cutoff)).all())
     if not workers:
@@ -140,5 +166,6 @@ def discard_job(session: Session, *, job_id: int) -> None:
     """Undo a creation whose enqueue failed: the job never existed."""
     session.rollback()
     session.execute(delete(JobEvent).where(col(JobEvent.job_id) == job_id))
+    session.execute(delete(JobAttempt).where(col(JobAttempt.job_id) == job_id))
     session.execute(delete(Job).where(col(Job.id) == job_id))
     session.commit()

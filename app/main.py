@@ -17,6 +17,7 @@ import threading
 from collections.abc import AsyncIterator
 
 import anyio
+from celery import Celery
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
@@ -25,7 +26,7 @@ from app.api import openapi
 from app.api.routes import artifacts, events, health, jobs, logs, metrics
 from app.api.schemas import SERVER_ERROR
 from app.core.database import migrate
-from app.core.queue import make_celery
+from app.core.queue import enqueue, make_celery
 from app.core.reaper import reap_lost_jobs
 from app.core.settings import Settings, get_settings
 from app.events import Feed
@@ -38,11 +39,14 @@ API_PREFIX = "/api/v1"
 log = logging.getLogger("pipebd.api")
 
 
-def run_reaper(settings: Settings, stop: threading.Event) -> None:
+def run_reaper(settings: Settings, celery: Celery, stop: threading.Event) -> None:
+    def publish(job_id: int, queue: str) -> None:
+        enqueue(celery, job_id, queue)
+
     while not stop.wait(settings.reaper_interval_s):
         try:
-            for job_id in reap_lost_jobs(settings.database, settings.stale_after_s):
-                log.warning("job %s failed: worker_lost", job_id)
+            for job_id in reap_lost_jobs(settings.database, settings.stale_after_s, publish, settings.max_restarts):
+                log.warning("job %s: its worker was lost", job_id)
         except Exception:  # keep reaping after a database hiccup
             log.exception("the lost-job reaper failed; retrying")
 
@@ -51,7 +55,7 @@ def run_reaper(settings: Settings, stop: threading.Event) -> None:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     stop = threading.Event()
-    reaper = threading.Thread(target=run_reaper, args=(settings, stop), name="reaper", daemon=True)
+    reaper = threading.Thread(target=run_reaper, args=(settings, app.state.celery, stop), name="reaper", daemon=True)
     reaper.start()
     try:
         yield

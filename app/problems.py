@@ -25,6 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.core.database import DATABASE_DOWN
+
 PROBLEM_JSON = "application/problem+json"
 EXCERPT_CHARS = 120  # the most of an offending value (its repr) a problem repeats
 MESSAGE_CHARS = 2000  # the most of one message (engine messages may quote a user's exception)
@@ -161,9 +163,21 @@ async def validation_error(request: Request, error: Exception) -> JSONResponse:
     return problem_response(request.scope, 422, summary(errors), errors)
 
 
+def database_down(error: BaseException) -> str | None:
+    """The 503 detail for an error that says the database cannot be reached, else None."""
+    if not isinstance(error, DATABASE_DOWN):
+        return None
+    cause = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+    return (
+        f"the database does not answer ({excerpt(cause, EXCERPT_CHARS)}); nothing was changed by this request:"
+        " retry once it is back (GET /healthz says when)"
+    )
+
+
 class RequestContext:
-    """Outermost layer: a request id for every request (state and `X-Request-ID`), and a 500 problem with
-    that id for any exception nothing else handled, logged once with its traceback under the same id."""
+    """Outermost layer: a request id for every request (state and `X-Request-ID`), a 503 problem while the
+    database cannot be reached, and a 500 problem with that id for any other exception nothing else handled,
+    logged once with its traceback under the same id."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -186,6 +200,14 @@ class RequestContext:
         try:
             await self.app(scope, receive, send_with_id)
         except Exception as error:
+            outage = database_down(error)
+            if outage is not None:
+                log.warning("request %s: %s", rid, outage)
+                if not started:
+                    await problem_response(scope, 503, outage, headers={"Retry-After": "5"})(
+                        scope, receive, send_with_id
+                    )
+                return
             path = excerpt(scope.get("path", ""), EXCERPT_CHARS)
             log.error("request %s: %s %s failed: %s: %s", rid, scope["method"], path, type(error).__name__, error,
                       exc_info=error)  # fmt: skip

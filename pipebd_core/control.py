@@ -32,6 +32,8 @@ from pipebd_core.plan import Plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.schedule import Task
 
+PAUSE = "pause"  # the reason of a stop that pauses the job (the service's pause, a worker shutting down)
+
 
 def control_dir(run_dir: RunDir) -> Path:
     return run_dir.root / "control"

@@ -23,7 +23,26 @@ TERMINATION_REASONS: dict[str, str] = {
     "timeout": "The job ran longer than the server's time limit (PIPEBD_JOB_TIMEOUT_S) and was stopped.",
     "worker_lost": "Its worker stopped sending heartbeats (it died or was shut down); its ranks were killed.",
     "launch_error": "The job could not be prepared or planned (data set, workload or plan); see the error below.",
+    "user_paused": "Someone paused the job: its ranks saved every block and stopped; resume continues from there.",
+    "worker_shutdown": "Its worker was shut down: the ranks saved every block and the job went back to the queue.",
 }
+
+# Faults of the machine rather than of the job: a job ending by one is requeued and resumes from its checkpoints
+# (up to its max_restarts). A rank_error (a bug in a factory), a launch_error (a bad spec) or an OOM that a rank
+# reported itself would only happen again, so they are never retried.
+INFRASTRUCTURE_FAULTS = ("worker_lost", "rank_killed")
+TERMINATION_REASONS["rank_killed"] = "A rank was killed by SIGKILL (most often the kernel's out-of-memory killer)."
+
+
+def fault_of(reason: str | None, exit_code: int | None, error: str | None) -> str | None:
+    """The infrastructure fault a failure was (one of INFRASTRUCTURE_FAULTS), or None for the job's own failure.
+
+    The diagnosis calls a SIGKILLed rank `oom` (the OOM killer is its usual sender); only that kill, seen in
+    the exit code or the launcher's log, is a fault of the machine: an out-of-memory error a rank raised is not."""
+    if reason in INFRASTRUCTURE_FAULTS:
+        return reason
+    killed = exit_code in (-9, 137) or "killed by SIGKILL" in (error or "")
+    return "rank_killed" if reason in ("oom", "exit_code") and killed else None
 
 
 def check_reason(reason: str | None) -> None:

@@ -285,11 +285,16 @@ class Trainer:
     def _checkpoint(self, task: Task) -> None:
         step_done = task.step + 1
         spec = self.ctx.spec
-        if not task.last_of_step or not self._owns_update(task):
+        if not task.last_of_step:
             return
         if not checkpoint.should_checkpoint(
             step_done, self.ctx.steps_per_epoch, self.ctx.total_steps, spec.train.checkpoint_every
         ):
+            return
+        # the telemetry of every step a checkpoint holds is on disk before it (on every rank of the group):
+        # a run resumed from it after a kill redoes only steps whose lines may have been lost
+        self.telemetry.flush()
+        if not self._owns_update(task):
             return
         for block in task.train:
             self._save(block, step_done)

@@ -252,6 +252,9 @@ class Spec(_Strict):
     train: TrainSpec = Field(default_factory=TrainSpec)
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     finetune: FinetuneSpec | None = None  # None: no end-to-end training after distillation
+    priority: int = Field(0, ge=-1000, le=1000)  # the service's queue: higher first, first come first within one
+    # automatic restarts from checkpoints after infrastructure faults; None: the server's PIPEBD_MAX_RESTARTS, 0: off
+    max_restarts: int | None = Field(None, ge=0, le=100)
 
 
 def finetune_problems(spec: Spec) -> list[str]:

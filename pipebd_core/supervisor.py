@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipebd_core import launch
-from pipebd_core.control import clear_stop, stopped_early
+from pipebd_core.control import PAUSE, clear_stop, request_stop, stopped_early
 from pipebd_core.diagnosis import diagnose
 from pipebd_core.outcomes import CANCELLED, FAILED, SKIPPED, SUCCEEDED, Result, check_reason
 from pipebd_core.phases import PhaseRecord, read_records, write_records
@@ -48,6 +48,9 @@ class Stop:
     result: Result  # cancelled or failed
     reason: str  # a termination reason (outcomes.py)
     message: str | None = None
+    # True: stop the distill ranks at their next step boundary with every block saved (control.py), so a
+    # later run resumes there; other phases are stopped at once (they start again on resume)
+    checkpoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,9 @@ class Supervisor:
             self.watcher.drain(phase)
             self.watcher.process_changed(phase, None)
         code = process.returncode
-        if stop is not None:
+        if stop is not None and stop.checkpoint and code == 0 and not stopped_early(self.run_dir):
+            return Outcome(SUCCEEDED, exit_code=0)  # the ranks ended the phase before they saw the stop
+        if stop is not None and (not stop.checkpoint or code == 0):
             return Outcome(stop.result, stop.reason, stop.message, code, phase)
         if code == 0:
             return Outcome(SUCCEEDED, exit_code=0)
@@ -178,15 +183,22 @@ class Supervisor:
         return Outcome(FAILED, reason, error, code, phase)
 
     def _follow(self, phase: str, process: subprocess.Popen[bytes], monitor: DistillMonitor | None) -> Stop | None:
-        """Poll until the process exits (None) or a stop is asked for (the Stop)."""
+        """Poll until the process exits (None) or a stop is asked for (the Stop). A checkpoint stop of the
+        distill phase asks the ranks to stop at a step boundary and waits for them (any other stop still
+        ends it at once); its Stop is returned once they have exited."""
+        asked: Stop | None = None
         while process.poll() is None:
             if monitor is not None:
                 monitor.tick()
             stop = self.watcher.tick(phase) or self._over_time()
-            if stop is not None:
-                return stop
+            if stop is not None and stop.checkpoint and phase == DISTILL:
+                if asked is None:
+                    request_stop(self.run_dir, PAUSE)
+                    asked = stop
+            elif stop is not None:
+                return replace(stop, checkpoint=False)  # stopped at once: nothing waits for a checkpoint
             time.sleep(self.poll_s)
-        return None
+        return asked
 
     def _over_time(self) -> Stop | None:
         limit = self.time_limit_s

@@ -20,7 +20,7 @@ class DevicePool:
     """Hands out GPU indices to concurrent jobs; on CPU there is nothing to hand out."""
 
     def __init__(self, count: int, cuda: bool) -> None:
-        self.cuda = cuda
+        self.cuda, self.count = cuda, count
         self.free = list(range(count))
         self.changed = threading.Condition()
 

@@ -1,42 +1,68 @@
 """Running one job on this node: claim, prepare, run its phases under the supervisor, record the outcome.
 
-claim      compare-and-set queued -> starting (a job is launched at most once, whoever else got it)
+claim      compare-and-set queued -> starting (a job is launched at most once, whoever else got it); this
+           opens the job's next attempt (app/core/attempts.py)
 prepare    the engine's prepare_run checks the spec, data, workload and a plan without profiling, and
-           writes the run directory's spec.json and phases.json; -> running
+           writes the run directory's spec.json and phases.json; a job that ran before (resumed, or
+           restarted) keeps its run directory: the phases not yet done run again and every block
+           continues from its last checkpoint (the attempt records where); -> running
 phases     pipebd_core.supervisor runs profile, plan, distill, finalize, exactly as `pipebd run` does;
            this module's watcher, on every poll: telemetry and log growth into the database (a phase's
            processes are recorded as the job's pid, so the reaper can kill them if this worker dies),
            heartbeats, the job's state (cancel requests), the worker shutting down; each phase change
            is stored on the job and as a `phase` event
 outcome    succeeded, or failed with a reason (rank_error with the first rank's traceback, oom,
-           exit_code, timeout, worker_lost, launch_error), or cancelled
+           exit_code, timeout, worker_lost, launch_error), or cancelled; paused (a pause request: the
+           ranks saved every block at a step boundary); requeued, to resume on any worker that fits it,
+           after an infrastructure fault (pipebd_core.outcomes.fault_of, up to the job's max_restarts)
+           or when this worker shuts down
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import update
 from sqlmodel import col
 
-from app.core.database import session_scope
-from app.core.lifecycle import ALLOWED_MOVES, CANCELLING, FAILED, FINAL, QUEUED, RUNNING, STARTING, transition
+from app.core.attempts import record_resume
+from app.core.database import DATABASE_DOWN, persist, session_scope
+from app.core.lifecycle import (
+    ACTIVE,
+    ALLOWED_MOVES,
+    CANCELLED,
+    CANCELLING,
+    FAILED,
+    PAUSED,
+    PAUSING,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    requeue,
+    restart_budget,
+    transition,
+)
 from app.core.settings import Settings
 from app.core.tables import Job, JobEvent, now
+from pipebd_core.checkpoint import resume_steps
 from pipebd_core.launch import prepare_run
-from pipebd_core.outcomes import SUCCEEDED
+from pipebd_core.outcomes import SUCCEEDED, fault_of
 from pipebd_core.phases import PhaseRecord, current
-from pipebd_core.plan import PlanError
+from pipebd_core.plan import Plan, PlanError
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import SpecError, parse_spec
 from pipebd_core.supervisor import Outcome, Stop, Supervisor, Watcher
+from pipebd_core.telemetry import append_event
 from worker.streaming import TelemetryStreamer
 
 log = logging.getLogger("pipebd.worker")
@@ -66,22 +92,56 @@ def plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
+Publish = Callable[[int, str], None]  # (job id, queue): put a requeued job's id on the broker
+
+
+def resumed_from(run_dir: RunDir) -> list[int] | None:
+    """The step each block resumes from, as the ranks will compute it; None before the run was planned."""
+    if not run_dir.plan.exists():
+        return None
+    plan = Plan.from_json(run_dir.read_json(run_dir.plan))
+    return resume_steps(run_dir.checkpoints, plan.num_blocks, common=plan.is_pipeline)
+
+
 def free_run_dir(runs: Path, job_id: int) -> Path:
     path = runs / f"job-{job_id}"
     return path if not path.exists() else runs / f"job-{job_id}-{int(time.time())}"
 
 
 class JobWatcher(Watcher):
-    """The worker's side of the supervisor: telemetry, heartbeats, phases and cancel requests."""
+    """The worker's side of the supervisor: telemetry, heartbeats, phases and cancel requests.
+
+    While the database does not answer, the ranks keep running: what could not be stored (telemetry,
+    a phase change, a process id) is stored on the first poll after it answers again."""
 
     def __init__(self, runner: JobRunner, run_dir: RunDir, nproc: int) -> None:
         self.runner, self.run_dir = runner, run_dir
         self.database, self.job_id = runner.database, runner.job_id
         self.streamer = TelemetryStreamer(self.database, self.job_id, run_dir, nproc)
         self.records: list[PhaseRecord] = []
+        self.unsaved: dict[str, Callable[[], None]] = {}  # what to store once the database answers, by kind
+        self.outage_since: float | None = None
+
+    def _store(self, kind: str, write: Callable[[], None]) -> None:
+        """Run a database write now, or keep it (the newest of its kind) for when the database answers."""
+        self.unsaved[kind] = write
+        try:
+            write()
+        except DATABASE_DOWN as error:
+            self._outage(error)
+            return
+        del self.unsaved[kind]
+
+    def _outage(self, error: Exception) -> None:
+        if self.outage_since is None:
+            self.outage_since = time.time()
+            log.warning("job %s: the database does not answer (%s); the ranks keep running", self.job_id, error)
 
     def phases_changed(self, records: list[PhaseRecord]) -> None:
         self.records = records
+        self._store("phases", functools.partial(self._save_phases, [replace(r) for r in records]))
+
+    def _save_phases(self, records: list[PhaseRecord]) -> None:
         now_running = current(records)
         name = now_running.name if now_running else records[-1].name
         progress = self.streamer.progress(name, records)
@@ -94,30 +154,46 @@ class JobWatcher(Watcher):
             session.add(JobEvent(job_id=self.job_id, kind="phase", data=data))
 
     def process_changed(self, phase: str, process: subprocess.Popen[bytes] | None) -> None:
-        record(self.database, self.job_id, pid=process.pid if process is not None else None)
+        pid = process.pid if process is not None else None
+        self._store("pid", functools.partial(record, self.database, self.job_id, pid=pid))
 
     def tick(self, phase: str) -> Stop | None:
-        self.streamer.poll(phase, self.records)
-        self.runner.heartbeat()
-        state = current_state(self.database, self.job_id)
+        try:
+            for kind in list(self.unsaved):
+                self.unsaved[kind]()
+                del self.unsaved[kind]
+            self.streamer.poll(phase, self.records)
+            self.runner.heartbeat()
+            state = current_state(self.database, self.job_id)
+        except DATABASE_DOWN as error:
+            self._outage(error)
+            return None
+        if self.outage_since is not None:
+            log.warning("job %s: the database answers again after %.0f s", self.job_id, time.time() - self.outage_since)
+            self.outage_since = None
         if state == CANCELLING:
             return Stop("cancelled", "user_cancelled")
-        if state is None or state in FINAL:  # deleted, or failed by the reaper: just stop
+        if state is None or state not in ACTIVE:  # deleted, or ended or requeued by the reaper: just stop
             return Stop("failed", "worker_lost", f"the job was ended elsewhere ({state or 'deleted'})")
+        if state == PAUSING:
+            return Stop("cancelled", "user_paused", f"paused during the {phase} phase", checkpoint=True)
         if self.runner.shutdown.is_set():
             worker = self.runner.settings.worker_name
-            return Stop("failed", "worker_lost", f"the worker {worker} was shut down during the {phase} phase")
+            message = f"the worker {worker} was shut down during the {phase} phase"
+            return Stop("cancelled", "worker_shutdown", message, checkpoint=True)
         return None
 
     def drain(self, phase: str) -> None:
-        self.streamer.poll(phase, self.records)
+        patience = self.runner.settings.outage_patience_s
+        persist(lambda: self.streamer.poll(phase, self.records), patience, f"job {self.job_id}: telemetry")
 
 
 class JobRunner:
     """Runs job `job_id` to a final state; every exit path leaves no process behind.
 
-    `shutdown` is set when the worker is asked to stop: the running phase is stopped and the job ends
-    as worker_lost."""
+    `shutdown` is set when the worker is asked to stop: the ranks save every block at a step boundary
+    and the job goes back to the queue (a job not yet claimed stays there). `publish` puts a requeued
+    job's id back on the broker."""
 
     def __init__(
         self,
@@ -125,16 +201,22 @@ class JobRunner:
         settings: Settings,
         shutdown: threading.Event,
         extra_env: dict[str, str] | None = None,
+        publish: Publish | None = None,
     ) -> None:
         self.job_id = job_id
         self.settings = settings
         self.database = settings.database
         self.shutdown = shutdown
         self.extra_env = extra_env or {}
+        self.publish = publish
         self.last_heartbeat = 0.0
 
     def run(self) -> str:
-        """The job's final state, or 'not claimed' when it was not queued (another worker, cancelled)."""
+        """The job's state when this worker is done with it, or 'not claimed' when it was not queued
+        (another worker, cancelled, paused) or this worker is shutting down (the job stays queued)."""
+        if self.shutdown.is_set():
+            self.republish()
+            return "not claimed"
         if not self.claim():
             return "not claimed"
         try:
@@ -171,24 +253,43 @@ class JobRunner:
             record(self.database, self.job_id, heartbeat_at=now())
             self.last_heartbeat = time.time()
 
+    def republish(self) -> None:
+        """Put the job's id back on the broker (the message that brought it here is done)."""
+        if self.publish is None:
+            return
+        with session_scope(self.database) as session:
+            job = session.get(Job, self.job_id)
+            queue = None if job is None or job.state != QUEUED else job.queue
+        if queue is not None:
+            self.publish(self.job_id, queue)
+
     def prepare(self) -> RunDir | None:
         """The run directory with spec.json and phases.json, the job then `running`; None when the job
-        cannot run (failed as launch_error) or ended meanwhile (cancelled, deleted)."""
+        cannot run (failed as launch_error) or ended meanwhile (cancelled, paused, deleted). A job that ran
+        before continues in its own run directory."""
         with session_scope(self.database) as session:
             job = session.get(Job, self.job_id)
             assert job is not None
-            spec = parse_spec(job.spec)
-        path = free_run_dir(self.settings.runs, self.job_id)
+            spec, previous = parse_spec(job.spec), job.run_dir
         try:
-            run_dir = prepare_run(spec, path)
+            if previous is not None and RunDir(Path(previous)).phases.exists():
+                run_dir = RunDir(Path(previous))
+                append_event(run_dir.events, "resumed")
+                with session_scope(self.database) as session:
+                    record_resume(session, self.job_id, resumed_from(run_dir) or [])
+            else:
+                run_dir = prepare_run(spec, free_run_dir(self.settings.runs, self.job_id))
         except (SpecError, PlanError) as error:
             move(self.database, self.job_id, FAILED, [STARTING], termination_reason="launch_error", error=str(error))
             return None
-        record(self.database, self.job_id, run_dir=str(path))
+        record(self.database, self.job_id, run_dir=str(run_dir.root))
         if move(self.database, self.job_id, RUNNING, [STARTING]):
             return run_dir
-        if current_state(self.database, self.job_id) == CANCELLING:
-            move(self.database, self.job_id, "cancelled", [CANCELLING], termination_reason="user_cancelled")
+        state = current_state(self.database, self.job_id)
+        if state == CANCELLING:
+            move(self.database, self.job_id, CANCELLED, [CANCELLING], termination_reason="user_cancelled")
+        elif state == PAUSING:
+            move(self.database, self.job_id, PAUSED, [PAUSING], termination_reason="user_paused")
         return None
 
     def run_phases(self, run_dir: RunDir) -> str:
@@ -201,15 +302,50 @@ class JobRunner:
             time_limit_s=self.settings.job_timeout_s,
             extra_env=self.extra_env,
         )
-        return self.finish(supervisor.run())
+        outcome = supervisor.run()
+        # the ranks are gone; the database may not answer yet (a restart): record the end once it does
+        return persist(lambda: self.finish(outcome), self.settings.outage_patience_s, f"job {self.job_id}: its end")
 
     def finish(self, outcome: Outcome) -> str:
-        """Record the job's end; a job that ended elsewhere meanwhile (deleted, reaped) keeps that end."""
-        sources = [state for state in (STARTING, RUNNING, CANCELLING) if outcome.result in ALLOWED_MOVES[state]]
+        """Record how this run of the job ended; a job that ended elsewhere meanwhile (deleted, reaped)
+        keeps that end. A pause ends `paused` (or `cancelled` if a cancel came after it), a shutdown and
+        an infrastructure fault with restarts left put the job back in the queue."""
+        if outcome.reason == "user_paused" and self._paused():
+            return current_state(self.database, self.job_id) or "deleted"
+        shut_down = outcome.reason == "worker_shutdown"
+        if shut_down and (self._paused() or self._requeued("worker_shutdown", restart=False)):
+            return current_state(self.database, self.job_id) or "deleted"
+        fault = fault_of(outcome.reason, outcome.exit_code, outcome.error) if outcome.result != SUCCEEDED else None
+        if fault is not None and self._requeued(fault, restart=True):
+            return QUEUED
+        sources = [state for state in ACTIVE if outcome.result in ALLOWED_MOVES[state]]
         fields: dict[str, Any] = {"pid": None}
         if outcome.result == SUCCEEDED:
             fields.update(progress=1.0, phase_progress=1.0, exit_code=0)
         else:
-            fields.update(termination_reason=outcome.reason, error=outcome.error, exit_code=outcome.exit_code)
+            reason = fault or outcome.reason
+            fields.update(termination_reason=reason, error=outcome.error, exit_code=outcome.exit_code)
         move(self.database, self.job_id, outcome.result, sources, **fields)
         return current_state(self.database, self.job_id) or "deleted"
+
+    def _paused(self) -> bool:
+        """Move a pausing job to paused (a cancel that came after the pause wins: cancelled)."""
+        if move(self.database, self.job_id, PAUSED, [PAUSING], termination_reason="user_paused", pid=None):
+            return True
+        return move(self.database, self.job_id, CANCELLED, [CANCELLING], termination_reason="user_cancelled", pid=None)
+
+    def _requeued(self, note: str, restart: bool) -> bool:
+        """Put the job back in the queue to resume from its checkpoints; with `restart`, only while it has
+        automatic restarts left (one is used)."""
+        with session_scope(self.database) as session:
+            job = session.get(Job, self.job_id)
+            if job is None or (restart and job.restarts >= restart_budget(job, self.settings)):
+                return False
+            fields = {"restarts": job.restarts + 1} if restart else {}
+            if not requeue(session, self.job_id, [STARTING, RUNNING], note, **fields):
+                return False
+            queue = job.queue
+        log.warning("job %s requeued (%s)", self.job_id, note)
+        if self.publish is not None:
+            self.publish(self.job_id, queue)
+        return True

@@ -27,11 +27,13 @@ def serve() -> int:
         os.environ.pop(secret, None)
     settings.prepare_folders()
     migrate(settings.database)
-    for job_id in reap_lost_jobs(settings.database, settings.stale_after_s):
-        log.warning("job %s failed: worker_lost (found at start-up)", job_id)
+    from worker.celery_app import celery_app  # after the settings are final: it reads them at import
+    from worker.tasks import publish
+
+    for job_id in reap_lost_jobs(settings.database, settings.stale_after_s, publish, settings.max_restarts):
+        log.warning("job %s: its worker was lost (found at start-up)", job_id)
     devices = settings.worker_devices or detect_devices()
     queues = queues_for(devices)
-    from worker.celery_app import celery_app  # after the settings are final: it reads them at import
 
     presence = Presence(settings, devices, queues)
     print(

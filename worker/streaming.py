@@ -6,16 +6,24 @@ one `metrics` event naming their id range, and the job's progress and samples/s 
 pipebd_core.progress, as `pipebd run` computes them). Logs are not copied: a `log` event says which
 log of which phase grew to what size, and readers fetch the bytes from the run directory
 (`GET /api/v1/jobs/{id}/logs`). The event stream of the API replays exactly these events.
+
+A line's `seq` counts its rank's tasks over every launch of the phase (`seq_of`). A job that runs
+again (resumed, restarted) re-reads its telemetry files from the start, and its ranks redo the steps
+after their last checkpoint: a line is stored only when its rank's `seq` is past the highest one
+already stored for that phase (an evaluation line, once per epoch), so every step is stored exactly
+once, whatever attempt wrote it. Lines that could not be stored (the database did not answer) are kept
+and stored by the next poll.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from sqlalchemy import update
-from sqlmodel import Session, col
+from sqlmodel import Session, col, func, select
 
-from app.core.database import session_scope
+from app.core.database import DATABASE_DOWN, session_scope
 from app.core.downsample import to_point
 from app.core.rollups import RollupBuilder
 from app.core.tables import EVAL_SEQ, Job, JobEvent, JobMetric, now
@@ -27,12 +35,53 @@ LAUNCHER = "launcher"
 PHASES_WITH_METRICS = (DISTILL, FINETUNE)
 
 
+def seq_of(line: dict[str, Any]) -> int:
+    """A line's place among its rank's tasks of the phase, over every launch: the tasks this launch did
+    (`done`) after those done before it (`skipped`: a resume, a re-plan); EVAL_SEQ for an evaluation."""
+    if "done" not in line:
+        return EVAL_SEQ
+    return int(line["done"]) + int(line.get("skipped", 0))
+
+
 class TelemetryStreamer:
     def __init__(self, database: str, job_id: int, run_dir: RunDir, nproc: int) -> None:
         self.database, self.job_id, self.run_dir, self.nproc = database, job_id, run_dir, nproc
         self.followers: dict[str, MetricsFollower] = {}
         self.rollups = {phase: RollupBuilder(job_id, phase) for phase in PHASES_WITH_METRICS}
         self.log_sizes: dict[tuple[str, str], int] = {}
+        self.stored_seq, self.stored_evals = self._stored()
+        self.unsent: dict[str, list[dict[str, Any]]] = {}  # read, not yet stored (the database did not answer)
+
+    def _stored(self) -> tuple[dict[tuple[str, int], int], set[tuple[str, int, int]]]:
+        """What earlier attempts stored: the highest seq per (phase, rank), and the evaluations' epochs."""
+        with session_scope(self.database) as session:
+            highest = session.exec(
+                select(JobMetric.phase, JobMetric.rank, func.max(JobMetric.seq))
+                .where(JobMetric.job_id == self.job_id, JobMetric.seq != EVAL_SEQ)
+                .group_by(col(JobMetric.phase), col(JobMetric.rank))
+            ).all()
+            evals = session.exec(
+                select(JobMetric.phase, JobMetric.rank, JobMetric.epoch).where(
+                    JobMetric.job_id == self.job_id, JobMetric.seq == EVAL_SEQ
+                )
+            ).all()
+        seqs = {(phase, rank): int(seq) for phase, rank, seq in highest}
+        return seqs, {(phase, rank, epoch) for phase, rank, epoch in evals}
+
+    def fresh(self, phase: str, line: dict[str, Any]) -> bool:
+        """Whether `line` was not stored before (and now counts as stored)."""
+        rank, seq = int(line["rank"]), seq_of(line)
+        if seq == EVAL_SEQ:
+            key = (phase, rank, int(line.get("epoch", 0)))
+            if key in self.stored_evals:
+                return False
+            self.stored_evals.add(key)
+            return True
+        highest = self.stored_seq.get((phase, rank))
+        if highest is not None and seq <= highest:
+            return False
+        self.stored_seq[(phase, rank)] = seq
+        return True
 
     def follower(self, phase: str) -> MetricsFollower | None:
         """The telemetry of `phase`, once it has a plan to read it against."""
@@ -52,16 +101,25 @@ class TelemetryStreamer:
     def poll(self, phase: str, records: list[PhaseRecord]) -> int:
         """Store what is new in `phase`; returns the number of telemetry lines stored."""
         follower = self.follower(phase)
-        lines = follower.poll() if follower is not None else []
+        new = [line for line in follower.poll() if self.fresh(phase, line)] if follower is not None else []
+        lines = self.unsent.pop(phase, []) + new
         grown = self.grown_logs(phase)
         if not lines and not grown:
             return 0
-        with session_scope(self.database) as session:
-            if lines:
-                self._store_metrics(session, lines, phase, records)
-            for source, size in grown:
-                rank = None if source == LAUNCHER else int(source)
-                session.add(JobEvent(job_id=self.job_id, kind="log", data={"phase": phase, "rank": rank, "size": size}))
+        pending = copy.deepcopy(self.rollups[phase].pending) if phase in self.rollups else None
+        try:
+            with session_scope(self.database) as session:
+                if lines:
+                    self._store_metrics(session, lines, phase, records)
+                for source, size in grown:
+                    rank = None if source == LAUNCHER else int(source)
+                    data = {"phase": phase, "rank": rank, "size": size}
+                    session.add(JobEvent(job_id=self.job_id, kind="log", data=data))
+        except DATABASE_DOWN:  # kept for the next poll, the rollups as they were: nothing lost, nothing twice
+            self.unsent[phase] = lines
+            if pending is not None:
+                self.rollups[phase].pending = pending
+            raise
         return len(lines)
 
     def grown_logs(self, phase: str) -> list[tuple[str, int]]:
@@ -84,7 +142,7 @@ class TelemetryStreamer:
                 job_id=self.job_id,
                 phase=phase,
                 rank=int(line["rank"]),
-                seq=int(line.get("done", EVAL_SEQ)),
+                seq=seq_of(line),
                 epoch=int(line.get("epoch", 0)),
                 step=int(line.get("step", 0)),
                 time=float(line.get("time", now())),

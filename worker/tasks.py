@@ -1,16 +1,20 @@
-"""Celery tasks: thin. A task takes a job id and hands it to the launcher."""
+"""Celery tasks: thin. A task is a wake-up carrying a job id; the worker takes the queued job that
+should run first (app/core/priority.py) and hands it to the launcher."""
 
 from __future__ import annotations
 
 import functools
 
 from app.core.database import session_scope
-from app.core.queue import TASK_NAME
+from app.core.priority import next_queued
+from app.core.queue import TASK_NAME, enqueue
 from app.core.settings import get_settings
 from app.core.tables import Job
 from worker.celery_app import celery_app, shutting_down
 from worker.devices import DevicePool, detect_devices
 from worker.launcher import JobRunner
+
+CLAIM_TRIES = 3  # another worker may claim the chosen job first: choose again, this many times
 
 
 @functools.lru_cache
@@ -21,17 +25,38 @@ def device_pool() -> DevicePool:
     return DevicePool(settings.worker_devices or detect_devices(), torch.cuda.is_available())
 
 
+def publish(job_id: int, queue: str) -> None:
+    """Put a requeued job's id back on the broker (launcher.Publish)."""
+    enqueue(celery_app, job_id, queue)
+
+
 def needed_ranks(job_id: int) -> int | None:
     with session_scope(get_settings().database) as session:
         job = session.get(Job, job_id)
         return None if job is None else job.nproc
 
 
-@celery_app.task(name=TASK_NAME)
-def run_job(job_id: int) -> str:
-    """Run job `job_id` to a final state on this node; returns that state."""
+def run(job_id: int) -> str:
     nproc = needed_ranks(job_id)
     if nproc is None:
         return "deleted"
     with device_pool().take(nproc) as env:
-        return JobRunner(job_id, get_settings(), shutting_down, env).run()
+        return JobRunner(job_id, get_settings(), shutting_down, env, publish).run()
+
+
+@celery_app.task(name=TASK_NAME)
+def run_job(job_id: int) -> str:
+    """Run the queued job that should run first on this node (the message's, or one of a higher priority);
+    returns its state when this worker is done with it."""
+    if shutting_down.is_set():
+        return run(job_id)  # the launcher puts the message back: nothing is taken off the queue
+    tried: set[int] = set()
+    for _ in range(CLAIM_TRIES):
+        chosen = next_queued(get_settings().database, device_pool().count, frozenset(tried))
+        if chosen is None:
+            return "not claimed"
+        outcome = run(chosen)
+        if outcome != "not claimed" or shutting_down.is_set():
+            return outcome
+        tried.add(chosen)
+    return "not claimed"

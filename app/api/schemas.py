@@ -337,12 +337,37 @@ class PhaseState(BaseModel):
         return iso(value)
 
 
+class AttemptPublic(BaseModel):
+    """One run of a job on a worker (app/core/attempts.py)."""
+
+    number: int = Field(description="1 for the first run, then one more for each resume or restart")
+    worker: str | None = Field(description="The worker that ran it")
+    started_at: float = Field(description="When the worker claimed the job (ISO 8601, UTC)")
+    ended_at: float | None = Field(description="When the job left that worker; null while it runs there")
+    outcome: str | None = Field(
+        description="What the job became: succeeded, failed, cancelled, paused, or requeued (it went back to the"
+        " queue to resume from its checkpoints: an infrastructure fault, or its worker shut down)"
+    )
+    reason: str | None = Field(description="Why (a termination reason: worker_lost, rank_killed, user_paused, ...)")
+    resumed_from: list[int] | None = Field(
+        description="Per block, the step it continued from (0: from the start); null when nothing had run before"
+    )
+
+    @field_serializer("started_at", "ended_at")
+    def _as_iso(self, value: float | None) -> str | None:
+        return iso(value)
+
+
 class JobPublic(BaseModel):
     """A job in lists: its state, current phase and progress, never its spec."""
 
     id: int = Field(description="The job's id, as in /api/v1/jobs/{id}")
     name: str = Field(description="The spec's name")
-    state: JobState = Field(description="where it is in its lifecycle (succeeded, failed and cancelled are final)")
+    state: JobState = Field(
+        description="where it is in its lifecycle (succeeded, failed and cancelled are final; failed, cancelled"
+        " and paused jobs may be resumed)"
+    )
+    priority: int = Field(description="Higher runs first; first come first within a priority")
     nproc: int = Field(description="Ranks the job runs on: one per GPU, or CPU processes")
     queue: str = Field(description="The broker queue it waits in: workers with at least nproc devices read it")
     created_at: float = Field(description="When it was submitted (ISO 8601, UTC)")
@@ -376,6 +401,12 @@ class JobDetail(JobPublic):
     waiting_reason: str | None = Field(None, description="For a queued job: what it waits for")
     phases: list[PhaseState] = Field(
         default_factory=list, description="Every phase of the job in order; empty until a worker prepared it"
+    )
+    max_restarts: int = Field(description="Automatic restarts after infrastructure faults it may have in all")
+    restarts: int = Field(description="Automatic restarts it has had (a resume starts the count again)")
+    attempts: list[AttemptPublic] = Field(default_factory=list, description="Each run of the job, oldest first")
+    queue_position: int | None = Field(
+        None, description="For a queued job: how many queued jobs run before it (higher priority, or same and older)"
     )
 
     @field_serializer("heartbeat_at")

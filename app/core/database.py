@@ -3,23 +3,34 @@
 SQLite (the embedded default) runs in WAL mode with a busy timeout, so the API reads while a worker
 writes. `migrate` applies the Alembic migrations in migrations/ up to head; the API, the workers and
 `pipebd up` call it at start-up, so a fresh data folder or an empty PostgreSQL database just works.
+
+`DATABASE_DOWN` are the errors that mean the database does not answer (a restart, a network cut): the
+API answers them with 503, and a worker keeps its ranks running through them (`persist` retries what
+must be written).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, event, text
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlmodel import Session, create_engine
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 SQLITE_BUSY_TIMEOUT_S = 30  # a writer waits this long for another writer instead of failing
+DATABASE_DOWN = (OperationalError, InterfaceError, DisconnectionError)  # the database does not answer
+RETRY_S = 1.0  # `persist` tries again this often
+T = TypeVar("T")
+log = logging.getLogger("pipebd.database")
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:
@@ -71,3 +82,16 @@ def ping(url: str) -> None:
     """Raise if the database cannot answer a trivial query."""
     with get_engine(url).connect() as connection:
         connection.execute(text("SELECT 1"))
+
+
+def persist(write: Callable[[], T], patience_s: float, what: str) -> T:
+    """`write()`, tried again every RETRY_S while the database does not answer, for up to `patience_s`."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return write()
+        except DATABASE_DOWN as error:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s: the database does not answer (%s); retrying", what, type(error).__name__)
+            time.sleep(RETRY_S)

@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     poll_s: float = Field(0.25, gt=0)  # worker: telemetry, logs and cancellation polling period
     kill_grace_s: float = Field(5.0, ge=0)  # cancel: SIGTERM, then SIGKILL survivors after this
     job_timeout_s: float = Field(24 * 3600.0, gt=0)  # wall-clock limit per job (a job past it fails: timeout)
+    max_restarts: int = Field(2, ge=0)  # automatic restarts after infrastructure faults, for specs that give none
+    outage_patience_s: float = Field(600.0, gt=0)  # a worker retries recording a job's end this long (database down)
     sse_poll_s: float = Field(0.25, gt=0)  # how often an event stream looks for new events
     sse_keepalive_s: float = Field(15.0, gt=0)  # comment lines that keep proxies from closing streams
     page_limit_max: int = Field(200, ge=1)  # the largest `limit` a list request may ask for

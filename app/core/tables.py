@@ -2,7 +2,8 @@
 
 Tables: `job` (one row per submitted spec and its lifecycle), `job_metric` (one telemetry line of one
 rank), `job_metric_rollup` (runs of consecutive lines merged for charts of long jobs), `job_event`
-(what an event stream replays: state and phase changes, metric batches, log growth) and `worker` (each worker's
+(what an event stream replays: state and phase changes, metric batches, log growth), `job_attempt` (each
+run of a job: who ran it, how it ended, where its blocks resumed) and `worker` (each worker's
 advertised devices and last heartbeat). Times are Unix seconds in the
 database (the API's answer models in app/api/schemas.py show them as ISO 8601, UTC). The Alembic
 migrations in migrations/ create the same schema.
@@ -27,7 +28,11 @@ def now() -> float:
 
 class Job(SQLModel, table=True):
     # AUTOINCREMENT on SQLite too: an id is never reused after a deletion (PostgreSQL sequences never do)
-    __table_args__ = (Index("ix_job_state_id", "state", "id"), {"sqlite_autoincrement": True})
+    __table_args__ = (
+        Index("ix_job_state_id", "state", "id"),
+        Index("ix_job_state_priority_id", "state", "priority", "id"),
+        {"sqlite_autoincrement": True},
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(max_length=100)
@@ -56,6 +61,26 @@ class Job(SQLModel, table=True):
     exit_code: int | None = None
     idempotency_key: str | None = Field(default=None, max_length=200, unique=True)
     request_hash: str | None = Field(default=None, max_length=64)
+    priority: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # higher first; FIFO within one
+    max_restarts: int | None = None  # automatic restarts after infrastructure faults; None: the server's default
+    restarts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # automatic restarts used so far
+
+
+class JobAttempt(SQLModel, table=True):
+    """One run of a job, from a worker's claim to the job leaving that worker (app/core/attempts.py)."""
+
+    __tablename__ = "job_attempt"
+    __table_args__ = (Index("ix_job_attempt_job_id_number", "job_id", "number", unique=True),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id")
+    number: int  # 1, 2, ... per job
+    worker: str | None = Field(default=None, max_length=200)
+    started_at: float = Field(default_factory=now)
+    ended_at: float | None = None
+    outcome: str | None = Field(default=None, max_length=20)  # the state the job left this attempt for
+    reason: str | None = Field(default=None, max_length=32)  # a termination reason (pipebd_core.outcomes)
+    resumed_from: list[int] | None = Field(default=None, sa_column=Column(JSON))  # per block: the step it resumed at
 
 
 EVAL_SEQ = -1  # the `seq` of a finetune evaluation line (top-1 at an epoch's end): not a step, kept apart
@@ -72,7 +97,7 @@ class JobMetric(SQLModel, table=True):
     job_id: int = Field(foreign_key="job.id")
     phase: str = Field(default="distill", max_length=20, sa_column_kwargs={"server_default": "distill"})
     rank: int
-    seq: int  # the rank's task counter (`done`) in its phase: up by one per line; EVAL_SEQ for an evaluation
+    seq: int  # the rank's task counter in its phase (done + skipped): one per line; EVAL_SEQ for an evaluation
     epoch: int
     step: int
     time: float

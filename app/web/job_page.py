@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse
 from sqlmodel import Session
 
 from app.artifacts import available
+from app.core.attempts import attempts_of
 from app.core.lifecycle import FINAL, SUCCEEDED
 from app.core.tables import Job
 from app.deps import JobId, SessionDep, SettingsDep
@@ -69,6 +70,7 @@ class JobParts:
             "waiting": reason,
             "explanation": explanation,
             "phases": phase_timeline(self.job, replans=(self.plan or {}).get("replans")),
+            "attempts": attempts_of(self.session, self.job.id) if self.job.id is not None else [],
         }
 
     @property

@@ -5,14 +5,15 @@ measured and the re-plans."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core.lifecycle import QUEUED, RUNNING, STARTING
+from app.core.lifecycle import PAUSED, PAUSING, QUEUED, RESUMABLE, RUNNING, STARTING
 from app.core.tables import Job
 from app.web.templating import blocks as block_text
 
-CANCELLABLE = (QUEUED, STARTING, RUNNING)
+CANCELLABLE = (QUEUED, STARTING, RUNNING, PAUSING, PAUSED)
+PAUSABLE = (QUEUED, STARTING, RUNNING)
 MODE_ORDER = ("dp", "ls", "ir", "tr", "tr_dpu", "hybrid")
 
 
@@ -24,6 +25,8 @@ class JobRow:
     plan_text: str
     cancellable: bool
     version: str  # changes whenever the row would render differently
+    pausable: bool = False
+    resumable: bool = False  # failed, cancelled or paused: POST .../resume may put it back in the queue
 
 
 def stages_text(stages: list[dict[str, Any]]) -> str:
@@ -108,7 +111,8 @@ def job_row(job: Job, now: float | None = None) -> JobRow:
     if job.state == RUNNING and elapsed is not None and 0.0 < job.progress < 1.0:
         eta = elapsed * (1.0 - job.progress) / job.progress
     version = f"{job.state}:{job.phase}:{job.updated_at}:{job.progress:.4f}:{job.samples_per_s}"
-    return JobRow(job, elapsed, eta, plan_text(job), job.state in CANCELLABLE, version)
+    row = JobRow(job, elapsed, eta, plan_text(job), job.state in CANCELLABLE, version)
+    return replace(row, pausable=job.state in PAUSABLE, resumable=job.state in RESUMABLE)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def insert_job(settings: Settings, state: str = "queued", **fields: Any) -> Job:
     """A job row written straight to the database, for tests of reading paths."""
     document = tiny_job()
     with Session(get_engine(settings.database), expire_on_commit=False) as session:
-        job = Job(name="tiny", state=state, nproc=2, queue=queue_name(2), spec=document, **fields)
+        job = Job(**{"name": "tiny", "state": state, "nproc": 2, "queue": queue_name(2), "spec": document, **fields})
         session.add(job)
         session.commit()
         return job

@@ -37,6 +37,18 @@ class Service:
     reason: str = ""
     stop_commands: list[list[str]] = field(default_factory=list)
     folder: str | None = None
+    halt_commands: list[list[str]] = field(default_factory=list)  # a throw-away instance: stop it, keep its data
+    start_commands: list[list[str]] = field(default_factory=list)  # and start it again
+
+    def halt(self) -> None:
+        """Stop the server as a crash would (its data stays); `start` brings it back."""
+        assert self.halt_commands, "only a throw-away instance of this session may be stopped"
+        for command in self.halt_commands:
+            subprocess.run(command, check=False, capture_output=True, timeout=60)
+
+    def start(self) -> None:
+        for command in self.start_commands:
+            subprocess.run(command, check=True, capture_output=True, timeout=120)
 
     def stop(self) -> None:
         for command in self.stop_commands:
@@ -52,8 +64,9 @@ def redis_answers(url: str) -> bool:
         return False
 
 
-def start_redis() -> Service:
-    if redis_answers(REDIS_DEFAULT):
+def start_redis(own: bool = False) -> Service:
+    """The machine's Redis when it runs (unless `own`), else a throw-away server of this session."""
+    if not own and redis_answers(REDIS_DEFAULT):
         return Service(REDIS_DEFAULT)
     binary = shutil.which("redis-server")
     if binary is None:
@@ -62,31 +75,30 @@ def start_redis() -> Service:
             "Redis is not running on 127.0.0.1:6379 and redis-server is not installed (apt-get install redis-server)",
         )
     folder, port = tempfile.mkdtemp(prefix="pipebd-redis-"), free_port()
-    subprocess.run(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            folder,
-            "--daemonize",
-            "yes",
-            "--pidfile",
-            f"{folder}/redis.pid",
-        ],
-        check=False,
-        timeout=30,
-    )
+    start = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        folder,
+        "--daemonize",
+        "yes",
+        "--pidfile",
+        f"{folder}/redis.pid",
+    ]
+    subprocess.run(start, check=False, timeout=30)
     url = f"redis://127.0.0.1:{port}"
     for _ in range(50):
         if redis_answers(url):
-            return Service(url, stop_commands=[["redis-cli", "-p", str(port), "shutdown", "nosave"]], folder=folder)
+            stop = [["redis-cli", "-p", str(port), "shutdown", "nosave"]]
+            wait = ["sh", "-c", f"until redis-cli -p {port} ping >/dev/null 2>&1; do sleep 0.1; done"]
+            return Service(url, stop_commands=stop, folder=folder, halt_commands=stop, start_commands=[start, wait])
         time.sleep(0.1)
     return Service(None, f"could not start a throw-away redis-server on port {port}", folder=folder)
 
@@ -104,8 +116,9 @@ def postgres_binary(name: str) -> str | None:
     return found[-1] if found else shutil.which(name)
 
 
-def start_postgres() -> Service:
-    if postgres_answers(POSTGRES_DEFAULT):
+def start_postgres(own: bool = False) -> Service:
+    """The machine's PostgreSQL when it runs (unless `own`), else a throw-away server of this session."""
+    if not own and postgres_answers(POSTGRES_DEFAULT):
         return Service(POSTGRES_DEFAULT)
     initdb, pg_ctl = postgres_binary("initdb"), postgres_binary("pg_ctl")
     if initdb is None or pg_ctl is None:
@@ -122,19 +135,16 @@ def start_postgres() -> Service:
         [*as_user, initdb, "-D", data, "-U", "postgres", "--auth=trust"], check=False, capture_output=True, timeout=120
     )
     options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-    subprocess.run(
-        [*as_user, pg_ctl, "-D", data, "-o", options, "-l", f"{folder}/log", "-w", "start"],
-        check=False,
-        capture_output=True,
-        timeout=120,
-    )
+    start = [*as_user, pg_ctl, "-D", data, "-o", options, "-l", f"{folder}/log", "-w", "start"]
+    subprocess.run(start, check=False, capture_output=True, timeout=120)
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     if not postgres_answers(url):
         return Service(None, f"could not start a throw-away PostgreSQL with {initdb}", folder=folder)
     with psycopg.connect(url, autocommit=True) as connection:
         connection.execute("CREATE DATABASE test")
     stop = [[*as_user, pg_ctl, "-D", data, "-m", "immediate", "stop"]]
-    return Service(f"postgresql://postgres@127.0.0.1:{port}/test", stop_commands=stop, folder=folder)
+    url = f"postgresql://postgres@127.0.0.1:{port}/test"
+    return Service(url, stop_commands=stop, folder=folder, halt_commands=stop, start_commands=[start])
 
 
 def create_database(server_url: str) -> str:

@@ -93,7 +93,7 @@ def test_last_event_id_resumes_after_that_event(live: tuple[str, Settings]) -> N
 
 
 def test_reaper_fails_jobs_whose_worker_went_silent(tmp_path: Path, database_url: str) -> None:
-    settings = make_settings(tmp_path, database_url, stale_after_s=1.0, reaper_interval_s=0.2)
+    settings = make_settings(tmp_path, database_url, stale_after_s=1.0, reaper_interval_s=0.2, max_restarts=0)
     migrate(settings.database)
     job = insert_job(settings, state=RUNNING, heartbeat_at=time.time() - 5, worker="gone", host="elsewhere", pid=1)
     fresh = insert_job(settings, state=RUNNING, heartbeat_at=time.time() + 60)

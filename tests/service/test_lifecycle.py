@@ -17,6 +17,7 @@ from app.core.lifecycle import (
     CANCELLING,
     FAILED,
     FINAL,
+    PAUSED,
     QUEUED,
     RUNNING,
     STARTING,
@@ -47,13 +48,18 @@ def state_of(settings: Settings, job_id: int) -> str:
 
 def test_the_table_has_the_documented_shape() -> None:
     assert set(ALLOWED_MOVES) == set(STATES)
-    assert all(not ALLOWED_MOVES[state] for state in FINAL)
-    assert ALLOWED_MOVES[QUEUED] == {STARTING, CANCELLED, FAILED}
-    assert SUCCEEDED in ALLOWED_MOVES[RUNNING] and QUEUED not in ALLOWED_MOVES[RUNNING]
+    assert not ALLOWED_MOVES[SUCCEEDED]
+    assert all(ALLOWED_MOVES[state] == {QUEUED} for state in FINAL - {SUCCEEDED})  # resumed, nothing else
+    assert ALLOWED_MOVES[QUEUED] == {STARTING, CANCELLED, FAILED, PAUSED}
+    assert ALLOWED_MOVES[PAUSED] == {QUEUED, CANCELLED}
+    assert SUCCEEDED in ALLOWED_MOVES[RUNNING] and QUEUED in ALLOWED_MOVES[RUNNING]  # requeued after a fault
+    assert QUEUED not in ALLOWED_MOVES[CANCELLING]  # a cancel is never undone by a restart
     with pytest.raises(TransitionError, match="from 'succeeded' to 'running'; from 'succeeded' it may move to nothing"):
         check_move(SUCCEEDED, RUNNING)
-    with pytest.raises(TransitionError, match="may move to cancelled, failed, starting"):
+    with pytest.raises(TransitionError, match="may move to cancelled, failed, paused, starting"):
         check_move(QUEUED, SUCCEEDED)
+    with pytest.raises(TransitionError, match="from 'failed' to 'running'; from 'failed' it may move to queued"):
+        check_move(FAILED, RUNNING)
 
 
 def test_transition_is_compare_and_set_and_records_an_event(db: Settings) -> None:
@@ -64,7 +70,7 @@ def test_transition_is_compare_and_set_and_records_an_event(db: Settings) -> Non
         assert not transition(session, job.id, STARTING, [QUEUED], worker="w2")  # already claimed
         assert transition(session, job.id, RUNNING, [STARTING])
         assert transition(session, job.id, FAILED, [RUNNING], termination_reason="rank_error", error="boom")
-        for target in (RUNNING, CANCELLED):  # a final state is never left: no source matches
+        for target in (RUNNING, CANCELLED):  # a failed job only goes back to the queue
             with pytest.raises(TransitionError):
                 transition(session, job.id, target, [FAILED])
         session.commit()

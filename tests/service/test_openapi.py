@@ -163,7 +163,17 @@ def test_schema_says_what_the_server_accepts(client: TestClient, settings: Setti
     listing = {p["name"]: p["schema"] for p in document["paths"][JOBS]["get"]["parameters"]}
     assert listing["limit"]["maximum"] == settings.page_limit_max
     states = listing["state"]["anyOf"][0]["enum"]
-    assert states == ["queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled"]
+    assert states == [
+        "queued",
+        "starting",
+        "running",
+        "pausing",
+        "paused",
+        "cancelling",
+        "succeeded",
+        "failed",
+        "cancelled",
+    ]
     assert components["JobPublic"]["properties"]["state"]["enum"] == states
     job_id = next(p for p in document["paths"][f"{JOBS}/{{job_id}}"]["get"]["parameters"] if p["name"] == "job_id")
     assert job_id["schema"]["minimum"] == 1 and job_id["schema"]["maximum"] == 2**31 - 1

@@ -211,7 +211,7 @@ def test_cancel_while_profiling_stops_the_profiler_at_once(tmp_path: Path) -> No
 
 
 def test_a_worker_killed_while_profiling_leaves_no_profiler_behind(tmp_path: Path) -> None:
-    settings = profiling_settings(tmp_path, stale_after_s=3.0, reaper_interval_s=0.5)
+    settings = profiling_settings(tmp_path, stale_after_s=3.0, reaper_interval_s=0.5, max_restarts=0)
     with TestClient(create_app(settings)) as client:
         worker = start_two_slot_worker(settings, "doomed")
         try:
@@ -221,7 +221,6 @@ def test_a_worker_killed_while_profiling_leaves_no_profiler_behind(tmp_path: Pat
             os.kill(worker.process.pid, signal.SIGKILL)  # its profiling torchrun lives on in its own session
             worker.process.wait()
             killed = time.time()
-            assert all(alive(p) for p in profiling)
 
             def lost() -> dict[str, Any] | None:
                 job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}").json()
@@ -229,7 +228,8 @@ def test_a_worker_killed_while_profiling_leaves_no_profiler_behind(tmp_path: Pat
 
             job = wait_for(lost, 30, "the reaper", worker.output)
             assert job["termination_reason"] == "worker_lost"
-            assert "stopped sending heartbeats" in job["error"] and "(phase profile)" in job["error"]
+            assert "the worker doomed (pid" in job["error"] and "died" in job["error"]  # seen at once, on this host
+            assert "(phase profile)" in job["error"]
             wait_for(lambda: nothing_left(profiling, run_dir), 15, "the orphaned profiler to be killed")
             print(f"worker killed while profiling: profiler gone {time.time() - killed:.1f} s after the kill")
         finally:

@@ -1,17 +1,22 @@
-"""Jobs: submit (JSON or YAML, idempotent with a key), list (cursor pages), read, cancel, delete."""
+"""Jobs: submit (JSON or YAML, idempotent with a key), list (cursor pages), read, cancel, pause, resume, delete."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
+from sqlmodel import Session
 
-from app.api.schemas import AUTH_ERRORS, JobDetail, JobPublic, JobsPublic, job_errors, problem
-from app.core.lifecycle import JobState, request_cancel
+from app.api.schemas import AUTH_ERRORS, AttemptPublic, JobDetail, JobPublic, JobsPublic, job_errors, problem
+from app.core.attempts import attempts_of
+from app.core.database import get_engine
+from app.core.lifecycle import JobState, request_cancel, restart_budget
+from app.core.settings import Settings
 from app.core.tables import Job
 from app.deps import JobDep, ReadAccess, SessionDep, SettingsDep, SubmitAccess
-from app.jobs import CURSOR_MAX, ConflictError, delete_job, list_jobs, waiting_reason
+from app.jobs import CURSOR_MAX, ConflictError, delete_job, list_jobs, queue_position, waiting_reason
 from app.problems import ApiError, invalid
+from app.resume import pause_job, resume_job
 from app.submissions import submit
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=AUTH_ERRORS)
@@ -39,6 +44,8 @@ JOB = "/api/v1/jobs/{job_id}"
 CREATED_LINKS = {  # what a client can do with the job it just created (its plan and logs come once it runs)
     "read": link(JOB, "get"),
     "cancel": link(f"{JOB}/cancel", "post"),
+    "pause": link(f"{JOB}/pause", "post"),
+    "resume": link(f"{JOB}/resume", "post"),
     "delete": link(JOB, "delete"),
     "follow": link(f"{JOB}/events", "get"),
     "metrics": link(f"{JOB}/metrics", "get"),
@@ -46,8 +53,16 @@ CREATED_LINKS = {  # what a client can do with the job it just created (its plan
 }
 
 
-def detail_of(job: Job, reason: str | None = None) -> JobDetail:
-    return JobDetail(**{**job.model_dump(), "phases": job.phases or []}, waiting_reason=reason)
+def detail_of(session: Session, settings: Settings, job: Job) -> JobDetail:
+    """The job as GET /jobs/{id} answers it: with its attempts, restart budget and, when queued, its wait."""
+    assert job.id is not None
+    attempts = [AttemptPublic(**attempt.model_dump()) for attempt in attempts_of(session, job.id)]
+    return JobDetail(
+        **{**job.model_dump(), "phases": job.phases or [], "max_restarts": restart_budget(job, settings)},
+        attempts=attempts,
+        waiting_reason=waiting_reason(session, job=job, stale_after_s=settings.stale_after_s),
+        queue_position=queue_position(session, job=job),
+    )
 
 
 @router.post(
@@ -80,7 +95,8 @@ async def submit_job(
     response.headers["Location"] = str(request.url_for("read_job", job_id=created.job.id).path)
     if created.replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    return detail_of(created.job)
+    with Session(get_engine(request.app.state.settings.database)) as session:
+        return detail_of(session, request.app.state.settings, created.job)
 
 
 @router.get(
@@ -108,18 +124,58 @@ def read_jobs(
 
 @router.get("/{job_id}", response_model=JobDetail, dependencies=[ReadAccess], responses=job_errors())
 def read_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobDetail:
-    """State, timestamps, progress, plan summary, termination reason and error text."""
-    return detail_of(job, waiting_reason(session, job=job, stale_after_s=settings.stale_after_s))
+    """State, timestamps, progress, plan summary, termination reason, error text and attempts."""
+    return detail_of(session, settings, job)
 
 
 @router.post("/{job_id}/cancel", response_model=JobDetail, dependencies=[SubmitAccess], responses=job_errors())
-def cancel_job(job: JobDep, session: SessionDep) -> JobDetail:
-    """Cancel: a queued job ends at once; a running one is stopped by its worker. Idempotent."""
+def cancel_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobDetail:
+    """Cancel: a queued or paused job ends at once; a running one is stopped by its worker. Idempotent."""
     assert job.id is not None
     request_cancel(session, job.id)
     session.commit()
     session.refresh(job)
-    return detail_of(job)
+    return detail_of(session, settings, job)
+
+
+@router.post(
+    "/{job_id}/pause",
+    response_model=JobDetail,
+    dependencies=[SubmitAccess],
+    responses=job_errors(conflict="the job has ended or is being cancelled: only queued or running jobs pause"),
+)
+def pause(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobDetail:
+    """Pause: a queued job leaves the queue; a running one saves every block at its next step and stops
+    (`pausing`, then `paused`). Idempotent; resume continues it."""
+    try:
+        pause_job(session, job)
+    except ConflictError as error:
+        raise ApiError(status.HTTP_409_CONFLICT, str(error)) from None
+    session.refresh(job)
+    return detail_of(session, settings, job)
+
+
+@router.post(
+    "/{job_id}/resume",
+    response_model=JobDetail,
+    dependencies=[SubmitAccess],
+    responses={
+        **job_errors(
+            conflict="the job cannot resume: it is not failed, cancelled or paused, its run directory is gone,"
+            " or its spec no longer validates (the detail says which); nothing was changed"
+        ),
+        503: problem("the broker did not accept the job; nothing was changed"),
+    },
+)
+def resume(request: Request, job: JobDep, session: SessionDep, settings: SettingsDep) -> JobDetail:
+    """Put a failed, cancelled or paused job back in the queue; it continues in its run directory, every
+    block from its last checkpoint."""
+    try:
+        resume_job(session, settings, request.app.state.celery, job)
+    except ConflictError as error:
+        raise ApiError(status.HTTP_409_CONFLICT, str(error)) from None
+    session.refresh(job)
+    return detail_of(session, settings, job)
 
 
 @router.delete(

@@ -7,7 +7,7 @@ import { drawGantt, measuredWindow, showEmpty } from "./gantt.js";
 import { LatestValues } from "./latest.js";
 import { FinetunePanel } from "./finetune.js";
 import { LogPanel } from "./logs.js";
-import { followJob, getJSON, handleCancelButtons, refreshPart, throttle } from "./server.js";
+import { followJob, getJSON, handleActionButtons, handleCancelButtons, refreshPart, throttle } from "./server.js";
 import { JobTelemetry } from "./telemetry.js";
 
 const config = JSON.parse(document.getElementById("job-config").textContent);
@@ -162,6 +162,10 @@ async function start() {
     charts.loss.setSource(event.target.checked ? telemetry.rangeTable() : telemetry.loss);
   });
   handleCancelButtons(document.getElementById("part-status"), null, refreshStatus);
+  // a resumed job runs again: the page follows its new event stream from the start
+  handleActionButtons(document.getElementById("part-status"), null, (_, action) =>
+    action === "resume" ? window.location.reload() : refreshStatus(),
+  );
   await loadHistory();
   await finetune?.load();
   drawCharts();

@@ -114,6 +114,27 @@ export function followJob(jobId, afterEventId, handlers) {
   return source;
 }
 
+// Pause and resume buttons (`data-action="pause|resume" data-job="<job id>"`) under `root`: ask the API
+// (a refusal's problem detail says why), say how it went in `statusElement`, then let the page refresh.
+export function handleActionButtons(root, statusElement, onDone) {
+  root.addEventListener("click", async (event) => {
+    const button = event.target.closest("button[data-action]");
+    if (!button) return;
+    const { action, job: jobId } = button.dataset;
+    button.disabled = true;
+    const status = statusElement ?? root.querySelector("#action-status");
+    try {
+      const job = await request(`/api/v1/jobs/${jobId}/${action}`, { method: "POST" });
+      if (status) status.textContent = `Job #${jobId} is ${job.state}.`;
+    } catch (error) {
+      button.disabled = false;
+      if (status) status.textContent = `Could not ${action} job #${jobId}: ${error.message}`;
+      return;
+    }
+    onDone?.(jobId, action);
+  });
+}
+
 // Cancel buttons (`data-cancel="<job id>"`) under `root`: confirm, ask the API, say how it went in
 // `statusElement`, then let the page refresh what it shows.
 export function handleCancelButtons(root, statusElement, onDone) {

@@ -1,0 +1,43 @@
+"""A job's attempts: each run of a job on a worker, from its claim to the job leaving that worker.
+
+The lifecycle (app/core/lifecycle.py) opens one when a worker claims the job (`queued -> starting`) and
+closes it when the job moves off the worker (succeeded, failed, cancelled, paused, or requeued after a
+fault), in the same transaction as the move; the worker adds where each block resumed from.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import update
+from sqlmodel import Session, col, func, select
+
+from app.core.tables import JobAttempt
+
+
+def open_attempt(session: Session, job_id: int, worker: str | None, stamp: float) -> None:
+    number = session.exec(select(func.max(JobAttempt.number)).where(JobAttempt.job_id == job_id)).one() or 0
+    session.add(JobAttempt(job_id=job_id, number=int(number) + 1, worker=worker, started_at=stamp))
+
+
+def close_attempt(session: Session, job_id: int, outcome: str, reason: str | None, stamp: float) -> None:
+    """End the job's open attempt, if it has one (a queued job paused or cancelled has none)."""
+    statement = (
+        update(JobAttempt)
+        .where(col(JobAttempt.job_id) == job_id, col(JobAttempt.ended_at).is_(None))
+        .values(ended_at=stamp, outcome=outcome, reason=reason)
+    )
+    session.execute(statement)
+
+
+def record_resume(session: Session, job_id: int, steps: list[int]) -> None:
+    """Where each block of the open attempt resumed from (0: from the start)."""
+    statement = (
+        update(JobAttempt)
+        .where(col(JobAttempt.job_id) == job_id, col(JobAttempt.ended_at).is_(None))
+        .values(resumed_from=steps)
+    )
+    session.execute(statement)
+
+
+def attempts_of(session: Session, job_id: int) -> list[JobAttempt]:
+    query = select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(col(JobAttempt.number))
+    return list(session.exec(query).all())

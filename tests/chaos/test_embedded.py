@@ -1,0 +1,127 @@
+"""Chaos tier, the embedded default (`pipebd up`, real API, worker with two slots, SQLite database and
+broker, torchrun): the worker killed with SIGKILL while two jobs distil is started again; one job
+resumes by itself and succeeds, the other (max_restarts 0) fails `worker_lost` and resumes from the
+API; a clean shutdown leaves a queued job queued and requeues the running ones checkpointed, and the
+next start runs them all, the queued job's higher priority first.
+Every finished job's students equal those of the uninterrupted run (1e-6), its telemetry
+holds every step once, and no process of the dead worker is left."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec, parse_spec
+from tests.chaos.embedded import Up, assert_steps_once
+from tests.chaos.jobs import slow_job
+from tests.helpers import assert_same_weights, load_students
+from tests.service.factories import tiny_job
+from tests.service.workers import rank_processes, wait_for
+
+TOLERANCE = 1e-6
+DOCUMENT = slow_job("embedded")
+
+
+@pytest.fixture(scope="module")
+def reference(finished_run: Callable[[Spec], RunDir]) -> RunDir:
+    """The uninterrupted run of DOCUMENT (its students, its telemetry)."""
+    return finished_run(parse_spec({**DOCUMENT, "name": "reference"}))
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    service = Up(tmp_path_factory.mktemp("up"))
+    service.start()
+    yield service
+    if service.process is not None and service.process.poll() is None:
+        service.stop()
+
+
+def submit(up: Up, **fields: Any) -> int:
+    response = up.post("/api/v1/jobs", json={**DOCUMENT, **fields})
+    assert response.status_code == 202, response.text
+    job_id: int = response.json()["id"]
+    return job_id
+
+
+def distilling(up: Up, job_id: int) -> dict[str, Any]:
+    def far_enough() -> dict[str, Any] | None:
+        job: dict[str, Any] = up.get(f"/api/v1/jobs/{job_id}")
+        return job if job["phase"] == "distill" and job["phase_progress"] >= 0.15 else None
+
+    found: dict[str, Any] = wait_for(far_enough, 180, f"job {job_id} to distill", lambda: up.output()[-3000:])
+    return found
+
+
+def kill_worker(up: Up) -> list[psutil.Process]:
+    """SIGKILL the worker under `pipebd up`; the job's processes it leaves behind (torchrun, ranks)."""
+    worker = up.worker()
+    left = worker.children(recursive=True)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=10)
+    return left
+
+
+def assert_like_reference(up: Up, job: dict[str, Any], reference: RunDir) -> None:
+    run_dir = RunDir(Path(up.folder / "data" / "runs" / f"job-{job['id']}"))
+    assert_same_weights(load_students(run_dir), load_students(reference), rtol=TOLERANCE)
+    assert_steps_once(up.telemetry(job["id"]), reference, 2)
+    assert rank_processes(str(run_dir.root)) == []
+
+
+def test_a_worker_killed_mid_distillation_is_restarted_its_job_resumes_and_one_without_restarts_resumes_by_api(
+    up: Up, reference: RunDir
+) -> None:
+    restarted, lost = submit(up), submit(up, max_restarts=0)  # two slots: both distil when the worker dies
+    distilling(up, restarted)
+    distilling(up, lost)
+    left = kill_worker(up)
+    assert len(left) >= 6, "two torchrun agents and their two ranks each"
+    gone = lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in left)  # noqa: E731
+    wait_for(gone, 30, "the dead worker's ranks to be killed")
+    failed = up.wait_state(lost, {"failed", "succeeded"}, timeout=60)
+    assert (failed["state"], failed["termination_reason"]) == ("failed", "worker_lost")
+    assert "died while the job was running (phase distill)" in failed["error"]
+    resumed = up.post(f"/api/v1/jobs/{lost}/resume")
+    assert resumed.status_code == 200 and resumed.json()["state"] == "queued", resumed.text
+    for job_id, first_outcome in ((restarted, "requeued"), (lost, "failed")):
+        job = up.wait_state(job_id, {"succeeded", "failed"})
+        assert job["state"] == "succeeded", (job["termination_reason"], job["error"])
+        first, second = job["attempts"]
+        assert (first["outcome"], first["reason"]) == (first_outcome, "worker_lost")
+        assert second["outcome"] == "succeeded" and min(second["resumed_from"]) > 0
+        assert_like_reference(up, job, reference)
+    assert up.get(f"/api/v1/jobs/{restarted}")["restarts"] == 1
+    assert up.process is not None and up.process.poll() is None  # the API never went away
+    assert "starting it again" in up.output()
+
+
+def test_a_clean_shutdown_keeps_queued_jobs_queued_and_requeues_the_running_one(up: Up, reference: RunDir) -> None:
+    running, other = submit(up), submit(up)
+    distilling(up, running)
+    distilling(up, other)
+    waiting = submit(up, **tiny_job("waiting"), priority=5)  # both slots are taken
+    assert up.get(f"/api/v1/jobs/{waiting}")["state"] == "queued"
+    assert up.stop() == 0
+    up.start()  # the API answers before the worker takes anything: it imports torch first
+    for job_id in (running, other):
+        attempt = up.get(f"/api/v1/jobs/{job_id}")["attempts"][0]
+        assert (attempt["outcome"], attempt["reason"]) == ("requeued", "worker_shutdown")
+    queued = up.get(f"/api/v1/jobs/{waiting}")
+    assert queued["state"] in ("queued", "starting", "running") and len(queued["attempts"]) <= 1
+    assert all(attempt["outcome"] is None for attempt in queued["attempts"])  # never taken off the queue to fail
+    for job_id in (running, other):
+        job = up.wait_state(job_id, {"succeeded", "failed"})
+        assert job["state"] == "succeeded", (job["termination_reason"], job["error"])
+        assert min(job["attempts"][1]["resumed_from"]) > 0
+        assert_like_reference(up, job, reference)
+    done = up.wait_state(waiting, {"succeeded", "failed"})
+    assert done["state"] == "succeeded"
+    # after the restart two slots took the priority-5 job and the older of the others; the newest came last
+    assert up.get(f"/api/v1/jobs/{other}")["attempts"][1]["started_at"] >= done["attempts"][0]["started_at"]

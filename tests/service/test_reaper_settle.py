@@ -1,0 +1,85 @@
+"""Service tier: how the reaper settles a job whose worker process is gone (seen at once on its host, not
+after the heartbeat delay), on real databases: a run that completed while nobody watched is recorded
+`succeeded`; one that did not is requeued (and published once) while it has restarts left, else failed
+`worker_lost`; a job that was pausing ends `paused`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from app.core.database import migrate
+from app.core.reaper import reap_lost_jobs
+from app.core.settings import Settings
+from tests.service.factories import insert_job
+from tests.service.test_lifecycle_resume import stored
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def lost_job(settings: Settings, state: str = "running", **fields: object) -> int:
+    """A job whose worker died on this host a moment ago (its heartbeat is still fresh)."""
+    job = insert_job(
+        settings,
+        state,
+        host=socket.gethostname(),
+        worker="w1",
+        worker_pid=dead_pid(),
+        started_at=time.time() - 5,
+        heartbeat_at=time.time(),
+        **fields,
+    )
+    assert job.id is not None
+    return job.id
+
+
+def completed_run(folder: Path) -> str:
+    folder.mkdir(parents=True)
+    torch.save({"blocks.0.weight": torch.zeros(1)}, folder / "student.pt")
+    (folder / "summary.json").write_text('{"final_loss": {"0": 0.1}}')
+    return str(folder)
+
+
+def test_a_dead_workers_jobs_are_settled_at_once(tmp_path: Path, settings: Settings) -> None:
+    migrate(settings.database)
+    finished = lost_job(settings, run_dir=completed_run(tmp_path / "finished"))
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "summary.json").write_text("{not json")  # an output cut short is not a completed run
+    torch.save({}, half / "student.pt")
+    requeued = lost_job(settings, run_dir=str(half))
+    no_restarts = lost_job(settings, max_restarts=0)
+    used_up = lost_job(settings, restarts=2)
+    pausing = lost_job(settings, state="pausing")
+    published: list[tuple[int, str]] = []
+    reaped = reap_lost_jobs(settings.database, 30.0, lambda *m: published.append(m), settings.max_restarts)
+    assert sorted(reaped) == sorted([finished, requeued, no_restarts, used_up, pausing])
+    assert stored(settings, finished).state == "succeeded" and stored(settings, finished).progress == 1.0
+    again = stored(settings, requeued)
+    assert (again.state, again.restarts, again.termination_reason) == ("queued", 1, None)
+    assert published == [(requeued, again.queue)]
+    for job_id in (no_restarts, used_up):
+        job = stored(settings, job_id)
+        assert (job.state, job.termination_reason) == ("failed", "worker_lost")
+        assert "the worker w1 (pid" in (job.error or "") and "died while the job was running" in (job.error or "")
+    assert stored(settings, pausing).state == "paused"
+    assert reap_lost_jobs(settings.database, 30.0, lambda *m: published.append(m), settings.max_restarts) == []
+
+
+def test_outputs_older_than_the_job_are_not_its_completed_run(tmp_path: Path, settings: Settings) -> None:
+    migrate(settings.database)
+    old = completed_run(tmp_path / "old")
+    job_id = lost_job(settings, run_dir=old, max_restarts=0)
+    os.utime(Path(old) / "student.pt", (time.time() - 3600, time.time() - 3600))  # written an hour ago
+    reap_lost_jobs(settings.database, 30.0, None, settings.max_restarts)
+    assert stored(settings, job_id).state == "failed"
