@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipebd_core.diagnosis import diagnose
+from pipebd_core.outcomes import fault_of
 from pipebd_core.rundir import RunDir
 
 
@@ -46,3 +47,21 @@ def test_otherwise_the_exit_code_and_the_launcher_log(tmp_path: Path) -> None:
     run_dir.launcher_log("profile").write_text("torchrun: something odd\n")
     reason, text = diagnose(run_dir, "profile", 3)
     assert reason == "exit_code" and "the profile phase exited with code 3" in text and text.endswith("something odd\n")
+
+
+def test_a_sigkilled_rank_is_the_cause_when_the_others_only_lost_it(tmp_path: Path) -> None:
+    """Rank 1 SIGKILLed: rank 0 reports gloo's broken connection before torchrun notices; the kill is the cause
+    (a machine fault the service restarts), unless some rank raised an error of its own."""
+    sigkill = "... exitcode: -9 (pid: 42) Signal 9 (SIGKILL) received by PID 42"
+    run_dir = RunDir(tmp_path / "lost")
+    run_dir.logs("distill").mkdir(parents=True)
+    run_dir.launcher_log("distill").write_text(sigkill)
+    message = "[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:26828"
+    rank_error(run_dir, 0, "RuntimeError", message, when=1.0)
+    reason, text = diagnose(run_dir, "distill", 1)
+    assert reason == "oom" and "SIGKILL" in text and fault_of(reason, 1, text) == "rank_killed"
+    own = RunDir(tmp_path / "own")
+    own.logs("distill").mkdir(parents=True)
+    own.launcher_log("distill").write_text(sigkill)
+    rank_error(own, 0, "ValueError", "bad block", when=1.0)
+    assert diagnose(own, "distill", 1)[0] == "rank_error"

@@ -3,6 +3,7 @@ one embedded service (the app and a real `pipebd worker` on SQLite) shared by th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from app.main import create_app
 from tests.service.services import Service, create_database, drop_database, start_postgres, start_redis
 from tests.service.workers import WorkerProcess, start_worker, wait_for
 
-REDIS_TEST_DB = 13  # a database number of its own, flushed before and after each test
+REDIS_TEST_DB = 13  # a database number of its own (one per xdist worker above it), flushed before and after each test
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +51,8 @@ def postgres_url(postgres_service: Service) -> Iterator[str]:
 def redis_url(redis_service: Service) -> Iterator[str]:
     if redis_service.url is None:
         pytest.skip(redis_service.reason)
-    url = f"{redis_service.url}/{REDIS_TEST_DB}"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    url = f"{redis_service.url}/{REDIS_TEST_DB + int(worker or 0)}"
     redis.Redis.from_url(url).flushdb()
     yield url
     redis.Redis.from_url(url).flushdb()
