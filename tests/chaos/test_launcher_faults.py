@@ -17,37 +17,20 @@ import pytest
 from sqlmodel import Session, select
 
 from app.core.attempts import attempts_of
-from app.core.database import get_engine, migrate
+from app.core.database import get_engine
 from app.core.lifecycle import PAUSED, QUEUED, request_pause, requeue
 from app.core.settings import Settings
-from app.core.tables import Job, JobAttempt, JobMetric
-from app.jobs import create_job
-from app.specs import spec_hash
+from app.core.tables import JobAttempt, JobMetric
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
 from tests.chaos.jobs import hybrid_job, slow_job
 from tests.helpers import assert_same_weights, load_students
 from tests.service.conftest import make_settings
+from tests.service.factories import queued_job, stored
 from tests.service.workers import rank_processes, wait_for
 from worker.launcher import JobRunner
 
 TOLERANCE = 1e-6
-
-
-def queued_job(settings: Settings, document: dict[str, Any]) -> int:
-    migrate(settings.database)
-    spec = parse_spec(document)
-    with Session(get_engine(settings.database), expire_on_commit=False) as session:
-        job_id = create_job(session, spec=spec, request_hash=spec_hash(spec), idempotency_key=None).job.id
-    assert job_id is not None
-    return job_id
-
-
-def stored(settings: Settings, job_id: int) -> Job:
-    with Session(get_engine(settings.database)) as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        return job
 
 
 def attempts(settings: Settings, job_id: int) -> list[JobAttempt]:

@@ -10,10 +10,13 @@ from typing import Any
 import redis
 from sqlmodel import Session, func, select
 
-from app.core.database import get_engine
+from app.core.database import get_engine, migrate
 from app.core.queue import queue_name
 from app.core.settings import Settings
 from app.core.tables import Job, JobEvent, JobMetric
+from app.jobs import create_job
+from app.specs import spec_hash
+from pipebd_core.spec import parse_spec
 from tests.helpers import tiny_document
 
 
@@ -32,6 +35,24 @@ def long_job(**sections: dict[str, Any]) -> dict[str, Any]:
     """A tiny job that runs for minutes unless cancelled."""
     sections = {"train": {"epochs": 1000}, "data": {"num_samples": 400}, **sections}
     return tiny_job(**sections)
+
+
+def queued_job(settings: Settings, document: dict[str, Any] | None = None) -> int:
+    """A job stored queued, as the API stores it (the database migrated first); its id."""
+    migrate(settings.database)
+    spec = parse_spec(document or long_job())
+    with Session(get_engine(settings.database), expire_on_commit=False) as session:
+        job_id = create_job(session, spec=spec, request_hash=spec_hash(spec), idempotency_key=None).job.id
+    assert job_id is not None
+    return job_id
+
+
+def stored(settings: Settings, job_id: int) -> Job:
+    """The job's row as the database holds it now."""
+    with Session(get_engine(settings.database)) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job
 
 
 def count_rows(settings: Settings, table: type[Any]) -> int:

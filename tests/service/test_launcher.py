@@ -6,37 +6,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
 
-from sqlmodel import Session
-
-from app.core.database import get_engine, migrate
-from app.core.settings import Settings
-from app.core.tables import Job
-from app.jobs import create_job
-from app.specs import spec_hash
-from pipebd_core.spec import parse_spec
 from tests.service.conftest import make_settings
-from tests.service.factories import long_job, tiny_job
+from tests.service.factories import queued_job, stored, tiny_job
 from tests.service.slow_data import FACTORY as SLOW_DATA
 from tests.service.workers import rank_processes, wait_for
 from worker.launcher import JobRunner
-
-
-def queued_job(settings: Settings, document: dict[str, Any] | None = None) -> int:
-    migrate(settings.database)
-    spec = parse_spec(document or long_job())
-    with Session(get_engine(settings.database), expire_on_commit=False) as session:
-        job_id = create_job(session, spec=spec, request_hash=spec_hash(spec), idempotency_key=None).job.id
-    assert job_id is not None
-    return job_id
-
-
-def stored(settings: Settings, job_id: int) -> Job:
-    with Session(get_engine(settings.database)) as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        return job
 
 
 def test_a_job_over_its_time_limit_fails_with_timeout(tmp_path: Path) -> None:

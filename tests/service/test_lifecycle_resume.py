@@ -27,21 +27,13 @@ from app.core.lifecycle import (
     transition,
 )
 from app.core.settings import Settings
-from app.core.tables import Job
-from tests.service.factories import insert_job
+from tests.service.factories import insert_job, stored
 
 
 @pytest.fixture
 def db(settings: Settings) -> Settings:
     migrate(settings.database)
     return settings
-
-
-def stored(settings: Settings, job_id: int) -> Job:
-    with Session(get_engine(settings.database)) as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        return job
 
 
 def moved(settings: Settings, job_id: int, target: str, expected: list[str], **fields: object) -> bool:
