@@ -1,12 +1,13 @@
 # Two commands for a fresh machine:
 #   make run    set everything up, then start the service (`pipebd up`: API, worker, dashboard)
 #   make test   set everything up, then lint, type-check and run the test suite
+# and the inner loop: make test-unit   the pure-logic tier (tests/unit) alone, in under a minute
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint service-packages browser-packages
+.PHONY: setup run test test-unit lint service-packages browser-packages
 
 setup: $(STAMP)
 
@@ -51,3 +52,7 @@ test: lint service-packages browser-packages
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); code=$$?; \
 	if [ $$code -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
 	exit $$code
+
+# The pure-logic tier alone (tests/unit: no process started, no rank launched), in one process.
+test-unit: setup
+	$(BIN)/python -m pytest -n 0 tests/unit $(PYTEST_ARGS)

@@ -3,10 +3,11 @@
 `create_app(settings)` migrates the database, connects the Celery producer, mounts the API under
 `/api/v1`, `/healthz`, `/metrics`, the schema and its documentation (`/openapi.json`, `/docs`,
 `/redoc`: behind the tokens, see app/web/docs.py; built by app/api/openapi.py) and the dashboard
-seam, answers every error as a problem body (app/problems.py: also the request ids, the catch-all 500
-and the body-size limit), and runs the lost-job reaper in the background while the app serves.
-Submissions are counted per client (app/limits.py) and their specs checked in helper processes
-(app/preflight.py), so this process never imports torch.
+seam, answers every error as a problem body (app/api/problems.py: also the request ids, the catch-all 500
+and the body-size limit), and runs the lost-job reaper and the webhook delivery loop (app/core/deliveries.py)
+in the background while the app serves.
+Submissions are counted per client in the database (app/api/limits.py) and their specs checked in helper processes
+(app/services/preflight.py), so this process never imports torch.
 """
 
 from __future__ import annotations
@@ -21,18 +22,18 @@ from celery import Celery
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from app import problems, web
-from app.api import openapi
-from app.api.routes import artifacts, events, health, jobs, logs, metrics
+from app import web
+from app.api import openapi, problems
+from app.api.monitoring import JobCollector
+from app.api.routes import artifacts, events, health, jobs, logs, metrics, sweeps, webhooks
 from app.api.schemas import SERVER_ERROR
+from app.api.sse import Feed
 from app.core.database import migrate
+from app.core.deliveries import run_deliveries
 from app.core.queue import enqueue, make_celery
 from app.core.reaper import reap_lost_jobs
 from app.core.settings import Settings, get_settings
-from app.events import Feed
-from app.limits import SubmissionLimiter
-from app.monitoring import JobCollector
-from app.preflight import shared_pool
+from app.services.preflight import shared_pool
 from app.web import docs
 
 API_PREFIX = "/api/v1"
@@ -56,12 +57,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     stop = threading.Event()
     reaper = threading.Thread(target=run_reaper, args=(settings, app.state.celery, stop), name="reaper", daemon=True)
-    reaper.start()
+    sender = threading.Thread(target=run_deliveries, args=(settings, stop), name="webhooks", daemon=True)
+    for thread in (reaper, sender):
+        thread.start()
     try:
         yield
     finally:
         stop.set()
-        reaper.join(timeout=5)
+        for thread in (reaper, sender):
+            thread.join(timeout=5)
 
 
 def create_app(settings: Settings | None = None, *, run_migrations: bool = True) -> FastAPI:
@@ -83,11 +87,19 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.state.celery = make_celery(settings)
     app.state.registry = CollectorRegistry(auto_describe=False)
     app.state.registry.register(JobCollector(settings.database))
-    app.state.limiter = SubmissionLimiter(settings.submissions_per_minute)
     app.state.feed = Feed(ttl_s=settings.sse_poll_s / 2)
     app.state.preflight = shared_pool(settings.spec_checkers, settings.spec_checker_idle_s)
     app.state.preflight_threads = anyio.CapacityLimiter(settings.spec_checkers)
-    for router in (jobs.router, metrics.router, logs.router, artifacts.router, events.router):
+    routers = (
+        jobs.router,
+        sweeps.router,
+        metrics.router,
+        logs.router,
+        artifacts.router,
+        events.router,
+        webhooks.router,
+    )
+    for router in routers:
         app.include_router(router, prefix=API_PREFIX, responses=SERVER_ERROR)
     app.include_router(health.router, responses=SERVER_ERROR)
     app.include_router(docs.schema_router)

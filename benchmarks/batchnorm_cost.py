@@ -36,13 +36,14 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipebd_core import batchnorm
-from pipebd_core.bench import measured_step_s, read_metrics
-from pipebd_core.launch import prepare_run, start_ranks
-from pipebd_core.plan import Plan
+from pipebd_core.bench.arms import timed_step_s
+from pipebd_core.bench.distill import read_metrics
+from pipebd_core.distill import batchnorm
+from pipebd_core.distill.plan import Plan
+from pipebd_core.distill.students import LOCAL_BATCHNORM_ENV
+from pipebd_core.job.launch import prepare_run, start_ranks
 from pipebd_core.spec import Spec, load_spec
-from pipebd_core.students import LOCAL_BATCHNORM_ENV
-from pipebd_core.workloads import build_workload
+from pipebd_core.workloads.workload import build_workload
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "vgg16-dsconv.yaml"
 LAYOUTS: dict[str, dict[str, Any]] = {
@@ -71,9 +72,9 @@ def step_seconds(spec: Spec, env: dict[str, str], out: Path) -> float:
     code = start_ranks(spec, run_dir, env).wait()
     if code != 0:
         errors = run_dir.rank_errors()
-        raise RuntimeError(f"{spec.schedule.mode} exited {code}: {errors[0]['message'] if errors else 'no rank error'}")
-    plan = Plan.from_json(run_dir.read_json(run_dir.plan))
-    seconds = measured_step_s(plan, read_metrics(run_dir, plan.nproc), plan.details["total_steps"])
+        raise RuntimeError(f"{spec.schedule.mode} exited {code}: {errors[0].message if errors else 'no rank error'}")
+    plan = Plan.from_document(run_dir.load_plan())
+    seconds = statistics.fmean(timed_step_s(read_metrics(run_dir, plan.nproc)).values())
     shutil.rmtree(out, ignore_errors=True)
     return seconds
 

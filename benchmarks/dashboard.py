@@ -54,7 +54,7 @@ def plan_document() -> dict[str, Any]:
     """A profiled hybrid plan of 4 blocks on 4 ranks, as the planner writes it."""
     model = CostModel(fake_profile([4.0, 2.0, 1.0, 1.0], [1.0, 1.0, 0.5, 0.5], NPROC, batch_size=BATCH, p2p=0.05))
     plan = mode_plans(model)["hybrid"]
-    plan.details.update(predictions(plan, model))
+    plan.details.predictions = predictions(plan, model)
     plan.block_names = [f"block{i}" for i in range(BLOCKS)]
     return plan.to_json()
 

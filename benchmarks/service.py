@@ -156,7 +156,7 @@ class Up:
 
 
 def bench_stream() -> None:
-    from app.client import events
+    from app.cli.client import events
 
     with tempfile.TemporaryDirectory() as folder:
         up = Up(Path(folder))

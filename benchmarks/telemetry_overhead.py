@@ -19,14 +19,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipebd_core.telemetry import (
+from pipebd_core.distill.telemetry import (
     PhaseClock,
     TelemetryWriter,
     UtilizationSampler,
@@ -34,6 +33,7 @@ from pipebd_core.telemetry import (
     nvml_utilization_reader,
     peak_memory_bytes,
 )
+from pipebd_core.documents.telemetry import BlockSeconds, DistillLine
 from pipebd_core.workloads.tiny import make_blocks
 
 CPU = torch.device("cpu")
@@ -60,42 +60,45 @@ def train_steps(steps: int, writer: TelemetryWriter | None) -> float:
             clock.mark("student")
             optimiser.step()
             clock.mark("optim")
-            losses[str(block)], x = float(loss.detach()), target
+            losses[block], x = float(loss.detach()), target
         if writer is not None:
             writer.write(telemetry_line(step, losses, clock, gpu))
     return (time.perf_counter() - started) / steps
 
 
-def telemetry_line(step: int, losses: dict[str, float], clock: PhaseClock, gpu: UtilizationSampler) -> dict[str, Any]:
+def telemetry_line(step: int, losses: dict[int, float], clock: PhaseClock, gpu: UtilizationSampler) -> DistillLine:
     """The line a rank writes (runtime.Trainer._record), built from the same parts."""
     memory = current_memory_bytes(CPU)
-    record: dict[str, Any] = {
-        "time": time.time(),
-        "rank": 0,
-        "epoch": 0,
-        "step": step,
-        "round": "weights",
-        "blocks": [0, 1, 2, 3],
-        "loss": losses,
-        "phases": clock.phases(),
-        "samples": 12,
-        "peak_mem": max(peak_memory_bytes(CPU), memory),
-        "cur_mem": memory,
-        "done": step + 1,
-        "total": step + 1,
-    }
-    utilisation = gpu.sample()
-    if utilisation is not None:
-        record["gpu_util"] = utilisation
-    return record
+    phases = clock.phases()
+    return DistillLine(
+        time=time.time(),
+        rank=0,
+        epoch=0,
+        step=step,
+        round="weights",
+        blocks=[0, 1, 2, 3],
+        loss=losses,
+        phases=phases,
+        block_s=BlockSeconds(
+            teacher=dict(enumerate(clock.laps("teacher"))), student=dict(enumerate(clock.laps("student")))
+        ),
+        samples=12,
+        peak_mem=max(peak_memory_bytes(CPU), memory),
+        cur_mem=memory,
+        done=step + 1,
+        total=step + 1,
+        gpu_util=gpu.sample(),
+    )
 
 
 def cost_of_one_line(lines: int = 5000) -> float:
     """Seconds to build and buffer one line, timed in a tight loop (no training around it)."""
     clock, gpu = PhaseClock(CPU), UtilizationSampler(nvml_utilization_reader(CPU))
     clock.start()
-    clock.mark("teacher")
-    losses = {str(block): 0.1 for block in range(4)}
+    for _ in range(4):  # four blocks, as in train_steps
+        clock.mark("teacher")
+        clock.mark("student")
+    losses = dict.fromkeys(range(4), 0.1)
     with tempfile.TemporaryDirectory() as folder:
         writer = TelemetryWriter(Path(folder) / "rank-0.jsonl")
         started = time.perf_counter()

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipebd_core.documents.errors import RankError
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
-from pipebd_core.telemetry import append_event
 
 
 def pick_device(spec: Spec, local_rank: int) -> torch.device:
@@ -63,16 +63,15 @@ def redirect_output_to_log(run_dir: RunDir, phase: str) -> None:
 
 
 def write_rank_error(run_dir: RunDir, error: BaseException, phase: str) -> None:
-    rank = int(os.environ.get("RANK", "0"))
-    record_ = {
-        "rank": rank,
-        "time": time.time(),
-        "type": type(error).__name__,
-        "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
-    }
-    run_dir.write_json(run_dir.error(rank, phase), record_)
-    append_event(run_dir.events, "rank_error", phase=phase, rank=rank, type=record_["type"], message=record_["message"])
+    report = RankError(
+        rank=int(os.environ.get("RANK", "0")),
+        time=time.time(),
+        type=type(error).__name__,
+        message=str(error),
+        traceback="".join(traceback.format_exception(error)),
+    )
+    run_dir.write_rank_error(phase, report)
+    run_dir.append_event("rank_error", phase=phase, rank=report.rank, type=report.type, message=report.message)
 
 
 def phase_entry(

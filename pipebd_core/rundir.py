@@ -1,7 +1,9 @@
 """The run directory: the contract between the launcher, the ranks and the service.
 
 Everything a job produces lives here, so it survives any crash of the service. Every path below is
-spelt out once, in `RunDir`; nothing else joins names onto a run directory.
+spelt out once, in `RunDir`, and so is every load of the documents the job's processes share (the spec,
+the phases record, the events, the block and layer profiles, calibration); nothing else joins names
+onto a run directory (a test checks it).
 
     spec.json                          the resolved spec
     phases.json                        the job's phases in order, each with its state and outcome
@@ -12,8 +14,12 @@ spelt out once, in `RunDir`; nothing else joins names onto a run directory.
     logs/<phase>/rank-<r>.log          each rank's stdout and stderr
     errors/<phase>/rank-<r>.json       the traceback of a rank that raised
     metrics/<phase>/rank-<r>.jsonl     one telemetry line per rank per task
+    tensorboard/<phase>/events.out.tfevents.pipebd   a training phase's series as a TensorBoard event file,
+                                       written when the phase ends (pipebd_core/tracking/)
     checkpoints/block-<i>/step-<s>.pt  student, optimiser state and step of block i after step s
     checkpoints/finetune/block-<s>/step-<n>.pt   finetune: pipeline stage s (ddp: block-0, the whole network)
+    control/stop.json, control/stop_at.json, control/stopped/rank-<r>   a stop request, where the ranks stop,
+                                       and which ranks stopped early (pipebd_core/job/control.py)
     student.pt                         state_dict of nn.ModuleList `blocks` (keys blocks.<i>.<param>)
     compressed_model.pt                the assembled compressed network (compression workloads)
     architecture.json                  nas: the chosen candidate of every searchable layer, per block
@@ -32,14 +38,39 @@ these for download.
 from __future__ import annotations
 
 import json
+import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pipebd_core.documents.calibration import Calibration
+from pipebd_core.documents.errors import RankError
+from pipebd_core.documents.finetune_plan import FinetunePlanDocument
+from pipebd_core.documents.layer_profile import LayerProfile
+from pipebd_core.documents.phases import (
+    DISTILL,
+    EVALUATE,
+    FINALIZE,
+    FINETUNE,
+    PLAN,
+    PLAN_FINETUNE,
+    PROFILE,
+    PROFILE_FINETUNE,
+    PhaseRecord,
+    PhasesRecord,
+)
+from pipebd_core.documents.plan import PlanDocument
+from pipebd_core.documents.profile import Profile
+from pipebd_core.documents.summary import Summary
+from pipebd_core.documents.telemetry import TelemetryLine, read_line
+
+if TYPE_CHECKING:
+    from pipebd_core.spec import Spec
 
 # The kinds of work a telemetry line times, in seconds per step ("phases" of metrics/<phase>/rank-<r>.jsonl);
 # here, not in telemetry.py, so that readers of the lines (the API, the dashboard) need not import torch.
 STEP_PHASES = ("data", "recv_wait", "teacher", "send", "student", "allreduce", "barrier", "optim")
-DISTILL = "distill"  # the phase whose files a caller means when it names none (see pipebd_core.phases)
 
 
 @dataclass(frozen=True)
@@ -69,6 +100,31 @@ OUTPUTS: tuple[Output, ...] = (
     Output("spec.json", "application/json", "the resolved spec"),
     Output("events.jsonl", "application/x-ndjson", "lifecycle events written by the engine"),
 )
+
+
+@dataclass(frozen=True)
+class CheckpointFolder:
+    """checkpoints/ (or checkpoints/finetune/): `block-<i>/step-<s>.pt`, one folder per block (or stage)."""
+
+    root: Path
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def block(self, block: int) -> Path:
+        return self.root / f"block-{block}"
+
+    def file(self, block: int, step: int) -> Path:
+        return self.block(block) / f"step-{step:09d}.pt"
+
+    def files(self, block: int) -> list[Path]:
+        """Every checkpoint file of `block`, oldest step first."""
+        return sorted(self.block(block).glob("step-*.pt"))
+
+    @staticmethod
+    def step_of(path: Path) -> int:
+        """The step a checkpoint file (`step-<s>.pt`) was saved after."""
+        return int(path.stem.split("-")[1])
 
 
 @dataclass(frozen=True)
@@ -146,12 +202,33 @@ class RunDir:
         return self.output("teacher.pt")
 
     @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+    def checkpoints(self) -> CheckpointFolder:
+        return CheckpointFolder(self.root / "checkpoints")
 
     @property
-    def finetune_checkpoints(self) -> Path:
-        return self.checkpoints / "finetune"
+    def finetune_checkpoints(self) -> CheckpointFolder:
+        return CheckpointFolder(self.root / "checkpoints" / "finetune")
+
+    @property
+    def control(self) -> Path:
+        """Requests to the running ranks (pipebd_core/job/control.py)."""
+        return self.root / "control"
+
+    @property
+    def stop_request(self) -> Path:
+        return self.control / "stop.json"
+
+    @property
+    def stop_at(self) -> Path:
+        return self.control / "stop_at.json"
+
+    @property
+    def stopped(self) -> Path:
+        """Holds `rank-<r>` for every rank that stopped before its last task."""
+        return self.control / "stopped"
+
+    def stopped_marker(self, rank: int) -> Path:
+        return self.stopped / f"rank-{rank}"
 
     def logs(self, phase: str = DISTILL) -> Path:
         return self.root / "logs" / phase
@@ -165,14 +242,110 @@ class RunDir:
     def metrics(self, rank: int, phase: str = DISTILL) -> Path:
         return self.root / "metrics" / phase / f"rank-{rank}.jsonl"
 
+    @property
+    def tensorboard_root(self) -> Path:
+        """TensorBoard event files, a folder (one TensorBoard run) per training phase."""
+        return self.root / "tensorboard"
+
+    def tensorboard(self, phase: str) -> Path:
+        """The folder of training phase `phase`'s event files: one TensorBoard run (pipebd_core/tracking/)."""
+        return self.tensorboard_root / phase
+
+    def tensorboard_events(self, phase: str) -> Path:
+        """The event file of training phase `phase` (TensorBoard reads any name with `tfevents` in it)."""
+        return self.tensorboard(phase) / "events.out.tfevents.pipebd"
+
     def errors(self, phase: str = DISTILL) -> Path:
         return self.root / "errors" / phase
 
     def error(self, rank: int, phase: str = DISTILL) -> Path:
         return self.errors(phase) / f"rank-{rank}.json"
 
+    def phase_outputs(self, phase: str) -> list[str]:
+        """What `phase` writes, relative to the run directory (folders end with /)."""
+        training = {DISTILL: self.checkpoints.root, FINETUNE: self.finetune_checkpoints.root}
+        files = {
+            PROFILE: [self.profile],
+            PLAN: [self.plan],
+            FINALIZE: [self.student, self.compressed_model, self.architecture, self.searched_model, self.summary],
+            PROFILE_FINETUNE: [self.layer_profile],
+            PLAN_FINETUNE: [self.finetune_plan],
+            EVALUATE: [self.finetuned_model, self.exported_model, self.teacher, self.summary],
+        }
+        if phase in training:
+            folders = [training[phase], self.metrics(0, phase).parent, self.logs(phase), self.errors(phase)]
+            folders.append(self.tensorboard(phase))
+        elif phase in (PROFILE, PROFILE_FINETUNE):
+            folders = [self.logs(phase), self.errors(phase)]
+        else:
+            folders = []
+        paths = [*files.get(phase, []), *folders]
+        return [path.relative_to(self.root).as_posix() + ("/" if path in folders else "") for path in paths]
+
+    def final_weights(self, last_phase: str) -> Path:
+        """The weights the job's last phase writes last: the students (finalize) or the trained network
+        (evaluate)."""
+        return self.finetuned_model if last_phase == EVALUATE else self.student
+
     def read_json(self, path: Path) -> Any:
         return json.loads(path.read_text())
+
+    def load_spec(self) -> Spec:
+        """The job's resolved spec (spec.json)."""
+        from pipebd_core.spec import parse_spec
+
+        return parse_spec(self.read_json(self.spec))
+
+    def load_plan(self) -> PlanDocument:
+        """The distillation plan (plan.json); DocumentError when another version of PipeBD wrote it."""
+        return PlanDocument.from_json(self.read_json(self.plan))
+
+    def load_finetune_plan(self) -> FinetunePlanDocument:
+        """The finetune phase's plan (finetune_plan.json); DocumentError when another PipeBD wrote it."""
+        return FinetunePlanDocument.from_json(self.read_json(self.finetune_plan))
+
+    def load_phases(self) -> list[PhaseRecord]:
+        """The job's phases in order (phases.json)."""
+        return PhasesRecord.from_json(self.read_json(self.phases)).phases
+
+    def save_phases(self, records: list[PhaseRecord]) -> None:
+        self.write_json(self.phases, PhasesRecord(phases=records).to_json())
+
+    def load_profile(self) -> Profile:
+        """The block profile the plan was made from (profile.json); DocumentError for another format's."""
+        return Profile.from_json(self.read_json(self.profile))
+
+    def load_layer_profile(self) -> LayerProfile:
+        """The layer profile of end-to-end training (layer_profile.json); DocumentError likewise."""
+        return LayerProfile.from_json(self.read_json(self.layer_profile))
+
+    def load_calibration(self) -> Calibration:
+        """What training measured against the profile (calibration.json); DocumentError likewise."""
+        return Calibration.from_json(self.read_json(self.calibration))
+
+    def append_event(self, event: str, **fields: Any) -> None:
+        """Append one lifecycle event to events.jsonl (one write of one line: time, event and its fields, so
+        concurrent ranks do not interleave)."""
+        record = {"time": time.time(), "event": event, **fields}
+        with self.events.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def read_events(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The events of events.jsonl, oldest first (with `limit`, the newest `limit`); a line still being
+        written is left out."""
+        if not self.events.is_file():
+            return []
+        with self.events.open(encoding="utf-8", errors="replace") as handle:
+            lines = deque(handle, maxlen=limit)
+        events = []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+        return events
 
     def write_json(self, path: Path, data: Any) -> None:
         """Write atomically: readers never see half a file."""
@@ -181,12 +354,27 @@ class RunDir:
         temporary.write_text(json.dumps(data, indent=2, default=str))
         temporary.replace(path)
 
-    def rank_errors(self, phase: str = DISTILL) -> list[dict[str, Any]]:
+    def rank_errors(self, phase: str = DISTILL) -> list[RankError]:
         """Errors written by ranks of `phase` that raised, earliest first (the first is the root cause)."""
-        errors = [json.loads(path.read_text()) for path in sorted(self.errors(phase).glob("rank-*.json"))]
-        return sorted(errors, key=lambda error: error.get("time", 0.0))
+        errors = [RankError.from_json(self.read_json(path)) for path in sorted(self.errors(phase).glob("rank-*.json"))]
+        return sorted(errors, key=lambda error: error.time)
+
+    def write_rank_error(self, phase: str, error: RankError) -> None:
+        self.write_json(self.error(error.rank, phase), error.to_json())
 
     def clear_errors(self, phase: str) -> None:
         """Forget the rank errors of an earlier attempt at `phase`."""
         for path in self.errors(phase).glob("rank-*.json"):
             path.unlink()
+
+    def read_telemetry(self, rank: int, phase: str = DISTILL) -> list[TelemetryLine]:
+        """Every telemetry line rank `rank` of `phase` wrote (metrics/<phase>/rank-<r>.jsonl), in order."""
+        path = self.metrics(rank, phase)
+        return [read_line(phase, text) for text in path.read_text().splitlines()] if path.exists() else []
+
+    def load_summary(self) -> Summary:
+        """What the job produced (summary.json); DocumentError when an earlier PipeBD wrote it."""
+        return Summary.from_json(self.read_json(self.summary))
+
+    def save_summary(self, summary: Summary) -> None:
+        self.write_json(self.summary, summary.to_json())

@@ -21,6 +21,10 @@ TRAINED_NETWORKS = (*COMPRESSION_TEACHERS, "mobilenet_v2")  # kind train: torchv
 STRATEGIES = ("ddp", "gpipe", "1f1b", "zb", "auto")
 PARTITIONERS = ("even", "pipedream", "layerpipe", "auto")  # how a pipeline's layers are cut into stages
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+TRANSFORMER_FAMILIES = ("llama", "qwen2", "mistral", "gpt2")  # Hugging Face model_type of a transformer teacher
+# transformer replacements of a decoder layer (docs/transformers.md): the layer kept, its FFN narrowed to a
+# fraction, its KV heads mean-pooled to a count, its attention removed, a linear map, nothing
+REPLACEMENT_PATTERN = re.compile(r"^(keep|no_attention|linear|noop|ffn_[1-9]\d*/[1-9]\d*|kv_[1-9]\d*)$")
 
 Mode = Literal["dp", "ls", "ir", "tr", "tr_dpu", "hybrid", "auto"]
 
@@ -39,10 +43,27 @@ def _check_factory(value: str | None) -> str | None:
     return value
 
 
+def _not_a_fraction(name: str) -> bool:
+    """ffn_P/Q that does not narrow the FFN (P/Q of 1 or more)."""
+    if not name.startswith("ffn_"):
+        return False
+    top, bottom = name.removeprefix("ffn_").split("/")
+    return int(top) >= int(bottom)
+
+
+class Budget(_Strict):
+    """A budgeted search's bound: the chosen layers' parameters as a fraction of the teacher layers'."""
+
+    params: float = Field(gt=0, le=1)
+
+
 class WorkloadSpec(_Strict):
     # compression and nas distil students; custom distils a factory's blocks; train trains `teacher` itself
-    kind: Literal["compression", "nas", "custom", "train"] = "compression"
-    teacher: str = ""  # compression: a torchvision VGG (default vgg16); nas: mobilenet_v2; train: what to train
+    # transformer distils a Hugging Face decoder model layer by layer
+    kind: Literal["compression", "nas", "custom", "train", "transformer"] = "compression"
+    # compression: a torchvision VGG (default vgg16); nas: mobilenet_v2; train: what to train;
+    # transformer: a local Hugging Face model directory (config.json and safetensors), or "" with `config`
+    teacher: str = ""
     teacher_weights: str | None = None  # torchvision-format state_dict; None = random init (warned)
     granularity: Literal["layer", "stage"] = "layer"  # compression: a block per conv, or per pooling stage
     # custom: "pkg.mod:fn" -> (teacher_blocks, student_blocks); train: "pkg.mod:fn" -> the network to train
@@ -58,10 +79,19 @@ class WorkloadSpec(_Strict):
     width_mult: float = Field(1.0, gt=0)  # MobileNetV2 width multiplier (teacher and supernet)
     student_norm: Literal["batch", "none"] = "batch"  # batch: BatchNorm in every candidate; none: BN-free
     final_loss: Literal["ce", "mse"] = "ce"  # last block: cross-entropy to the teacher's softmax, or MSE
+    # transformer only: a Hugging Face config (model_type one of TRANSFORMER_FAMILIES) for a random teacher
+    config: dict[str, Any] | None = Field(None, validate_default=True)
+    # transformer only: the candidates of every layer; one is compression, several a search (docs/transformers.md)
+    replacements: list[str] = Field(default_factory=lambda: ["ffn_1/2"])
+    # transformer search only: the chosen network's cost as fractions of the teacher's decoder layers'
+    # (docs/transformers.md#the-budgeted-search), e.g. {params: 0.5}
+    budget: Budget | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _default_teacher(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "transformer":
+            return data  # a model directory, or a config: no default
         if isinstance(data, dict) and data.get("teacher", "") == "":  # absent or "": a default; {} stays an error
             data = {**data, "teacher": "mobilenet_v2" if data.get("kind") == "nas" else "vgg16"}
         return data
@@ -82,6 +112,52 @@ class WorkloadSpec(_Strict):
             raise ValueError(f"{value!r} cannot be trained here; use one of " + ", ".join(TRAINED_NETWORKS))
         return value
 
+    @field_validator("config")
+    @classmethod
+    def _config_fits_kind(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        kind, teacher = info.data.get("kind"), info.data.get("teacher")
+        if kind != "transformer":
+            if value is not None:
+                raise ValueError(f"config builds a transformer teacher; kind {kind!r} has none, remove it")
+            return value
+        if bool(teacher) == (value is not None):
+            raise ValueError(
+                "a transformer teacher is either a model directory (teacher: path) or a random model of a"
+                " family (config: {model_type: llama, ...}); give exactly one"
+            )
+        if value is not None and value.get("model_type") not in TRANSFORMER_FAMILIES:
+            raise ValueError(
+                f"model_type {value.get('model_type')!r} is not supported; use one of "
+                + ", ".join(TRANSFORMER_FAMILIES)
+            )
+        return value
+
+    @field_validator("replacements")
+    @classmethod
+    def _replacement_names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not REPLACEMENT_PATTERN.match(name) or _not_a_fraction(name)]
+        if not value or bad or len(set(value)) != len(value):
+            raise ValueError(
+                f"{value!r}: give distinct candidates, each keep, ffn_P/Q (a fraction below 1, e.g. ffn_1/2),"
+                " kv_N (N KV heads), no_attention, linear or noop"
+                + (f"; not understood: {', '.join(bad)}" if bad else "")
+            )
+        if value == ["noop"]:
+            raise ValueError("['noop'] alone leaves nothing to train; add a candidate with weights, e.g. ffn_1/2")
+        return value
+
+    @field_validator("budget")
+    @classmethod
+    def _budget_needs_a_search(cls, value: Budget | None, info: ValidationInfo) -> Budget | None:
+        if value is None:
+            return value
+        if info.data.get("kind") != "transformer" or len(info.data.get("replacements") or []) < 2:
+            raise ValueError(
+                "a budget chooses among a transformer search's candidates; give kind transformer and at least"
+                " two replacements (e.g. [keep, ffn_1/2, no_attention]), or remove the budget"
+            )
+        return value
+
     @field_validator("factory")
     @classmethod
     def _factory_fits_kind(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -99,8 +175,10 @@ class WorkloadSpec(_Strict):
 
 class DataSpec(_Strict):
     # digits: scikit-learn's 1,797 handwritten 8x8 digits (shipped with the package), resized, 3 channels
-    dataset: Literal["synthetic", "digits", "cifar10", "imagefolder", "custom"] = "synthetic"
-    root: str | None = Field(None, validate_default=True)  # cifar10: CIFAR10's folder; imagefolder: the tree
+    # text: token sequences from a folder of .txt, .md and .jsonl files (the transformer workload)
+    dataset: Literal["synthetic", "digits", "cifar10", "imagefolder", "custom", "text"] = "synthetic"
+    # cifar10: CIFAR10's folder; imagefolder: the tree; text: the folder of .txt/.md/.jsonl files
+    root: str | None = Field(None, validate_default=True)
     factory: str | None = Field(None, validate_default=True)  # custom: "pkg.mod:fn" returning a torch Dataset
     options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments for the factory
     image_size: int = Field(32, ge=8, le=1024)  # inputs are resized to image_size x image_size
@@ -110,12 +188,14 @@ class DataSpec(_Strict):
     shuffle: bool = True  # False: global batches are consecutive slices in index order
     num_workers: int = Field(0, ge=0)  # DataLoader worker processes per loading rank
     eval_samples: int = Field(512, ge=0)  # samples used for the top-1 report after training
+    seq_len: int = Field(128, ge=2, le=65536)  # text: tokens per sequence (packed, documents joined)
+    tokenizer: str | None = None  # text: a local Hugging Face tokenizer folder (tokenizer.json); None: bytes
 
     @field_validator("root")
     @classmethod
     def _root_fits_dataset(cls, value: str | None, info: ValidationInfo) -> str | None:
         dataset = info.data.get("dataset")
-        if dataset in ("cifar10", "imagefolder") and not value:
+        if dataset in ("cifar10", "imagefolder", "text") and not value:
             raise ValueError(f"dataset {dataset!r} needs root: the folder it reads (nothing is downloaded)")
         return value
 
@@ -135,6 +215,9 @@ class TrainSpec(_Strict):
     weight_decay: float = Field(5e-4, ge=0)  # SGD weight decay
     lr_schedule: Literal["cosine", "constant"] = "cosine"  # cosine decays to 0 over the total steps
     seed: int = 0  # seeds data order, synthetic data and every block's initialisation
+    # a block's loss against its teacher's output: mse, nmse (per sample, over the teacher's energy) or
+    # cosine (1 - cosine similarity per token); NAS's last block keeps workload.final_loss
+    loss: Literal["mse", "nmse", "cosine"] = "mse"
     checkpoint_every: int | None = Field(None, ge=1)  # steps between checkpoints; None = once per epoch
 
 
@@ -152,9 +235,9 @@ class FinetuneSpec(_Strict):
     alpha: float = Field(0.5, ge=0, le=1)  # kd: weight of the cross-entropy to the labels
     temperature: float = Field(4.0, gt=0)  # kd: softening of both distributions
     microbatches: int = Field(4, ge=1)  # pipelined strategies split the batch into this many equal parts
-    strategy: Literal["ddp", "gpipe", "1f1b", "zb", "auto"] = "auto"  # see the README's table of strategies
+    strategy: Literal["ddp", "gpipe", "1f1b", "zb", "auto"] = "auto"  # see docs/finetune.md's table of strategies
     stages: list[int] | None = None  # pipelines: the first layer of each stage, from 0; None: the planner cuts
-    partitioner: Literal["even", "pipedream", "layerpipe", "auto"] = "pipedream"  # how the planner cuts (README)
+    partitioner: Literal["even", "pipedream", "layerpipe", "auto"] = "pipedream"  # docs/finetune.md: Partitioners
     moved: list[float] | None = None  # with stages: per boundary, the share of its last layer's delta moved on
     init: Literal["distilled", "scratch"] = "distilled"  # nas: the distilled supernet weights or DNA's retraining
     eval_every: int = Field(1, ge=1)  # epochs between evaluations of top-1 on the eval split
@@ -201,7 +284,7 @@ class StageSpec(_Strict):
 
 
 class ScheduleSpec(_Strict):
-    mode: Mode = "tr_dpu"  # see the README's table of modes
+    mode: Mode = "tr_dpu"  # see docs/planning.md's table of modes
     nproc: int = Field(2, ge=1, le=1024)  # ranks: one per GPU, or CPU processes
     stages: list[StageSpec] | None = Field(None, validate_default=True)  # hybrid (optional for tr/tr_dpu)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA with NCCL when present, else CPU/gloo
@@ -255,6 +338,22 @@ class Spec(_Strict):
     priority: int = Field(0, ge=-1000, le=1000)  # the service's queue: higher first, first come first within one
     # automatic restarts from checkpoints after infrastructure faults; None: the server's PIPEBD_MAX_RESTARTS, 0: off
     max_restarts: int | None = Field(None, ge=0, le=100)
+
+
+def workload_problems(spec: Spec) -> list[str]:
+    """`field.path: reason` for each way the workload and the data set do not fit each other."""
+    kind, dataset = spec.workload.kind, spec.data.dataset
+    problems = []
+    if kind == "transformer" and dataset not in ("text", "custom"):
+        problems.append(
+            f"data.dataset: workload kind 'transformer' reads token ids; use 'text' (a folder of .txt/.md/.jsonl"
+            f" files) or 'custom', not {dataset!r}"
+        )
+    if dataset == "text" and kind != "transformer":
+        problems.append(f"data.dataset: 'text' yields token ids for kind 'transformer', not kind {kind!r}")
+    if kind == "transformer" and spec.finetune is not None:
+        problems.append("finetune: end-to-end training of a transformer is not supported yet; remove finetune")
+    return problems
 
 
 def finetune_problems(spec: Spec) -> list[str]:
@@ -332,7 +431,7 @@ def parse_spec(document: dict[str, Any]) -> Spec:
         spec = Spec.model_validate(document)
     except ValidationError as error:
         raise SpecError(format_validation_error(error)) from None
-    problems = finetune_problems(spec)
+    problems = workload_problems(spec) + finetune_problems(spec)
     if problems:
         raise SpecError("\n".join(problems))
     return spec
@@ -353,6 +452,19 @@ def load_document(path: str | Path) -> dict[str, Any]:
     return document
 
 
+def set_field(document: dict[str, Any], key: str, value: Any) -> None:
+    """Set the field at dotted path `key` (`train.lr`) in a spec document, making missing sections; SpecError
+    naming the part that is not a section."""
+    node = document
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SpecError(f"{part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
 def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `dotted.key=value` overrides; values are parsed as YAML."""
     result = json.loads(json.dumps(document))
@@ -364,14 +476,10 @@ def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str,
             value = yaml.safe_load(raw)
         except yaml.YAMLError as error:
             raise SpecError(f"--set {key}: value is not valid YAML: {error}") from None
-        node = result
-        parts = key.split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise SpecError(f"--set {key}: {part!r} is not a section")
-            node = child
-        node[parts[-1]] = value
+        try:
+            set_field(result, key, value)
+        except SpecError as error:
+            raise SpecError(f"--set {key}: {error}") from None
     return result
 
 

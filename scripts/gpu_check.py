@@ -49,19 +49,22 @@ def run_example(spec: Path, out: Path) -> tuple[bool, str]:
     (run / "compressed_model.pt").unlink(missing_ok=True)  # hundreds of MB nobody reads here
     if result.returncode != 0:
         return False, f"exit {result.returncode}: {result.stderr.strip().splitlines()[-1:]}"
-    lines = [json.loads(line) for line in (run / "metrics" / "distill" / "rank-0.jsonl").read_text().splitlines()]
+    from pipebd_core.documents.telemetry import DistillLine
+    from pipebd_core.rundir import RunDir
+
+    lines = [line for line in RunDir(run).read_telemetry(0) if isinstance(line, DistillLine)]
     profile = json.loads((run / "profile.json").read_text())
     problems = []
     if not profile["device"].startswith("cuda:"):
         problems.append(f"profiled on {profile['device']}")
     if "student_peak_bytes" not in profile["blocks"][0]:
         problems.append("the profile has no CUDA peak memory")
-    if not all("gpu_util" in line for line in lines):
+    if not all(line.gpu_util is not None for line in lines):
         problems.append("telemetry lines without NVML gpu_util")
-    if not all(sum(line["phases"].values()) > 0 for line in lines):
+    if not all(sum(line.phases.values()) > 0 for line in lines):
         problems.append("CUDA-event phase times are zero")
-    peak = max(line["peak_mem"] for line in lines)
-    utilisation = max(line.get("gpu_util", -1) for line in lines)
+    peak = max(line.peak_mem for line in lines)
+    utilisation = max(-1 if line.gpu_util is None else line.gpu_util for line in lines)
     detail = f"{len(lines)} lines, peak {peak / 2**20:.0f} MiB, max gpu_util {utilisation}%, {profile['device']}"
     return not problems, "; ".join(problems) or detail
 
@@ -72,7 +75,7 @@ def sync_batchnorm() -> tuple[bool, str]:
     import torch.distributed as dist
     from torch import nn
 
-    from pipebd_core.students import with_sync_batchnorm
+    from pipebd_core.distill.students import with_sync_batchnorm
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")

@@ -8,7 +8,7 @@ spec=${1:-examples/vgg16-dsconv.yaml}
 out=${2:-runs/smoke}
 blocks=$(.venv/bin/python -c "
 from pipebd_core.spec import load_spec
-from pipebd_core.workloads import build_workload
+from pipebd_core.workloads.workload import build_workload
 print(build_workload(load_spec('$spec')).num_blocks)")
 mkdir -p "$out"
 for n in 1 2 4; do

@@ -1,11 +1,14 @@
 """Test-wide settings and shared runs.
 
 Profiles are cached in a folder of this test session, never in ~/.cache. `finished_run` runs a spec
-through torchrun once per session, so tests that only read a run's outputs share it.
+through torchrun once per session (across the test processes), so tests that only read a run's outputs
+share it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,17 +33,31 @@ def isolated_profile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         os.environ[CACHE_ENV] = saved
 
 
+def shared_runs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every test process of this session sees: under pytest-xdist each worker's base temporary
+    folder is `<session>/popen-gwN`, so the session's is its parent; alone, the base folder itself."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Spec], RunDir]:
-    """Run a spec once per session (keyed by its JSON) and return its run directory; the run must succeed."""
-    runs: dict[str, RunDir] = {}
+    """Run a spec once per test session, in whichever test process asks first (keyed by the spec's JSON,
+    under a file lock, so the other process waits and reuses it), and return its run directory; the run
+    must succeed. Tests read these runs and never change them."""
+    folder = shared_runs_folder(tmp_path_factory)
 
     def run(spec: Spec) -> RunDir:
-        key = spec.model_dump_json()
-        if key not in runs:
-            code, run_dir = run_job(spec, tmp_path_factory.mktemp("shared-run") / "run")
-            assert code == 0, run_dir.events.read_text()[-3000:]
-            runs[key] = run_dir
-        return runs[key]
+        key = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
+        done, out = folder / f"{key}.done", folder / key / "run"
+        with open(folder / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if the run fails
+            if not done.exists():
+                code, run_dir = run_job(spec, out)
+                assert code == 0, run_dir.events.read_text()[-3000:]
+                done.touch()
+        return RunDir(out)
 
     return run

@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from pipebd_core.data import build_dataset, global_batch_indices, total_steps
-from pipebd_core.launch import prepare_run
-from pipebd_core.outcomes import SUCCEEDED
+from pipebd_core import cli
+from pipebd_core.data.batches import global_batch_indices, total_steps
+from pipebd_core.data.datasets import build_dataset
+from pipebd_core.distill.students import LOSSES, block_loss
+from pipebd_core.job.launch import prepare_run
+from pipebd_core.job.outcomes import SUCCEEDED
+from pipebd_core.job.supervisor import Supervisor
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
-from pipebd_core.supervisor import Supervisor
-from pipebd_core.workloads import build_workload
 from pipebd_core.workloads.tiny import make_blocks
+from pipebd_core.workloads.workload import build_workload
 
 RUN_TIMEOUT_S = 180
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 
 def tiny_document(**sections: dict[str, Any]) -> dict[str, Any]:
@@ -41,6 +50,35 @@ def mismatched_blocks() -> tuple[list[nn.Module], list[nn.Module]]:
     teachers, students = make_blocks(num_blocks=2)
     students[1] = nn.Conv2d(8, 4, 1)
     return teachers, students
+
+
+def pipebd(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipebd_core.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def write_spec(tmp_path: Path, document: dict) -> Path:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def pipebd_here(*args: str) -> tuple[int, str, str]:
+    """`pipebd ARGS` run in this process, for commands refused before anything starts (no interpreter and
+    no torch import to pay for each): (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exit:  # argparse's refusals
+            code = exit.code if isinstance(exit.code, int) else 2
+    return code, out.getvalue(), err.getvalue()
 
 
 def tiny_spec(**sections: dict[str, Any]) -> Spec:
@@ -65,26 +103,30 @@ def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, tor
 
 
 def plain_loop(spec: Spec) -> dict[str, torch.Tensor]:
-    """Blockwise distillation written out sequentially: the definition every mode must meet."""
+    """Blockwise distillation written out sequentially: the definition every mode must meet (a student of
+    several candidates trains each against the same target: block_loss sums their losses)."""
     workload = build_workload(spec)
     dataset = build_dataset(spec)
     steps = total_steps(spec, len(dataset))
     optimizers = [
         torch.optim.SGD(
-            s.parameters(), lr=spec.train.lr, momentum=spec.train.momentum, weight_decay=spec.train.weight_decay
+            [p for p in s.parameters() if p.requires_grad],
+            lr=spec.train.lr,
+            momentum=spec.train.momentum,
+            weight_decay=spec.train.weight_decay,
         )
         for s in workload.student_blocks
     ]
     for step in range(steps):
         lr = spec.train.lr * 0.5 * (1 + math.cos(math.pi * step / steps))
         x = torch.stack([dataset[i][0] for i in global_batch_indices(spec, len(dataset), step)])
-        for teacher, student, optimizer in zip(
-            workload.teacher_blocks, workload.student_blocks, optimizers, strict=True
+        for block, (teacher, student, optimizer) in enumerate(
+            zip(workload.teacher_blocks, workload.student_blocks, optimizers, strict=True)
         ):
             with torch.no_grad():
                 target = teacher(x)
             optimizer.zero_grad()
-            F.mse_loss(student(x), target).backward()
+            block_loss(student, LOSSES[workload.loss_of(block)], x, target).backward()
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.step()

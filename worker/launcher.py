@@ -1,21 +1,26 @@
 """Running one job on this node: claim, prepare, run its phases under the supervisor, record the outcome.
 
 claim      compare-and-set queued -> starting (a job is launched at most once, whoever else got it); this
-           opens the job's next attempt (app/core/attempts.py)
+           opens the job's next attempt (app/core/attempts.py); a sweep's child is claimed only while its
+           sweep has fewer than `max_parallel` children launched, and when it leaves this worker the
+           sweep's next queued child is woken (app/core/sweeps.py)
 prepare    the engine's prepare_run checks the spec, data, workload and a plan without profiling, and
            writes the run directory's spec.json and phases.json; a job that ran before (resumed, or
            restarted) keeps its run directory: the phases not yet done run again and every block
            continues from its last checkpoint (the attempt records where); -> running
-phases     pipebd_core.supervisor runs profile, plan, distill, finalize, exactly as `pipebd run` does;
+phases     pipebd_core.job.supervisor runs profile, plan, distill, finalize, exactly as `pipebd run` does;
            this module's watcher, on every poll: telemetry and log growth into the database (a phase's
            processes are recorded as the job's pid, so the reaper can kill them if this worker dies),
            heartbeats, the job's state (cancel requests), the worker shutting down; each phase change
-           is stored on the job and as a `phase` event
+           is stored on the job and as a `phase` event, with a `phase.finished` webhook delivery for each
+           phase that ended (app/core/webhooks.py), and wakes the job's MLflow export where
+           PIPEBD_MLFLOW_URI is set (worker/tracking.py: a thread of its own, never the job's failure)
 outcome    succeeded, or failed with a reason (rank_error with the first rank's traceback, oom,
            exit_code, timeout, worker_lost, launch_error), or cancelled; paused (a pause request: the
            ranks saved every block at a step boundary); requeued, to resume on any worker that fits it,
-           after an infrastructure fault (pipebd_core.outcomes.fault_of, up to the job's max_restarts)
-           or when this worker shuts down
+           after a fault of the machine (its termination is retryable, pipebd_core/job/outcomes.py; up to
+           the job's max_restarts) or when this worker shuts down: one decision, app/core/lifecycle.py `settle`,
+           shared with the reaper
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +43,6 @@ from app.core.attempts import record_resume
 from app.core.database import DATABASE_DOWN, persist, session_scope
 from app.core.lifecycle import (
     ACTIVE,
-    ALLOWED_MOVES,
     CANCELLED,
     CANCELLING,
     FAILED,
@@ -48,22 +51,24 @@ from app.core.lifecycle import (
     QUEUED,
     RUNNING,
     STARTING,
-    requeue,
-    restart_budget,
+    settle,
     transition,
 )
 from app.core.settings import Settings
+from app.core.sweeps import claim_room, wake
 from app.core.tables import Job, JobEvent, now
-from pipebd_core.checkpoint import resume_steps
-from pipebd_core.launch import prepare_run
-from pipebd_core.outcomes import SUCCEEDED, fault_of
-from pipebd_core.phases import PhaseRecord, current
-from pipebd_core.plan import Plan, PlanError
+from app.core.webhooks import notify_phases
+from pipebd_core.distill.checkpoint import resume_steps
+from pipebd_core.distill.plan import Plan, PlanError
+from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.phases import PhaseRecord, current
+from pipebd_core.documents.plan import PlanDocument
+from pipebd_core.job.launch import prepare_run
+from pipebd_core.job.supervisor import Outcome, Stop, Supervisor, Watcher
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import SpecError, parse_spec
-from pipebd_core.supervisor import Outcome, Stop, Supervisor, Watcher
-from pipebd_core.telemetry import append_event
 from worker.streaming import TelemetryStreamer
+from worker.tracking import MlflowExport, start_export
 
 log = logging.getLogger("pipebd.worker")
 
@@ -85,11 +90,22 @@ def move(database: str, job_id: int, target: str, expected: list[str], **fields:
         return transition(session, job_id, target, expected, **fields)
 
 
-def plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
-    keys = ("mode", "nproc", "num_blocks", "batch_size", "stages", "assignment", "total_steps", "block_names")
-    summary = {key: plan.get(key) for key in keys}
-    summary.update({key: plan[key] for key in ("predicted_step_s", "mode_step_s") if key in plan})
-    return summary
+def plan_summary(plan: PlanDocument) -> dict[str, Any]:
+    """What the jobs table keeps of plan.json (the list and the job's detail show it)."""
+    summary = plan.to_json()
+    keys: tuple[str, ...] = (
+        "mode",
+        "nproc",
+        "num_blocks",
+        "batch_size",
+        "stages",
+        "assignment",
+        "total_steps",
+        "block_names",
+    )
+    if plan.predictions is not None:
+        keys += ("predicted_step_s", "mode_step_s")
+    return {key: summary.get(key) for key in keys}
 
 
 Publish = Callable[[int, str], None]  # (job id, queue): put a requeued job's id on the broker
@@ -99,7 +115,7 @@ def resumed_from(run_dir: RunDir) -> list[int] | None:
     """The step each block resumes from, as the ranks will compute it; None before the run was planned."""
     if not run_dir.plan.exists():
         return None
-    plan = Plan.from_json(run_dir.read_json(run_dir.plan))
+    plan = Plan.from_document(run_dir.load_plan())
     return resume_steps(run_dir.checkpoints, plan.num_blocks, common=plan.is_pipeline)
 
 
@@ -114,8 +130,8 @@ class JobWatcher(Watcher):
     While the database does not answer, the ranks keep running: what could not be stored (telemetry,
     a phase change, a process id) is stored on the first poll after it answers again."""
 
-    def __init__(self, runner: JobRunner, run_dir: RunDir, nproc: int) -> None:
-        self.runner, self.run_dir = runner, run_dir
+    def __init__(self, runner: JobRunner, run_dir: RunDir, nproc: int, export: MlflowExport | None = None) -> None:
+        self.runner, self.run_dir, self.export = runner, run_dir, export
         self.database, self.job_id = runner.database, runner.job_id
         self.streamer = TelemetryStreamer(self.database, self.job_id, run_dir, nproc)
         self.records: list[PhaseRecord] = []
@@ -139,7 +155,9 @@ class JobWatcher(Watcher):
 
     def phases_changed(self, records: list[PhaseRecord]) -> None:
         self.records = records
-        self._store("phases", functools.partial(self._save_phases, [replace(r) for r in records]))
+        if self.export is not None:
+            self.export.update()  # its own thread; the job never waits on the tracking server
+        self._store("phases", functools.partial(self._save_phases, [r.model_copy() for r in records]))
 
     def _save_phases(self, records: list[PhaseRecord]) -> None:
         now_running = current(records)
@@ -148,10 +166,13 @@ class JobWatcher(Watcher):
         data: dict[str, Any] = {"phase": name, "phases": [r.to_json() for r in records], **progress}
         fields = dict(data)
         if self.run_dir.plan.exists():
-            fields["plan_summary"] = plan_summary(self.run_dir.read_json(self.run_dir.plan))
+            fields["plan_summary"] = plan_summary(self.run_dir.load_plan())
         with session_scope(self.database) as session:
+            stored = session.get(Job, self.job_id)
+            before = None if stored is None else stored.phases
             session.execute(update(Job).where(col(Job.id) == self.job_id).values(**fields))
             session.add(JobEvent(job_id=self.job_id, kind="phase", data=data))
+            notify_phases(session, self.job_id, before, records)
 
     def process_changed(self, phase: str, process: subprocess.Popen[bytes] | None) -> None:
         pid = process.pid if process is not None else None
@@ -220,6 +241,19 @@ class JobRunner:
         if not self.claim():
             return "not claimed"
         try:
+            return self.run_claimed()
+        finally:
+            self.wake_sweep()
+
+    def wake_sweep(self) -> None:
+        """The job left this worker: a waiting child of its sweep may start now (app/core/sweeps.py)."""
+        try:
+            wake(self.database, self.job_id, self.publish)
+        except Exception:  # the broker or database is down: the reaper's and later ends' wakes still come
+            log.exception("job %s: could not wake its sweep's next child", self.job_id)
+
+    def run_claimed(self) -> str:
+        try:
             run_dir = self.prepare()
             if run_dir is None:
                 return current_state(self.database, self.job_id) or "deleted"
@@ -239,14 +273,15 @@ class JobRunner:
 
     def claim(self) -> bool:
         stamp = now()
-        fields = {
+        fields: dict[str, Any] = {
             "worker": self.settings.worker_name,
             "host": socket.gethostname(),
             "worker_pid": os.getpid(),
             "started_at": stamp,
             "heartbeat_at": stamp,
         }
-        return move(self.database, self.job_id, STARTING, [QUEUED], **fields)
+        with session_scope(self.database) as session:  # the sweep's row stays locked until this commits
+            return claim_room(session, self.job_id) and transition(session, self.job_id, STARTING, [QUEUED], **fields)
 
     def heartbeat(self, force: bool = False) -> None:
         if force or time.time() - self.last_heartbeat >= self.settings.heartbeat_s:
@@ -274,12 +309,12 @@ class JobRunner:
         try:
             if previous is not None and RunDir(Path(previous)).phases.exists():
                 run_dir = RunDir(Path(previous))
-                append_event(run_dir.events, "resumed")
+                run_dir.append_event("resumed")
                 with session_scope(self.database) as session:
                     record_resume(session, self.job_id, resumed_from(run_dir) or [])
             else:
                 run_dir = prepare_run(spec, free_run_dir(self.settings.runs, self.job_id))
-        except (SpecError, PlanError) as error:
+        except (SpecError, PlanError, DocumentError) as error:  # DocumentError: a plan.json an older PipeBD wrote
             move(self.database, self.job_id, FAILED, [STARTING], termination_reason="launch_error", error=str(error))
             return None
         record(self.database, self.job_id, run_dir=str(run_dir.root))
@@ -293,59 +328,45 @@ class JobRunner:
         return None
 
     def run_phases(self, run_dir: RunDir) -> str:
-        nproc = parse_spec(run_dir.read_json(run_dir.spec)).schedule.nproc
+        nproc = run_dir.load_spec().schedule.nproc
+        with session_scope(self.database) as session:
+            stored = session.get(Job, self.job_id)
+            sweep_id = None if stored is None else stored.sweep_id
+        export = start_export(self.settings, self.job_id, run_dir, sweep_id)  # None without PIPEBD_MLFLOW_URI
         supervisor = Supervisor(
             run_dir,
-            JobWatcher(self, run_dir, nproc),
+            JobWatcher(self, run_dir, nproc, export),
             poll_s=self.settings.poll_s,
             kill_grace_s=self.settings.kill_grace_s,
             time_limit_s=self.settings.job_timeout_s,
             extra_env=self.extra_env,
         )
-        outcome = supervisor.run()
-        # the ranks are gone; the database may not answer yet (a restart): record the end once it does
-        return persist(lambda: self.finish(outcome), self.settings.outage_patience_s, f"job {self.job_id}: its end")
+        state = FAILED  # unless the supervisor returns and the end is recorded
+        try:
+            outcome = supervisor.run()
+            # the ranks are gone; the database may not answer yet (a restart): record the end once it does
+            patience = self.settings.outage_patience_s
+            state = persist(lambda: self.finish(outcome), patience, f"job {self.job_id}: its end")
+        finally:
+            if export is not None:  # after the job's end is recorded: a down tracking server delays only the next job
+                export.close(state)
+        return state
 
     def finish(self, outcome: Outcome) -> str:
-        """Record how this run of the job ended; a job that ended elsewhere meanwhile (deleted, reaped)
-        keeps that end. A pause ends `paused` (or `cancelled` if a cancel came after it), a shutdown and
-        an infrastructure fault with restarts left put the job back in the queue."""
-        if outcome.reason == "user_paused" and self._paused():
-            return current_state(self.database, self.job_id) or "deleted"
-        shut_down = outcome.reason == "worker_shutdown"
-        if shut_down and (self._paused() or self._requeued("worker_shutdown", restart=False)):
-            return current_state(self.database, self.job_id) or "deleted"
-        fault = fault_of(outcome.reason, outcome.exit_code, outcome.error) if outcome.result != SUCCEEDED else None
-        if fault is not None and self._requeued(fault, restart=True):
-            return QUEUED
-        sources = [state for state in ACTIVE if outcome.result in ALLOWED_MOVES[state]]
-        fields: dict[str, Any] = {"pid": None}
-        if outcome.result == SUCCEEDED:
-            fields.update(progress=1.0, phase_progress=1.0, exit_code=0)
-        else:
-            reason = fault or outcome.reason
-            fields.update(termination_reason=reason, error=outcome.error, exit_code=outcome.exit_code)
-        move(self.database, self.job_id, outcome.result, sources, **fields)
-        return current_state(self.database, self.job_id) or "deleted"
-
-    def _paused(self) -> bool:
-        """Move a pausing job to paused (a cancel that came after the pause wins: cancelled)."""
-        if move(self.database, self.job_id, PAUSED, [PAUSING], termination_reason="user_paused", pid=None):
-            return True
-        return move(self.database, self.job_id, CANCELLED, [CANCELLING], termination_reason="user_cancelled", pid=None)
-
-    def _requeued(self, note: str, restart: bool) -> bool:
-        """Put the job back in the queue to resume from its checkpoints; with `restart`, only while it has
-        automatic restarts left (one is used)."""
+        """Record how this run of the job ended (app/core/lifecycle.py `settle`: paused, requeued after a
+        shutdown or a fault of the machine with restarts left, or its own end); a job that ended elsewhere
+        meanwhile (deleted, reaped) keeps that end."""
         with session_scope(self.database) as session:
-            job = session.get(Job, self.job_id)
-            if job is None or (restart and job.restarts >= restart_budget(job, self.settings)):
-                return False
-            fields = {"restarts": job.restarts + 1} if restart else {}
-            if not requeue(session, self.job_id, [STARTING, RUNNING], note, **fields):
-                return False
-            queue = job.queue
-        log.warning("job %s requeued (%s)", self.job_id, note)
-        if self.publish is not None:
-            self.publish(self.job_id, queue)
-        return True
+            settled = settle(
+                session,
+                self.job_id,
+                outcome.result,
+                outcome.termination,
+                server_max_restarts=self.settings.max_restarts,
+                exit_code=outcome.exit_code,
+            )
+        if settled is not None and settled.state == QUEUED:
+            log.warning("job %s requeued (%s)", self.job_id, outcome.reason)
+            if self.publish is not None:
+                self.publish(self.job_id, settled.queue)
+        return current_state(self.database, self.job_id) or "deleted"

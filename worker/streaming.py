@@ -3,7 +3,7 @@
 Each poll reads the complete telemetry lines the ranks appended since the last poll and writes, in
 one transaction, the `job_metric` rows (and the chart rollups they complete, app/core/rollups.py),
 one `metrics` event naming their id range, and the job's progress and samples/s (from
-pipebd_core.progress, as `pipebd run` computes them). Logs are not copied: a `log` event says which
+pipebd_core.job.progress, as `pipebd run` computes them). Logs are not copied: a `log` event says which
 log of which phase grew to what size, and readers fetch the bytes from the run directory
 (`GET /api/v1/jobs/{id}/logs`). The event stream of the API replays exactly these events.
 
@@ -12,13 +12,14 @@ again (resumed, restarted) re-reads its telemetry files from the start, and its 
 after their last checkpoint: a line is stored only when its rank's `seq` is past the highest one
 already stored for that phase (an evaluation line, once per epoch), so every step is stored exactly
 once, whatever attempt wrote it. Lines that could not be stored (the database did not answer) are kept
-and stored by the next poll.
+and stored by the next poll. Lines of another format version (a run directory an earlier PipeBD wrote
+into, resumed) are passed over with one warning in the worker's log: the attempt that wrote them stored them.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+import logging
 
 from sqlalchemy import update
 from sqlmodel import Session, col, func, select
@@ -26,21 +27,22 @@ from sqlmodel import Session, col, func, select
 from app.core.database import DATABASE_DOWN, session_scope
 from app.core.downsample import to_point
 from app.core.rollups import RollupBuilder
-from app.core.tables import EVAL_SEQ, Job, JobEvent, JobMetric, now
-from pipebd_core.phases import FINETUNE, PhaseRecord, job_fraction
-from pipebd_core.progress import MetricsFollower
-from pipebd_core.rundir import DISTILL, RunDir
+from app.core.tables import EVAL_SEQ, Job, JobEvent, JobMetric
+from pipebd_core.documents.phases import DISTILL, FINETUNE, PhaseRecord
+from pipebd_core.documents.telemetry import EvalLine, TelemetryLine
+from pipebd_core.job.phases import job_fraction
+from pipebd_core.job.progress import MetricsFollower
+from pipebd_core.rundir import RunDir
 
+log = logging.getLogger("pipebd.worker")
 LAUNCHER = "launcher"
 PHASES_WITH_METRICS = (DISTILL, FINETUNE)
 
 
-def seq_of(line: dict[str, Any]) -> int:
+def seq_of(line: TelemetryLine) -> int:
     """A line's place among its rank's tasks of the phase, over every launch: the tasks this launch did
     (`done`) after those done before it (`skipped`: a resume, a re-plan); EVAL_SEQ for an evaluation."""
-    if "done" not in line:
-        return EVAL_SEQ
-    return int(line["done"]) + int(line.get("skipped", 0))
+    return EVAL_SEQ if isinstance(line, EvalLine) else line.seq
 
 
 class TelemetryStreamer:
@@ -50,7 +52,9 @@ class TelemetryStreamer:
         self.rollups = {phase: RollupBuilder(job_id, phase) for phase in PHASES_WITH_METRICS}
         self.log_sizes: dict[tuple[str, str], int] = {}
         self.stored_seq, self.stored_evals = self._stored()
-        self.unsent: dict[str, list[dict[str, Any]]] = {}  # read, not yet stored (the database did not answer)
+        self.unsent: dict[str, list[TelemetryLine]] = {}  # read, not yet stored (the database did not answer)
+        self.refused: set[str] = set()  # phases whose files hold lines of another format version
+        self.samples_per_s: float | None = None  # of the training phase followed last
 
     def _stored(self) -> tuple[dict[tuple[str, int], int], set[tuple[str, int, int]]]:
         """What earlier attempts stored: the highest seq per (phase, rank), and the evaluations' epochs."""
@@ -68,11 +72,11 @@ class TelemetryStreamer:
         seqs = {(phase, rank): int(seq) for phase, rank, seq in highest}
         return seqs, {(phase, rank, epoch) for phase, rank, epoch in evals}
 
-    def fresh(self, phase: str, line: dict[str, Any]) -> bool:
+    def fresh(self, phase: str, line: TelemetryLine) -> bool:
         """Whether `line` was not stored before (and now counts as stored)."""
-        rank, seq = int(line["rank"]), seq_of(line)
+        rank, seq = line.rank, seq_of(line)
         if seq == EVAL_SEQ:
-            key = (phase, rank, int(line.get("epoch", 0)))
+            key = (phase, rank, line.epoch)
             if key in self.stored_evals:
                 return False
             self.stored_evals.add(key)
@@ -92,16 +96,26 @@ class TelemetryStreamer:
         return self.followers[phase]
 
     def progress(self, phase: str, records: list[PhaseRecord]) -> dict[str, float | None]:
-        """The job row's progress fields: the whole job's and `phase`'s fraction done, the phase's samples/s."""
+        """The job row's progress fields: the whole job's and `phase`'s fraction done, and samples/s: the
+        training phase's while one runs, afterwards the last training phase's as it stood at its last poll
+        (a finished job's list row shows what its distillation or fine-tuning reached, not a blank)."""
         follower = self.followers.get(phase)
         fraction = follower.progress.fraction if follower is not None else 0.0
-        speed = follower.progress.samples_per_s() if follower is not None else None
-        return {"progress": job_fraction(records, fraction), "phase_progress": fraction, "samples_per_s": speed}
+        if follower is not None:
+            self.samples_per_s = follower.progress.samples_per_s()
+        return {
+            "progress": job_fraction(records, fraction),
+            "phase_progress": fraction,
+            "samples_per_s": self.samples_per_s,
+        }
 
     def poll(self, phase: str, records: list[PhaseRecord]) -> int:
         """Store what is new in `phase`; returns the number of telemetry lines stored."""
         follower = self.follower(phase)
         new = [line for line in follower.poll() if self.fresh(phase, line)] if follower is not None else []
+        if follower is not None and follower.refused and phase not in self.refused:
+            self.refused.add(phase)  # said once per phase: the lines of an earlier PipeBD are passed over
+            log.warning("job %s: telemetry lines of %s passed over: %s", self.job_id, phase, follower.refused)
         lines = self.unsent.pop(phase, []) + new
         grown = self.grown_logs(phase)
         if not lines and not grown:
@@ -135,24 +149,24 @@ class TelemetryStreamer:
         return grown
 
     def _store_metrics(
-        self, session: Session, lines: list[dict[str, Any]], phase: str, records: list[PhaseRecord]
+        self, session: Session, lines: list[TelemetryLine], phase: str, records: list[PhaseRecord]
     ) -> None:
         rows = [
             JobMetric(
                 job_id=self.job_id,
                 phase=phase,
-                rank=int(line["rank"]),
+                rank=line.rank,
                 seq=seq_of(line),
-                epoch=int(line.get("epoch", 0)),
-                step=int(line.get("step", 0)),
-                time=float(line.get("time", now())),
-                record=line,
+                epoch=line.epoch,
+                step=line.step,
+                time=line.time,
+                record=line.to_json(),
             )
             for line in lines
         ]
         session.add_all(rows)
-        steps = [row for row in rows if row.seq != EVAL_SEQ]
-        session.add_all(self.rollups[phase].add([to_point(row.record, row.seq) for row in steps]))
+        steps = [line for line in lines if not isinstance(line, EvalLine)]
+        session.add_all(self.rollups[phase].add([to_point(line) for line in steps]))
         session.flush()
         progress = self.progress(phase, records)
         ids = [row.id for row in rows if row.id is not None]

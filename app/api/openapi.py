@@ -47,10 +47,14 @@ def spec_components(settings: Settings) -> dict[str, Any]:
     return components
 
 
+PAGED = ("/api/v1/jobs", "/api/v1/webhooks/{webhook_id}/deliveries")  # lists with a `limit` query
+
+
 def limit_list_pages(document: dict[str, Any], settings: Settings) -> None:
-    for parameter in document["paths"]["/api/v1/jobs"]["get"]["parameters"]:
-        if parameter["name"] == "limit":
-            parameter["schema"]["maximum"] = settings.page_limit_max
+    for path in PAGED:
+        for parameter in document["paths"][path]["get"]["parameters"]:
+            if parameter["name"] == "limit":
+                parameter["schema"]["maximum"] = settings.page_limit_max
 
 
 def require_tokens(document: dict[str, Any]) -> None:

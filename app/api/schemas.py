@@ -8,12 +8,14 @@ Each model describes exactly the body its route builds today, so declaring it ch
   and `merge` make them (a raw telemetry line has `count` 1; a bucket or rollup stands for `count`
   lines). Rollups stored before `cur_mem` and `gpu_util` existed lack those two keys, and the route
   leaves them out (`response_model_exclude_unset`) rather than adding nulls.
-- `Plan`: `GET /jobs/{id}/plan`, the engine's plan.json (`pipebd_core.plan.Plan.to_json` plus the
-  details `pipebd_core.launch.resolve_plan` adds). Every model of the plan allows extra keys, so a key
+- `Plan`: `GET /jobs/{id}/plan`, the engine's plan.json as written (`pipebd_core.documents.plan.PlanDocument`:
+  the schedule and its details, with its `format_version`). Every model of the plan allows extra keys, so a key
   written by another engine version is passed through, never dropped; optional keys that a plan lacks
   stay absent (`response_model_exclude_unset`).
+- `SweepPublic`, `SweepDetail`, `SweepsPublic`: a sweep in lists (state, progress, best child), one sweep
+  with its children (`SweepChild`: a job with its overrides and objective value), a list of sweeps.
 - `LogChunk`, `ArtifactList`, `Health`: the logs, artifact list and `/healthz` bodies.
-- `Problem` and `ProblemField`: every error body (app/problems.py builds them); `problem`, `SERVER_ERROR`,
+- `Problem` and `ProblemField`: every error body (app/api/problems.py builds them); `problem`, `SERVER_ERROR`,
   `AUTH_ERRORS` and `job_errors` document them in the routes' `responses=`.
 
 Numbers that the engine writes as integers in some lines and floats in others (samples, GPU
@@ -23,13 +25,14 @@ a plain `float` field would turn 10 into 10.0.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_serializer
 
+from app.api.problems import EXCERPT_CHARS, PROBLEM_JSON
 from app.core.lifecycle import JobState
-from app.problems import EXCERPT_CHARS, PROBLEM_JSON
+from app.core.sweeps import SweepState
+from app.core.tables import iso_utc
 
 Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
 
@@ -95,7 +98,7 @@ JOB_ERRORS = job_errors()
 # --- the event stream ---------------------------------------------------------------------------------
 
 EVENT_KINDS = ("state", "phase", "metrics", "log", "end")
-EVENT_DATA = {  # the `data` of every event: a JSON object naming the job (app/events.py builds them)
+EVENT_DATA = {  # the `data` of every event: a JSON object naming the job (app/api/sse.py builds them)
     "type": "object",
     "required": ["job_id"],
     "properties": {"job_id": {"type": "integer"}, "time": {"type": "number"}},
@@ -259,6 +262,7 @@ class Plan(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
+    format_version: int = Field(description="the version of plan.json's format (PipeBD refuses another where it runs)")
     mode: str = Field(description="the schedule: `tr`, `tr_dpu`, `ir`, `hybrid`, `ls` or `dp`")
     nproc: int = Field(description="ranks")
     num_blocks: int = Field(description="blocks of the workload")
@@ -317,11 +321,11 @@ class Health(BaseModel):
 
 
 def iso(value: float | None) -> str | None:
-    return None if value is None else datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
+    return None if value is None else iso_utc(value)
 
 
 class PhaseState(BaseModel):
-    """One phase of a job (pipebd_core.phases): where it stands and how it ended."""
+    """One phase of a job (pipebd_core.job.phases): where it stands and how it ended."""
 
     name: str = Field(description="profile, plan, distill or finalize (in that order; later engines add more)")
     runs: str = Field(description="what it runs: `torchrun` (a process per rank), `process` (one) or `local`")
@@ -382,6 +386,7 @@ class JobPublic(BaseModel):
         description="Why it ended: user_cancelled, exit_code, rank_error, oom, timeout, worker_lost or launch_error"
     )
     worker: str | None = Field(description="The worker that runs or ran it")
+    sweep_id: int | None = Field(None, description="The sweep it is a child of (/api/v1/sweeps/{id}); null for none")
 
     @field_serializer("created_at", "updated_at", "started_at", "finished_at")
     def _as_iso(self, value: float | None) -> str | None:
@@ -391,7 +396,7 @@ class JobPublic(BaseModel):
 class JobDetail(JobPublic):
     """One job: everything in the list entry plus its spec, plan summary, error and why it waits."""
 
-    spec: dict[str, Any] = Field(description="The spec as stored, with its defaults filled in (see the README)")
+    spec: dict[str, Any] = Field(description="The spec as stored, with its defaults filled in (docs/spec.md)")
     plan_summary: dict[str, Any] | None = Field(
         description="Mode, stages and predicted step time of the resolved plan; the whole plan is at .../plan"
     )
@@ -419,3 +424,64 @@ class JobsPublic(BaseModel):
 
     data: list[JobPublic] = Field(description="At most `limit` jobs")
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null on the last page")
+
+
+# --- sweeps -------------------------------------------------------------------------------------------
+
+
+class SweepProgress(BaseModel):
+    """How far a sweep's children are."""
+
+    jobs: dict[str, int] = Field(description="children per job state (every state named, 0 included)")
+    total: int = Field(description="children in all")
+    finished: int = Field(description="children in a final state (succeeded, failed, cancelled)")
+    fraction: float = Field(description="0 to 1: the mean of the children's progress, an ended child counting as 1")
+
+
+class SweepBest(BaseModel):
+    """The child with the best objective value so far."""
+
+    job_id: int = Field(description="the child job's id")
+    value: Number = Field(description="its value of the objective's metric")
+
+
+class SweepPublic(BaseModel):
+    """A sweep in lists: its search, state, progress and best child, never its children."""
+
+    id: int = Field(description="the sweep's id, as in /api/v1/sweeps/{id}")
+    name: str = Field(description="its name (by default the base spec's)")
+    state: SweepState = Field(
+        description="from its children: queued (all queued), running (one queued or launched after others began),"
+        " paused (none queued or launched, one paused), then, once every child ended: failed (one failed),"
+        " cancelled (one cancelled) or succeeded"
+    )
+    created_at: float = Field(description="when it was submitted (ISO 8601, UTC)")
+    search: dict[str, Any] = Field(description="the search as sent: `grid`, `list` or `random`")
+    max_parallel: int | None = Field(description="children launched at once at most; null: no bound")
+    objective: dict[str, Any] | None = Field(description="`metric` and `goal` (minimize or maximize); null: none")
+    progress: SweepProgress = Field(description="the children per state and the overall fraction")
+    best: SweepBest | None = Field(description="the child with the best objective value so far; null before any")
+
+    @field_serializer("created_at")
+    def _as_iso(self, value: float) -> str | None:
+        return iso(value)
+
+
+class SweepChild(JobPublic):
+    """A child of a sweep: the job, the overrides that made it, and its objective value."""
+
+    overrides: dict[str, Any] = Field(description="dotted field path -> the value this child has there")
+    objective_value: Number | None = Field(description="its value of the objective's metric now; null: none yet")
+
+
+class SweepDetail(SweepPublic):
+    """One sweep: its base spec and every child, oldest first."""
+
+    spec: dict[str, Any] = Field(description="the base spec as sent")
+    jobs: list[SweepChild] = Field(description="its child jobs in order of creation")
+
+
+class SweepsPublic(BaseModel):
+    """Sweeps, newest first."""
+
+    data: list[SweepPublic] = Field(description="at most `limit` sweeps")

@@ -15,32 +15,37 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from pipebd_core.plan import even_ranges
+from pipebd_core.distill.plan import even_ranges
+from pipebd_core.documents.telemetry import DistillLine, StepLine
 
 Point = dict[str, Any]
 
 
-def to_point(record: dict[str, Any], seq: int) -> Point:
+def to_point(line: StepLine) -> Point:
     """One telemetry line as a chart point: a distillation step's loss per block and phase times, or a
     finetune step's loss (as block "network"), train accuracy and action times."""
-    raw = record.get("loss") or {}  # a pipeline stage that computes no loss reports none
-    loss = {str(block): float(value) for block, value in raw.items()} if isinstance(raw, dict) else {"network": raw}
+    if isinstance(line, DistillLine):
+        loss = {str(block): value for block, value in line.loss.items()}
+        blocks, phases, acc, gpu_util = line.blocks, line.phases, None, line.gpu_util
+    else:  # a pipeline stage that computes no loss reports none
+        loss = {"network": line.loss} if line.loss is not None else {}
+        blocks, phases, acc, gpu_util = [], line.times, line.acc, None
     return {
-        "rank": record["rank"],
-        "seq": seq,
-        "epoch": record.get("epoch"),
-        "step": record.get("step"),
-        "time": record.get("time"),
-        "blocks": record.get("blocks", []),
+        "rank": line.rank,
+        "seq": line.seq,
+        "epoch": line.epoch,
+        "step": line.step,
+        "time": line.time,
+        "blocks": list(blocks),
         "loss": loss,
         "loss_min": dict(loss),
         "loss_max": dict(loss),
-        "phases": dict(record.get("phases") or record.get("times") or {}),
-        "acc": record.get("acc"),
-        "samples": record.get("samples"),
-        "peak_mem": record.get("peak_mem"),
-        "cur_mem": record.get("cur_mem"),
-        "gpu_util": record.get("gpu_util"),
+        "phases": dict(phases),
+        "acc": acc,
+        "samples": line.samples,
+        "peak_mem": line.peak_mem,
+        "cur_mem": line.cur_mem,
+        "gpu_util": gpu_util,
         "count": 1,
     }
 

@@ -8,25 +8,30 @@
     failed | cancelled | paused -> queued         resumed by a user (POST .../resume)
     paused -> cancelled
 
+How a launched job's run ended (its processes gone) is recorded by `settle`, the one decision the worker
+(at the end of a run) and the reaper (for a job whose worker died) both make, restart budget included.
+
 Every change goes through `transition`, a compare-and-set `UPDATE ... WHERE state IN (...)`: of two
 workers claiming the same job only one wins, and of a pause, a cancel and a job finishing only the
 first move from a given state wins. Each change also appends a `state` event for the job's event
-stream, and keeps the job's attempts (app/core/attempts.py) in step, in the same transaction: a claim
-opens an attempt, any move off the worker closes it.
+stream, keeps the job's attempts (app/core/attempts.py) in step, and enqueues the `job.<state>` webhook
+deliveries (app/core/webhooks.py), in the same transaction: a claim opens an attempt, any move off the
+worker closes it, and a move is notified exactly when it happened.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from sqlalchemy import update
 from sqlmodel import Session
 
 from app.core.attempts import close_attempt, open_attempt
-from app.core.settings import Settings
 from app.core.tables import Job, JobEvent, now
-from pipebd_core.outcomes import TERMINATION_REASONS
+from app.core.webhooks import notify_state
+from pipebd_core.job.outcomes import TERMINATION_REASONS, Result, Termination
 
 JobState = Literal[
     "queued", "starting", "running", "pausing", "paused", "cancelling", "succeeded", "failed", "cancelled"
@@ -75,7 +80,7 @@ def transition(
     for source in sources:
         check_move(source, target)
     for reason in (fields.get("termination_reason"), note):
-        if reason not in (None, *TERMINATION_REASONS):  # the table: pipebd_core.outcomes
+        if reason not in (None, *TERMINATION_REASONS):  # the table: pipebd_core.job.outcomes
             raise TransitionError(f"unknown termination_reason {reason!r}")
     stamp = now()
     values: dict[str, Any] = {"state": target, "updated_at": stamp, **fields}
@@ -93,6 +98,7 @@ def transition(
     if note is not None:
         event["reason"] = note
     session.add(JobEvent(job_id=job_id, kind="state", data=event, time=stamp))
+    notify_state(session, job_id, stamp)
     return True
 
 
@@ -115,9 +121,9 @@ def request_pause(session: Session, job_id: int) -> bool:
     return transition(session, job_id, PAUSING, [STARTING, RUNNING])
 
 
-def restart_budget(job: Job, settings: Settings) -> int:
+def restart_budget(job: Job, server_max_restarts: int) -> int:
     """How many automatic restarts the job may have in all (its spec's max_restarts, else the server's)."""
-    return settings.max_restarts if job.max_restarts is None else job.max_restarts
+    return server_max_restarts if job.max_restarts is None else job.max_restarts
 
 
 REQUEUE_CLEARS: dict[str, Any] = {
@@ -134,3 +140,89 @@ def requeue(session: Session, job_id: int, expected: Iterable[str], note: str | 
     """Put a job back in the queue (resume, an automatic restart, a worker shutting down); the caller
     publishes its id once this commits. The last attempt keeps why it ended (`note`)."""
     return transition(session, job_id, QUEUED, expected, note=note, **{**REQUEUE_CLEARS, **fields})
+
+
+STOPPED_TO_KEEP = frozenset({"user_paused", "worker_shutdown"})  # stops that checkpoint the ranks first
+ENDS_A_PAUSE = STOPPED_TO_KEEP | {"worker_lost"}  # a pausing job stopped by one of these is as paused as it gets
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Where `settle` moved a job; a job moved to `queued` must have its id published on `queue`."""
+
+    state: str
+    queue: str
+
+
+def settle(
+    session: Session,
+    job_id: int,
+    result: Result,
+    termination: Termination | None,
+    *,
+    server_max_restarts: int,
+    exit_code: int | None = None,
+    may_requeue: bool = True,
+) -> Settled | None:
+    """Record how a launched job's run ended, its processes gone: the worker's end of a run and the reaper's
+    end of one whose worker died. None when the job had moved elsewhere meanwhile (deleted, ended, reaped).
+    The caller commits, then publishes a requeued job's id.
+
+        pausing, stopped by the pause, a shutdown or its worker's loss  -> paused (its checkpoints stay)
+        cancelling, stopped by a pause or a shutdown                   -> cancelled (the cancel came after)
+        starting or running, stopped by its worker shutting down       -> queued, no restart used
+        succeeded                                                      -> succeeded
+        a fault of the machine, restarts left (`may_requeue`)          -> queued, one restart used
+        otherwise                                                      -> failed or cancelled, with the reason
+    """
+    job = session.get(Job, job_id)
+    if job is None or job.state not in ACTIVE:
+        return None
+    reason = termination.reason if termination else None
+    moved = _settle_stop(session, job, reason) or _settle_requeue(
+        session, job, termination, restart_budget(job, server_max_restarts) if may_requeue else 0
+    )
+    if moved is None:
+        moved = _settle_end(session, job, result, termination, exit_code)
+    return None if moved is None else Settled(moved, job.queue)
+
+
+def _settle_stop(session: Session, job: Job, reason: str | None) -> str | None:
+    """A run stopped by a pause or a shutdown (or, while pausing, by the loss of its worker)."""
+    assert job.id is not None
+    if job.state == PAUSING and reason in ENDS_A_PAUSE:
+        return (
+            PAUSED
+            if transition(session, job.id, PAUSED, [PAUSING], termination_reason="user_paused", pid=None)
+            else None
+        )
+    if job.state == CANCELLING and reason in STOPPED_TO_KEEP:
+        cancelled = transition(session, job.id, CANCELLED, [CANCELLING], termination_reason="user_cancelled", pid=None)
+        return CANCELLED if cancelled else None
+    if reason == "worker_shutdown" and requeue(session, job.id, [STARTING, RUNNING], reason):
+        return QUEUED
+    return None
+
+
+def _settle_requeue(session: Session, job: Job, termination: Termination | None, budget: int) -> str | None:
+    """A fault of the machine, while the job has restarts left: back to the queue, one restart used."""
+    assert job.id is not None
+    if termination is None or not termination.retryable or job.restarts >= budget:
+        return None
+    requeued = requeue(session, job.id, [STARTING, RUNNING], termination.reason, restarts=job.restarts + 1)
+    return QUEUED if requeued else None
+
+
+def _settle_end(
+    session: Session, job: Job, result: Result, termination: Termination | None, exit_code: int | None
+) -> str | None:
+    """The run's own end: succeeded, or failed or cancelled with its reason."""
+    assert job.id is not None
+    fields: dict[str, Any] = {"pid": None}
+    if result == SUCCEEDED:
+        fields.update(progress=1.0, phase_progress=1.0, exit_code=0)
+    else:
+        reason, error = (termination.reason, termination.error) if termination else (None, None)
+        fields.update(termination_reason=reason, error=error, exit_code=exit_code)
+    sources = [state for state in ACTIVE if result in ALLOWED_MOVES[state]]
+    return result if transition(session, job.id, result, sources, **fields) else None

@@ -1,5 +1,6 @@
 """Which queued job a free worker takes: the highest priority that fits its devices, the oldest first
-within a priority.
+within a priority, skipping the children of a sweep that has `max_parallel` of them launched already
+(app/core/sweeps.py).
 
 A broker message only wakes a worker (worker/tasks.py): whichever job's id it carries, the worker
 claims the job this query names, so priorities hold on every broker (kombu's SQLite transport has no
@@ -14,6 +15,7 @@ from sqlmodel import col, select
 
 from app.core.database import session_scope
 from app.core.lifecycle import QUEUED
+from app.core.sweeps import has_room
 from app.core.tables import Job
 
 
@@ -21,7 +23,7 @@ def next_queued(database: str, devices: int, skip: frozenset[int] = frozenset())
     """The id of the queued job a worker with `devices` devices should start now (none in `skip`)."""
     query = (
         select(Job.id)
-        .where(Job.state == QUEUED, col(Job.nproc) <= devices, col(Job.id).not_in(sorted(skip)))
+        .where(Job.state == QUEUED, col(Job.nproc) <= devices, col(Job.id).not_in(sorted(skip)), has_room())
         .order_by(col(Job.priority).desc(), col(Job.id))
         .limit(1)
     )

@@ -7,10 +7,12 @@ not), the group is killed, so no orphan holds a device. Whatever the phase (prof
 finalize), the worker records its torchrun or process as the job's pid, and it names the job's run
 directory on its command line. Then:
 
-    its run completed meanwhile (summary.json and the final weights written after the job started)
-                                              -> succeeded
+    its run completed meanwhile (its last phase's final weights and summary.json written after the job
+    started)                                  -> succeeded
+    it was pausing                            -> paused (its checkpoints stay)
     it has automatic restarts left            -> queued again (worker_lost), to resume from its checkpoints
     otherwise                                 -> failed: worker_lost
+(app/core/lifecycle.py `settle`, the same decision the worker makes at the end of a run)
 
 The API runs this periodically; every worker runs it at start-up.
 """
@@ -18,23 +20,23 @@ The API runs this periodically; every worker runs it at start-up.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psutil
 from sqlmodel import col, select
 
 from app.core.database import session_scope
-from app.core.lifecycle import ACTIVE, CANCELLING, FAILED, PAUSED, PAUSING, RUNNING, SUCCEEDED, requeue, transition
+from app.core.lifecycle import ACTIVE, CANCELLING, PAUSING, QUEUED, RUNNING, settle
+from app.core.sweeps import wake
 from app.core.tables import Job
-
-FINAL_OUTPUTS = (("student.pt", "finetuned_model.pt"), ("summary.json",))  # one of each, as the last phase writes
+from pipebd_core.job.outcomes import FAILED, SUCCEEDED, Result, Termination
+from pipebd_core.job.phases import job_phases
+from pipebd_core.rundir import RunDir
 
 LOST_MESSAGE = "the worker {worker} stopped sending heartbeats ({age:.0f} s) while the job was {state}{phase}"
 DIED_MESSAGE = "the worker {worker} (pid {pid} on this host) died while the job was {state}{phase}"
@@ -79,18 +81,18 @@ def visibly_gone(job: Job) -> bool:
 
 
 def completed(job: Job) -> bool:
-    """Whether the job's run finished while nobody watched: its final outputs are there, written after it
-    started, and its summary reads."""
+    """Whether the job's run finished while nobody watched: what its last phase writes (its final weights
+    and the summary) is there, written after the job started, and the summary reads."""
     if job.run_dir is None:
         return False
-    root = Path(job.run_dir)
-    for names in FINAL_OUTPUTS:
-        found = [root / name for name in names if (root / name).is_file() and (root / name).stat().st_size > 0]
-        if not found or found[0].stat().st_mtime < (job.started_at or 0):
-            return False
+    run_dir = RunDir(Path(job.run_dir))
     try:
-        json.loads((root / "summary.json").read_text())
-    except (OSError, ValueError):
+        last = job_phases(run_dir.load_spec())[-1]
+        outputs = (run_dir.final_weights(last), run_dir.summary)
+        if any(path.stat().st_size == 0 or path.stat().st_mtime < (job.started_at or 0) for path in outputs):
+            return False
+        run_dir.load_summary()
+    except (OSError, ValueError):  # ValueError: not JSON, or a DocumentError (an earlier PipeBD's summary)
         return False
     return True
 
@@ -119,29 +121,29 @@ def reap_lost_jobs(
             if fresh is None or fresh.state not in ACTIVE or not lost(fresh):
                 continue  # it ended or its worker spoke meanwhile
         kill_orphans(fresh)
-        if settle(database, fresh, publish, max_restarts):
+        if settle_lost(database, fresh, publish, max_restarts):
             reaped.append(job.id)
     return reaped
 
 
-def settle(database: str, job: Job, publish: Publish | None, max_restarts: int) -> bool:
-    """Record a lost job's end (its processes are gone): succeeded, requeued or failed."""
+def settle_lost(database: str, job: Job, publish: Publish | None, max_restarts: int) -> bool:
+    """Record a lost job's end, its processes gone (app/core/lifecycle.py `settle`): succeeded when its run
+    completed meanwhile, else the loss of its worker (paused when it was pausing; requeued with restarts left
+    and a broker to publish on; else failed)."""
     assert job.id is not None
     age = time.time() - (job.heartbeat_at or job.updated_at)
     phase = f" (phase {job.phase})" if job.phase else ""
     template = DIED_MESSAGE if visibly_gone(job) else LOST_MESSAGE
     message = template.format(worker=job.worker or "?", pid=job.worker_pid, age=age, state=job.state, phase=phase)
-    budget = max_restarts if job.max_restarts is None else job.max_restarts
+    done = job.state in (RUNNING, CANCELLING, PAUSING) and completed(job)
+    result: Result = SUCCEEDED if done else FAILED
+    termination = None if done else Termination("worker_lost", message)
     with session_scope(database) as session:
-        if job.state == PAUSING:  # its ranks are gone, its checkpoints stay: as paused as it will be
-            return transition(session, job.id, PAUSED, [PAUSING], termination_reason="user_paused", pid=None)
-        if job.state in (RUNNING, CANCELLING) and completed(job):
-            fields: dict[str, Any] = {"progress": 1.0, "phase_progress": 1.0, "exit_code": 0, "pid": None}
-            return transition(session, job.id, SUCCEEDED, [job.state], **fields)
-        if publish is not None and job.restarts < budget and job.state != CANCELLING:
-            if not requeue(session, job.id, [job.state], "worker_lost", restarts=job.restarts + 1):
-                return False
-        else:
-            return transition(session, job.id, FAILED, [job.state], termination_reason="worker_lost", error=message)
-    publish(job.id, job.queue)
-    return True
+        settled = settle(
+            session, job.id, result, termination, server_max_restarts=max_restarts, may_requeue=publish is not None
+        )
+    if settled is not None and settled.state == QUEUED and publish is not None:
+        publish(job.id, settled.queue)
+    if settled is not None:
+        wake(database, job.id, publish)  # a sweep's waiting child may start now
+    return settled is not None

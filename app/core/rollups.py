@@ -21,7 +21,8 @@ from sqlmodel import Session, col, func, select
 
 from app.core.downsample import Point, downsample, merge, to_point
 from app.core.tables import JobMetric, JobMetricRollup
-from pipebd_core.rundir import DISTILL
+from pipebd_core.documents.phases import DISTILL
+from pipebd_core.documents.telemetry import step_line
 
 FACTOR = 4  # runs of a level merged into one run of the next
 LEVELS = tuple(FACTOR ** (power + 1) for power in range(8))  # lines per run: 4, 16, ..., 65536
@@ -64,11 +65,11 @@ class RollupBuilder:
 
 def _raw_points(session: Session, job_id: int, phase: str, rank: int, after_seq: int = 0) -> list[Point]:
     query = (
-        select(JobMetric.seq, JobMetric.record)
+        select(JobMetric.record)
         .where(JobMetric.job_id == job_id, JobMetric.phase == phase, JobMetric.rank == rank, JobMetric.seq > after_seq)
         .order_by(col(JobMetric.seq))
     )
-    return [to_point(dict(record), seq) for seq, record in session.exec(query).all()]
+    return [to_point(step_line(phase, record)) for record in session.exec(query).all()]
 
 
 def _from_rollups(

@@ -30,7 +30,8 @@ class Settings(BaseSettings):
     runs_dir: Path | None = None  # default: <data_dir>/runs; shared storage when API and workers differ
     # "TOKEN=scope,TOKEN=scope" with scope read or submit (submit may also read); empty: no auth
     api_tokens: str = ""
-    # Folders that spec paths (data.root, workload.teacher_weights) must lie under; comma-separated
+    # Folders that spec paths (data.root, data.tokenizer, workload.teacher_weights, a transformer's
+    # workload.teacher directory) must lie under; comma-separated
     data_roots: str = ""  # default: <data_dir>/datasets
     # Modules that spec factories may import: "pkg.mod:fn" is allowed when pkg.mod is or lies under one
     factory_allowlist: str = "pipebd_core.workloads"
@@ -48,7 +49,7 @@ class Settings(BaseSettings):
     sse_poll_s: float = Field(0.25, gt=0)  # how often an event stream looks for new events
     sse_keepalive_s: float = Field(15.0, gt=0)  # comment lines that keep proxies from closing streams
     page_limit_max: int = Field(200, ge=1)  # the largest `limit` a list request may ask for
-    # Limits on what one client can ask of the API (README: "Limits")
+    # Limits on what one client can ask of the API (docs/limits.md: "Limits")
     max_body_bytes: int = Field(1 << 20, ge=1024)  # largest request body (a spec is a few kB); 413 beyond
     spec_check_timeout_s: float = Field(30.0, gt=0)  # time bound on checking a spec (parse, build its workload)
     spec_checkers: int = Field(2, ge=1)  # helper processes that build workloads to check specs (each loads torch)
@@ -57,6 +58,22 @@ class Settings(BaseSettings):
     submissions_per_minute: int = Field(30, ge=1)  # per token (per client address without tokens); 429 beyond
     max_epochs: int = Field(1000, ge=1)  # the largest train.epochs a spec may ask for
     max_num_samples: int = Field(1_000_000, ge=1)  # the largest data.num_samples (synthetic data) a spec may ask for
+    # Webhooks (docs/webhooks.md): delivered by the API process, off the request path
+    webhook_timeout_s: float = Field(10.0, gt=0)  # a receiver slower than this to connect or answer: a failed attempt
+    webhook_max_attempts: int = Field(8, ge=1)  # attempts per delivery before it is recorded as failed
+    webhook_backoff_s: float = Field(10.0, gt=0)  # wait before the 2nd attempt; doubled before each later one
+    webhook_backoff_max_s: float = Field(3600.0, gt=0)  # the longest wait between two attempts
+    webhook_poll_s: float = Field(1.0, gt=0)  # how often an idle delivery loop looks for deliveries that are due
+    webhook_senders: int = Field(4, ge=1)  # deliveries sent at once (a slow receiver holds one sender)
+    # Tracking export (docs/tracking.md): with an MLflow tracking server's URI, every job a worker runs is an
+    # MLflow run, kept up to date off the job's path; MLflow is the optional extra `pipebd[tracking]`
+    mlflow_uri: str | None = None  # e.g. http://mlflow.internal:5000; unset: no MLflow export
+    mlflow_experiment: str = "pipebd"  # the experiment the runs go to (created when missing)
+    mlflow_timeout_s: int = Field(10, ge=1)  # each request to the tracking server
+    mlflow_retries: int = Field(3, ge=0)  # a job's last export is tried again this often, backing off, then given up
+    mlflow_wait_s: float = Field(15.0, ge=0)  # a worker waits this long for a job's last export before its next job
+    # where users reach this server (https://pipebd.example.org): links in webhook payloads and in MLflow runs
+    public_url: str | None = None
 
     @field_validator("api_tokens")
     @classmethod

@@ -1,10 +1,14 @@
 """Database tables (SQLModel).
 
-Tables: `job` (one row per submitted spec and its lifecycle), `job_metric` (one telemetry line of one
+Tables: `job` (one row per submitted spec and its lifecycle), `sweep` (a search over a base spec whose
+children are ordinary jobs, app/services/sweeps.py), `job_metric` (one telemetry line of one
 rank), `job_metric_rollup` (runs of consecutive lines merged for charts of long jobs), `job_event`
 (what an event stream replays: state and phase changes, metric batches, log growth), `job_attempt` (each
-run of a job: who ran it, how it ended, where its blocks resumed) and `worker` (each worker's
-advertised devices and last heartbeat). Times are Unix seconds in the
+run of a job: who ran it, how it ended, where its blocks resumed), `worker` (each worker's
+advertised devices and last heartbeat), `limit_state` (each admission limit's row, locked while a
+submission checks and takes it: app/core/limits.py), `webhook` (a receiver of chosen events) and
+`webhook_delivery` (one event on its way to one webhook: app/core/webhooks.py, app/core/deliveries.py).
+Times are Unix seconds in the
 database (the API's answer models in app/api/schemas.py show them as ISO 8601, UTC). The Alembic
 migrations in migrations/ create the same schema.
 """
@@ -12,10 +16,13 @@ migrations in migrations/ create the same schema.
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, Column, Index
 from sqlmodel import Field, SQLModel
+
+from pipebd_core.documents.phases import DISTILL
 
 # Ids, steps and ranks are INTEGER columns: 4 bytes on PostgreSQL, so no stored value is larger than this
 # (SQLite's are 8 bytes); the API refuses larger numbers in paths, queries and cursors before any query.
@@ -24,6 +31,27 @@ DB_INT_MAX = 2**31 - 1
 
 def now() -> float:
     return time.time()
+
+
+def iso_utc(stamp: float) -> str:
+    """A stored time as ISO 8601 in UTC, as the API and webhook payloads show it: `2026-12-02T08:00:00Z`."""
+    return datetime.fromtimestamp(stamp, UTC).isoformat().replace("+00:00", "Z")
+
+
+class Sweep(SQLModel, table=True):
+    """A search over a base spec: its children are jobs with `sweep_id` set (app/services/sweeps.py). Its state
+    and progress are its children's, read when asked, never stored twice."""
+
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=100)
+    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # the base spec document, as sent
+    search: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # grid, list or random, as sent
+    max_parallel: int | None = None  # children launched at once at most (app/core/sweeps.py); None: no bound
+    objective: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # {"metric": ..., "goal": ...}
+    created_at: float = Field(default_factory=now)
+    updated_at: float = Field(default_factory=now)  # also touched by each claim of a child (its row lock)
 
 
 class Job(SQLModel, table=True):
@@ -51,9 +79,9 @@ class Job(SQLModel, table=True):
     pid: int | None = None  # the torchrun agent (the profiling one while starting), leader of its own session
     run_dir: str | None = None
     phase: str | None = Field(default=None, max_length=20)  # the phase running now, else the one that ran last
-    phases: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))  # pipebd_core.phases records
+    phases: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))  # pipebd_core.job.phases records
     phase_progress: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})  # of the current phase
-    progress: float = 0.0  # of the whole job (pipebd_core.phases.job_fraction)
+    progress: float = 0.0  # of the whole job (pipebd_core.job.phases.job_fraction)
     samples_per_s: float | None = None
     plan_summary: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     termination_reason: str | None = Field(default=None, max_length=32)
@@ -64,6 +92,9 @@ class Job(SQLModel, table=True):
     priority: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # higher first; FIFO within one
     max_restarts: int | None = None  # automatic restarts after infrastructure faults; None: the server's default
     restarts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # automatic restarts used so far
+    sweep_id: int | None = Field(default=None, foreign_key="sweep.id", index=True)  # the sweep it is a child of
+    sweep_overrides: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # {dotted.path: value}
+    tenant: str | None = Field(default=None, max_length=64)  # who submitted it: app.api.auth.tenant_of; None: no tokens
 
 
 class JobAttempt(SQLModel, table=True):
@@ -79,7 +110,7 @@ class JobAttempt(SQLModel, table=True):
     started_at: float = Field(default_factory=now)
     ended_at: float | None = None
     outcome: str | None = Field(default=None, max_length=20)  # the state the job left this attempt for
-    reason: str | None = Field(default=None, max_length=32)  # a termination reason (pipebd_core.outcomes)
+    reason: str | None = Field(default=None, max_length=32)  # a termination reason (pipebd_core.job.outcomes)
     resumed_from: list[int] | None = Field(default=None, sa_column=Column(JSON))  # per block: the step it resumed at
 
 
@@ -95,7 +126,7 @@ class JobMetric(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id")
-    phase: str = Field(default="distill", max_length=20, sa_column_kwargs={"server_default": "distill"})
+    phase: str = Field(default=DISTILL, max_length=20, sa_column_kwargs={"server_default": DISTILL})
     rank: int
     seq: int  # the rank's task counter in its phase (done + skipped): one per line; EVAL_SEQ for an evaluation
     epoch: int
@@ -115,7 +146,7 @@ class JobMetricRollup(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id")
-    phase: str = Field(default="distill", max_length=20, sa_column_kwargs={"server_default": "distill"})
+    phase: str = Field(default=DISTILL, max_length=20, sa_column_kwargs={"server_default": DISTILL})
     rank: int
     lines: int  # telemetry lines merged: 4, 16, 64, ...
     first_seq: int
@@ -143,3 +174,52 @@ class Worker(SQLModel, table=True):
     started_at: float = Field(default_factory=now)
     last_seen: float = Field(default_factory=now)
     running: int = 0
+
+
+class LimitState(SQLModel, table=True):
+    """One admission limit shared by every API process: the queue's (`queue`, its row only a lock) or one
+    client's submission rate (`rate:<client>`, the times of its submissions in the window)."""
+
+    __tablename__ = "limit_state"
+    __table_args__ = (Index("ix_limit_state_updated_at", "updated_at"),)
+
+    name: str = Field(primary_key=True, max_length=100)
+    times: list[float] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    updated_at: float = Field(default_factory=now)  # the last use: rows of clients quiet for a window are removed
+
+
+class Webhook(SQLModel, table=True):
+    """A receiver of chosen events: every job (`server`), a token's jobs (`token`) or one job (`job`)."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    url: str = Field(max_length=2000)
+    events: list[str] = Field(sa_column=Column(JSON, nullable=False))  # app.core.webhooks.EVENTS
+    scope: str = Field(max_length=16)  # server | token | job (app.core.webhooks.SCOPES)
+    job_id: int | None = None  # scope job: the job (no foreign key: deleting the job deletes its hooks)
+    tenant: str | None = Field(default=None, max_length=64)  # scope token: the token's Job.tenant
+    secret: str = Field(max_length=200)  # signs every body (HMAC-SHA256); never shown by the API
+    description: str = Field(default="", max_length=200)
+    created_at: float = Field(default_factory=now)
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One event on its way to one webhook: pending until a receiver answers 2xx or the attempts run out."""
+
+    __tablename__ = "webhook_delivery"
+    __table_args__ = (
+        Index("ix_webhook_delivery_state_next_attempt_at", "state", "next_attempt_at"),
+        Index("ix_webhook_delivery_webhook_id_id", "webhook_id", "id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    webhook_id: int = Field(foreign_key="webhook.id")
+    event: str = Field(max_length=32)
+    job_id: int | None = None  # the job it is about (kept after the job is deleted: the log stays)
+    payload: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # pipebd_core.documents.webhook
+    state: str = Field(default="pending", max_length=16)  # pending | succeeded | failed
+    attempts: int = 0
+    next_attempt_at: float | None = Field(default_factory=now)  # due from then (a claimed one: its lease's end)
+    last_status: int | None = None  # the receiver's last HTTP status; None: no answer (refused, timed out)
+    last_error: str | None = None
+    created_at: float = Field(default_factory=now)
+    finished_at: float | None = None

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 
-from app.auth import COOKIE, presented_token, scope_of
+from app.api.auth import COOKIE, presented_token, scope_of
 from app.core.settings import Scope
 from app.web.routing import LoginRequired, PageRoute, ReadOnly, safe_next
 from app.web.templating import render

@@ -13,10 +13,11 @@ with the largest share of work is the bottleneck: the others wait for it, downst
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from app.web.templating import blocks as block_text
 from app.web.templating import millis
+from pipebd_core.documents.plan import PlanDocument
+from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.rundir import STEP_PHASES
 
 WORK = ("data", "teacher", "student", "optim")  # computation a faster device would shorten
@@ -79,25 +80,25 @@ class RankLoad:
         return max(((phase, self.share(phase)) for phase in phases), key=lambda item: item[1])
 
 
-def rank_load(rank: int, records: list[dict[str, Any]], num_blocks: int) -> RankLoad | None:
+def rank_load(rank: int, lines: list[DistillLine], num_blocks: int) -> RankLoad | None:
     """The load of one rank over its telemetry lines (oldest first); None without lines."""
-    if not records:
+    if not lines:
         return None
     phase_s = dict.fromkeys(STEP_PHASES, 0.0)
     trained: set[int] = set()
     distilled = 0.0
-    for record in records:
-        for phase, seconds in record.get("phases", {}).items():
-            phase_s[phase] = phase_s.get(phase, 0.0) + float(seconds)
-        trained.update(int(block) for block in record.get("blocks", []))
-        distilled += float(record.get("samples") or 0) * len(record.get("blocks", [])) / max(1, num_blocks)
-    first_start = records[0]["time"] - sum(records[0].get("phases", {}).values())
-    wall = max(records[-1]["time"] - first_start, sum(phase_s.values()), 1e-9)
-    return RankLoad(rank, sorted(trained), len(records), wall, phase_s, distilled)
+    for line in lines:
+        for phase, seconds in line.phases.items():
+            phase_s[phase] = phase_s.get(phase, 0.0) + seconds
+        trained.update(line.blocks)
+        distilled += (line.samples or 0) * len(line.blocks) / max(1, num_blocks)
+    first_start = lines[0].time - sum(lines[0].phases.values())
+    wall = max(lines[-1].time - first_start, sum(phase_s.values()), 1e-9)
+    return RankLoad(rank, sorted(trained), len(lines), wall, phase_s, distilled)
 
 
-def rank_loads(records_by_rank: dict[int, list[dict[str, Any]]], num_blocks: int) -> list[RankLoad]:
-    loads = (rank_load(rank, records, num_blocks) for rank, records in sorted(records_by_rank.items()))
+def rank_loads(lines_by_rank: dict[int, list[DistillLine]], num_blocks: int) -> list[RankLoad]:
+    loads = (rank_load(rank, lines, num_blocks) for rank, lines in sorted(lines_by_rank.items()))
     return [load for load in loads if load is not None]
 
 
@@ -116,14 +117,15 @@ class Finding:
     balanced: bool = False  # no rank stands out: `rank` is only the busiest
 
 
-def where(load: RankLoad, plan: dict[str, Any] | None) -> str:
+def where(load: RankLoad, plan: PlanDocument | None) -> str:
     """`stage 1, blocks 1–2` (or `blocks 0–3` outside pipeline modes), with `a replica` when replicated."""
-    ranks: list[dict[str, Any]] = (plan or {}).get("ranks", [])
-    info: dict[str, Any] = next((item for item in ranks if item.get("rank") == load.rank), {})
-    text = f"blocks {block_text(info.get('blocks', load.blocks))}"
-    if info.get("stage") is not None:
-        text = f"stage {info['stage']}, {text}"
-    if info.get("role") == "replica":
+    info = plan.rank(load.rank) if plan else None
+    if info is None:
+        return f"blocks {block_text(load.blocks)}"
+    text = f"blocks {block_text(info.blocks)}"
+    if info.stage is not None:
+        text = f"stage {info.stage}, {text}"
+    if info.role == "replica":
         text += ", one of its replicas"
     return text
 
@@ -145,19 +147,15 @@ def _waits(others: list[RankLoad]) -> str:
     return "; ".join(_other_rank(load) for load in others)
 
 
-def predicted_bottleneck(plan: dict[str, Any] | None) -> tuple[int, float] | None:
+def predicted_bottleneck(plan: PlanDocument | None) -> tuple[int, float] | None:
     """(stage, predicted step seconds) of the chosen plan, when the planner ranked it."""
-    if not plan or "alternatives" not in plan:
+    ranked = plan.predictions.ranked(plan.stage_triples()) if plan and plan.predictions else None
+    if ranked is None or ranked.bottleneck_stage is None:
         return None
-    chosen = [(s["start"], s["stop"], s["replicas"]) for s in plan.get("stages", [])]
-    for alternative in plan["alternatives"]:
-        stages = [(s["start"], s["stop"], s["replicas"]) for s in alternative["stages"]]
-        if stages == chosen and alternative.get("bottleneck_stage") is not None:
-            return int(alternative["bottleneck_stage"]), float(alternative["step_s"])
-    return None
+    return ranked.bottleneck_stage, ranked.step_s
 
 
-def _prediction(plan: dict[str, Any] | None, loads: list[RankLoad], batch_size: int) -> str | None:
+def _prediction(plan: PlanDocument | None, loads: list[RankLoad], batch_size: int) -> str | None:
     measured = samples_per_s(loads)
     step_s = batch_size / measured if measured else None
     predicted = predicted_bottleneck(plan)
@@ -167,16 +165,15 @@ def _prediction(plan: dict[str, Any] | None, loads: list[RankLoad], batch_size: 
             f"The planner predicted stage {stage} as the bottleneck at {millis(predicted_s)} per step;"
             f" measured: {millis(step_s)} per step."
         )
-    if plan and plan.get("predicted_step_s"):
-        return f"Predicted {millis(plan['predicted_step_s'])} per step; measured: {millis(step_s)} per step."
+    planned_s = plan.details.predicted_step_s if plan else None
+    if planned_s:
+        return f"Predicted {millis(planned_s)} per step; measured: {millis(step_s)} per step."
     if step_s is not None:
         return f"Measured: {millis(step_s)} per step (no prediction: the job was not profiled)."
     return None
 
 
-def find_bottleneck(
-    loads: list[RankLoad], plan: dict[str, Any] | None, batch_size: int, ended: bool = False
-) -> Finding:
+def find_bottleneck(loads: list[RankLoad], plan: PlanDocument | None, batch_size: int, ended: bool = False) -> Finding:
     """Which rank holds the job up and why, in sentences a newcomer can act on."""
     if not loads:
         if ended:
@@ -219,34 +216,34 @@ class JobSummary:
     final_loss: dict[str, float]
 
 
-def latest_losses(records_by_rank: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
+def latest_losses(lines_by_rank: dict[int, list[DistillLine]]) -> dict[str, float]:
     """Each block's loss at the latest step it was reported, averaged over the ranks reporting it."""
-    latest: dict[str, tuple[float, list[float]]] = {}
-    for records in records_by_rank.values():
-        for record in records:
-            if record.get("round", "weights") != "weights":
+    latest: dict[int, tuple[float, list[float]]] = {}
+    for lines in lines_by_rank.values():
+        for line in lines:
+            if line.round != "weights":
                 continue
-            for block, value in record.get("loss", {}).items():
+            for block, value in line.loss.items():
                 when, values = latest.get(block, (-1.0, []))
-                if record["step"] > when:
-                    latest[block] = (record["step"], [float(value)])
-                elif record["step"] == when:
-                    values.append(float(value))
-    return {block: sum(values) / len(values) for block, (_, values) in sorted(latest.items(), key=lambda i: int(i[0]))}
+                if line.step > when:
+                    latest[block] = (line.step, [value])
+                elif line.step == when:
+                    values.append(value)
+    return {str(block): sum(values) / len(values) for block, (_, values) in sorted(latest.items())}
 
 
 def summarize(
-    records_by_rank: dict[int, list[dict[str, Any]]],
+    lines_by_rank: dict[int, list[DistillLine]],
     num_blocks: int,
     batch_size: int,
     final_loss: dict[str, float] | None,
 ) -> JobSummary:
-    loads = rank_loads(records_by_rank, num_blocks)
+    loads = rank_loads(lines_by_rank, num_blocks)
     speed = samples_per_s(loads)
-    memory = [int(r["peak_mem"]) for rs in records_by_rank.values() for r in rs if r.get("peak_mem") is not None]
+    memory = [line.peak_mem for lines in lines_by_rank.values() for line in lines]
     return JobSummary(
         samples_per_s=speed,
         step_s=batch_size / speed if speed else None,
         peak_mem=max(memory) if memory else None,
-        final_loss=final_loss or latest_losses(records_by_rank),
+        final_loss=final_loss or latest_losses(lines_by_rank),
     )

@@ -4,7 +4,7 @@ Per block, a row per searchable layer and a column per architecture update (at m
 evenly spaced, the first and the newest always among them). A cell holds the probability, at that
 update, of the candidate the layer would choose now (its most probable candidate at the newest
 update), so a row shows how the search settled on its choice; a cell where another candidate was in
-the lead names it. Candidates are named as in pipebd_core/search_space.py (MBConv kernel x
+the lead names it. Candidates are named as in pipebd_core/workloads/search_space.py (MBConv kernel x
 expansion, then `zero` where a layer may be skipped).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipebd_core.search_space import CANDIDATES, ZERO, candidate_name
+from pipebd_core.workloads.search_space import CANDIDATES, ZERO, candidate_name
 
 MAX_COLUMNS = 24  # updates drawn per block: enough to see the trend, narrow enough to read
 NAMES = [candidate_name(kernel, expansion) for kernel, expansion in CANDIDATES] + [ZERO]

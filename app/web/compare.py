@@ -15,16 +15,18 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from sqlmodel import Session, col, select
 
+from app.api.deps import SessionDep
+from app.api.problems import EXCERPT_CHARS, excerpt
 from app.core.lifecycle import FINAL
 from app.core.tables import DB_INT_MAX, Job
-from app.deps import SessionDep
-from app.problems import EXCERPT_CHARS, excerpt
+from app.services.artifacts import read_summary
 from app.web import queries
 from app.web.access import ViewerDep
 from app.web.analysis import JobSummary, summarize
 from app.web.routing import PageRoute
 from app.web.templating import render
 from app.web.views import PhaseStep, mode_text, phase_timeline, plan_detail
+from pipebd_core.documents.summary import FinetuneReport
 
 MAX_COMPARED = 4  # each unfinished job holds an event stream open; browsers allow six connections per host
 PICKER_JOBS = 20  # recent jobs offered as checkboxes when no ids are given
@@ -43,7 +45,7 @@ class Compared:
     baseline: bool = False
     shown_mode: str = ""  # `dp`, `auto → hybrid`: what the mode column and the curves' legend say
     plan: str | None = None  # the plan in a few words (its stages), once planned
-    finetune: dict[str, Any] | None = None  # summary.json's end-to-end training report, once evaluated
+    finetune: FinetuneReport | None = None  # summary.json's end-to-end training report, once evaluated
     phases: list[PhaseStep] = field(default_factory=list)
 
 
@@ -72,13 +74,14 @@ def load_jobs(session: Session, ids: list[int]) -> list[Job]:
 
 
 def compared(session: Session, job: Job) -> Compared:
-    summary_file = queries.read_json_artifact(job, "summary.json") or {}
+    written = read_summary(job)
+    final_loss = written.final_loss if written is not None else None
     plan = job.plan_summary or {}
     summary = summarize(
-        queries.recent_records(session, job),
+        queries.recent_lines(session, job),
         int(plan.get("num_blocks") or 1),
         int(job.spec.get("data", {}).get("batch_size") or 1),
-        summary_file.get("final_loss"),
+        {str(block): loss for block, loss in final_loss.items()} if final_loss else None,
     )
     mode = job.spec.get("schedule", {}).get("mode") or plan.get("mode") or "?"
     return Compared(
@@ -87,7 +90,7 @@ def compared(session: Session, job: Job) -> Compared:
         summary,
         shown_mode=mode_text(job),
         plan=plan_detail(job),
-        finetune=summary_file.get("finetune"),
+        finetune=written.finetune if written is not None else None,
         phases=phase_timeline(job),
     )
 

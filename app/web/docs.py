@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from app.auth import require
+from app.api.auth import require
 from app.web.access import ViewerDep
 from app.web.routing import PageRoute
 

@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.tables import Job
+from app.services.artifacts import read_summary
 from app.web import queries
+from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.finetune_plan import FinetunePlanDocument
+from pipebd_core.documents.summary import FinetuneReport
 
 
 def has_finetune(job: Job) -> bool:
@@ -39,7 +43,8 @@ class FinetuneView:
     microbatches: int = 1
     predicted_step_s: float | None = None
     strategies: list[StrategyRow] = field(default_factory=list)
-    report: dict[str, Any] | None = None  # summary.json's `finetune` section, once evaluated
+    report: FinetuneReport | None = None  # summary.json's `finetune` section, once evaluated
+    error: str | None = None  # why finetune_plan.json could not be read (another version wrote it)
 
     def stage_text(self, index: int) -> str:
         start, stop = self.stages[index]
@@ -47,31 +52,40 @@ class FinetuneView:
         return f"layers {start}–{stop - 1} ({first} … {last})" if stop - start > 1 else f"layer {start} ({first})"
 
 
+def read_plan(job: Job) -> FinetunePlanDocument | None:
+    """The job's finetune_plan.json, None until written (DocumentError: another version wrote it)."""
+    return queries.read_document(job, "finetune_plan.json", FinetunePlanDocument)
+
+
 def finetune_view(job: Job) -> FinetuneView:
     requested = str((job.spec.get("finetune") or {}).get("strategy", "auto"))
-    plan = queries.read_json_artifact(job, "finetune_plan.json")
-    report = (queries.read_json_artifact(job, "summary.json") or {}).get("finetune")
+    summary = read_summary(job)
+    report = summary.finetune if summary is not None else None
+    try:
+        plan = read_plan(job)
+    except DocumentError as error:
+        return FinetuneView(requested, None, report=report, error=str(error))
     if plan is None:
         return FinetuneView(requested, None, report=report)
     rows = [
         StrategyRow(
-            strategy=entry["strategy"],
-            step_s=entry.get("step_s"),
-            bubble=entry.get("bubble", []),
-            memory_bytes=max(entry["memory_bytes"]) if entry.get("memory_bytes") else None,
-            fits=bool(entry["fits"]),
-            reason=entry.get("reason"),
-            chosen=entry["strategy"] == plan["strategy"],
+            strategy=entry.strategy,
+            step_s=entry.step_s,
+            bubble=entry.bubble or [],
+            memory_bytes=max(entry.memory_bytes) if entry.memory_bytes else None,
+            fits=entry.fits,
+            reason=entry.reason,
+            chosen=entry.strategy == plan.strategy,
         )
-        for entry in plan.get("strategies", [])
+        for entry in plan.details.strategies or []
     ]
     return FinetuneView(
         requested=requested,
-        strategy=plan["strategy"],
-        stages=[(int(a), int(b)) for a, b in plan["stages"]],
-        layer_names=plan.get("layer_names", []),
-        microbatches=int(plan["microbatches"]),
-        predicted_step_s=plan.get("predicted_step_s"),
+        strategy=plan.strategy,
+        stages=list(plan.stages),
+        layer_names=plan.layer_names,
+        microbatches=plan.microbatches,
+        predicted_step_s=plan.details.predicted_step_s,
         strategies=rows,
         report=report,
     )
@@ -79,5 +93,9 @@ def finetune_view(job: Job) -> FinetuneView:
 
 def predicted_schedule(job: Job) -> list[dict[str, Any]]:
     """The planner's replay of the chosen strategy's step (Gantt segments), empty without a profile."""
-    plan = queries.read_json_artifact(job, "finetune_plan.json") or {}
-    return list(plan.get("simulation") or [])
+    try:
+        plan = read_plan(job)
+    except DocumentError:
+        return []  # the finetune part says why
+    predictions = plan.details.predictions if plan else None
+    return [segment.to_json() for segment in predictions.simulation] if predictions else []

@@ -15,12 +15,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from sqlmodel import Session
 
-from app.artifacts import available
+from app.api.deps import JobId, SessionDep, SettingsDep
 from app.core.attempts import attempts_of
 from app.core.lifecycle import FINAL, SUCCEEDED
 from app.core.tables import Job
-from app.deps import JobId, SessionDep, SettingsDep
-from app.jobs import waiting_reason
+from app.services.artifacts import available
+from app.services.jobs import waiting_reason
 from app.web import queries
 from app.web.access import ViewerDep
 from app.web.analysis import LABELS, find_bottleneck, rank_loads
@@ -29,9 +29,12 @@ from app.web.finetune import FinetuneView, finetune_view, has_finetune, predicte
 from app.web.routing import PageError, PageRoute
 from app.web.templating import render
 from app.web.views import job_row, phase_timeline, plan_view
-from pipebd_core.outcomes import TERMINATION_REASONS
-from pipebd_core.phases import FINETUNE, PHASE_KINDS
-from pipebd_core.rundir import DISTILL
+from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.phases import DISTILL, FINETUNE
+from pipebd_core.documents.plan import PlanDocument
+from pipebd_core.documents.telemetry import DistillLine
+from pipebd_core.job.outcomes import TERMINATION_REASONS
+from pipebd_core.job.phases import PHASE_KINDS
 
 router = APIRouter(route_class=PageRoute)
 GANTT_LINES = 8  # newest telemetry lines per rank handed to the page for the measured schedule
@@ -43,20 +46,26 @@ class JobParts:
 
     def __init__(self, session: Session, job: Job, stale_after_s: float) -> None:
         self.session, self.job, self.stale_after_s = session, job, stale_after_s
-        self._plan: dict[str, Any] | None = None
+        self._plan: PlanDocument | None = None
+        self._plan_error: str | None = None  # why plan.json could not be read (another version wrote it)
         self._plan_read = False
-        self._recent: dict[int, list[dict[str, Any]]] | None = None
+        self._recent: dict[int, list[DistillLine]] | None = None
 
     @property
-    def plan(self) -> dict[str, Any] | None:
+    def plan(self) -> PlanDocument | None:
         if not self._plan_read:
-            self._plan, self._plan_read = queries.read_json_artifact(self.job, "plan.json"), True
+            self._plan_read = True
+            try:
+                self._plan = queries.read_document(self.job, "plan.json", PlanDocument)
+            except DocumentError as error:
+                self._plan_error = str(error)
         return self._plan
 
     @property
     def num_blocks(self) -> int | None:
-        summary = self.job.plan_summary or self.plan or {}
-        return summary.get("num_blocks")
+        if self.job.plan_summary:
+            return self.job.plan_summary.get("num_blocks")
+        return self.plan.num_blocks if self.plan else None
 
     @property
     def batch_size(self) -> int:
@@ -69,27 +78,27 @@ class JobParts:
             "row": job_row(self.job),
             "waiting": reason,
             "explanation": explanation,
-            "phases": phase_timeline(self.job, replans=(self.plan or {}).get("replans")),
+            "phases": phase_timeline(self.job, replans=self.plan.details.replans if self.plan else ()),
             "attempts": attempts_of(self.session, self.job.id) if self.job.id is not None else [],
         }
 
     @property
-    def recent(self) -> dict[int, list[dict[str, Any]]]:
+    def recent(self) -> dict[int, list[DistillLine]]:
         if self._recent is None:
-            self._recent = queries.recent_records(self.session, self.job)
+            self._recent = queries.recent_lines(self.session, self.job)
         return self._recent
 
     def bottleneck(self) -> dict[str, Any]:
-        records = self.recent
-        loads = rank_loads(records, self.num_blocks or 1)
-        memory = {rank: max((r.get("peak_mem") or 0) for r in rows) for rank, rows in records.items()}
+        lines = self.recent
+        loads = rank_loads(lines, self.num_blocks or 1)
+        memory = {rank: max(line.peak_mem for line in rank_lines) for rank, rank_lines in lines.items()}
         finding = find_bottleneck(loads, self.plan, self.batch_size, ended=self.job.state in FINAL)
         return {"loads": loads, "finding": finding, "labels": LABELS, "memory": memory}
 
     def plan_part(self) -> dict[str, Any]:
-        calibration = queries.read_json_artifact(self.job, "calibration.json") if self.plan else None
+        calibration = queries.read_calibration(self.job) if self.plan else None
         view = plan_view(self.plan, calibration) if self.plan else None
-        return {"plan": view, "schedule": self.job.spec.get("schedule", {})}
+        return {"plan": view, "error": self._plan_error, "schedule": self.job.spec.get("schedule", {})}
 
     def artifacts(self) -> dict[str, Any]:
         items = [
@@ -106,7 +115,7 @@ class JobParts:
         }
 
     def architecture(self) -> dict[str, Any]:
-        names = (self.plan or {}).get("block_names") or []
+        names = self.plan.block_names if self.plan else []
         searched = self.job.spec.get("workload", {}).get("kind") == "nas"
         if not searched:
             return {"blocks": []}
@@ -114,6 +123,12 @@ class JobParts:
         drawn = {block: [found[i] for i in spaced(len(found), MAX_COLUMNS)] for block, found in steps.items()}
         history = queries.architecture_history(self.session, self.job, drawn)
         return {"blocks": architecture_view(history, names, {block: len(found) for block, found in steps.items()})}
+
+    def predicted_timeline(self) -> dict[str, Any] | None:
+        """The planner's simulated timeline of the chosen plan (the Gantt chart's predicted half)."""
+        predictions = self.plan.predictions if self.plan else None
+        chosen = predictions.simulation.get("chosen") if predictions else None
+        return chosen.to_json() if chosen else None
 
     def finetune(self) -> FinetuneView:
         return finetune_view(self.job)
@@ -142,9 +157,9 @@ class JobParts:
             "startedAt": self.job.started_at,
             "afterEventId": queries.last_event_id(self.session, self.job.id),
             "hasPlan": self.plan is not None,
-            "predicted": ((self.plan or {}).get("simulation") or {}).get("chosen"),
+            "predicted": self.predicted_timeline(),
             "hasLogs": self.job.run_dir is not None,
-            "recent": [record for records in self.recent.values() for record in records[-GANTT_LINES:]],
+            "recent": [line.to_json() for lines in self.recent.values() for line in lines[-GANTT_LINES:]],
             "canSubmit": False,
             "finetune": {"enabled": has_finetune(self.job), "predicted": predicted_schedule(self.job)},
             "distills": trains_blocks(self.job),

@@ -14,9 +14,9 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
+from app.api.deps import SessionDep
 from app.core.lifecycle import STATES
-from app.deps import SessionDep
-from app.jobs import list_jobs
+from app.services.jobs import list_jobs
 from app.web.access import ViewerDep
 from app.web.routing import PageRoute
 from app.web.templating import render

@@ -5,33 +5,36 @@ probabilities."""
 from __future__ import annotations
 
 import json
-from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlmodel import Session, col, func, select
 
-from app.artifacts import file_path
 from app.core.tables import Job, JobEvent, JobMetric
-from pipebd_core.rundir import DISTILL
+from app.services.artifacts import file_path
+from pipebd_core.documents.base import Document, DocumentError
+from pipebd_core.documents.calibration import Calibration
+from pipebd_core.documents.phases import DISTILL
+from pipebd_core.documents.telemetry import DistillLine
+from pipebd_core.rundir import RunDir
+
+D = TypeVar("D", bound=Document)
 
 RECENT_TASKS = 40  # telemetry lines per rank behind the bottleneck analysis and the compare table
 ENGINE_EVENTS = 200  # lifecycle lines of events.jsonl shown on a job page, newest kept
 
 
-def recent_records(
-    session: Session, job: Job, per_rank: int = RECENT_TASKS, phase: str = DISTILL
-) -> dict[int, list[dict[str, Any]]]:
-    """The newest `per_rank` telemetry lines of each rank in `phase`, oldest first (one indexed query per rank)."""
-    result: dict[int, list[dict[str, Any]]] = {}
+def recent_lines(session: Session, job: Job, per_rank: int = RECENT_TASKS) -> dict[int, list[DistillLine]]:
+    """The newest `per_rank` distillation telemetry lines of each rank, oldest first (one indexed query per rank)."""
+    result: dict[int, list[DistillLine]] = {}
     for rank in range(job.nproc):
         query = (
             select(JobMetric.record)
-            .where(JobMetric.job_id == job.id, JobMetric.phase == phase, JobMetric.rank == rank)
+            .where(JobMetric.job_id == job.id, JobMetric.phase == DISTILL, JobMetric.rank == rank)
             .order_by(col(JobMetric.seq).desc())
             .limit(per_rank)
         )
-        rows = [dict(record) for record in session.exec(query).all()]
+        rows = [DistillLine.from_json(record) for record in session.exec(query).all()]
         if rows:
             result[rank] = rows[::-1]
     return result
@@ -59,24 +62,26 @@ def read_json_artifact(job: Job, name: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def read_calibration(job: Job) -> Calibration | None:
+    """What training measured against the profile (calibration.json); None before it calibrated, or for
+    a calibration an earlier PipeBD wrote (this one cannot read it: the page shows none)."""
+    value = read_json_artifact(job, "calibration.json")
+    try:
+        return Calibration.from_json(value) if value is not None else None
+    except DocumentError:
+        return None
+
+
+def read_document(job: Job, name: str, kind: type[D]) -> D | None:
+    """Artifact `name` as the document `kind`, None while the job has not written it (or it is not JSON);
+    DocumentError when another version of PipeBD wrote it."""
+    data = read_json_artifact(job, name)
+    return None if data is None else kind.from_json(data)
+
+
 def engine_events(job: Job, limit: int = ENGINE_EVENTS) -> list[dict[str, Any]]:
     """The newest lines of the run's events.jsonl (prepared, launched, rank_started, checkpoint, ...)."""
-    if job.run_dir is None:
-        return []
-    path = Path(job.run_dir) / "events.jsonl"
-    if not path.is_file():
-        return []
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        lines = deque(handle, maxlen=limit)
-    events = []
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue  # a line still being written
-        if isinstance(event, dict):
-            events.append(event)
-    return events
+    return [] if job.run_dir is None else RunDir(Path(job.run_dir)).read_events(limit)
 
 
 def architecture_steps(session: Session, job: Job) -> dict[int, list[int]]:

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse
 from fastapi.routing import APIRoute
 
-from app.problems import pydantic_problems, summary
+from app.api.problems import pydantic_problems, summary
 from app.web.templating import render
 
 

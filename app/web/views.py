@@ -5,12 +5,16 @@ measured and the re-plans."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core.lifecycle import PAUSED, PAUSING, QUEUED, RESUMABLE, RUNNING, STARTING
 from app.core.tables import Job
 from app.web.templating import blocks as block_text
+from pipebd_core.documents.calibration import Calibration
+from pipebd_core.documents.phases import DISTILL
+from pipebd_core.documents.plan import PlanDocument, Replan, StageSpan
 
 CANCELLABLE = (QUEUED, STARTING, RUNNING, PAUSING, PAUSED)
 PAUSABLE = (QUEUED, STARTING, RUNNING)
@@ -29,13 +33,21 @@ class JobRow:
     resumable: bool = False  # failed, cancelled or paused: POST .../resume may put it back in the queue
 
 
-def stages_text(stages: list[dict[str, Any]]) -> str:
+def stages_text(stages: Sequence[StageSpan]) -> str:
     """`0 ×2 | 1–3` : each stage's blocks, with its replicas when more than one."""
     parts = []
     for stage in stages:
-        text = block_text(range(stage["start"], stage["stop"]))
-        parts.append(f"{text} ×{stage['replicas']}" if stage.get("replicas", 1) > 1 else text)
+        text = block_text(range(stage.start, stage.stop))
+        parts.append(f"{text} ×{stage.replicas}" if stage.replicas > 1 else text)
     return " | ".join(parts)
+
+
+def summary_stages(summary: dict[str, Any]) -> list[StageSpan]:
+    """The stages of a job's plan summary (the jobs table's copy of plan.json's mode and stages)."""
+    return [
+        StageSpan(start=stage["start"], stop=stage["stop"], replicas=stage.get("replicas", 1))
+        for stage in summary.get("stages") or []
+    ]
 
 
 # what the plan `auto` chose amounts to, by the mode that runs the same layout
@@ -46,25 +58,24 @@ CHOICE_WORDS = {
 }
 
 
-def chosen_mode(plan: dict[str, Any]) -> str | None:
+def chosen_mode(mode: str | None, stages: Sequence[StageSpan]) -> str | None:
     """The mode a plan runs as: its own, or for `auto` the mode of the layout it chose (`ir`: one stage of
     every block on all ranks; `tr_dpu`: one rank per stage; `hybrid`: replicated stages); None before
     `auto` has planned."""
-    mode = plan.get("mode")
     if mode and mode != "auto":
-        return str(mode)
-    stages = plan.get("stages") or []
+        return mode
     if not stages:
         return None
     if len(stages) == 1:
         return "ir"
-    return "tr_dpu" if all(stage.get("replicas", 1) == 1 for stage in stages) else "hybrid"
+    return "tr_dpu" if all(stage.replicas == 1 for stage in stages) else "hybrid"
 
 
 def mode_text(job: Job) -> str:
     """The mode as submitted and, for `auto` once planned, what it chose: `dp`, `auto`, `auto → hybrid`."""
     submitted = str(job.spec.get("schedule", {}).get("mode") or "")
-    resolved = chosen_mode(job.plan_summary or {})
+    summary = job.plan_summary or {}
+    resolved = chosen_mode(summary.get("mode"), summary_stages(summary))
     if not submitted:
         return resolved or "?"
     if resolved is None or resolved == submitted:
@@ -78,7 +89,7 @@ def plan_detail(job: Job) -> str | None:
     if not summary:
         return None
     if summary.get("stages"):
-        return stages_text(summary["stages"])
+        return stages_text(summary_stages(summary))
     if summary.get("mode") == "ls":
         return f"blocks bin-packed on {job.nproc} ranks"
     return f"{job.nproc} ranks, data parallel per block"
@@ -126,7 +137,7 @@ class PhaseStep:
     notes: list[str] = field(default_factory=list)  # what happened inside it (distill: each re-plan)
 
 
-def phase_timeline(job: Job, now: float | None = None, replans: list[dict[str, Any]] | None = None) -> list[PhaseStep]:
+def phase_timeline(job: Job, now: float | None = None, replans: Sequence[Replan] = ()) -> list[PhaseStep]:
     """The job's phases in order with their durations so far (a running phase's up to `now`); the distill
     phase notes each re-plan of plan.json's `replans`."""
     now = now or time.time()
@@ -135,13 +146,13 @@ def phase_timeline(job: Job, now: float | None = None, replans: list[dict[str, A
         started, ended = entry.get("started_at"), entry.get("ended_at")
         duration = None if started is None else (ended or now) - started
         status = entry.get("outcome") or entry.get("state", "pending")
-        notes = [replan_note(r) for r in replans or []] if entry["name"] == "distill" else []
+        notes = [replan_note(r) for r in replans] if entry["name"] == DISTILL else []
         steps.append(PhaseStep(entry["name"], status, duration, entry.get("reason"), notes))
     return steps
 
 
-def replan_note(replan: dict[str, Any]) -> str:
-    return f"re-planned at step {replan['resumed_at_step']}: {stages_text(replan['to'])}"
+def replan_note(replan: Replan) -> str:
+    return f"re-planned at step {replan.resumed_at_step}: {stages_text(replan.to)}"
 
 
 @dataclass
@@ -221,7 +232,7 @@ class PlanView:
     predicted_step_s: float | None = None
     ideal_step_s: float | None = None
     warnings: list[str] = field(default_factory=list)
-    trust: dict[str, Any] | None = None  # trust.assess of the profile the plan was made from
+    trust: dict[str, Any] | None = None  # trust.assess of the profile the plan was made from (its JSON)
     replans: list[ReplanView] = field(default_factory=list)
     calibration: list[BlockCalibration] = field(default_factory=list)
     calibrated_steps: list[int] | None = None  # the steps the calibration measured
@@ -233,38 +244,36 @@ class PlanView:
         return CHOICE_WORDS.get(self.chosen or "") if self.mode == "auto" else None
 
 
-def _rank_rows(plan: dict[str, Any], num_blocks: int) -> list[RankRow]:
+def _rank_rows(plan: PlanDocument) -> list[RankRow]:
     rows = []
-    for info in plan.get("ranks", []):
-        owned = set(info.get("blocks", []))
-        first, last = info.get("rows") or (0, plan.get("batch_size", 0))
-        span = (int(first), int(last))
-        cells = [Cell(block in owned, span if block in owned else None) for block in range(num_blocks)]
-        rows.append(RankRow(int(info["rank"]), str(info.get("role", "")), info.get("stage"), span, cells))
+    for info in plan.ranks:
+        owned = set(info.blocks)
+        cells = [Cell(block in owned, info.rows if block in owned else None) for block in range(plan.num_blocks)]
+        rows.append(RankRow(info.rank, info.role, info.stage, info.rows, cells))
     return rows
 
 
-def _alternatives(plan: dict[str, Any]) -> list[Alternative]:
-    ranked = plan.get("alternatives") or []
+def _alternatives(plan: PlanDocument) -> list[Alternative]:
+    ranked = plan.predictions.alternatives if plan.predictions else []
     if not ranked:
         return []
-    best = ranked[0]["step_s"] or 1e-12
-    chosen = [(s["start"], s["stop"], s["replicas"]) for s in plan.get("stages", [])]
+    best = ranked[0].step_s or 1e-12
+    chosen = plan.stage_triples()
     return [
         Alternative(
             position=index + 1,
-            stages=stages_text(item["stages"]),
-            step_s=item["step_s"],
-            bottleneck_stage=item.get("bottleneck_stage"),
-            relative=item["step_s"] / best,
-            chosen=[(s["start"], s["stop"], s["replicas"]) for s in item["stages"]] == chosen,
+            stages=stages_text(item.stages),
+            step_s=item.step_s,
+            bottleneck_stage=item.bottleneck_stage,
+            relative=item.step_s / best,
+            chosen=item.triples() == chosen,
         )
         for index, item in enumerate(ranked)
     ]
 
 
-def _mode_steps(plan: dict[str, Any]) -> list[tuple[str, float, float | None]]:
-    steps = plan.get("mode_step_s") or {}
+def _mode_steps(plan: PlanDocument) -> list[tuple[str, float, float | None]]:
+    steps = plan.predictions.mode_step_s if plan.predictions else {}
     baseline = steps.get("dp")
     return [
         (mode, steps[mode], baseline / steps[mode] if baseline and steps[mode] else None)
@@ -273,60 +282,60 @@ def _mode_steps(plan: dict[str, Any]) -> list[tuple[str, float, float | None]]:
     ]
 
 
-def replan_views(plan: dict[str, Any]) -> list[ReplanView]:
+def replan_views(plan: PlanDocument) -> list[ReplanView]:
     return [
         ReplanView(
-            step=entry["resumed_at_step"],
-            before=stages_text(entry["from"]),
-            after=stages_text(entry["to"]),
-            measured_before_s=entry["measured_before_s"],
-            predicted_before_s=entry["predicted_before_s"],
-            predicted_after_s=entry.get("predicted_after_s"),
-            measured_after_s=entry.get("measured_after_s"),
-            reason=entry.get("reason", ""),
+            step=entry.resumed_at_step,
+            before=stages_text(entry.from_),
+            after=stages_text(entry.to),
+            measured_before_s=entry.measured_before_s,
+            predicted_before_s=entry.predicted_before_s,
+            predicted_after_s=entry.predicted_after_s,
+            measured_after_s=entry.measured_after_s,
+            reason=entry.reason,
         )
-        for entry in plan.get("replans") or []
+        for entry in plan.details.replans
     ]
 
 
-def calibration_views(calibration: dict[str, Any] | None, names: list[str]) -> list[BlockCalibration]:
-    blocks = (calibration or {}).get("blocks") or []
+def calibration_views(calibration: Calibration | None, names: list[str]) -> list[BlockCalibration]:
+    blocks = calibration.blocks if calibration else []
     return [
         BlockCalibration(
             index,
             names[index] if index < len(names) else f"block{index}",
-            entry.get("teacher"),
-            entry.get("student"),
-            entry.get("teacher_s"),
-            entry.get("student_s"),
+            entry.teacher,
+            entry.student,
+            entry.teacher_s,
+            entry.student_s,
         )
         for index, entry in enumerate(blocks)
     ]
 
 
-def plan_view(plan: dict[str, Any], calibration: dict[str, Any] | None = None) -> PlanView:
-    num_blocks = int(plan.get("num_blocks") or len(plan.get("block_names") or []))
-    names = list(plan.get("block_names") or [f"block{i}" for i in range(num_blocks)])
+def plan_view(plan: PlanDocument, calibration: Calibration | None = None) -> PlanView:
+    names = plan.block_names or [f"block{i}" for i in range(plan.num_blocks)]
     stages = [
-        StageView(index, block_text(range(s["start"], s["stop"])), list(s["ranks"]), [(r[0], r[1]) for r in s["rows"]])
-        for index, s in enumerate(plan.get("stages") or [])
+        StageView(index, block_text(range(s.start, s.stop)), list(s.ranks), list(s.rows))
+        for index, s in enumerate(plan.stages)
     ]
+    predictions = plan.predictions
     return PlanView(
-        mode=plan.get("mode", "?"),
-        chosen=chosen_mode(plan),
-        nproc=int(plan.get("nproc", 0)),
-        batch_size=int(plan.get("batch_size", 0)),
+        mode=plan.mode,
+        chosen=chosen_mode(plan.mode, plan.stages),
+        nproc=plan.nproc,
+        batch_size=plan.batch_size,
         block_names=names,
-        rank_rows=_rank_rows(plan, num_blocks),
+        rank_rows=_rank_rows(plan),
         stages=stages,
         alternatives=_alternatives(plan),
         mode_steps=_mode_steps(plan),
-        predicted_step_s=plan.get("predicted_step_s"),
-        ideal_step_s=plan.get("ideal_step_s"),
-        warnings=[str(w) for w in plan.get("warnings") or []],
-        trust=plan.get("profile_trust"),
+        predicted_step_s=predictions.predicted_step_s if predictions else None,
+        ideal_step_s=predictions.ideal_step_s if predictions else None,
+        warnings=plan.details.warnings or [],
+        trust=plan.details.profile_trust,
         replans=replan_views(plan),
         calibration=calibration_views(calibration, names),
-        calibrated_steps=((calibration or {}).get("source") or {}).get("steps"),
-        measured_step_s=(calibration or {}).get("measured_step_s"),
+        calibrated_steps=calibration.source.steps if calibration else None,
+        measured_step_s=calibration.measured_step_s if calibration else None,
     )

@@ -12,10 +12,11 @@ the students' architecture step; predictions describe that search phase (after t
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from pipebd_core.plan import longest_first_assignment
+from pipebd_core.distill.plan import longest_first_assignment
+from pipebd_core.documents.profile import Profile, Timing
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,13 @@ class StageCost:
         return self.input_s + self.compute_s + self.allreduce_s + self.overhead_s
 
 
-def at_batch(table: dict[str, Any], batch: int) -> float:
-    """A measured value at `batch`; between profiled sizes (a shard one row smaller than the largest),
-    the nearest larger measurement scaled linearly by the rows."""
-    entry = table.get(str(batch))
+def at_batch(table: Mapping[int, Timing] | Mapping[int, int], batch: int) -> float:
+    """A measured value (a Timing's median, or bytes) at `batch`; between profiled sizes (a shard one row
+    smaller than the largest), the nearest larger measurement scaled linearly by the rows."""
+    entry = table.get(batch)
     if entry is not None:
-        return float(entry["median"] if isinstance(entry, dict) else entry)
-    sizes = sorted(int(size) for size in table)
+        return float(entry.median if isinstance(entry, Timing) else entry)
+    sizes = sorted(table)
     nearest = next((size for size in sizes if size >= batch), sizes[-1])
     return at_batch(table, nearest) * batch / nearest
 
@@ -57,18 +58,18 @@ class Scales:
     task_overhead_s: float = 0.0  # seconds a task costs beyond its blocks, loading and all-reduce
 
     @classmethod
-    def of(cls, profile: dict[str, Any]) -> Scales:
-        count = len(profile["blocks"])
-        calibration = profile.get("calibration")
-        if not calibration:
+    def of(cls, profile: Profile) -> Scales:
+        count = len(profile.blocks)
+        calibration = profile.calibration
+        if calibration is None:
             return cls([1.0] * count, [1.0] * count)
-        blocks = calibration["blocks"]
+        blocks = calibration.blocks
         return cls(
-            [float(blocks[b].get("teacher") or 1.0) for b in range(count)],
-            [float(blocks[b].get("student") or 1.0) for b in range(count)],
-            float(calibration.get("data") or 1.0),
-            float(calibration.get("allreduce") or 1.0),
-            float(calibration.get("task_overhead_s") or 0.0),
+            [blocks[b].teacher or 1.0 for b in range(count)],
+            [blocks[b].student or 1.0 for b in range(count)],
+            calibration.data or 1.0,
+            calibration.allreduce or 1.0,
+            calibration.task_overhead_s or 0.0,
         )
 
 
@@ -76,18 +77,18 @@ class CostModel:
     """Answers "how long, how much memory" for blocks, stages and modes from one profile (calibrated by
     training's measurements when the profile carries them)."""
 
-    def __init__(self, profile: dict[str, Any], arch_every: int | None = None) -> None:
+    def __init__(self, profile: Profile, arch_every: int | None = None) -> None:
         self.profile = profile
         self.scales = Scales.of(profile)
         self.arch_every = arch_every
         arch_fraction = 1.0 / arch_every if arch_every else 0.0
         self.arch_fraction = arch_fraction
         self.repeat = 1.0 + arch_fraction  # teacher, loading and relaying run again in each arch round
-        self.batch_size: int = profile["batch_size"]
-        self.nproc: int = profile["nproc"]
-        self.blocks: list[dict[str, Any]] = profile["blocks"]
+        self.batch_size = profile.batch_size
+        self.nproc = profile.nproc
+        self.blocks = profile.blocks
         self.num_blocks = len(self.blocks)
-        self.memory_limit: int = profile["device_memory_bytes"]
+        self.memory_limit = profile.device_memory_bytes
 
     @property
     def task_overhead(self) -> float:
@@ -98,39 +99,36 @@ class CostModel:
         return math.ceil(self.batch_size / replicas)
 
     def teacher(self, block: int, batch: int) -> float:
-        return at_batch(self.blocks[block]["teacher_s"], batch) * self.scales.teacher[block]
+        return at_batch(self.blocks[block].teacher_s, batch) * self.scales.teacher[block]
 
     def student(self, block: int, batch: int, round_: str = "weights") -> float:
-        arch = self.blocks[block].get("student_arch_s", {})
-        if round_ == "arch" and any(entry["trials"] for entry in arch.values()):
+        arch = self.blocks[block].student_arch_s
+        if round_ == "arch" and any(entry.trials for entry in arch.values()):
             return at_batch(arch, batch) * self.scales.student[block]
-        return at_batch(self.blocks[block]["student_s"], batch) * self.scales.student[block]
+        return at_batch(self.blocks[block].student_s, batch) * self.scales.student[block]
 
     def student_step(self, block: int, batch: int) -> float:
         """A block's student work per step, architecture rounds included."""
         return self.student(block, batch) + self.arch_fraction * self.student(block, batch, "arch")
 
     def data(self, batch: int) -> float:
-        return at_batch(self.profile["data_s"], batch) * self.scales.data
+        return at_batch(self.profile.data_s, batch) * self.scales.data
 
     def p2p(self, boundary: int, batch: int) -> float:
-        return at_batch(self.profile["p2p_s"][boundary], batch)
+        return at_batch(self.profile.p2p_s[boundary], batch)
 
     def allreduce(self, block: int, replicas: int) -> float:
         if replicas <= 1:
             return 0.0
-        return float(self.blocks[block]["allreduce_s"][str(replicas)]["median"]) * self.scales.allreduce
+        return self.blocks[block].allreduce_s[replicas].median * self.scales.allreduce
 
     def activation_bytes(self, boundary: int, batch: int) -> int:
-        measured = self.profile.get("boundary_bytes_per_sample")
-        if measured:
-            return int(batch * measured[boundary])
-        return 4 * batch * math.prod(self.profile["shapes"][boundary])  # profiles from before it was measured
+        return batch * self.profile.boundary_bytes_per_sample[boundary]
 
     def backward_bytes(self, block: int, batch: int) -> int:
         """What a student step adds at its peak: measured on CUDA, else the tensors autograd keeps."""
-        saved = at_batch(self.blocks[block]["saved_bytes"], batch)
-        peak = self.blocks[block].get("student_peak_bytes")
+        saved = at_batch(self.blocks[block].saved_bytes, batch)
+        peak = self.blocks[block].student_peak_bytes
         return int(max(saved, at_batch(peak, batch))) if peak else int(saved)
 
     def stage(self, start: int, stop: int, replicas: int) -> StageCost:
@@ -152,13 +150,13 @@ class CostModel:
         activations, a receive posted ahead, two sends in flight, and the largest student backward."""
         batch = self.per_replica(replicas)
         blocks = range(start, stop)
-        weights = sum(self.blocks[b]["teacher_param_bytes"] + 3 * self.blocks[b]["student_param_bytes"] for b in blocks)
+        weights = sum(self.blocks[b].teacher_param_bytes + 3 * self.blocks[b].student_param_bytes for b in blocks)
         activations = sum(self.activation_bytes(boundary, batch) for boundary in range(start, stop + 1))
         relay = (self.activation_bytes(start, batch) if start > 0 else 0) + (
             2 * self.activation_bytes(stop, batch) if stop < self.num_blocks else 0
         )
         backward = max(self.backward_bytes(b, batch) for b in blocks)
-        return int(self.profile["baseline_bytes"] + weights + activations + relay + backward)
+        return int(self.profile.baseline_bytes + weights + activations + relay + backward)
 
     def fits(self, cost: StageCost) -> bool:
         return cost.memory_bytes <= self.memory_limit

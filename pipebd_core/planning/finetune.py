@@ -15,13 +15,19 @@ ranking, the predicted step and stage times and the predicted timelines go into 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from pipebd_core.data import build_dataset, check_dataset, steps_per_epoch, total_steps
-from pipebd_core.flops import count_flops
-from pipebd_core.plan import StepPlan, Stream
+from pipebd_core.data.batches import steps_per_epoch, total_steps
+from pipebd_core.data.datasets import build_dataset, check_dataset
+from pipebd_core.distill.plan import StepPlan, Stream
+from pipebd_core.documents.finetune_plan import (
+    FinetuneDetails,
+    FinetunePredictions,
+    PartitionCandidate,
+    StrategyEntry,
+)
+from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.planning.partition import Partition
 from pipebd_core.planning.simulate_training import (
     Prediction,
@@ -37,6 +43,7 @@ from pipebd_core.spec import Spec, SpecError
 from pipebd_core.training.network import Network, build_network
 from pipebd_core.training.plan import PIPELINED, TrainPlan, finetune_view
 from pipebd_core.training.schedules import Action, StageCosts, rank_actions
+from pipebd_core.workloads.flops import count_flops
 
 LABEL_CHECK_SAMPLES = 8  # samples looked at for labels before a cross-entropy is accepted
 
@@ -140,7 +147,7 @@ def predict(spec: Spec, strategy: str, layers: Layers) -> Candidate:
     return min(candidates(spec, strategy, layers), key=lambda candidate: candidate.prediction.step_s)
 
 
-def rank_strategies(spec: Spec, layers: Layers) -> list[dict[str, Any]]:
+def rank_strategies(spec: Spec, layers: Layers) -> list[StrategyEntry]:
     """Every strategy predicted and ranked, fastest first; those that cannot run or do not fit last."""
     ranked = []
     costs = layers.costs
@@ -148,39 +155,40 @@ def rank_strategies(spec: Spec, layers: Layers) -> list[dict[str, Any]]:
     for strategy in ("ddp", *PIPELINED):
         reason = feasible(spec, strategy, len(layers.flops))
         if reason is not None:
-            ranked.append({"strategy": strategy, "fits": False, "reason": reason})
+            ranked.append(StrategyEntry(strategy=strategy, fits=False, reason=reason))
             continue
         candidate = predict(spec, strategy, layers)
         prediction = candidate.prediction
         over = max(prediction.memory_bytes) > costs.memory_limit
+        if over:
+            need, have = max(prediction.memory_bytes) / 2**30, costs.memory_limit / 2**30
+            reason = f"needs {need:.1f} GiB on a rank, {have:.1f} GiB there"
         entry = {
             **prediction.to_json(),
             "partitioner": candidate.partition.partitioner,
             "moved": candidate.channels,
             "fits": not over,
+            "reason": reason,
             "segments": prediction.segments,
         }
-        if over:
-            need, have = max(prediction.memory_bytes) / 2**30, costs.memory_limit / 2**30
-            entry["reason"] = f"needs {need:.1f} GiB on a rank, {have:.1f} GiB there"
-        ranked.append(entry)
-    return sorted(ranked, key=lambda entry: (not entry["fits"], entry.get("step_s", float("inf"))))
+        ranked.append(StrategyEntry.model_validate(entry))
+    return sorted(ranked, key=lambda entry: (not entry.fits, entry.step_s or float("inf")))
 
 
-def partition_candidates(spec: Spec, layers: Layers, strategy: str) -> dict[str, Any]:
+def partition_candidates(spec: Spec, layers: Layers, strategy: str) -> dict[str, PartitionCandidate]:
     """Partitioner auto: what each partitioner's cut gives the chosen strategy, predicted."""
     return {
-        candidate.partition.partitioner: {
-            "stages": [list(stage) for stage in candidate.partition.stages],
-            "moved": candidate.channels,
-            "step_s": candidate.prediction.step_s,
-            "stage_s": candidate.prediction.stage_s,
-        }
+        candidate.partition.partitioner: PartitionCandidate(
+            stages=candidate.partition.stages,
+            moved=candidate.channels,
+            step_s=candidate.prediction.step_s,
+            stage_s=candidate.prediction.stage_s,
+        )
         for candidate in candidates(spec, strategy, layers)
     }
 
 
-def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: dict[str, Any] | None = None) -> TrainPlan:
+def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: LayerProfile | None = None) -> TrainPlan:
     """The finetune plan of `spec` (its network as `run_dir` holds it, or freshly initialised), from the
     layer profile `measured` when there is one."""
     tune = spec.finetune
@@ -192,26 +200,28 @@ def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: dict[str, A
     sample = build_dataset(view)[0][0]
     shapes, flops = layer_probe(network, sample)
     layers = Layers(network, shapes, flops, TrainCosts(measured) if measured is not None else None)
-    details: dict[str, Any] = {"layer_flops": flops, "requested_strategy": tune.strategy}
+    details = FinetuneDetails(layer_flops=flops, requested_strategy=tune.strategy)
     strategy = tune.strategy
     if layers.costs is not None:
         ranked = rank_strategies(spec, layers)
-        details["strategies"] = ranked
+        details.strategies = ranked
         if strategy == "auto":
             best = ranked[0]
-            if not best["fits"]:
-                raise SpecError(f"finetune.strategy: no strategy can run this network here: {best.get('reason')}")
-            strategy = best["strategy"]
+            if not best.fits:
+                raise SpecError(f"finetune.strategy: no strategy can run this network here: {best.reason}")
+            strategy = best.strategy
     assert strategy != "auto", "the spec refuses auto without a profile"
     nproc, pipelined = spec.schedule.nproc, strategy in PIPELINED
     microbatches = tune.microbatches if pipelined else 1
     if layers.costs is not None:
         candidate = predict(spec, strategy, layers)
         partition, channels, lists = candidate.partition, candidate.channels, candidate.actions
-        details.update(
-            predicted_step_s=candidate.prediction.step_s,
-            predicted_stage_s=candidate.prediction.stage_s,
-            simulation=candidate.prediction.segments,
+        details.predictions = FinetunePredictions.model_validate(
+            {
+                "predicted_step_s": candidate.prediction.step_s,
+                "predicted_stage_s": candidate.prediction.stage_s,
+                "simulation": candidate.prediction.segments,
+            }
         )
     elif pipelined:
         (unrounded,) = partitions(spec, layers, strategy)  # without a profile: one partitioner, on FLOPs
@@ -220,9 +230,9 @@ def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: dict[str, A
     else:
         partition, channels, lists = Partition("whole", [(0, network.num_layers)], []), [], []
     if pipelined:
-        details["partition"] = partition_details(spec, layers, strategy, partition, channels)
+        details.partition = partition_details(spec, layers, strategy, partition, channels)
         if tune.partitioner == "auto":
-            details["partition"]["candidates"] = partition_candidates(spec, layers, strategy)
+            details.partition.candidates = partition_candidates(spec, layers, strategy)
     return TrainPlan(
         strategy=strategy,
         nproc=nproc,

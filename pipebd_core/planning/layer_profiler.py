@@ -30,12 +30,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from pipebd_core.data import build_dataset
-from pipebd_core.phases import PROFILE_FINETUNE
+from pipebd_core.data.datasets import build_dataset
+from pipebd_core.documents.layer_profile import LayerBatches, LayerProfile, LayerProfileEntry, LayerTimes
+from pipebd_core.documents.phases import PROFILE_FINETUNE
+from pipebd_core.documents.profile import Timing
 from pipebd_core.planning.profiler import WARMUP, saved_bytes, summarise, timed_once
 from pipebd_core.ranks import gather_on_rank_zero, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import Spec, parse_spec
+from pipebd_core.spec import Spec
 from pipebd_core.training.deferred import defer_weight_gradients, input_gradient
 from pipebd_core.training.moved import channel_dim, split_channels, weight_of, with_channels
 from pipebd_core.training.network import Network, build_network
@@ -191,37 +193,45 @@ def measure_rank(
 TIMED = ("F", "B", "I", "W", "optim", "I_kernel", "I_halves")  # per layer and batch, in seconds
 
 
-def pool(measured: list[dict[str, Any]], spec: Spec, device: torch.device, shapes: list[list[int]]) -> dict[str, Any]:
+def pool(measured: list[dict[str, Any]], spec: Spec, device: torch.device, shapes: list[list[int]]) -> LayerProfile:
     """Every rank's trials combined into one profile."""
     first = measured[0]
 
-    def pooled(batch: str, index: int, key: str) -> dict[str, float]:
-        return summarise([t for m in measured for t in m["layers"][batch][index][key]])
+    def times(batch: str, index: int) -> LayerTimes:
+        mine = first["layers"][batch][index]
+        timed = {
+            key: summarise([t for m in measured for t in m["layers"][batch][index][key]])
+            for key in TIMED
+            if key in mine
+        }
+        return LayerTimes(**timed, saved_bytes=mine["saved_bytes"])
 
     layers = []
     for index in range(len(first["layers"]["microbatch"])):
-        entry: dict[str, Any] = {
-            batch: {key: pooled(batch, index, key) for key in TIMED if key in first["layers"][batch][index]}
-            for batch in first["batches"]
-        }
-        for batch in first["batches"]:
-            entry[batch]["saved_bytes"] = first["layers"][batch][index]["saved_bytes"]
-        for key in ("output_bytes_per_sample", "input_bytes_per_sample", "param_bytes", "weight_bytes"):
-            entry[key] = first["layers"]["microbatch"][index][key]
-        layers.append(entry)
+        sizes = first["layers"]["microbatch"][index]
+        layers.append(
+            LayerProfileEntry(
+                microbatch=times("microbatch", index),
+                shard=times("shard", index),
+                output_bytes_per_sample=sizes["output_bytes_per_sample"],
+                input_bytes_per_sample=sizes["input_bytes_per_sample"],
+                param_bytes=sizes["param_bytes"],
+                weight_bytes=sizes["weight_bytes"],
+            )
+        )
     p2p = {size: summarise([t for m in measured for t in m["p2p"].get(size, [])]) for size in first["p2p"]}
     allreduce = [t for m in measured for t in m["allreduce"]]
-    return {
-        "nproc": spec.schedule.nproc,
-        "batches": first["batches"],
-        "device": "cpu" if device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(device)}",
-        "device_memory_bytes": _device_memory(device, spec.schedule.nproc),
-        "shapes": shapes,
-        "layers": layers,
-        "p2p_s": {str(size): value for size, value in p2p.items()},
-        "allreduce_s": summarise(allreduce) if allreduce else {"median": 0.0, "spread": 0.0, "trials": 0},
-        "measured_at": time.time(),
-    }
+    return LayerProfile(
+        nproc=spec.schedule.nproc,
+        batches=LayerBatches(**first["batches"]),
+        device="cpu" if device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(device)}",
+        device_memory_bytes=_device_memory(device, spec.schedule.nproc),
+        shapes=shapes,
+        layers=layers,
+        p2p_s=p2p,
+        allreduce_s=summarise(allreduce) if allreduce else Timing(median=0.0),
+        measured_at=time.time(),
+    )
 
 
 def _device_memory(device: torch.device, nproc: int) -> int:
@@ -231,7 +241,7 @@ def _device_memory(device: torch.device, nproc: int) -> int:
 
 
 def profile_layers(run_dir: RunDir, trials: int) -> None:
-    spec = parse_spec(run_dir.read_json(run_dir.spec))
+    spec = run_dir.load_spec()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     device = pick_device(spec, int(os.environ.get("LOCAL_RANK", "0")))
     join_process_group(spec, device, world)
@@ -247,7 +257,7 @@ def profile_layers(run_dir: RunDir, trials: int) -> None:
     measured = measure_rank(spec, network, shapes, trials, device)
     gathered = gather_on_rank_zero(measured)
     if gathered is not None:
-        run_dir.write_json(run_dir.layer_profile, pool(gathered, spec, device, shapes))
+        run_dir.write_json(run_dir.layer_profile, pool(gathered, spec, device, shapes).to_json())
 
 
 @record

@@ -9,7 +9,7 @@ the result.
 
     even        equal layer counts (the first stages take one more where they do not divide)
     pipedream   PipeDream's layer-granular partition: the exact min-max cut of F + delta + G, by the
-                dynamic programme of `pipebd_core.plan.balanced_partition`
+                dynamic programme of `pipebd_core.distill.plan.balanced_partition`
     layerpipe   LayerPipe's Algorithm 1 (Unnikrishnan and Parhi, ICCAD 2021): the target T_p = T_total / N;
                 the layers taken in reverse and each put on the current processor (the last one first)
                 while it fits; a layer that does not fit becomes the last layer of the processor before,
@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pipebd_core.plan import balanced_partition
+from pipebd_core.distill.plan import balanced_partition
 
 ALPHA = 1.05  # LayerPipe's relaxation of the target per round when N processors do not suffice
 BISECTIONS = 60  # halvings of the gap between the last target that did not fit and the first that did

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Any
 
-from pipebd_core.plan import PlanError
+from pipebd_core.distill.plan import PlanError
+from pipebd_core.documents.plan import RankedEntry, StageParts, StageSpan
 from pipebd_core.planning.costmodel import CostModel, StageCost
 
 TOP_K = 10
@@ -32,18 +32,19 @@ class RankedPlan:
     def triples(self) -> list[tuple[int, int, int]]:
         return [(s.start, s.stop, s.replicas) for s in self.stages]
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "stages": [{"start": s.start, "stop": s.stop, "replicas": s.replicas} for s in self.stages],
-            "step_s": self.step_s,
-            "bottleneck_stage": self.bottleneck,
-            "stage_s": [s.total_s for s in self.stages],
-            "stage_parts": [
-                {key: getattr(s, key) for key in ("input_s", "compute_s", "allreduce_s", "overhead_s")}
+    def entry(self) -> RankedEntry:
+        """This plan as plan.json's `alternatives` list it."""
+        return RankedEntry(
+            stages=[StageSpan(start=s.start, stop=s.stop, replicas=s.replicas) for s in self.stages],
+            step_s=self.step_s,
+            bottleneck_stage=self.bottleneck,
+            stage_s=[s.total_s for s in self.stages],
+            stage_parts=[
+                StageParts(input_s=s.input_s, compute_s=s.compute_s, allreduce_s=s.allreduce_s, overhead_s=s.overhead_s)
                 for s in self.stages
             ],
-            "memory_bytes": [s.memory_bytes for s in self.stages],
-        }
+            memory_bytes=[s.memory_bytes for s in self.stages],
+        )
 
 
 @dataclass

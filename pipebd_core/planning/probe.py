@@ -6,15 +6,16 @@ balance stages and bin-pack layerwise tasks until measured profiles are availabl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from pipebd_core.flops import count_flops
 from pipebd_core.spec import SpecError
-from pipebd_core.workloads import Workload
+from pipebd_core.workloads.flops import count_flops
+from pipebd_core.workloads.workload import Workload
 
 STUDENT_TRAIN_FACTOR = 3.0  # forward + backward of a student costs about three forwards
 
@@ -61,11 +62,19 @@ def _forward(block: nn.Module, x: torch.Tensor, what: str) -> tuple[torch.Tensor
         ) from error
 
 
-def probe_workload(workload: Workload, input_shape: tuple[int, ...]) -> BlockProbe:
-    """Run every teacher and student block once on one zero sample (eval mode, no gradients)."""
-    shapes = [list(input_shape)]
+def block_input(shape: Sequence[int], batch: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A stand-in for `batch` inputs of a block: random floats, or zeros where the input is integral (the
+    token ids a transformer's block 0 embeds)."""
+    if dtype.is_floating_point:
+        return torch.randn((batch, *shape), dtype=dtype, device=device)
+    return torch.zeros((batch, *shape), dtype=dtype, device=device)
+
+
+def probe_workload(workload: Workload, sample: torch.Tensor) -> BlockProbe:
+    """Run every teacher and student block once on one zero sample like `sample` (eval mode, no gradients)."""
+    shapes = [list(sample.shape)]
     teacher_flops, student_flops = [], []
-    x = torch.zeros((1, *input_shape))
+    x = torch.zeros((1, *sample.shape), dtype=sample.dtype)
     with torch.no_grad():
         for teacher, student in zip(workload.teacher_blocks, workload.student_blocks, strict=True):
             was_training = student.training

@@ -28,7 +28,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import psutil
 import torch
@@ -36,15 +36,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from pipebd_core.data import BatchLoader, build_dataset
-from pipebd_core.phases import PROFILE
-from pipebd_core.planning.probe import probe_workload
+from pipebd_core.data.batches import BatchLoader
+from pipebd_core.data.datasets import build_dataset
+from pipebd_core.distill.students import StudentBlock
+from pipebd_core.documents.phases import PROFILE
+from pipebd_core.documents.profile import BlockProfile, Conditions, Profile, Timing
+from pipebd_core.planning.probe import block_input, probe_workload
 from pipebd_core.planning.trust import NOISY_SPREAD
 from pipebd_core.ranks import gather_on_rank_zero, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import Spec, parse_spec
-from pipebd_core.students import StudentBlock
-from pipebd_core.workloads import Workload, build_workload
+from pipebd_core.spec import Spec
+from pipebd_core.workloads.workload import Workload, build_workload
 
 WARMUP = 1
 MAX_REMEASURES = 2  # extra attempts at a measurement whose trials disagree
@@ -112,11 +114,11 @@ def saved_bytes(student: nn.Module, x: torch.Tensor) -> int:
 
 
 def measure_block(
-    workload: Workload, index: int, spec: Spec, shape: list[int], batch: int, trials: int, device: torch.device
+    workload: Workload, index: int, spec: Spec, x: torch.Tensor, trials: int, device: torch.device
 ) -> dict[str, Any]:
-    """Teacher forward and student step times of one block at one batch size, as the runtime runs them."""
+    """Teacher forward and student step times of one block on the batch `x`, as the runtime runs them."""
     teacher = workload.teacher_blocks[index]
-    x = torch.randn((batch, *shape), device=device)
+    batch = len(x)
     with torch.no_grad():
         target = teacher(x)
     module = copy.deepcopy(workload.student_blocks[index])
@@ -205,13 +207,10 @@ def measure_all_reduce(param_counts: list[int], trials: int, device: torch.devic
     return result
 
 
-def summarise(samples: list[float], remeasured: int = 0) -> dict[str, float]:
-    return {
-        "median": statistics.median(samples),
-        "spread": spread_of(samples),
-        "trials": len(samples),
-        "remeasured": remeasured,
-    }
+def summarise(samples: list[float], remeasured: int = 0) -> Timing:
+    return Timing(
+        median=statistics.median(samples), spread=spread_of(samples), trials=len(samples), remeasured=remeasured
+    )
 
 
 def device_memory_bytes(device: torch.device, nproc: int) -> int:
@@ -228,15 +227,20 @@ class CpuWindow:
     node_busy_s: float
     own_s: float
 
+    @staticmethod
+    def own_seconds() -> float:
+        """What counts as "own" CPU time (here: this process's)."""
+        return own_cpu_seconds()
+
     @classmethod
-    def open(cls) -> CpuWindow:
-        return cls(time.monotonic(), node_busy_seconds(), own_cpu_seconds())
+    def open(cls) -> Self:
+        return cls(time.monotonic(), node_busy_seconds(), cls.own_seconds())
 
     def close(self) -> dict[str, float]:
         return {
             "wall_s": time.monotonic() - self.started,
             "node_busy_s": node_busy_seconds() - self.node_busy_s,
-            "own_s": own_cpu_seconds() - self.own_s,
+            "own_s": self.own_seconds() - self.own_s,
         }
 
 
@@ -269,13 +273,15 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any
     window = CpuWindow.open()
     workload = build_workload(spec)
     sample = build_dataset(spec)[0][0]
-    probe = probe_workload(workload, tuple(sample.shape))
+    probe = probe_workload(workload, sample)
     batches = profile_batch_sizes(spec.data.batch_size, spec.schedule.nproc)
     blocks: dict[tuple[int, int], dict[str, Any]] = {}
     for index, teacher in enumerate(workload.teacher_blocks):
         teacher.to(device)
         for batch in batches:
-            blocks[(index, batch)] = measure_block(workload, index, spec, probe.shapes[index], batch, trials, device)
+            dtype = sample.dtype if index == 0 else torch.float32
+            x = block_input(probe.shapes[index], batch, dtype, device)
+            blocks[(index, batch)] = measure_block(workload, index, spec, x, trials, device)
         teacher.cpu()
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     param_counts = [sum(p.numel() for p in s.parameters()) for s in workload.student_blocks]
@@ -300,80 +306,75 @@ def baseline_memory_bytes(device: torch.device) -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -> dict[str, Any]:
+def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -> Profile:
     """Combine every rank's trials into one profile document."""
     first = measurements[0]
     batches: list[int] = first["batches"]
     probe = first["probe"]
 
-    def pooled(section: str, key: Any, field: str | None = None) -> dict[str, float]:
+    def pooled(section: str, key: Any, field: str | None = None) -> Timing:
         found = [m[section][key] for m in measurements if key in m[section]]
         trials = [trial for entry in found if (trial := entry.get(field) if field else entry) is not None]
         samples = [sample for trial in trials for sample in trial.samples]
         if not samples:
-            return {"median": 0.0, "spread": 0.0, "trials": 0, "remeasured": 0}
+            return Timing(median=0.0)
         return summarise(samples, max(trial.remeasured for trial in trials))
 
-    blocks = []
-    for index in range(len(probe["teacher_flops"])):
-        blocks.append(
-            {
-                "teacher_s": {str(b): pooled("blocks", (index, b), "teacher") for b in batches},
-                "student_s": {str(b): pooled("blocks", (index, b), "student") for b in batches},
-                "student_arch_s": {str(b): pooled("blocks", (index, b), "student_arch") for b in batches},
-                "saved_bytes": {str(b): first["blocks"][(index, b)]["saved_bytes"] for b in batches},
-                **peak_bytes(measurements, index, batches),
-                "teacher_param_bytes": 4 * probe["teacher_params"][index],
-                "student_param_bytes": 4 * probe["student_params"][index],
-                "allreduce_s": {str(k): pooled("allreduce", (k, index)) for k in range(2, spec.schedule.nproc + 1)},
-            }
+    blocks = [
+        BlockProfile(
+            teacher_s={b: pooled("blocks", (index, b), "teacher") for b in batches},
+            student_s={b: pooled("blocks", (index, b), "student") for b in batches},
+            student_arch_s={b: pooled("blocks", (index, b), "student_arch") for b in batches},
+            saved_bytes={b: first["blocks"][(index, b)]["saved_bytes"] for b in batches},
+            student_peak_bytes=peak_bytes(measurements, index, batches),
+            teacher_param_bytes=4 * probe["teacher_params"][index],
+            student_param_bytes=4 * probe["student_params"][index],
+            allreduce_s={k: pooled("allreduce", (k, index)) for k in range(2, spec.schedule.nproc + 1)},
         )
+        for index in range(len(probe["teacher_flops"]))
+    ]
     boundaries = range(len(probe["shapes"]))
-    return {
-        "nproc": spec.schedule.nproc,
-        "batch_size": spec.data.batch_size,
-        "batch_sizes": batches,
-        "device": device_name(device),
-        "device_memory_bytes": device_memory_bytes(device, spec.schedule.nproc),
-        "baseline_bytes": max(m["baseline_bytes"] for m in measurements),
-        "shapes": probe["shapes"],
-        "boundary_bytes_per_sample": [
+    return Profile(
+        nproc=spec.schedule.nproc,
+        batch_size=spec.data.batch_size,
+        batch_sizes=batches,
+        device=device_name(device),
+        device_memory_bytes=device_memory_bytes(device, spec.schedule.nproc),
+        baseline_bytes=max(m["baseline_bytes"] for m in measurements),
+        shapes=probe["shapes"],
+        boundary_bytes_per_sample=[
             first["input_bytes_per_sample"],
             *(first["blocks"][(index, batches[0])]["output_bytes_per_sample"] for index in range(len(blocks))),
         ],
-        "blocks": blocks,
-        "data_s": {str(b): pooled("data", b) for b in batches},
-        "p2p_s": [{str(b): pooled("p2p", (i, b)) for b in batches} for i in boundaries],
-        "measured_at": time.time(),
-        "conditions": conditions(measurements),
-    }
+        blocks=blocks,
+        data_s={b: pooled("data", b) for b in batches},
+        p2p_s=[{b: pooled("p2p", (i, b)) for b in batches} for i in boundaries],
+        measured_at=time.time(),
+        conditions=conditions(measurements),
+    )
 
 
-def conditions(measurements: list[dict[str, Any]]) -> dict[str, Any]:
+def conditions(measurements: list[dict[str, Any]]) -> Conditions:
     """Under what load the profile was taken: other processes' CPU use on the node (in cores, while the
     ranks measured), the node's load average, and other processes on each rank's GPU."""
     wall = max(m["cpu"]["wall_s"] for m in measurements)
     others = measurements[0]["cpu"]["node_busy_s"] - sum(m["cpu"]["own_s"] for m in measurements)
     gpu = [m["gpu_others"] for m in measurements]
-    return {
-        "cpus": psutil.cpu_count() or 1,
-        "other_cpu_cores": max(0.0, others) / wall if wall > 0 else 0.0,
-        "load_average_1m": os.getloadavg()[0],
-        "gpu_other_processes": None if any(pids is None for pids in gpu) else gpu,
-        "noisy_spread": NOISY_SPREAD,
-    }
+    return Conditions(
+        cpus=psutil.cpu_count() or 1,
+        other_cpu_cores=max(0.0, others) / wall if wall > 0 else 0.0,
+        load_average_1m=os.getloadavg()[0],
+        gpu_other_processes=None if any(pids is None for pids in gpu) else gpu,
+        noisy_spread=NOISY_SPREAD,
+    )
 
 
-def peak_bytes(measurements: list[dict[str, Any]], index: int, batches: list[int]) -> dict[str, Any]:
+def peak_bytes(measurements: list[dict[str, Any]], index: int, batches: list[int]) -> dict[int, int] | None:
     """`student_peak_bytes` per batch (the largest any rank saw), where the ranks measured it (CUDA)."""
     found = [m["blocks"][(index, b)].get("student_peak_bytes") for m in measurements for b in batches]
     if any(value is None for value in found):
-        return {}
-    return {
-        "student_peak_bytes": {
-            str(b): max(m["blocks"][(index, b)]["student_peak_bytes"] for m in measurements) for b in batches
-        }
-    }
+        return None
+    return {b: max(m["blocks"][(index, b)]["student_peak_bytes"] for m in measurements) for b in batches}
 
 
 def device_name(device: torch.device) -> str:
@@ -384,14 +385,14 @@ def device_name(device: torch.device) -> str:
 
 def profile_ranks(run_dir: RunDir, trials: int) -> None:
     """Measure on this rank, gather on rank 0, and let rank 0 write profile.json."""
-    spec = parse_spec(run_dir.read_json(run_dir.spec))
+    spec = run_dir.load_spec()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     device = pick_device(spec, int(os.environ.get("LOCAL_RANK", "0")))
     join_process_group(spec, device, world)
     measured = measure_rank(spec, device, trials)
     gathered = gather_on_rank_zero(measured)
     if gathered is not None:
-        run_dir.write_json(run_dir.profile, pool(gathered, spec, device))
+        run_dir.write_json(run_dir.profile, pool(gathered, spec, device).to_json())
 
 
 @record

@@ -5,7 +5,8 @@ planning again is instant.
 
 Measuring is a phase (`profile`: pipebd_core.planning.profiler, `profile_finetune`:
 pipebd_core.planning.layer_profiler, under the supervisor); this module names, reads and writes the
-cached results.
+cached results. An entry this PipeBD cannot read (written before profiles had a format version, or
+of another one) is a cache miss: the profile phase measures again and replaces it.
 """
 
 from __future__ import annotations
@@ -15,15 +16,21 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import torch
 
+from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.layer_profile import LayerProfile
+from pipebd_core.documents.profile import Profile
 from pipebd_core.spec import Spec
 
 CACHE_ENV = "PIPEBD_CACHE_DIR"
 FORMAT_VERSION = 1
 LAYER_FORMAT_VERSION = 2  # 2: backward times without their forward, input and weight bytes, split kernels
+
+
+Cached = TypeVar("Cached", Profile, LayerProfile)
 
 
 class ProfileError(RuntimeError):
@@ -40,6 +47,9 @@ def device_kind(spec: Spec) -> str:
     return f"cpu:{spec.schedule.threads_per_rank}-threads"
 
 
+_DATA_KEYS = {"dataset", "root", "factory", "options", "image_size", "num_workers", "seq_len", "tokenizer"}
+
+
 def profile_key(spec: Spec) -> str:
     """What the measurements depend on; the spec's training and schedule fields (but nproc) do not count.
     `data.num_workers` does: the profile's data-loading times are measured with that many loader workers."""
@@ -47,9 +57,7 @@ def profile_key(spec: Spec) -> str:
         "version": FORMAT_VERSION,
         "torch": torch.__version__,
         "workload": spec.workload.model_dump(mode="json"),
-        "data": spec.data.model_dump(
-            mode="json", include={"dataset", "root", "factory", "options", "image_size", "num_workers"}
-        ),
+        "data": spec.data.model_dump(mode="json", include=_DATA_KEYS),
         "batch_size": spec.data.batch_size,
         "device": device_kind(spec),
         "nproc": spec.schedule.nproc,
@@ -79,22 +87,38 @@ def cache_path(spec: Spec, architecture: str | None = None, layers: bool = False
     return cache_root() / "profiles" / f"{spec.name}-{profile_key(spec)}.json"
 
 
-def load_cached(spec: Spec, architecture: str | None = None, layers: bool = False) -> dict[str, Any] | None:
-    path = cache_path(spec, architecture, layers)
-    return json.loads(path.read_text()) if path.exists() else None
+def load_cached(spec: Spec) -> Profile | None:
+    """`spec`'s cached block profile; None when there is none, or only one this PipeBD cannot read (an
+    entry of another format version, or of none: written before profiles were versioned), which is
+    then measured again."""
+    return _read(cache_path(spec), Profile)
 
 
-def store(spec: Spec, profile: dict[str, Any], architecture: str | None = None, layers: bool = False) -> Path:
+def load_cached_layers(spec: Spec, architecture: str | None) -> LayerProfile | None:
+    """`spec`'s cached layer profile, like `load_cached`."""
+    return _read(cache_path(spec, architecture, layers=True), LayerProfile)
+
+
+def _read(path: Path, kind: type[Cached]) -> Cached | None:
+    if not path.exists():
+        return None
+    try:
+        return kind.from_json(json.loads(path.read_text()))
+    except (DocumentError, json.JSONDecodeError):
+        return None  # a cache miss: profiled again, and this entry replaced
+
+
+def store(spec: Spec, profile: Profile | LayerProfile, architecture: str | None = None) -> Path:
     """Cache a measured profile (atomically); returns where it lies."""
-    path = cache_path(spec, architecture, layers)
+    path = cache_path(spec, architecture, layers=isinstance(profile, LayerProfile))
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(profile, indent=1))
+    temporary.write_text(json.dumps(profile.to_json(), indent=1))
     temporary.replace(path)
     return path
 
 
-def describe_cached(profile: dict[str, Any], path: Path) -> str:
+def describe_cached(profile: Profile | LayerProfile, path: Path) -> str:
     """Why a profile phase was skipped: which cached profile it reuses and how old it is."""
-    age = time.time() - float(profile.get("measured_at", time.time()))
-    return f"cached profile {path.name}, measured {age / 60:.0f} min ago"
+    measured_at = time.time() if profile.measured_at is None else profile.measured_at
+    return f"cached profile {path.name}, measured {(time.time() - measured_at) / 60:.0f} min ago"

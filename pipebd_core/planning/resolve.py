@@ -14,10 +14,10 @@ profile (schedule.profile: false) stages are balanced on FLOP estimates.
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from pipebd_core.data import build_dataset, check_dataset, split_streams, steps_per_epoch, total_steps
-from pipebd_core.plan import (
+from pipebd_core.data.batches import split_streams, steps_per_epoch, total_steps
+from pipebd_core.data.datasets import build_dataset, check_dataset
+from pipebd_core.distill.plan import (
     Plan,
     PlanError,
     SearchSchedule,
@@ -27,13 +27,15 @@ from pipebd_core.plan import (
     longest_first_assignment,
     shard_rows,
 )
+from pipebd_core.documents.plan import Estimates, PlanDetails, Predictions, Timeline
+from pipebd_core.documents.profile import Profile
 from pipebd_core.planning.costmodel import CostModel
 from pipebd_core.planning.planner import best_plan, search
 from pipebd_core.planning.probe import BlockProbe, probe_workload
 from pipebd_core.planning.simulate import simulate
 from pipebd_core.planning.trust import assess
 from pipebd_core.spec import ScheduleSpec, Spec, StageSpec
-from pipebd_core.workloads import build_workload, search_settings
+from pipebd_core.workloads.workload import build_workload, search_settings
 
 PREDICTED_MODES = ("dp", "ls", "ir", "tr", "tr_dpu", "hybrid")
 SIMULATED_STEPS = 4
@@ -101,24 +103,27 @@ def mode_plans(model: CostModel) -> dict[str, Plan]:
     return plans
 
 
-def predictions(plan: Plan, model: CostModel) -> dict[str, Any]:
-    """Ranked alternatives, every mode's predicted step time, the ideal bound, simulated timelines."""
-    result = search(model)
-    simulations: dict[str, Any] = {}
-    for mode, mode_plan in mode_plans(model).items():
-        step_s, segments = simulate(mode_plan, model, SIMULATED_STEPS)
-        simulations[mode] = {"step_s": step_s, "segments": [s.to_json() for s in segments]}
+def timeline(plan: Plan, model: CostModel) -> Timeline:
+    """`plan` simulated for SIMULATED_STEPS steps on `model`'s costs."""
     step_s, segments = simulate(plan, model, SIMULATED_STEPS)
-    simulations["chosen"] = {"step_s": step_s, "segments": [s.to_json() for s in segments]}
-    return {
-        "predicted_step_s": step_s,
-        "ideal_step_s": model.ideal_step(),
-        "mode_step_s": {mode: simulations[mode]["step_s"] for mode in PREDICTED_MODES if mode in simulations},
-        "alternatives": [ranked.to_json() for ranked in result.plans],
-        "plans_considered": result.considered,
-        "stages_rejected_for_memory": result.rejected_for_memory,
-        "simulation": simulations,
-    }
+    return Timeline.model_validate({"step_s": step_s, "segments": [s.to_json() for s in segments]})
+
+
+def predictions(plan: Plan, model: CostModel) -> Predictions:
+    """Ranked alternatives, every mode's predicted step time, the profile's even split of the work (a prediction,
+    not a bound: `pipebd bench` measures one), simulated timelines."""
+    result = search(model)
+    simulations = {mode: timeline(mode_plan, model) for mode, mode_plan in mode_plans(model).items()}
+    simulations["chosen"] = timeline(plan, model)
+    return Predictions(
+        predicted_step_s=simulations["chosen"].step_s,
+        ideal_step_s=model.ideal_step(),
+        mode_step_s={mode: simulations[mode].step_s for mode in PREDICTED_MODES if mode in simulations},
+        alternatives=[ranked.entry() for ranked in result.plans],
+        plans_considered=result.considered,
+        stages_rejected_for_memory=result.rejected_for_memory,
+        simulation=simulations,
+    )
 
 
 def step_plan(spec: Spec) -> StepPlan:
@@ -132,24 +137,24 @@ def step_plan(spec: Spec) -> StepPlan:
     return StepPlan(total, steps_per_epoch(spec, train.count), train, arch, search)
 
 
-def cost_model(spec: Spec, profile: dict[str, Any]) -> CostModel:
+def cost_model(spec: Spec, profile: Profile) -> CostModel:
     """The cost model of `profile`, with the spec's architecture-update rate (nas)."""
     search = step_plan(spec).search
     return CostModel(profile, search.every if search else None)
 
 
-def resolve_plan(spec: Spec, profile: dict[str, Any] | None) -> Plan:
+def resolve_plan(spec: Spec, profile: Profile | None) -> Plan:
     """Check the data, build and probe the workload once (on CPU) and resolve the plan: from `profile`
     when given (with the ranked alternatives and every mode's prediction), else from FLOP estimates."""
     steps = step_plan(spec)
     workload = build_workload(spec)
     sample = build_dataset(spec)[0][0]
-    probe = probe_workload(workload, tuple(sample.shape))
+    probe = probe_workload(workload, sample)
     model = CostModel(profile, steps.search.every if steps.search else None) if profile is not None else None
     plan = make_plan(spec.schedule, workload.num_blocks, spec.data.batch_size, probe, model)
     plan.steps, plan.shapes, plan.block_names = steps, probe.shapes, workload.block_names
-    plan.details.update({"estimates": probe.to_json(), "warnings": workload.warnings})
+    plan.details = PlanDetails(estimates=Estimates(**probe.to_json()), warnings=workload.warnings)
     if profile is not None and model is not None:
-        plan.details.update(predictions(plan, model))
-        plan.details["profile_trust"] = assess(profile)
+        plan.details.predictions = predictions(plan, model)
+        plan.details.profile_trust = assess(profile)
     return plan

@@ -13,10 +13,10 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipebd_core.comm import SEND_WINDOW
-from pipebd_core.plan import Plan, SearchSchedule
+from pipebd_core.distill.comm import SEND_WINDOW
+from pipebd_core.distill.plan import Plan, SearchSchedule
+from pipebd_core.distill.schedule import WORLD, Task, rank_tasks
 from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.schedule import WORLD, Task, rank_tasks
 
 
 @dataclass

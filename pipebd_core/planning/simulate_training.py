@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pipebd_core.documents.layer_profile import LayerBatch, LayerProfile, TimedPart
 from pipebd_core.training.schedules import Action
 
 MEMORY_COPIES = 3  # parameters, their gradients and SGD's momentum
@@ -52,16 +53,16 @@ class Link:
 class TrainCosts:
     """Seconds and bytes of layers and stages, from a layer profile."""
 
-    def __init__(self, profile: dict[str, Any]) -> None:
+    def __init__(self, profile: LayerProfile) -> None:
         self.profile = profile
-        self.layers: list[dict[str, Any]] = profile["layers"]
-        self.batches: dict[str, int] = profile["batches"]
-        self.memory_limit = int(profile["device_memory_bytes"])
+        self.layers = profile.layers
+        self.batches = profile.batches
+        self.memory_limit = profile.device_memory_bytes
 
-    def layer(self, index: int, batch: str, key: str) -> float:
-        return float(self.layers[index][batch][key]["median"])
+    def layer(self, index: int, batch: LayerBatch, part: TimedPart) -> float:
+        return self.layers[index].at(batch).seconds(part)
 
-    def stage(self, start: int, stop: int, batch: str = "microbatch") -> StageTimes:
+    def stage(self, start: int, stop: int, batch: LayerBatch = "microbatch") -> StageTimes:
         layers = range(start, stop)
         return StageTimes(
             f=sum(self.layer(i, batch, "F") for i in layers),
@@ -69,26 +70,25 @@ class TrainCosts:
             i=sum(self.layer(i, batch, "I") for i in layers),
             w=sum(self.layer(i, batch, "W") for i in layers),
             optim=sum(self.layer(i, batch, "optim") for i in layers),
-            kept_bytes=sum(int(self.layers[i][batch]["saved_bytes"]) for i in layers),
-            param_bytes=sum(int(self.layers[i]["param_bytes"]) for i in layers),
+            kept_bytes=sum(self.layers[i].at(batch).saved_bytes for i in layers),
+            param_bytes=sum(self.layers[i].param_bytes for i in layers),
         )
 
     def send_s(self, nbytes: float) -> float:
         """One-way seconds of a float32 tensor of `nbytes` between ranks: the measured size nearest to it,
         scaled up linearly beyond it (0 without peers, or for nothing to send)."""
-        table = self.profile.get("p2p_s") or {}
+        table = self.profile.p2p_s
         if not table or nbytes <= 0:
             return 0.0
         elements = nbytes / 4
-        sizes = sorted(int(size) for size in table)
-        nearest = min(sizes, key=lambda size: abs(size - elements))
-        return float(table[str(nearest)]["median"]) * max(1.0, elements / max(1, nearest))
+        nearest = min(sorted(table), key=lambda size: abs(size - elements))
+        return table[nearest].median * max(1.0, elements / max(1, nearest))
 
     def p2p(self, layer: int) -> float:
         """One-way seconds of the tensor leaving layer `layer - 1` at one micro-batch (0 without peers)."""
         if layer == 0:
             return 0.0
-        return self.send_s(self.batches["microbatch"] * self.layers[layer - 1]["output_bytes_per_sample"])
+        return self.send_s(self.batches.microbatch * self.layers[layer - 1].output_bytes_per_sample)
 
     def parts(self, index: int, split: bool) -> tuple[float, float, float]:
         """(F, delta, G) of a layer per micro-batch: the input gradient I and weight gradient W of a split
@@ -103,26 +103,27 @@ class TrainCosts:
         """What each piece of a layer's delta split in two costs beyond its share of the work: half of what
         its two channel halves (and their concatenation) took beyond the kernel computing it whole (0 where
         the profile did not measure the layer: it cannot be split)."""
-        entry = self.layers[index]["microbatch"]
-        if "I_halves" not in entry:
+        entry = self.layers[index].microbatch
+        if entry.I_halves is None or entry.I_kernel is None:
             return 0.0
-        return max(0.0, float(entry["I_halves"]["median"]) - float(entry["I_kernel"]["median"])) / 2
+        return max(0.0, entry.I_halves.median - entry.I_kernel.median) / 2
 
     def move_bytes(self, index: int, share: float) -> tuple[int, int]:
         """(weight-slice bytes per step, partial-gradient bytes per micro-batch) of moving `share` of layer
         `index`'s delta to the next stage."""
         layer = self.layers[index]
-        weight = round(share * int(layer.get("weight_bytes", 0)))
-        grad = round(share * self.batches["microbatch"] * int(layer["input_bytes_per_sample"]))
+        weight = round(share * layer.weight_bytes)
+        grad = round(share * self.batches.microbatch * layer.input_bytes_per_sample)
         return weight, grad
 
     def allreduce(self) -> float:
-        return float(self.profile["allreduce_s"]["median"])
+        return self.profile.allreduce_s.median
 
     def layer_work(self, index: int, split: bool) -> float:
         """What a layer costs a pipeline stage per micro-batch: F + B, or F + I + W for a split backward."""
         if split:
-            return sum(self.layer(index, "microbatch", key) for key in ("F", "I", "W"))
+            split_parts: tuple[TimedPart, ...] = ("F", "I", "W")
+            return sum(self.layer(index, "microbatch", part) for part in split_parts)
         return self.layer(index, "microbatch", "F") + self.layer(index, "microbatch", "B")
 
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from torch import nn
 
-from pipebd_core.plan import PlanError
+from pipebd_core.distill.plan import PlanError
+from pipebd_core.documents.finetune_plan import Move, PartitionEntry, StageWork
 from pipebd_core.planning.partition import PARTITIONER_FUNCTIONS, LayerCost, Partition, pipedream, stage_work
 from pipebd_core.planning.simulate_training import TrainCosts
 from pipebd_core.spec import Spec, SpecError
@@ -97,7 +97,7 @@ def is_movable(costs: TrainCosts, layer: nn.Module, index: int, delta: float, mi
         return False
     weight, grad = costs.move_bytes(index, 1.0)
     sends = costs.send_s(weight) / microbatches + costs.send_s(grad)
-    activations = microbatches * costs.batches["microbatch"] * int(costs.layers[index]["output_bytes_per_sample"])
+    activations = microbatches * costs.batches.microbatch * costs.layers[index].output_bytes_per_sample
     return sends <= MOVE_COMM_SHARE * delta and weight <= MOVE_WEIGHT_SHARE * activations
 
 
@@ -165,31 +165,29 @@ def with_channels(layers: Layers, partition: Partition) -> tuple[Partition, list
     return rounded, channels
 
 
-def move_record(
-    layers: Layers, boundary: int, index: int, channels: int, microbatch: int, count: int
-) -> dict[str, Any]:
+def move_record(layers: Layers, boundary: int, index: int, channels: int, microbatch: int, count: int) -> Move:
     """One move as finetune_plan.json shows it: where, how much, and the bytes it adds to each step."""
     layer = layers.network.layers[index]
     total = split_channels(layer)
     assert total is not None and isinstance(layer.weight, nn.Parameter)
     weight = layer.weight.numel() * FLOAT_BYTES * channels // total
     grad = count * microbatch * math.prod(layers.shapes[index]) * FLOAT_BYTES * channels // total
-    return {
-        "boundary": boundary,
-        "layer": index,
-        "name": layers.network.names[index],
-        "type": type(layer).__name__,
-        "share": channels / total,
-        "channels": channels,
-        "of": total,
-        "weight_bytes_per_step": weight,
-        "grad_bytes_per_step": grad,
-    }
+    return Move(
+        boundary=boundary,
+        layer=index,
+        name=layers.network.names[index],
+        type=type(layer).__name__,
+        share=channels / total,
+        channels=channels,
+        of=total,
+        weight_bytes_per_step=weight,
+        grad_bytes_per_step=grad,
+    )
 
 
 def partition_details(
     spec: Spec, layers: Layers, strategy: str, partition: Partition, channels: list[int]
-) -> dict[str, Any]:
+) -> PartitionEntry:
     """The partition as finetune_plan.json keeps it (shown on the job page)."""
     tune = spec.finetune
     assert tune is not None
@@ -201,16 +199,15 @@ def partition_details(
         if k
     ]
     work = stage_work(costs, partition.stages, partition.moved)
-    details: dict[str, Any] = {
-        "partitioner": partition.partitioner,
-        "requested": "given" if tune.stages is not None else tune.partitioner,
-        "measured": layers.costs is not None,  # False: the seconds are FLOP estimates
-        "stages": [list(stage) for stage in partition.stages],
-        "stage_work_s": [{"F": w.f, "delta": w.delta, "G": w.g, "total": w.total} for w in work],
-        "moves": moves,
-        "extra_bytes_per_step": sum(m["weight_bytes_per_step"] + m["grad_bytes_per_step"] for m in moves),
-        "layers": [[c.f, c.delta, c.g, c.movable] for c in costs],  # F, delta, G per micro-batch; movable
-    }
-    if partition.target_s is not None:
-        details.update(target_s=partition.target_s, alpha_rounds=partition.rounds)
-    return details
+    return PartitionEntry(
+        partitioner=partition.partitioner,
+        requested="given" if tune.stages is not None else tune.partitioner,
+        measured=layers.costs is not None,  # False: the seconds are FLOP estimates
+        stages=partition.stages,
+        stage_work_s=[StageWork(forward=w.f, delta=w.delta, weights=w.g, total=w.total) for w in work],
+        moves=moves,
+        extra_bytes_per_step=sum(m.weight_bytes_per_step + m.grad_bytes_per_step for m in moves),
+        layers=[(c.f, c.delta, c.g, c.movable) for c in costs],  # F, delta, G per micro-batch; movable
+        target_s=partition.target_s,
+        alpha_rounds=partition.rounds if partition.target_s is not None else None,
+    )

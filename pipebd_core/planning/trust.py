@@ -12,44 +12,46 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pipebd_core.documents.profile import Profile, Timing
+
 NOISY_SPREAD = 0.5  # (p90 - p10) / median of a measurement's trials above this: they disagree
 BUSY_CORES = 0.5  # other processes using more CPU than this (in cores) while profiling: a busy node
 STALE_AFTER_S = 7 * 24 * 3600.0
 
 
-def noisy_measurements(profile: dict[str, Any]) -> list[dict[str, Any]]:
+def noisy_measurements(profile: Profile) -> list[dict[str, Any]]:
     """Every block and data-loading measurement whose trials disagree, widest first."""
     found = []
-    for index, block in enumerate(profile["blocks"]):
-        for what in ("teacher_s", "student_s", "student_arch_s"):
-            for batch, entry in block.get(what, {}).items():
-                if entry.get("trials") and entry["spread"] > NOISY_SPREAD:
-                    found.append(_noisy(f"block {index} {what.removesuffix('_s')}", index, batch, entry))
-    for batch, entry in profile.get("data_s", {}).items():
-        if entry.get("trials") and entry["spread"] > NOISY_SPREAD:
+    for index, block in enumerate(profile.blocks):
+        for what, table in block.timings():
+            for batch, entry in table.items():
+                if entry.trials and entry.spread > NOISY_SPREAD:
+                    found.append(_noisy(f"block {index} {what}", index, batch, entry))
+    for batch, entry in profile.data_s.items():
+        if entry.trials and entry.spread > NOISY_SPREAD:
             found.append(_noisy("data loading", None, batch, entry))
     return sorted(found, key=lambda item: -item["spread"])
 
 
-def _noisy(what: str, block: int | None, batch: str, entry: dict[str, Any]) -> dict[str, Any]:
+def _noisy(what: str, block: int | None, batch: int, entry: Timing) -> dict[str, Any]:
     return {
         "what": what,
         "block": block,
-        "batch": int(batch),
-        "spread": round(float(entry["spread"]), 3),
-        "remeasured": int(entry.get("remeasured", 0)),
+        "batch": batch,
+        "spread": round(entry.spread, 3),
+        "remeasured": entry.remeasured,
     }
 
 
-def assess(profile: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+def assess(profile: Profile, now: float | None = None) -> dict[str, Any]:
     """The trust report: flags (noisy, busy, stale; none: trusted), what each flag rests on, one message
     per flag, and the calibration the costs carry."""
     now = time.time() if now is None else now
     noisy = noisy_measurements(profile)
-    conditions = profile.get("conditions") or {}
-    others = conditions.get("other_cpu_cores")
-    gpu_others = [pid for pids in conditions.get("gpu_other_processes") or [] for pid in pids]
-    age = now - float(profile["measured_at"]) if "measured_at" in profile else None
+    conditions = profile.conditions
+    others = conditions.other_cpu_cores if conditions else None
+    gpu_others = [pid for pids in (conditions.gpu_other_processes if conditions else None) or [] for pid in pids]
+    age = now - profile.measured_at if profile.measured_at is not None else None
     flags, messages = [], []
     if noisy:
         flags.append("noisy")
@@ -65,11 +67,11 @@ def assess(profile: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         messages.append(f"stale: measured {age / 86400:.0f} days ago; `pipebd profile --refresh` measures afresh")
     if not conditions:
         messages.append("taken before profiles recorded their conditions: load unknown")
-    calibration = profile.get("calibration")
+    calibration = profile.calibration
     if calibration:
-        source = calibration["source"]
+        source = calibration.source
         messages.append(
-            f"calibrated from run {source['run']} (steps {source['steps'][0]}-{source['steps'][1]}): the"
+            f"calibrated from run {source.run} (steps {source.steps[0]}-{source.steps[1]}): the"
             " planner uses the block times training measured"
         )
     return {
@@ -79,5 +81,5 @@ def assess(profile: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         "noisy": noisy,
         "other_cpu_cores": others,
         "age_s": age,
-        "calibrated_from": calibration["source"] if calibration else None,
+        "calibrated_from": calibration.source.model_dump(mode="json") if calibration else None,
     }

@@ -8,7 +8,7 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from pipebd_core.phases import FINETUNE
+from pipebd_core.documents.phases import FINETUNE
 from pipebd_core.ranks import phase_entry
 from pipebd_core.training.rank import run_rank
 

@@ -13,31 +13,29 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from pipebd_core.data import build_dataset
-from pipebd_core.finalize import top1_accuracy
-from pipebd_core.flops import count_flops
-from pipebd_core.phases import EVALUATE, read_records
+from pipebd_core.data.datasets import build_dataset
+from pipebd_core.distill.finalize import top1_accuracy
+from pipebd_core.documents.phases import EVALUATE
+from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.ranks import phase_entry, pick_device
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import parse_spec
-from pipebd_core.telemetry import append_event
 from pipebd_core.training.network import build_network, parameters, teacher_network
 from pipebd_core.training.plan import TrainPlan, finetune_view
 from pipebd_core.training.rank import load_trained
+from pipebd_core.workloads.flops import count_flops
 
 
-def size_of(model: nn.Module, sample: torch.Tensor) -> dict[str, float]:
+def size_of(model: nn.Module, sample: torch.Tensor) -> ModelSize:
     """Parameters and forward FLOPs per sample."""
     model.eval()
     with torch.no_grad():
         _, flops = count_flops(model, sample.unsqueeze(0))
-    return {"params": parameters(model), "flops": flops}
+    return ModelSize(params=parameters(model), flops=flops)
 
 
 def export(model: nn.Module, sample: torch.Tensor, run_dir: RunDir) -> None:
@@ -50,35 +48,40 @@ def export(model: nn.Module, sample: torch.Tensor, run_dir: RunDir) -> None:
 
 
 def phase_seconds(run_dir: RunDir) -> dict[str, float | None]:
-    return {record.name: record.duration_s for record in read_records(run_dir)}
+    return {record.name: record.duration_s for record in run_dir.load_phases()}
 
 
-def run_evaluate(run_dir: RunDir) -> dict[str, Any]:
-    spec = parse_spec(run_dir.read_json(run_dir.spec))
+def run_evaluate(run_dir: RunDir) -> FinetuneReport:
+    spec = run_dir.load_spec()
     view = finetune_view(spec)
-    plan = TrainPlan.from_json(run_dir.read_json(run_dir.finetune_plan))
+    plan = TrainPlan.from_document(run_dir.load_finetune_plan())
     device = pick_device(spec, 0)
     sample = build_dataset(view)[0][0]
     network = build_network(spec, run_dir)
-    report: dict[str, Any] = {"strategy": plan.strategy, "top1_before": top1_accuracy(network.model, view, device)}
+    top1_before = top1_accuracy(network.model, view, device)
     load_trained(network, run_dir, plan, plan.steps.total)
-    report["top1_after"] = top1_accuracy(network.model, view, device)
-    report["student"] = size_of(network.model, sample.to(device))
+    report = FinetuneReport(
+        strategy=plan.strategy,
+        top1_before=top1_before,
+        top1_after=top1_accuracy(network.model, view, device),
+        student=size_of(network.model, sample.to(device)),
+    )
     teacher = teacher_network(spec)
     if teacher is not None:
-        report["teacher_top1"] = top1_accuracy(teacher, view, device)
-        report["teacher"] = size_of(teacher.to(device), sample.to(device))
+        report.teacher_top1 = top1_accuracy(teacher, view, device)
+        report.teacher = size_of(teacher.to(device), sample.to(device))
     torch.save(network.model.state_dict(), run_dir.finetuned_model)
     if spec.workload.kind == "train":  # the same bytes: a second name, not a second copy of hundreds of MB
         run_dir.teacher.unlink(missing_ok=True)
         os.link(run_dir.finetuned_model, run_dir.teacher)
-        report["teacher_top1"], report["teacher"] = report["top1_after"], report["student"]
+        report.teacher_top1, report.teacher = report.top1_after, report.student
     export(network.model, sample, run_dir)
-    report["phase_s"] = phase_seconds(run_dir)
-    summary = run_dir.read_json(run_dir.summary) if run_dir.summary.exists() else {"name": spec.name}
-    run_dir.write_json(run_dir.summary, {**summary, "finetune": report})
-    append_event(run_dir.events, "artifacts_written", phase=EVALUATE, top1=report["top1_after"])
-    print(f"pipebd: evaluate: top-1 {report['top1_before']} before, {report['top1_after']} after", flush=True)
+    report.phase_s = phase_seconds(run_dir)
+    summary = run_dir.load_summary() if run_dir.summary.exists() else Summary(name=spec.name)
+    summary.finetune = report
+    run_dir.save_summary(summary)
+    run_dir.append_event("artifacts_written", phase=EVALUATE, top1=report.top1_after)
+    print(f"pipebd: evaluate: top-1 {report.top1_before} before, {report.top1_after} after", flush=True)
     return report
 
 

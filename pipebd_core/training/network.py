@@ -25,10 +25,10 @@ from torchvision.models.vgg import VGG, cfgs, make_layers
 from pipebd_core.imports import call_factory
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
-from pipebd_core.workloads import block_seed, build_workload, seeded
 from pipebd_core.workloads.compression import VGG_CONFIGS, init_vgg
 from pipebd_core.workloads.loading import uninitialised
 from pipebd_core.workloads.nas import init_mobilenet
+from pipebd_core.workloads.workload import block_seed, build_workload, seeded
 
 
 @dataclass
@@ -109,7 +109,7 @@ def network_to_train(spec: Spec) -> nn.Module:
 
 def distilled_students(spec: Spec, run_dir: RunDir, fresh: list[nn.Module]) -> list[nn.Module]:
     """The students of student.pt loaded into `fresh` (the workload's own blocks)."""
-    from pipebd_core.finalize import StudentBlocks
+    from pipebd_core.distill.finalize import StudentBlocks
 
     if not run_dir.student.exists():
         raise SpecError(f"finetune.init: 'distilled' needs {run_dir.student}, which the finalize phase writes")

@@ -5,7 +5,7 @@ one pipeline stage of contiguous layers per rank, the batch split into equal mic
 stages' layer ranges, the channels of each boundary layer whose delta the next stage computes (moved.py),
 every rank's action list (schedules.py), the steps and the sample stream, and the boundary shapes.
 `details` keeps what is informational: the partition and its costs, the ranked strategies, predictions,
-timelines.
+timelines. finetune_plan.json is pipebd_core/documents/finetune_plan.py's `FinetunePlanDocument`.
 
 `finetune_view(spec)` is the spec as the finetune phase trains it: the finetune section's optimiser,
 epochs and batch put where the data and step helpers of the engine read them.
@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipebd_core.plan import StepPlan
+from pipebd_core.distill.plan import StepPlan
+from pipebd_core.documents.finetune_plan import FinetuneDetails, FinetunePlanDocument
 from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.training.schedules import Action
 
@@ -55,7 +56,7 @@ class TrainPlan:
     # pipelines: per boundary s -> s+1, how many input channels of stage s's last layer have their delta
     # computed by stage s+1 (LayerPipe's moved share); empty: none anywhere
     moved: list[int] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
+    details: FinetuneDetails | None = None  # informational; set by the planner
 
     @property
     def pipelined(self) -> bool:
@@ -72,36 +73,42 @@ class TrainPlan:
         """Channels moved across boundary `boundary` (between stages `boundary` and `boundary + 1`)."""
         return self.moved[boundary] if self.pipelined and 0 <= boundary < len(self.moved) else 0
 
+    def document(self) -> FinetunePlanDocument:
+        """finetune_plan.json: this plan with its details."""
+        return FinetunePlanDocument(
+            strategy=self.strategy,
+            nproc=self.nproc,
+            batch_size=self.batch_size,
+            microbatches=self.microbatches,
+            stages=self.stages,
+            steps=self.steps.counts(),
+            shapes=self.shapes,
+            layer_names=self.layer_names,
+            actions=[[str(action) for action in actions] for actions in self.actions],
+            moved=self.moved,
+            details=self.details or FinetuneDetails(layer_flops=[], requested_strategy=self.strategy),
+        )
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "nproc": self.nproc,
-            "batch_size": self.batch_size,
-            "microbatches": self.microbatches,
-            "stages": [list(stage) for stage in self.stages],
-            **self.steps.to_json(),
-            "shapes": self.shapes,
-            "layer_names": self.layer_names,
-            "actions": [[str(action) for action in actions] for actions in self.actions],
-            "moved": self.moved,
-            **self.details,
-        }
+        return self.document().to_json()
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrainPlan:
-        known = {"strategy", "nproc", "batch_size", "microbatches", "stages", "shapes", "layer_names", "actions"}
-        known |= {"moved"}
-        known |= {"total_steps", "steps_per_epoch", "num_samples", "streams", "search"}
+    def from_document(cls, document: FinetunePlanDocument) -> TrainPlan:
         return cls(
-            strategy=data["strategy"],
-            nproc=data["nproc"],
-            batch_size=data["batch_size"],
-            microbatches=data["microbatches"],
-            stages=[(int(a), int(b)) for a, b in data["stages"]],
-            steps=StepPlan.from_json(data),
-            shapes=data["shapes"],
-            layer_names=data["layer_names"],
-            actions=[[Action.parse(text) for text in actions] for actions in data["actions"]],
-            moved=[int(channels) for channels in data.get("moved", [])],
-            details={key: value for key, value in data.items() if key not in known},
+            strategy=document.strategy,
+            nproc=document.nproc,
+            batch_size=document.batch_size,
+            microbatches=document.microbatches,
+            stages=list(document.stages),
+            steps=StepPlan.from_counts(document.steps),
+            shapes=document.shapes,
+            layer_names=document.layer_names,
+            actions=[[Action.parse(text) for text in actions] for actions in document.actions],
+            moved=document.moved,
+            details=document.details,
         )
+
+    @classmethod
+    def from_json(cls, data: Any) -> TrainPlan:
+        """The plan of finetune_plan.json; DocumentError when another version of PipeBD wrote it."""
+        return cls.from_document(FinetunePlanDocument.from_json(data))

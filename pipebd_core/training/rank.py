@@ -28,17 +28,19 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from pipebd_core import checkpoint
-from pipebd_core.data import build_dataset, labelled_batches
-from pipebd_core.finalize import top1_accuracy
-from pipebd_core.phases import FINETUNE
-from pipebd_core.plan import shard_rows
+from pipebd_core.data.batches import labelled_batches
+from pipebd_core.data.datasets import build_dataset
+from pipebd_core.distill import checkpoint
+from pipebd_core.distill.finalize import top1_accuracy
+from pipebd_core.distill.plan import shard_rows
+from pipebd_core.distill.runtime import FAULT_ENV, injected_fault_step, learning_rate
+from pipebd_core.distill.students import with_sync_batchnorm
+from pipebd_core.distill.telemetry import TelemetryWriter, current_memory_bytes, peak_memory_bytes
+from pipebd_core.documents.phases import FINETUNE
+from pipebd_core.documents.telemetry import EvalLine, FinetuneLine
 from pipebd_core.ranks import join_process_group, pick_device
 from pipebd_core.rundir import RunDir
-from pipebd_core.runtime import FAULT_ENV, injected_fault_step, learning_rate
-from pipebd_core.spec import Spec, parse_spec
-from pipebd_core.students import with_sync_batchnorm
-from pipebd_core.telemetry import TelemetryWriter, append_event, current_memory_bytes, peak_memory_bytes
+from pipebd_core.spec import Spec
 from pipebd_core.training.deferred import WeightGradients, defer_weight_gradients
 from pipebd_core.training.moved import stage_shares
 from pipebd_core.training.network import Network, build_network, teacher_network
@@ -157,21 +159,20 @@ class Trainer:
         times.update(result.pop("times"))
         times["idle"] = max(0.0, elapsed - sum(times.values()))
         memory = current_memory_bytes(self.ctx.device)
-        line = {
-            "time": time.time(),
-            "rank": self.ctx.rank,
-            "phase": FINETUNE,
-            "epoch": step // self.ctx.plan.steps.per_epoch,
-            "step": step,
-            "times": times,
-            "elapsed": elapsed,
-            "peak_mem": max(peak_memory_bytes(self.ctx.device), memory),
-            "cur_mem": memory,
-            "done": done,
-            "total": total,
-            "skipped": self.ctx.start_step,
+        line = FinetuneLine(
+            time=time.time(),
+            rank=self.ctx.rank,
+            epoch=step // self.ctx.plan.steps.per_epoch,
+            step=step,
+            times=times,
+            elapsed=elapsed,
+            peak_mem=max(peak_memory_bytes(self.ctx.device), memory),
+            cur_mem=memory,
+            done=done,
+            total=total,
+            skipped=self.ctx.start_step,
             **result,
-        }
+        )
         self.telemetry.write(line)
 
     def epoch_end(self, step_done: int) -> None:
@@ -183,7 +184,7 @@ class Trainer:
         if self.unit is not None:
             state = {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
             checkpoint.save_block(ctx.run_dir.finetune_checkpoints, self.unit, step_done, state, len(ctx.plan.stages))
-            append_event(ctx.run_dir.events, "checkpoint", phase=FINETUNE, rank=ctx.rank, step=step_done)
+            ctx.run_dir.append_event("checkpoint", phase=FINETUNE, rank=ctx.rank, step=step_done)
         epoch = -(-step_done // per_epoch)
         assert ctx.spec.finetune is not None
         if epoch % ctx.spec.finetune.eval_every and step_done != total:
@@ -199,8 +200,7 @@ class Trainer:
             self.eval_network = build_network(ctx.full_spec, ctx.run_dir)
         load_trained(self.eval_network, ctx.run_dir, ctx.plan, step_done)
         top1 = top1_accuracy(self.eval_network.model, ctx.spec, ctx.device)
-        line = {"time": time.time(), "rank": ctx.rank, "phase": FINETUNE, "eval": True, "epoch": epoch}
-        self.telemetry.write({**line, "step": step_done - 1, "top1": top1})
+        self.telemetry.write(EvalLine(time=time.time(), rank=ctx.rank, epoch=epoch, step=step_done - 1, top1=top1))
         self.module.train()
 
 
@@ -344,8 +344,8 @@ class PipelineTrainer(Trainer):
 
 
 def build_context(run_dir: RunDir, rank: int, world: int, device: torch.device) -> Context:
-    spec = parse_spec(run_dir.read_json(run_dir.spec))
-    plan = TrainPlan.from_json(run_dir.read_json(run_dir.finetune_plan))
+    spec = run_dir.load_spec()
+    plan = TrainPlan.from_document(run_dir.load_finetune_plan())
     starts = checkpoint.resume_steps(run_dir.finetune_checkpoints, len(plan.stages), common=True)
     teacher = teacher_network(spec) if spec.finetune is not None and spec.finetune.loss == "kd" else None
     return Context(
@@ -365,17 +365,17 @@ def build_context(run_dir: RunDir, rank: int, world: int, device: torch.device) 
 def run_rank(run_dir: RunDir) -> None:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    spec = parse_spec(run_dir.read_json(run_dir.spec))
+    spec = run_dir.load_spec()
     device = pick_device(spec, int(os.environ.get("LOCAL_RANK", "0")))
-    pipelined = TrainPlan.from_json(run_dir.read_json(run_dir.finetune_plan)).pipelined
+    pipelined = TrainPlan.from_document(run_dir.load_finetune_plan()).pipelined
     join_process_group(spec, device, world, alone_too=pipelined)
     ctx = build_context(run_dir, rank, world, device)
     plan = ctx.plan
     role = f"layers {plan.stage_of(rank)}" if plan.pipelined else f"rows {shard_rows(plan.batch_size, world)[rank]}"
     print(f"pipebd: finetune rank {rank} of {world} on {device}: {ctx.plan.strategy}, {role}", flush=True)
-    append_event(run_dir.events, "rank_started", phase=FINETUNE, rank=rank, start_step=ctx.start_step)
+    run_dir.append_event("rank_started", phase=FINETUNE, rank=rank, start_step=ctx.start_step)
     trainer: Trainer = PipelineTrainer(ctx) if ctx.plan.pipelined else DDPTrainer(ctx)
     trainer.run()
-    append_event(run_dir.events, "rank_finished", phase=FINETUNE, rank=rank)
+    run_dir.append_event("rank_finished", phase=FINETUNE, rank=rank)
     if dist.is_initialized():
         dist.destroy_process_group()

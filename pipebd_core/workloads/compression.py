@@ -16,8 +16,8 @@ from torch import nn
 from torchvision.models.vgg import VGG, cfgs, make_layers
 
 from pipebd_core.spec import Spec, SpecError
-from pipebd_core.workloads import Workload, seeded
 from pipebd_core.workloads.loading import init_default, read_state_dict, uninitialised
+from pipebd_core.workloads.workload import Workload, seeded
 
 VGG_CONFIGS = {"vgg11": "A", "vgg13": "B", "vgg16": "D", "vgg19": "E"}
 _FIELD = "workload.teacher_weights"

@@ -7,7 +7,7 @@ from torch import nn
 
 from pipebd_core.imports import call_factory
 from pipebd_core.spec import Spec, SpecError
-from pipebd_core.workloads import Workload, block_seed
+from pipebd_core.workloads.workload import Workload, block_seed
 
 
 def build_custom_workload(spec: Spec) -> Workload:

@@ -20,9 +20,9 @@ from torch import nn
 from torchvision.models import MobileNetV2
 
 from pipebd_core.spec import Spec, SpecError
-from pipebd_core.workloads import Workload, search_settings, seeded
 from pipebd_core.workloads.loading import read_state_dict, uninitialised
 from pipebd_core.workloads.supernet import MixedLayer, SupernetBlock, init_supernet, norm_layer, soft_cross_entropy
+from pipebd_core.workloads.workload import Workload, search_settings, seeded
 
 BLOCK_STARTS = (0, 4, 7, 11, 14, 17)  # feature indices where blocks begin (options.block_starts overrides)
 CIFAR_BELOW = 96  # inputs smaller than this use the stride-1 stem and 24-stage
@@ -206,7 +206,7 @@ def build_nas_workload(spec: Spec) -> Workload:
         student = uninitialised(functools.partial(_student, net, i, geometry, spec))
         init_supernet(student, seeded(seed, "student", i))
         students.append(student)
-    losses = ["mse"] * (len(teachers) - 1) + ["soft_ce" if w.final_loss == "ce" else "mse"]
+    losses = [spec.train.loss] * (len(teachers) - 1) + ["soft_ce" if w.final_loss == "ce" else "mse"]
     search = search_settings(spec)
     names = [f"block{i}" for i in range(len(teachers))]
     return Workload(

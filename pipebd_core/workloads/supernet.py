@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipebd_core.search_space import CANDIDATES, ZERO, candidate_name
 from pipebd_core.workloads.loading import init_default
+from pipebd_core.workloads.search_space import CANDIDATES, ZERO, candidate_name
 
 
 def norm_layer(channels: int, norm: bool) -> nn.Module:

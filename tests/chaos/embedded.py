@@ -3,7 +3,6 @@ its command line, its database read directly."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from sqlmodel import Session, select
 
 from app.core.database import get_engine
 from app.core.tables import JobMetric
+from pipebd_core.documents.telemetry import EvalLine
 from pipebd_core.rundir import RunDir
 from tests.service.services import free_port
 from tests.service.workers import REPO, wait_for
@@ -81,7 +81,7 @@ class Up:
         assert self.process is not None
         self.process.send_signal(signal.SIGINT)
         try:
-            return self.process.wait(timeout=90)
+            return self.process.wait(timeout=300)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -125,7 +125,6 @@ def assert_steps_once(rows: list[tuple[int, int]], reference: RunDir, nproc: int
     """Every rank's steps stored exactly once: the seqs of the uninterrupted run's telemetry, none repeated."""
     assert {rank for rank, _ in rows} == set(range(nproc))
     for rank in range(nproc):
-        lines = [json.loads(line) for line in reference.metrics(rank).read_text().splitlines() if line.strip()]
-        expected = [line["done"] for line in lines if "done" in line]
+        expected = [line.seq for line in reference.read_telemetry(rank) if not isinstance(line, EvalLine)]
         stored = sorted(seq for r, seq in rows if r == rank)
         assert stored == sorted(expected), f"rank {rank}: stored {stored}, the uninterrupted run {sorted(expected)}"

@@ -53,10 +53,13 @@ def test_schemathesis_finds_nothing(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")
     with pipebd_api(settings, **SERVER) as server:
         submit = schemathesis(server.url, SUBMIT, tmp_path)
-        read = schemathesis(server.url, READ, tmp_path, "--phases", "coverage,fuzzing", "--max-examples", "2")
+        # The read scope answers what the submit scope does on reads (the run above covered them) and 401/403
+        # on writes: generated examples reach every operation; the coverage phase's boundary cases
+        # (about 2,000, 84 s) would only repeat the submit run's on reads and meet a 403 on writes.
+        read = schemathesis(server.url, READ, tmp_path, "--phases", "fuzzing", "--max-examples", "2")
     shutil.rmtree(tmp_path / "schemathesis-report", ignore_errors=True)
     assert submit.returncode == 0, submit.stdout[-12000:]
     assert read.returncode == 0, read.stdout[-12000:]
     assert re.search(r"Stateful \(in [\d.]+s\)\s+Scenarios:\s+[1-9]", submit.stdout), submit.stdout[-3000:]
-    assert generated(submit.stdout) >= 100 and generated(read.stdout) >= 40
+    assert generated(submit.stdout) >= 100 and generated(read.stdout) >= 15  # at least one per operation
     print(submit.stdout[-1500:], read.stdout[-600:])  # the counts, for whoever runs this with -s

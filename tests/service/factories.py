@@ -13,11 +13,15 @@ from sqlmodel import Session, func, select
 from app.core.database import get_engine, migrate
 from app.core.queue import queue_name
 from app.core.settings import Settings
-from app.core.tables import Job, JobEvent, JobMetric
-from app.jobs import create_job
-from app.specs import spec_hash
+from app.core.tables import Job, JobEvent, JobMetric, Sweep
+from app.services.jobs import create_job
+from app.services.specs import spec_hash
+from pipebd_core.documents.summary import Summary
+from pipebd_core.documents.telemetry import DistillLine
+from pipebd_core.rundir import RunDir
 from pipebd_core.spec import parse_spec
 from tests.helpers import tiny_document
+from tests.telemetry_lines import distill_line
 
 
 def tiny_job(name: str = "tiny", **sections: dict[str, Any]) -> dict[str, Any]:
@@ -91,21 +95,13 @@ def insert_metrics(settings: Settings, job_id: int, rank: int, losses: list[floa
     with Session(get_engine(settings.database)) as session:
         rows = []
         for seq, loss in enumerate(losses, start=1):
-            record = {
-                "time": time.time(),
-                "rank": rank,
-                "epoch": 0,
-                "step": seq - 1,
-                "blocks": [0],
-                "loss": {"0": loss},
-                "phases": {"teacher": 0.01},
-                "samples": 10,
-                "peak_mem": 1000 + seq,
-                "done": seq,
-                "total": len(losses),
-            }
+            line = distill_line(
+                rank, seq - 1, time=time.time(), loss={0: loss}, samples=10, peak_mem=1000 + seq, total=len(losses)
+            )
             rows.append(
-                JobMetric(job_id=job_id, rank=rank, seq=seq, epoch=0, step=seq - 1, time=record["time"], record=record)
+                JobMetric(
+                    job_id=job_id, rank=rank, seq=seq, epoch=0, step=seq - 1, time=line.time, record=line.to_json()
+                )
             )
         session.add_all(rows)
         session.flush()
@@ -114,18 +110,44 @@ def insert_metrics(settings: Settings, job_id: int, rank: int, losses: list[floa
         session.commit()
 
 
-def store_lines(
-    settings: Settings, job_id: int, records: list[dict[str, Any]], event: dict[str, Any] | None = None
-) -> None:
-    """Telemetry lines (engine records) and the metrics event that carries them to open pages, as the worker
-    stores them; `event` adds fields to that event (progress, samples/s)."""
+def store_lines(settings: Settings, job_id: int, lines: list[DistillLine], event: dict[str, Any] | None = None) -> None:
+    """Telemetry lines and the metrics event that carries them to open pages, as the worker stores them;
+    `event` adds fields to that event (progress, samples/s)."""
     with Session(get_engine(settings.database)) as session:
         rows = [
-            JobMetric(job_id=job_id, rank=r["rank"], seq=r["done"], epoch=0, step=r["step"], time=r["time"], record=r)
-            for r in records
+            JobMetric(job_id=job_id, rank=r.rank, seq=r.seq, epoch=0, step=r.step, time=r.time, record=r.to_json())
+            for r in lines
         ]
         session.add_all(rows)
         session.flush()
         data = {"first_id": rows[0].id, "last_id": rows[-1].id, **(event or {})}
         session.add(JobEvent(job_id=job_id, kind="metrics", data=data))
+        session.commit()
+
+
+def insert_sweep(settings: Settings, overrides: list[dict[str, Any]], **fields: Any) -> tuple[int, list[int]]:
+    """A sweep and its queued children written straight to the database (the children's specs are the tiny
+    job's, their overrides only recorded), for tests of reading paths; the sweep's id and its children's."""
+    migrate(settings.database)
+    with Session(get_engine(settings.database), expire_on_commit=False) as session:
+        sweep = Sweep(name="tiny-sweep", spec=tiny_job(), search={"list": overrides}, **fields)
+        session.add(sweep)
+        session.flush()
+        assert sweep.id is not None
+        sweep_id = sweep.id
+        session.commit()
+    children = [insert_job(settings, sweep_id=sweep_id, sweep_overrides=item).id for item in overrides]
+    return sweep_id, [job_id for job_id in children if job_id is not None]
+
+
+def write_summary(settings: Settings, job_id: int, summary: Summary) -> None:
+    """A finished job's summary.json, as its last phase writes it, in a run directory of its own."""
+    folder = settings.runs / f"job-{job_id}"
+    folder.mkdir(parents=True)
+    RunDir(folder).save_summary(summary)
+    with Session(get_engine(settings.database)) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.run_dir = str(folder)
+        session.add(job)
         session.commit()

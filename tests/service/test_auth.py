@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.auth import check_bind
-from app.cli import main
+from app.api.auth import check_bind
+from app.cli.main import main
 from app.core.settings import Settings
 from app.main import create_app
 from tests.service.conftest import make_settings
@@ -16,12 +16,13 @@ from tests.service.factories import tiny_job
 
 SUBMIT = "submit-token-0123456789abcdef"
 READ = "reader-token-0123456789abcdef"
+OTHER = "another-submit-token-0123456789"  # a second tenant
 
 
 @pytest.fixture
 def client(tmp_path: Path) -> TestClient:
-    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", api_tokens=f"{SUBMIT}=submit,{READ}=read")
-    return TestClient(create_app(settings))
+    tokens = f"{SUBMIT}=submit,{READ}=read,{OTHER}=submit"
+    return TestClient(create_app(make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", api_tokens=tokens)))
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -39,7 +40,7 @@ def test_every_route_but_health_needs_a_token(client: TestClient) -> None:
     schema = client.get("/openapi.json", headers=bearer(READ)).json()
     # every API route the schema documents, so a route added later is checked too
     routes = [
-        (method.upper(), path.format(job_id=job_id, name="plan.json"))
+        (method.upper(), path.format(job_id=job_id, name="plan.json", webhook_id=1, sweep_id=1))
         for path, item in schema["paths"].items()
         for method in item
         if (method.upper(), path) not in OPEN_ROUTES
@@ -83,6 +84,17 @@ def test_read_scope_reads_and_submit_scope_does_everything(client: TestClient) -
     assert client.post(f"/api/v1/jobs/{job_id}/cancel", headers=bearer(SUBMIT)).json()["state"] == "cancelled"
     assert client.delete(f"/api/v1/jobs/{job_id}", headers=bearer(READ)).status_code == 403
     assert client.delete(f"/api/v1/jobs/{job_id}", headers=bearer(SUBMIT)).status_code == 204
+
+
+def test_a_token_s_webhook_hears_only_the_jobs_submitted_with_that_token(client: TestClient) -> None:
+    hook = {"url": "http://127.0.0.1:9/hook", "events": ["job.queued"], "secret": "0123456789abcdef", "scope": "token"}
+    assert client.post("/api/v1/webhooks", json=hook, headers=bearer(READ)).status_code == 403
+    created = client.post("/api/v1/webhooks", json=hook, headers=bearer(SUBMIT))
+    assert created.status_code == 201 and created.json()["scope"] == "token"
+    mine = client.post("/api/v1/jobs", json=tiny_job("mine"), headers=bearer(SUBMIT)).json()["id"]
+    client.post("/api/v1/jobs", json=tiny_job("theirs"), headers=bearer(OTHER))
+    log = client.get(f"/api/v1/webhooks/{created.json()['id']}/deliveries", headers=bearer(READ)).json()["data"]
+    assert [(entry["event"], entry["job_id"]) for entry in log] == [("job.queued", mine)]
 
 
 def test_tokens_must_be_real_secrets() -> None:

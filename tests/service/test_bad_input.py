@@ -1,6 +1,6 @@
-"""Service tier: the README's bad-input table, row by row, and nothing stored after any refusal.
+"""Service tier: the bad-input table of docs/limits.md, row by row, and nothing stored after any refusal.
 
-Each row of `CASES` is a row of the README's "Bad input" table (`test_the_readme_table_is_this_table`
+Each row of `CASES` is a row of docs/limits.md's "Bad input" table (`test_the_documented_table_is_this_table`
 keeps the two equal): one class of bad input, the request that sends it and the status it gets. Each
 runs against the real app on SQLite and PostgreSQL with a real SQLite broker and one queued job in the
 database; every answer must be a problem body (application/problem+json) of that status, bounded in
@@ -83,7 +83,7 @@ ALIAS_BOMB = "\n".join(
 
 @dataclass(frozen=True)
 class BadInput:
-    row: str  # the words of the README's table
+    row: str  # the words of the documented table (docs/limits.md)
     status: int
     send: Callable[[TestClient, int], httpx.Response]  # (client, the stored job's id) -> the answer
     expect: str  # words the problem says (its detail or a field's location and message)
@@ -175,7 +175,7 @@ CASES = [
         lambda client, _: client.post(JOBS, content=streamed(2 << 20), headers={"Content-Type": "application/json"}),
         "larger than this server's limit",
     ),
-    BadInput("a huge page size", 422, get(f"{JOBS}?limit={10**30}"), "query.limit: at most 200 jobs per page"),
+    BadInput("a huge page size", 422, get(f"{JOBS}?limit={10**30}"), "query.limit: at most 200 per page"),
     BadInput("a negative page size", 422, get(f"{JOBS}?limit=-1"), "query.limit: Input should be greater than"),
     BadInput("a cursor this API did not return", 422, get(f"{JOBS}?cursor=bm9wZQ"), "was not returned by this API"),
     BadInput("a huge log offset", 422, get(f"{JOBS}/{{job}}/logs?offset={2**64}"), "query.offset: Input should be"),
@@ -255,9 +255,9 @@ def assert_only_the_stored_job(settings: Settings) -> None:
     assert not any(settings.runs.iterdir())
 
 
-def readme_rows() -> list[tuple[str, int]]:
-    """The rows of the README's bad-input table: (what is sent, the status it gets)."""
-    lines = (REPO / "README.md").read_text().split("### Bad input", 1)[1].splitlines()
+def documented_rows() -> list[tuple[str, int]]:
+    """The rows of the bad-input table in docs/limits.md: (what is sent, the status it gets)."""
+    lines = (REPO / "docs" / "limits.md").read_text().split("\n## Bad input\n", 1)[1].splitlines()
     start = next(index for index, line in enumerate(lines) if line.startswith("|"))
     end = next(index for index in range(start, len(lines)) if not lines[index].startswith("|"))
     rows = lines[start + 2 : end]  # after the header and its rule
@@ -265,8 +265,8 @@ def readme_rows() -> list[tuple[str, int]]:
     return [(what, int(re.match(r"\d+", status).group())) for what, status, *_ in cells]  # type: ignore[union-attr]
 
 
-def test_the_readme_table_is_this_table() -> None:
-    assert readme_rows() == [(case.row, case.status) for case in CASES]
+def test_the_documented_table_is_this_table() -> None:
+    assert documented_rows() == [(case.row, case.status) for case in CASES]
 
 
 def test_data_under_a_root_passes_the_path_check(client: TestClient, settings: Settings) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from app.cli import build_parser, command_api, command_worker
+from app.cli.main import build_parser
+from app.cli.server import command_api, command_worker
 from app.core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ import pytest
 import torch
 import yaml
 
-from app.cli import main
-from app.client import events
+from app.cli.client import events
+from app.cli.main import main
 from tests.service.factories import tiny_job
 from tests.service.services import free_port
 from tests.service.workers import REPO, wait_for
@@ -67,7 +67,7 @@ def test_pipebd_up_runs_a_job_submitted_over_http(tmp_path: Path, capsys: pytest
         assert f"pipebd: job {job_id} succeeded" in printed
     finally:
         up.send_signal(signal.SIGINT)
-        code = up.wait(timeout=60)
+        code = up.wait(timeout=180)
     assert code == 0, output.read_text()[-3000:]
     time.sleep(0.5)
     assert [child.pid for child in children if child.is_running() and child.status() != psutil.STATUS_ZOMBIE] == []

@@ -2,7 +2,7 @@
 
 Ids past the database's integer range on every route, a large value echoed back, an unexpected
 exception answered as plain text and unlogged, the server stalled by a large or slow spec, limits
-that differ from the README, and an API process holding torch: each runs against the real app (and,
+that differ from docs/limits.md, and an API process holding torch: each runs against the real app (and,
 where the event loop or the process matters, a real uvicorn or a real `pipebd api`).
 """
 
@@ -167,15 +167,15 @@ def test_submissions_are_counted_per_token(tmp_path: Path) -> None:
     assert client.post(JOBS, json={}, headers={"Authorization": f"Bearer {second}"}).status_code == 422
 
 
-def readme_limits() -> dict[str, str]:
-    """`PIPEBD_X` -> the default the README's limits table gives it."""
-    section = (REPO / "README.md").read_text().split("### Limits", 1)[1].split("\n### ", 1)[0]
+def documented_limits() -> dict[str, str]:
+    """`PIPEBD_X` -> the default the limits table of docs/limits.md gives it."""
+    section = (REPO / "docs" / "limits.md").read_text().split("\n## Limits\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     return {cells[0].strip(" `"): cells[1].strip() for cells in (row.strip("|").split("|") for row in rows)}
 
 
-def test_the_readme_limits_are_the_settings() -> None:
-    limits = readme_limits()
+def test_the_documented_limits_are_the_settings() -> None:
+    limits = documented_limits()
     assert len(limits) >= 10
     for variable, default in limits.items():
         name = variable.removeprefix("PIPEBD_").lower()
@@ -206,7 +206,7 @@ def test_the_api_checks_specs_without_loading_torch(tmp_path: Path) -> None:
 def test_pipebd_submit_prints_each_problem(
     tmp_path: Path, settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.cli import main
+    from app.cli.main import main
 
     spec = tmp_path / "bad.yaml"
     spec.write_text(yaml.safe_dump(tiny_job(train={"epochs": "many"}, data={"bogus": 1})))

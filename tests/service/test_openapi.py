@@ -26,10 +26,12 @@ from app.core.lifecycle import RUNNING
 from app.core.rollups import RollupBuilder, chart_points
 from app.core.settings import Settings
 from app.core.tables import EVAL_SEQ, JobMetric
+from pipebd_core.documents.telemetry import DistillLine, EvalLine
 from pipebd_core.planning.resolve import resolve_plan
 from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_spec
 from tests.service.factories import insert_job, insert_metrics
+from tests.telemetry_lines import distill_line, finetune_line
 
 API = "/api/v1"
 JOBS = f"{API}/jobs"
@@ -253,25 +255,21 @@ def test_plan_logs_and_artifacts_match_their_models(
     check_body(client, f"{JOBS}/{{job_id}}/artifacts", f"{JOBS}/{job.id}/artifacts", expected)
 
 
-def telemetry(rank: int, seq: int, gpu: bool) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "time": 1000.0 + seq,
-        "rank": rank,
-        "epoch": seq // 50,
-        "step": seq - 1,
-        "round": "weights",
-        "blocks": [rank],
-        "loss": {str(rank): 1.0 / seq},
-        "phases": {"data": 0.001, "teacher": 0.01 * (seq % 3), "student": 0.02},
-        "samples": 5,
-        "peak_mem": 1000 + seq,
-        "cur_mem": 900 + seq,
-        "done": seq,
-        "total": 300,
-    }
-    if gpu and seq % 4:  # NVML answers now and then: integer percentages
-        record["gpu_util"] = seq % 100
-    return record
+def telemetry(rank: int, seq: int, gpu: bool) -> DistillLine:
+    return distill_line(
+        rank,
+        seq - 1,
+        time=1000.0 + seq,
+        epoch=seq // 50,
+        loss={rank: 1.0 / seq},
+        phases={"data": 0.001, "teacher": 0.01 * (seq % 3), "student": 0.02},
+        samples=5,
+        peak_mem=1000 + seq,
+        cur_mem=900 + seq,
+        done=seq,
+        total=300,
+        gpu_util=seq % 100 if gpu and seq % 4 else None,  # NVML answers now and then: integer percentages
+    )
 
 
 def test_metrics_match_their_model(client: TestClient, settings: Settings) -> None:
@@ -280,12 +278,14 @@ def test_metrics_match_their_model(client: TestClient, settings: Settings) -> No
     builder = RollupBuilder(job.id)
     with Session(get_engine(settings.database)) as session:
         for rank in (0, 1):
+            lines = [telemetry(rank, seq, gpu=rank == 0) for seq in range(1, 301)]
             rows = [
-                JobMetric(job_id=job.id, rank=rank, seq=seq, epoch=r["epoch"], step=r["step"], time=r["time"], record=r)
-                for seq in range(1, 301)
-                for r in [telemetry(rank, seq, gpu=rank == 0)]
+                JobMetric(
+                    job_id=job.id, rank=rank, seq=r.seq, epoch=r.epoch, step=r.step, time=r.time, record=r.to_json()
+                )
+                for r in lines
             ]
-            rollups = builder.add([to_point(row.record, row.seq) for row in rows])
+            rollups = builder.add([to_point(line) for line in lines])
             if rank == 1:  # rollups stored before cur_mem and gpu_util were recorded
                 for rollup in rollups:
                     rollup.point = {k: v for k, v in rollup.point.items() if k not in ("cur_mem", "gpu_util")}
@@ -306,7 +306,7 @@ def test_metrics_match_their_model(client: TestClient, settings: Settings) -> No
 
     other = insert_job(settings, state=RUNNING)
     assert other.id is not None
-    insert_metrics(settings, other.id, rank=0, losses=[1.0, 0.5, 2.0])  # lines without cur_mem: null
+    insert_metrics(settings, other.id, rank=0, losses=[1.0, 0.5, 2.0])
     page = check_body(
         client,
         route,
@@ -321,7 +321,7 @@ def test_metrics_match_their_model(client: TestClient, settings: Settings) -> No
             "points": page_points(settings, other.id),
         },
     )
-    assert page["points"][0]["cur_mem"] is None and page["points"][0]["step"] == 1
+    assert page["points"][0]["cur_mem"] == 0 and page["points"][0]["step"] == 1
 
 
 def test_finetune_telemetry_is_kept_apart_with_its_evaluations(client: TestClient, settings: Settings) -> None:
@@ -330,14 +330,15 @@ def test_finetune_telemetry_is_kept_apart_with_its_evaluations(client: TestClien
     insert_metrics(settings, job.id, rank=0, losses=[1.0, 0.5])  # two distillation lines
     with Session(get_engine(settings.database)) as session:
         for seq in (1, 2, 3):
-            record = {"time": 1.0 + seq, "rank": 1, "phase": "finetune", "epoch": 0, "step": seq - 1, "loss": 2.0 / seq}
-            record.update(acc=0.25 * seq, times={"F": 0.1, "I": 0.1, "W": 0.05}, samples=12, peak_mem=10, done=seq)
+            line = finetune_line(1, seq - 1, time=1.0 + seq, loss=2.0 / seq, acc=0.25 * seq, samples=12, peak_mem=10)
+            line.times = {"F": 0.1, "I": 0.1, "W": 0.05}
+            record = line.to_json()
             session.add(
                 JobMetric(
                     job_id=job.id, phase="finetune", rank=1, seq=seq, epoch=0, step=seq - 1, time=1.0, record=record
                 )
             )
-        evaluation = {"time": 9.0, "rank": 0, "phase": "finetune", "eval": True, "epoch": 1, "step": 2, "top1": 0.8}
+        evaluation = EvalLine(time=9.0, rank=0, epoch=1, step=2, top1=0.8).to_json()
         session.add(
             JobMetric(
                 job_id=job.id, phase="finetune", rank=0, seq=EVAL_SEQ, epoch=1, step=2, time=9.0, record=evaluation
@@ -357,7 +358,7 @@ def test_finetune_telemetry_is_kept_apart_with_its_evaluations(client: TestClien
 def page_points(settings: Settings, job_id: int) -> list[dict[str, Any]]:
     with Session(get_engine(settings.database)) as session:
         query = select(JobMetric).where(JobMetric.job_id == job_id, JobMetric.step >= 1).order_by(col(JobMetric.seq))
-        return [to_point(row.record, row.seq) for row in session.exec(query).all()]
+        return [to_point(DistillLine.from_json(row.record)) for row in session.exec(query).all()]
 
 
 def test_health_matches_its_model(client: TestClient) -> None:

@@ -15,10 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import tiny_document
+from tests.helpers import pipebd, tiny_document, write_spec
+from tests.ranks.test_nas import nas_document
 from tests.service.conftest import Embedded
-from tests.test_failures import pipebd, write_spec
-from tests.test_nas import nas_document
 
 JOB_TIMEOUT_S = 240
 
@@ -41,6 +40,7 @@ def test_pipebd_run_and_the_service_write_the_same_events(embedded: Embedded, tm
     result = pipebd("run", str(write_spec(tmp_path, document)), "--out", str(tmp_path / "cli"))
     assert result.returncode == 0, result.stderr
     job = submit(embedded, document)
+    assert job["samples_per_s"] > 0  # a finished job keeps its distillation's throughput on its row
     by_cli, by_service = event_kinds(tmp_path / "cli"), event_kinds(embedded.job_dir(job["id"]))
     assert by_cli == by_service
     assert by_cli[0] == "prepared" and by_cli[-1] == "finished"
@@ -134,7 +134,7 @@ def test_a_compression_job_s_compressed_model_downloads(embedded: Embedded) -> N
 
 
 def test_a_finetune_job_streams_its_telemetry_and_evaluations_and_offers_its_outputs(embedded: Embedded) -> None:
-    from tests.test_finetune import e2e_document
+    from tests.ranks.test_finetune import e2e_document
 
     job = submit(embedded, e2e_document("gpipe", 2))
     assert [p["name"] for p in job["phases"]] == ["plan_finetune", "finetune", "evaluate"]

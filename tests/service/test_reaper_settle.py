@@ -16,7 +16,10 @@ import torch
 from app.core.database import migrate
 from app.core.reaper import reap_lost_jobs
 from app.core.settings import Settings
-from tests.service.factories import insert_job
+from pipebd_core.documents.summary import Summary
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import parse_spec
+from tests.service.factories import insert_job, insert_sweep, tiny_job
 from tests.service.test_lifecycle_resume import stored
 
 
@@ -43,20 +46,20 @@ def lost_job(settings: Settings, state: str = "running", **fields: object) -> in
     return job.id
 
 
-def completed_run(folder: Path) -> str:
-    folder.mkdir(parents=True)
-    torch.save({"blocks.0.weight": torch.zeros(1)}, folder / "student.pt")
-    (folder / "summary.json").write_text('{"final_loss": {"0": 0.1}}')
+def completed_run(folder: Path, **sections: dict[str, object]) -> str:
+    """A run directory whose distillation finished: spec.json, the students and the summary."""
+    run_dir = RunDir(folder)
+    run_dir.write_json(run_dir.spec, parse_spec(tiny_job(**sections)).model_dump(mode="json"))
+    torch.save({"blocks.0.weight": torch.zeros(1)}, run_dir.student)
+    run_dir.save_summary(Summary(name="tiny", final_loss={0: 0.1}))
     return str(folder)
 
 
 def test_a_dead_workers_jobs_are_settled_at_once(tmp_path: Path, settings: Settings) -> None:
     migrate(settings.database)
     finished = lost_job(settings, run_dir=completed_run(tmp_path / "finished"))
-    half = tmp_path / "half"
-    half.mkdir()
+    half = Path(completed_run(tmp_path / "half"))
     (half / "summary.json").write_text("{not json")  # an output cut short is not a completed run
-    torch.save({}, half / "student.pt")
     requeued = lost_job(settings, run_dir=str(half))
     no_restarts = lost_job(settings, max_restarts=0)
     used_up = lost_job(settings, restarts=2)
@@ -83,3 +86,21 @@ def test_outputs_older_than_the_job_are_not_its_completed_run(tmp_path: Path, se
     os.utime(Path(old) / "student.pt", (time.time() - 3600, time.time() - 3600))  # written an hour ago
     reap_lost_jobs(settings.database, 30.0, None, settings.max_restarts)
     assert stored(settings, job_id).state == "failed"
+
+
+def test_a_distilled_job_that_had_yet_to_finetune_is_not_a_completed_run(tmp_path: Path, settings: Settings) -> None:
+    """The students and a summary are there, but the finetune phase (the last) never wrote its network."""
+    migrate(settings.database)
+    finetune = {"strategy": "ddp", "epochs": 1, "profile": False}
+    job_id = lost_job(settings, run_dir=completed_run(tmp_path / "distilled", finetune=finetune), max_restarts=0)
+    reap_lost_jobs(settings.database, 30.0, None, settings.max_restarts)
+    assert stored(settings, job_id).state == "failed"
+
+
+def test_a_lost_sweep_child_wakes_the_next_child_of_its_sweep(settings: Settings) -> None:
+    """Its slot is free again: the waiting child's id is published with the lost child's settling."""
+    sweep_id, (waiting,) = insert_sweep(settings, [{"train.lr": 0.01}], max_parallel=1)
+    lost = lost_job(settings, sweep_id=sweep_id, max_restarts=0)
+    published: list[tuple[int, str]] = []
+    assert reap_lost_jobs(settings.database, 3600, lambda job_id, queue: published.append((job_id, queue))) == [lost]
+    assert stored(settings, lost).state == "failed" and published == [(waiting, "pipebd.ranks-2")]

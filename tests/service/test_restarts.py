@@ -14,8 +14,8 @@ from app.core.attempts import attempts_of
 from app.core.database import get_engine, migrate
 from app.core.lifecycle import QUEUED, RUNNING, STARTING, transition
 from app.core.settings import Settings
-from pipebd_core.outcomes import fault_of
-from pipebd_core.supervisor import Outcome
+from pipebd_core.job.outcomes import Termination
+from pipebd_core.job.supervisor import Outcome
 from tests.service.factories import insert_job
 from tests.service.test_lifecycle_resume import stored
 from worker.launcher import JobRunner
@@ -24,20 +24,23 @@ KILLED = "a rank was killed by SIGKILL, most often by the kernel's out-of-memory
 
 
 @pytest.mark.parametrize(
-    ("reason", "exit_code", "error", "fault"),
+    ("reason", "retryable"),
     [
-        ("worker_lost", None, "gone", "worker_lost"),
-        ("oom", 1, KILLED, "rank_killed"),  # the diagnosis of a SIGKILLed rank (pipebd_core/diagnosis.py)
-        ("exit_code", -9, "the distill phase exited with code -9", "rank_killed"),
-        ("oom", 1, "rank 0 failed: OutOfMemoryError: CUDA out of memory", None),  # the job's own size
-        ("rank_error", 1, "rank 1 failed: ValueError: bad block", None),
-        ("launch_error", None, "data.root: not found", None),
-        ("timeout", None, "the job ran longer than 3 s", None),
-        ("user_cancelled", None, None, None),
+        ("worker_lost", True),
+        ("rank_killed", True),  # the diagnosis of a SIGKILLed rank (pipebd_core/job/diagnosis.py)
+        ("oom", False),  # an out-of-memory error a rank raised: the job's own size
+        ("rank_error", False),
+        ("exit_code", False),
+        ("launch_error", False),
+        ("timeout", False),
+        ("user_cancelled", False),
+        ("user_paused", False),
+        ("worker_shutdown", False),  # requeued, but without using a restart (lifecycle.settle)
     ],
 )
-def test_only_infrastructure_faults_restart(reason: str, exit_code: int | None, error: str | None, fault: str) -> None:
-    assert fault_of(reason, exit_code, error) == fault
+def test_only_infrastructure_faults_restart(reason: str, retryable: bool) -> None:
+    termination = Termination(reason)
+    assert termination.retryable == termination.infrastructure == retryable
 
 
 def running_job(settings: Settings, **fields: object) -> int:
@@ -54,7 +57,7 @@ def running_job(settings: Settings, **fields: object) -> int:
 def test_a_fault_requeues_until_the_budget_is_spent_and_a_bug_never(settings: Settings) -> None:
     published: list[tuple[int, str]] = []
     runner = lambda job_id: JobRunner(job_id, settings, threading.Event(), publish=lambda *m: published.append(m))  # noqa: E731
-    killed = Outcome("failed", "oom", KILLED, 1, "distill")
+    killed = Outcome("failed", Termination("rank_killed", KILLED), 1, "distill")
     job_id = running_job(settings, max_restarts=1)
     assert runner(job_id).finish(killed) == "queued"
     assert stored(settings, job_id).restarts == 1 and published == [(job_id, stored(settings, job_id).queue)]
@@ -70,8 +73,11 @@ def test_a_fault_requeues_until_the_budget_is_spent_and_a_bug_never(settings: Se
     assert ends == [(1, "w1", "requeued", "rank_killed"), (2, "w2", "failed", "rank_killed")]
 
     bug = running_job(settings)  # the server's default budget: 2
-    assert runner(bug).finish(Outcome("failed", "rank_error", "rank 1 failed: ValueError", 1, "distill")) == "failed"
+    assert (
+        runner(bug).finish(Outcome("failed", Termination("rank_error", "rank 1 failed: ValueError"), 1, "distill"))
+        == "failed"
+    )
     assert stored(settings, bug).restarts == 0 and len(published) == 1
     off = running_job(settings, max_restarts=0)
-    assert runner(off).finish(Outcome("failed", "worker_lost", "gone", None, "distill")) == "failed"
+    assert runner(off).finish(Outcome("failed", Termination("worker_lost", "gone"), None, "distill")) == "failed"
     assert stored(settings, off).termination_reason == "worker_lost" and len(published) == 1

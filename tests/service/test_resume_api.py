@@ -11,11 +11,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, func, select
 
-from app.cli import main
+from app.cli.main import main
 from app.core.database import get_engine, migrate
 from app.core.settings import Settings
 from app.core.tables import JobEvent
 from app.main import create_app
+from pipebd_core.rundir import RunDir
 from tests.service.conftest import make_settings
 from tests.service.factories import broker_messages, insert_job, tiny_job
 from tests.service.live import serve
@@ -29,8 +30,7 @@ def events_of(settings: Settings, job_id: int) -> int:
 def run_dir(settings: Settings, name: str) -> str:
     """A run directory with the file a resume needs (phases.json)."""
     folder = settings.runs / name
-    folder.mkdir(parents=True)
-    (folder / "phases.json").write_text("[]")
+    RunDir(folder).save_phases([])
     return str(folder)
 
 

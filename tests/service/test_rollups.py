@@ -5,7 +5,6 @@ counted once, every spike kept; a rank whose rollups do not add up is downsample
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import update
@@ -16,34 +15,34 @@ from app.core.downsample import downsample, to_point
 from app.core.rollups import LEVELS, RollupBuilder, chart_points
 from app.core.settings import Settings
 from app.core.tables import JobMetric, JobMetricRollup
+from pipebd_core.documents.telemetry import DistillLine
 from tests.service.factories import insert_job, insert_metrics
+from tests.telemetry_lines import distill_line
 
 
-def line(rank: int, seq: int, loss: float) -> dict[str, Any]:
-    return {
-        "time": 1000.0 + seq,
-        "rank": rank,
-        "epoch": 0,
-        "step": seq - 1,
-        "blocks": [rank],
-        "loss": {str(rank): loss},
-        "phases": {"teacher": 0.01 * (seq % 3), "student": 0.02},
-        "samples": 8 + seq % 2,
-        "peak_mem": 100 + seq,
-        "done": seq,
-        "total": 0,
-    }
+def line(rank: int, seq: int, loss: float) -> DistillLine:
+    return distill_line(
+        rank,
+        seq - 1,
+        time=1000.0 + seq,
+        loss={rank: loss},
+        phases={"teacher": 0.01 * (seq % 3), "student": 0.02},
+        samples=8 + seq % 2,
+        peak_mem=100 + seq,
+        done=seq,
+        total=0,
+    )
 
 
-def store(settings: Settings, job_id: int, lines: list[dict[str, Any]], builder: RollupBuilder) -> None:
+def store(settings: Settings, job_id: int, lines: list[DistillLine], builder: RollupBuilder) -> None:
     """Lines and the rollups they complete, in one transaction, as worker/streaming.py stores them."""
     with Session(get_engine(settings.database)) as session:
         rows = [
-            JobMetric(job_id=job_id, rank=r["rank"], seq=r["done"], epoch=0, step=r["step"], time=r["time"], record=r)
+            JobMetric(job_id=job_id, rank=r.rank, seq=r.seq, epoch=0, step=r.step, time=r.time, record=r.to_json())
             for r in lines
         ]
         session.add_all(rows)
-        session.add_all(builder.add([to_point(row.record, row.seq) for row in rows]))
+        session.add_all(builder.add([to_point(r) for r in lines]))
         session.commit()
 
 
@@ -55,7 +54,7 @@ def losses(count: int) -> list[float]:
 
 def test_builder_writes_complete_runs_at_every_level() -> None:
     builder = RollupBuilder(job_id=1)
-    rows = builder.add([to_point(line(0, seq, float(seq)), seq) for seq in range(1, 71)])
+    rows = builder.add([to_point(line(0, seq, float(seq))) for seq in range(1, 71)])
     by_size = {size: [row for row in rows if row.lines == size] for size in LEVELS}
     assert [len(by_size[size]) for size in (4, 16, 64, 256)] == [17, 4, 1, 0]
     run = by_size[16][1]
@@ -80,7 +79,7 @@ def test_chart_points_read_the_rollups_and_keep_counts_extremes_and_means(settin
         session.execute(
             update(JobMetric)
             .where(col(JobMetric.job_id) == job.id, col(JobMetric.rank) == 0, col(JobMetric.seq) == 300)
-            .values(record=line(0, 300, 1e6))
+            .values(record=line(0, 300, 1e6).to_json())
         )
         session.commit()
         points, total = chart_points(session, job.id, [0, 1], max_points=50)
@@ -103,7 +102,7 @@ def test_lines_without_rollups_are_downsampled_from_the_lines(settings: Settings
     with Session(get_engine(settings.database)) as session:
         points, total = chart_points(session, job.id, [0], max_points=50)
         rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id).order_by(col(JobMetric.seq))).all()
-    assert total == 1000 and points == downsample([to_point(row.record, row.seq) for row in rows], 50)
+    assert total == 1000 and points == downsample([to_point(DistillLine.from_json(row.record)) for row in rows], 50)
 
 
 def test_the_metrics_route_serves_rollups_and_deleting_the_job_removes_them(

@@ -38,6 +38,17 @@ def line_count(folder: Path) -> int:
     return sum(len(path.read_text().splitlines()) for path in folder.glob("rank-*.jsonl"))
 
 
+def wait_telemetry(embedded: Embedded, job_id: int) -> None:
+    """Until the job's ranks have stored telemetry: it is running its distillation."""
+    client = embedded.client
+    wait_for(
+        lambda: client.get(f"/api/v1/jobs/{job_id}/metrics").json()["total"] > 0,
+        JOB_TIMEOUT_S,
+        f"telemetry of job {job_id}",
+        embedded.worker.output,
+    )
+
+
 def test_a_job_runs_to_success_with_telemetry_logs_and_artifacts(
     embedded: Embedded,
 ) -> None:
@@ -107,12 +118,7 @@ def test_a_crashing_rank_fails_the_job_with_its_traceback(embedded: Embedded) ->
 def test_cancel_stops_every_rank(embedded: Embedded) -> None:
     client = embedded.client
     job_id = client.post("/api/v1/jobs", json=long_job()).json()["id"]
-    wait_for(
-        lambda: client.get(f"/api/v1/jobs/{job_id}/metrics").json()["total"] > 0,
-        JOB_TIMEOUT_S,
-        "telemetry",
-        embedded.worker.output,
-    )
+    wait_telemetry(embedded, job_id)
     run_dir = str(embedded.job_dir(job_id))
     ranks = rank_processes(run_dir)
     assert len(ranks) >= 3  # torchrun and two ranks
@@ -234,3 +240,20 @@ def test_a_worker_killed_while_profiling_leaves_no_profiler_behind(tmp_path: Pat
             print(f"worker killed while profiling: profiler gone {time.time() - killed:.1f} s after the kill")
         finally:
             worker.stop()
+
+
+def test_a_sweeps_bulk_cancel_stops_its_running_child_and_leaves_no_process(embedded: Embedded) -> None:
+    client = embedded.client
+    body = {"spec": long_job(), "grid": {"train.lr": [0.01, 0.02]}, "max_parallel": 1}
+    sweep = client.post("/api/v1/sweeps", json=body).json()
+    first, second = (job["id"] for job in sweep["jobs"])
+    wait_telemetry(embedded, first)
+    run_dir = str(embedded.job_dir(first))
+    assert len(rank_processes(run_dir)) >= 3 and client.get(f"/api/v1/jobs/{second}").json()["state"] == "queued"
+    cancelled = client.post(f"/api/v1/sweeps/{sweep['id']}/cancel").json()
+    assert [job["state"] for job in cancelled["jobs"]] == ["cancelling", "cancelled"]
+    embedded.wait_state(first, {"cancelled", "failed", "succeeded"}, CANCEL_DEADLINE_S)
+    wait_for(lambda: rank_processes(run_dir) == [], CANCEL_DEADLINE_S, "every rank to exit")
+    read = client.get(f"/api/v1/sweeps/{sweep['id']}").json()
+    assert read["state"] == "cancelled" and read["progress"]["jobs"]["cancelled"] == 2
+    assert client.get(f"/api/v1/jobs/{second}").json()["started_at"] is None  # never launched

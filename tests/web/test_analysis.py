@@ -21,6 +21,9 @@ from app.web.architecture import block_history, candidate_names, spaced
 from app.web.compare import Compared, with_speedups
 from app.web.templating import blocks, duration, size
 from app.web.views import chosen_mode, job_row, mode_text, plan_text, plan_view, stages_text
+from pipebd_core.documents.plan import PlanDocument, StageSpan
+from pipebd_core.documents.telemetry import DistillLine
+from tests.telemetry_lines import distill_line
 
 ZERO = {
     "data": 0.0,
@@ -34,25 +37,22 @@ ZERO = {
 }
 
 
-def line(rank: int, step: int, time: float, blocks: list[int], **phases: float) -> dict[str, Any]:
-    return {
-        "time": time,
-        "rank": rank,
-        "step": step,
-        "round": "weights",
-        "blocks": blocks,
-        "loss": {str(b): 1.0 / (step + 1) for b in blocks},
-        "phases": {**ZERO, **phases},
-        "samples": 12,
-        "peak_mem": 1000 * (rank + 1) + step,
-        "done": step + 1,
-        "total": 10,
-    }
+def line(rank: int, step: int, time: float, blocks: list[int], **phases: float) -> DistillLine:
+    return distill_line(
+        rank,
+        step,
+        time=time,
+        loss={b: 1.0 / (step + 1) for b in blocks},
+        phases={**ZERO, **phases},
+        samples=12,
+        peak_mem=1000 * (rank + 1) + step,
+        total=10,
+    )
 
 
-def pipeline(steps: int = 10) -> dict[int, list[dict[str, Any]]]:
+def pipeline(steps: int = 10) -> dict[int, list[DistillLine]]:
     """Two stages: rank 1's student work takes 3x rank 0's, so rank 0 blocks in send and rank 1 never waits."""
-    records: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
+    records: dict[int, list[DistillLine]] = {0: [], 1: []}
     for step in range(steps):
         end = 0.1 * (step + 1)
         records[0].append(
@@ -73,9 +73,29 @@ def test_rank_load_splits_wall_time_into_phases_and_gaps() -> None:
     assert load.distilled == pytest.approx(10 * 12 * 2 / 4)
 
 
+def plan_document(**fields: Any) -> PlanDocument:
+    """plan.json with the fields a test gives (a 2-rank pipeline of 4 blocks unless it says otherwise);
+    given alternatives or mode steps, the other predictions are there, saying nothing."""
+    document: dict[str, Any] = {"mode": "tr_dpu", "nproc": 2, "num_blocks": 4, "batch_size": 12, **fields}
+    if {"alternatives", "mode_step_s"} & fields.keys():
+        nothing = {"alternatives": [], "mode_step_s": {}, "plans_considered": 0, "stages_rejected_for_memory": 0}
+        document = {"predicted_step_s": 0.0, "ideal_step_s": 0.0, "simulation": {}, **nothing, **document}
+    return PlanDocument.model_validate(document)
+
+
+def ranked(stages: list[dict[str, int]], step_s: float, bottleneck: int) -> dict[str, Any]:
+    """An entry of plan.json's `alternatives` with the numbers the dashboard reads."""
+    parts = {"stage_s": [], "stage_parts": [], "memory_bytes": []}
+    return {"stages": stages, "step_s": step_s, "bottleneck_stage": bottleneck, **parts}
+
+
 def test_the_bottleneck_is_the_rank_that_works_most_and_others_say_how_they_wait() -> None:
     loads = rank_loads(pipeline(), num_blocks=4)
-    plan = {"ranks": [{"rank": 0, "blocks": [0, 1], "stage": 0}, {"rank": 1, "blocks": [2, 3], "stage": 1}]}
+    ranks = [
+        {"rank": 0, "blocks": [0, 1], "rows": [0, 12], "stage": 0, "role": "stage"},
+        {"rank": 1, "blocks": [2, 3], "rows": [0, 12], "stage": 1, "role": "stage"},
+    ]
+    plan = plan_document(ranks=ranks)
     finding = find_bottleneck(loads, plan, batch_size=12)
     assert finding.rank == 1
     assert finding.headline.startswith("Rank 1 (stage 1, blocks 2–3) is the bottleneck")
@@ -87,9 +107,9 @@ def test_the_bottleneck_is_the_rank_that_works_most_and_others_say_how_they_wait
 def test_a_downstream_rank_waiting_for_input_is_named_as_waiting() -> None:
     records = pipeline()
     for record in records[1]:
-        record["phases"].update(recv_wait=0.06, student=0.015)  # rank 1 now mostly waits
+        record.phases.update(recv_wait=0.06, student=0.015)  # rank 1 now mostly waits
     for record in records[0]:
-        record["phases"].update(send=0.0, student=0.08)
+        record.phases.update(send=0.0, student=0.08)
     finding = find_bottleneck(rank_loads(records, 4), None, 12)
     assert finding.rank == 0
     assert "rank 1 waits for its input (recv_wait)" in finding.details[0]
@@ -112,17 +132,13 @@ def test_no_telemetry_and_a_single_rank() -> None:
 
 def test_the_prediction_of_the_chosen_plan_is_quoted() -> None:
     stages = [{"start": 0, "stop": 2, "replicas": 1}, {"start": 2, "stop": 4, "replicas": 1}]
-    plan = {
-        "stages": [{**stage, "ranks": [i], "rows": [[0, 12]]} for i, stage in enumerate(stages)],
-        "alternatives": [
-            {
-                "stages": [{"start": 0, "stop": 1, "replicas": 1}, {"start": 1, "stop": 4, "replicas": 1}],
-                "step_s": 0.05,
-                "bottleneck_stage": 0,
-            },
-            {"stages": stages, "step_s": 0.08, "bottleneck_stage": 1},
+    plan = plan_document(
+        stages=[{**stage, "ranks": [i], "rows": [[0, 12]]} for i, stage in enumerate(stages)],
+        alternatives=[
+            ranked([{"start": 0, "stop": 1, "replicas": 1}, {"start": 1, "stop": 4, "replicas": 1}], 0.05, 0),
+            ranked(stages, 0.08, 1),
         ],
-    }
+    )
     assert predicted_bottleneck(plan) == (1, 0.08)
     finding = find_bottleneck(rank_loads(pipeline(), 4), plan, 12)
     assert "predicted stage 1 as the bottleneck at 80.00 ms per step" in finding.details[1]
@@ -142,43 +158,35 @@ def test_summary_measures_throughput_memory_and_final_losses() -> None:
 
 def test_latest_losses_average_replicas_and_skip_architecture_rounds() -> None:
     records = {0: [line(0, 3, 1.0, [0])], 1: [line(1, 3, 1.0, [0])]}
-    records[1][0]["loss"] = {"0": 0.5}
+    records[1][0].loss = {0: 0.5}
     arch = line(0, 4, 2.0, [0])
-    arch["round"] = "arch"
+    arch.round = "arch"
     records[0].append(arch)
     assert latest_losses(records) == {"0": pytest.approx((0.25 + 0.5) / 2)}
 
 
 def test_plan_view_shows_replicated_stages_and_alternatives() -> None:
-    plan = {
-        "mode": "hybrid",
-        "nproc": 3,
-        "num_blocks": 3,
-        "batch_size": 12,
-        "block_names": ["conv1", "conv2", "conv3"],
-        "stages": [
+    plan = plan_document(
+        mode="hybrid",
+        nproc=3,
+        num_blocks=3,
+        batch_size=12,
+        block_names=["conv1", "conv2", "conv3"],
+        stages=[
             {"start": 0, "stop": 1, "replicas": 2, "ranks": [0, 1], "rows": [[0, 6], [6, 12]]},
             {"start": 1, "stop": 3, "replicas": 1, "ranks": [2], "rows": [[0, 12]]},
         ],
-        "ranks": [
+        ranks=[
             {"rank": 0, "blocks": [0], "rows": [0, 6], "stage": 0, "role": "replica"},
             {"rank": 1, "blocks": [0], "rows": [6, 12], "stage": 0, "role": "replica"},
             {"rank": 2, "blocks": [1, 2], "rows": [0, 12], "stage": 1, "role": "stage"},
         ],
-        "alternatives": [
-            {
-                "stages": [{"start": 0, "stop": 1, "replicas": 2}, {"start": 1, "stop": 3, "replicas": 1}],
-                "step_s": 0.01,
-                "bottleneck_stage": 1,
-            },
-            {
-                "stages": [{"start": 0, "stop": 2, "replicas": 1}, {"start": 2, "stop": 3, "replicas": 2}],
-                "step_s": 0.015,
-                "bottleneck_stage": 0,
-            },
+        alternatives=[
+            ranked([{"start": 0, "stop": 1, "replicas": 2}, {"start": 1, "stop": 3, "replicas": 1}], 0.01, 1),
+            ranked([{"start": 0, "stop": 2, "replicas": 1}, {"start": 2, "stop": 3, "replicas": 2}], 0.015, 0),
         ],
-        "mode_step_s": {"dp": 0.04, "hybrid": 0.01},
-    }
+        mode_step_s={"dp": 0.04, "hybrid": 0.01},
+    )
     view = plan_view(plan)
     assert [stage.replicas for stage in view.stages] == [2, 1]
     assert [[cell.owned for cell in row.cells] for row in view.rank_rows] == [
@@ -190,7 +198,7 @@ def test_plan_view_shows_replicated_stages_and_alternatives() -> None:
     assert [alt.chosen for alt in view.alternatives] == [True, False]
     assert view.alternatives[1].relative == pytest.approx(1.5)
     assert view.mode_steps == [("dp", 0.04, 1.0), ("hybrid", 0.01, 4.0)]
-    assert stages_text(plan["stages"]) == "0 ×2 | 1–2"
+    assert stages_text(plan.stages) == "0 ×2 | 1–2"
 
 
 def test_list_rows_describe_plan_duration_and_eta() -> None:
@@ -213,16 +221,20 @@ def stage(start: int, stop: int, replicas: int = 1) -> dict[str, int]:
     return {"start": start, "stop": stop, "replicas": replicas}
 
 
+def spans(*stages: dict[str, int]) -> list[StageSpan]:
+    return [StageSpan(**entry) for entry in stages]
+
+
 def test_the_mode_shown_is_the_one_submitted_with_what_auto_chose() -> None:
     def job(mode: str, summary: dict[str, Any] | None) -> Job:
         spec = {"schedule": {"mode": mode}}
         return Job(id=1, name="a", state="running", nproc=2, queue="q", spec=spec, plan_summary=summary)
 
     # plan.json keeps `auto` as its mode; what auto chose is the mode that lays out the same stages
-    assert chosen_mode({"mode": "auto", "stages": [stage(0, 4, 2)]}) == "ir"
-    assert chosen_mode({"mode": "auto", "stages": [stage(0, 1), stage(1, 4)]}) == "tr_dpu"
-    assert chosen_mode({"mode": "auto", "stages": [stage(0, 1, 2), stage(1, 4)]}) == "hybrid"
-    assert chosen_mode({"mode": "auto"}) is None and chosen_mode({"mode": "ls"}) == "ls"
+    assert chosen_mode("auto", spans(stage(0, 4, 2))) == "ir"
+    assert chosen_mode("auto", spans(stage(0, 1), stage(1, 4))) == "tr_dpu"
+    assert chosen_mode("auto", spans(stage(0, 1, 2), stage(1, 4))) == "hybrid"
+    assert chosen_mode("auto", []) is None and chosen_mode("ls", []) == "ls"
     assert mode_text(job("auto", None)) == "auto"  # not planned yet
     assert mode_text(job("auto", {"mode": "auto", "stages": [stage(0, 4, 2)]})) == "auto → ir"
     assert mode_text(job("auto", {"mode": "hybrid", "stages": [stage(0, 1, 2), stage(1, 4)]})) == "auto → hybrid"
@@ -230,13 +242,13 @@ def test_the_mode_shown_is_the_one_submitted_with_what_auto_chose() -> None:
     assert plan_text(job("auto", {"mode": "auto", "stages": [stage(0, 1, 1), stage(1, 4)]})) == "auto → tr_dpu: 0 | 1–3"
     assert plan_text(job("dp", {"mode": "dp"})) == "dp: 2 ranks, data parallel per block"
     assert plan_text(job("ls", {"mode": "ls"})) == "ls: blocks bin-packed on 2 ranks"
-    view = plan_view({"mode": "auto", "nproc": 2, "num_blocks": 4, "batch_size": 8, "stages": [], "ranks": []})
+    view = plan_view(plan_document(mode="auto", nproc=2, num_blocks=4, batch_size=8))
     assert view.chosen is None and view.auto_choice is None
     replicated = [
         {**stage(0, 1, 2), "ranks": [0, 1], "rows": [[0, 4], [4, 8]]},
         {**stage(1, 4), "ranks": [2], "rows": [[0, 8]]},
     ]
-    view = plan_view({"mode": "auto", "nproc": 3, "num_blocks": 4, "batch_size": 8, "stages": replicated})
+    view = plan_view(plan_document(mode="auto", nproc=3, num_blocks=4, batch_size=8, stages=replicated))
     assert view.chosen == "hybrid" and view.auto_choice is not None and "replicated" in view.auto_choice
 
 

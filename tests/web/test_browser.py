@@ -229,7 +229,7 @@ def test_compare_page_puts_jobs_side_by_side(browser: Any, service: str) -> None
 
 
 def test_a_finetune_job_page_shows_its_accuracy_curves_and_micro_batch_schedule(browser: Any, service: str) -> None:
-    from tests.test_finetune import e2e_document
+    from tests.ranks.test_finetune import e2e_document
 
     document = e2e_document("zb", 2, profile=True, max_steps=12, eval_every=1)
     job_id = httpx.post(f"{service}/api/v1/jobs", json=document, timeout=60).json()["id"]
@@ -261,4 +261,28 @@ def test_a_finetune_job_page_shows_its_accuracy_curves_and_micro_batch_schedule(
         page.set_viewport_size(PHONE)
         page.wait_for_timeout(300)
         assert watched.overflow() == 0
+        assert watched.errors == []
+
+
+def test_a_sweep_page_cancels_every_child_and_updates_in_place(browser: Any, service: str) -> None:
+    body = {"spec": long_job(), "grid": {"train.lr": [0.01, 0.02]}, "max_parallel": 1}
+    created = httpx.post(f"{service}/api/v1/sweeps", json=body, timeout=60)
+    assert created.status_code == 202, created.text
+    sweep = created.json()
+    with watched_page(browser, service) as watched:
+        page = watched.page
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.goto(f"/sweeps/{sweep['id']}")
+        wait_until_ready(watched)
+        assert page.locator("#sweep-children tbody tr").count() == 2
+        page.click("#cancel-sweep")
+        page.wait_for_selector("#sweep-summary[data-state='cancelled']", timeout=60_000)
+        assert page.evaluate("window.__sameDocument") is True
+        assert page.locator("#sweep-children .badge").all_inner_texts() == ["⊘ cancelled", "⊘ cancelled"]
+        assert page.locator("#cancel-sweep").count() == 0 and page.locator("#resume-sweep").count() == 1
+        watched.screenshot("sweep-1280")
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(300)
+        assert watched.overflow() == 0
+        watched.screenshot("sweep-390")
         assert watched.errors == []

@@ -16,6 +16,7 @@ from sqlmodel import Session
 from app.core.database import get_engine
 from app.core.tables import JobAttempt
 from app.main import create_app
+from pipebd_core.rundir import RunDir
 from tests.service.conftest import make_settings
 from tests.service.factories import broker_messages, insert_job
 from tests.service.live import serve
@@ -28,8 +29,7 @@ def lost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int, A
     settings = make_settings(folder, f"sqlite:///{folder / 'pipebd.db'}")
     app = create_app(settings)
     run = folder / "run"
-    run.mkdir()
-    (run / "phases.json").write_text("[]")
+    RunDir(run).save_phases([])
     started = time.time() - 60
     job = insert_job(
         settings,

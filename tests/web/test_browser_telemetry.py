@@ -24,9 +24,11 @@ from app.core.database import get_engine
 from app.core.settings import Settings
 from app.core.tables import Job
 from app.main import create_app
+from pipebd_core.documents.telemetry import DistillLine
 from tests.service.conftest import make_settings
 from tests.service.factories import insert_job, store_lines
 from tests.service.live import serve
+from tests.telemetry_lines import distill_line
 from tests.web.browser import PHONE, watched_page
 
 pytestmark = pytest.mark.timeout(300)
@@ -39,31 +41,27 @@ def leaning(lead: int, p: float, count: int = 7) -> list[float]:
     return [p if index == lead else (1 - p) / (count - 1) for index in range(count)]
 
 
-def line(rank: int, seq: int, arch: dict[str, list[list[float]]] | None = None) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "time": 1000.0 + seq + 0.1 * rank,
-        "rank": rank,
-        "epoch": 0,
-        "step": seq - 1,
-        "round": "weights",
-        "blocks": [rank],
-        "loss": {str(rank): 1.0 / seq},
-        "phases": {"teacher": 0.2, "student": 0.5, "recv_wait": 0.3 * rank},
-        "samples": 8,
+def line(rank: int, seq: int, arch: dict[int, list[list[float]] | None] | None = None) -> DistillLine:
+    return distill_line(
+        rank,
+        seq - 1,
+        time=1000.0 + seq + 0.1 * rank,
+        round="weights" if arch is None else "arch",
+        blocks=[rank],
+        loss={rank: 1.0 / seq} if arch is None else {},
+        phases={"teacher": 0.2, "student": 0.5, "recv_wait": 0.3 * rank},
         # memory in use goes up and down (a saw tooth); the peak only rises
-        "cur_mem": (100 + 10 * rank + (seq % 4) * 20) * MIB,
-        "peak_mem": (100 + 10 * rank + min(seq, 4) * 20) * MIB,
-        "gpu_util": 50 + 5 * rank + seq,
-        "done": seq,
-        "total": 100,
-    }
-    if arch is not None:
-        record.update(round="arch", arch=arch, loss={})
-    return record
+        cur_mem=(100 + 10 * rank + (seq % 4) * 20) * MIB,
+        peak_mem=(100 + 10 * rank + min(seq, 4) * 20) * MIB,
+        gpu_util=50 + 5 * rank + seq,
+        done=seq,
+        total=100,
+        arch=arch,
+    )
 
 
-def store(settings: Settings, job_id: int, records: list[dict[str, Any]]) -> None:
-    store_lines(settings, job_id, records, {"progress": 0.2, "samples_per_s": 10.0})
+def store(settings: Settings, job_id: int, lines: list[DistillLine]) -> None:
+    store_lines(settings, job_id, lines, {"progress": 0.2, "samples_per_s": 10.0})
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +78,7 @@ def nas_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
         session.add(stored)
         session.commit()
     history = [line(rank, seq) for seq in range(1, LINES + 1) for rank in (0, 1)]
-    history += [line(0, LINES + 1, {"0": [SEVEN]}), line(0, LINES + 2, {"0": [leaning(0, 0.4)]})]
+    history += [line(0, LINES + 1, {0: [SEVEN]}), line(0, LINES + 2, {0: [leaning(0, 0.4)]})]
     store(settings, job.id, history)
     with serve(app) as url:
         yield url, job.id, settings
@@ -175,7 +173,7 @@ def test_nas_heat_maps_show_candidate_history_grow_live_and_take_the_keyboard(
         assert choice == "mbconv_k3_e3 40%", choice
         page.click("#arch-0-latest summary")  # the reader opens every candidate's probability
         assert page.locator("#arch-0-latest th.mono").all_inner_texts()[-1] == "zero"
-        store(settings, job_id, [line(0, LINES + 3, {"0": [leaning(6, 0.6)]})])  # a new update, live
+        store(settings, job_id, [line(0, LINES + 3, {0: [leaning(6, 0.6)]})])  # a new update, live
         page.wait_for_function("document.querySelectorAll('#arch-0-wrap thead th.step').length === 3", timeout=30_000)
         assert page.locator("#arch-0-wrap td.choice").inner_text() == "zero 60%"
         title = page.locator("#arch-0-wrap td.other").get_attribute("title")

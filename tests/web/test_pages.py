@@ -23,8 +23,14 @@ from app.core.settings import Settings
 from app.core.tables import Job, JobEvent, JobMetric
 from app.main import create_app
 from app.web.new_job import bundled_examples
+from pipebd_core.documents.calibration import BlockCalibration, Calibration, CalibrationSource
+from pipebd_core.documents.plan import PlanDocument, Predictions, RankEntry, Replan, StageEntry
+from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
+from pipebd_core.documents.telemetry import DistillLine
+from pipebd_core.rundir import RunDir
 from tests.service.conftest import make_settings
 from tests.service.factories import insert_job, insert_metrics, store_lines
+from tests.telemetry_lines import distill_line
 
 SUBMIT_TOKEN = "submit-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdef"
@@ -53,26 +59,33 @@ def embedded_json(html: str, element_id: str) -> Any:
     return json.loads(found.group(1))
 
 
+def predictions(**fields: Any) -> Predictions:
+    """The planner's predictions with the numbers a test gives, and nothing else to show."""
+    nothing = {"alternatives": [], "mode_step_s": {}, "plans_considered": 0, "stages_rejected_for_memory": 0}
+    return Predictions.model_validate(
+        {"predicted_step_s": 0.0, "ideal_step_s": 0.0, "simulation": {}, **nothing, **fields}
+    )
+
+
 def write_run(folder: Path, nproc: int = 2) -> Path:
     """A run directory with a two-stage plan and lifecycle events, as a worker leaves it."""
     folder.mkdir(parents=True)
-    plan = {
-        "mode": "tr_dpu",
-        "nproc": nproc,
-        "num_blocks": 4,
-        "batch_size": 10,
-        "block_names": ["b0", "b1", "b2", "b3"],
-        "stages": [
-            {"start": 0, "stop": 2, "replicas": 1, "ranks": [0], "rows": [[0, 10]]},
-            {"start": 2, "stop": 4, "replicas": 1, "ranks": [1], "rows": [[0, 10]]},
+    plan = PlanDocument(
+        mode="tr_dpu",
+        nproc=nproc,
+        num_blocks=4,
+        batch_size=10,
+        block_names=["b0", "b1", "b2", "b3"],
+        stages=[
+            StageEntry(start=0, stop=2, replicas=1, ranks=[0], rows=[(0, 10)]),
+            StageEntry(start=2, stop=4, replicas=1, ranks=[1], rows=[(0, 10)]),
         ],
-        "ranks": [
-            {"rank": 0, "blocks": [0, 1], "rows": [0, 10], "stage": 0, "role": "stage"},
-            {"rank": 1, "blocks": [2, 3], "rows": [0, 10], "stage": 1, "role": "stage"},
+        ranks=[
+            RankEntry(rank=0, blocks=[0, 1], rows=(0, 10), stage=0, role="stage"),
+            RankEntry(rank=1, blocks=[2, 3], rows=(0, 10), stage=1, role="stage"),
         ],
-        "assignment": [],
-    }
-    (folder / "plan.json").write_text(json.dumps(plan))
+    )
+    (folder / "plan.json").write_text(json.dumps(plan.to_json()))
     events = [{"time": time.time(), "event": "prepared", "mode": "tr_dpu"}, {"time": time.time(), "event": "launched"}]
     (folder / "events.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events))
     return folder
@@ -196,23 +209,21 @@ def insert_submitted(settings: Settings, mode: str, **fields: Any) -> Job:
         return stored
 
 
-def telemetry(rank: int, task_s: float, losses: list[dict[str, float]], peak_mib: int) -> list[dict[str, Any]]:
+def telemetry(rank: int, task_s: float, losses: list[dict[str, float]], peak_mib: int) -> list[DistillLine]:
     """Back-to-back tasks of `task_s` seconds on 5 rows (half the batch), task i training the blocks of
     `losses[i]` (block -> loss); the rank's memory peaks at `peak_mib` from its 7th task on."""
     return [
-        {
-            "time": 1000.0 + i * task_s,
-            "rank": rank,
-            "epoch": 0,
-            "step": i - 1,
-            "blocks": [int(block) for block in loss],
-            "loss": loss,
-            "phases": {"teacher": 0.4 * task_s, "student": 0.4 * task_s, "allreduce": 0.2 * task_s},
-            "samples": 5,
-            "peak_mem": (peak_mib if i >= 7 else 100) * MIB,
-            "done": i,
-            "total": len(losses),
-        }
+        distill_line(
+            rank,
+            i - 1,
+            time=1000.0 + i * task_s,
+            loss={int(block): value for block, value in loss.items()},
+            phases={"teacher": 0.4 * task_s, "student": 0.4 * task_s, "allreduce": 0.2 * task_s},
+            samples=5,
+            peak_mem=(peak_mib if i >= 7 else 100) * MIB,
+            done=i,
+            total=len(losses),
+        )
         for i, loss in enumerate(losses, start=1)
     ]
 
@@ -269,8 +280,10 @@ def test_auto_jobs_say_what_auto_chose_on_the_list_and_the_job_page(
     web: TestClient, sqlite_settings: Settings, tmp_path: Path
 ) -> None:
     run = write_run(tmp_path / "run")  # two unreplicated stages on 2 ranks: the layout tr_dpu runs
-    plan = {**json.loads((run / "plan.json").read_text()), "mode": "auto"}
-    plan["mode_step_s"] = {"dp": 0.04, "ir": 0.02, "tr_dpu": 0.01, "hybrid": 0.01}
+    document = PlanDocument.from_json(json.loads((run / "plan.json").read_text()))
+    document.mode = "auto"
+    document.details.predictions = predictions(mode_step_s={"dp": 0.04, "ir": 0.02, "tr_dpu": 0.01, "hybrid": 0.01})
+    plan = document.to_json()
     (run / "plan.json").write_text(json.dumps(plan))
     summary = {key: plan[key] for key in ("mode", "nproc", "num_blocks", "stages")}
     auto = insert_submitted(sqlite_settings, "auto", state="succeeded", run_dir=str(run), plan_summary=summary)
@@ -429,17 +442,21 @@ def test_nas_jobs_show_each_blocks_candidate_probabilities_over_time(client: Tes
         seq = 0
         for step, arch in updates.items():
             seq += 1
-            weights = {"time": 1.0, "rank": 0, "step": step, "round": "weights", "blocks": [0], "loss": {"0": 1.0}}
+            weights = distill_line(0, step, time=1.0, done=seq).to_json()
             session.add(JobMetric(job_id=job.id, rank=0, seq=seq, epoch=0, step=step, time=1.0, record=weights))
             seq += 1
-            record = {"time": 1.0, "rank": 0, "step": step, "round": "arch", "blocks": [0], "arch": arch}
+            record = distill_line(0, step, time=1.0, done=seq, round="arch", loss={}, blocks=[0], arch=arch).to_json()
             session.add(JobMetric(job_id=job.id, rank=0, seq=seq, epoch=0, step=step, time=1.0, record=record))
         for step in range(60):
             for rank in (0, 1):
                 arch = {"1": [uniform(6, lead=1, p=0.2 + 0.01 * step)]}
-                record = {"time": 1.0, "rank": rank, "step": step, "round": "arch", "blocks": [1], "arch": arch}
+                line = distill_line(
+                    rank, step, time=1.0, done=1000 + step, round="arch", loss={}, blocks=[1], arch=arch
+                )
                 session.add(
-                    JobMetric(job_id=job.id, rank=rank, seq=1000 + step, epoch=0, step=step, time=1.0, record=record)
+                    JobMetric(
+                        job_id=job.id, rank=rank, seq=1000 + step, epoch=0, step=step, time=1.0, record=line.to_json()
+                    )
                 )
         stored = session.get(Job, job.id)
         assert stored is not None
@@ -488,8 +505,9 @@ def test_compare_shows_accuracies_parameters_and_phase_times_of_jobs_that_traine
 ) -> None:
     run = tmp_path / "tuned"
     run.mkdir()
-    report = {"top1_before": 0.912, "top1_after": 0.975, "teacher_top1": 0.981, "student": {"params": 1234567}}
-    (run / "summary.json").write_text(json.dumps({"finetune": report}))
+    student = ModelSize(params=1234567, flops=2e6)
+    report = FinetuneReport(strategy="ddp", top1_before=0.912, top1_after=0.975, teacher_top1=0.981, student=student)
+    RunDir(run).save_summary(Summary(name="tuned", finetune=report))
     phases = [
         {"name": "distill", "state": "ended", "outcome": "succeeded", "started_at": 100.0, "ended_at": 160.0},
         {"name": "profile_finetune", "state": "ended", "outcome": "skipped", "started_at": 160.0, "ended_at": 160.0},
@@ -511,29 +529,36 @@ def test_job_page_says_how_far_the_profile_is_trusted_what_training_measured_and
     web: TestClient, sqlite_settings: Settings, tmp_path: Path
 ) -> None:
     run = write_run(tmp_path / "run")
-    plan = json.loads((run / "plan.json").read_text())
-    plan["predicted_step_s"] = 0.012
-    plan["profile_trust"] = {
+    plan = PlanDocument.from_json(json.loads((run / "plan.json").read_text()))
+    plan.details.predictions = predictions(predicted_step_s=0.012, ideal_step_s=0.015)
+    plan.details.profile_trust = {
         "trusted": False,
         "flags": ["noisy", "busy"],
         "messages": ["noisy: 1 measurements disagree after re-measuring (block 1 student at batch 10 spread 1.70)"],
     }
-    plan["replans"] = [
-        {
-            "resumed_at_step": 40,
-            "from": [{"start": 0, "stop": 3, "replicas": 1}, {"start": 3, "stop": 4, "replicas": 1}],
-            "to": plan["stages"],
-            "measured_before_s": 0.02,
-            "predicted_before_s": 0.04,
-            "predicted_after_s": 0.012,
-            "measured_after_s": 0.0125,
-            "reason": "measured 50% off the prediction; a plan 40% faster",
-        }
+    before = [
+        StageEntry(start=0, stop=3, replicas=1, ranks=[0], rows=[(0, 10)]),
+        StageEntry(start=3, stop=4, replicas=1, ranks=[1], rows=[(0, 10)]),
     ]
-    (run / "plan.json").write_text(json.dumps(plan))
-    calibration = {"blocks": [{"teacher": 1.5, "student": 0.8, "teacher_s": 0.002, "student_s": 0.003}] * 4}
-    calibration["source"] = {"run": "run", "steps": [2, 40]}
-    (run / "calibration.json").write_text(json.dumps({**calibration, "measured_step_s": 0.0125}))
+    plan.details.replans = [
+        Replan(
+            at=time.time() - 5,
+            decided_at_step=39,
+            resumed_at_step=40,
+            from_=before,
+            to=plan.stages,
+            measured_before_s=0.02,
+            predicted_before_s=0.04,
+            predicted_after_s=0.012,
+            measured_after_s=0.0125,
+            reason="measured 50% off the prediction; a plan 40% faster",
+        )
+    ]
+    (run / "plan.json").write_text(json.dumps(plan.to_json()))
+    block = BlockCalibration(teacher=1.5, student=0.8, teacher_s=0.002, student_s=0.003)
+    source = CalibrationSource(run="run", steps=[2, 40], at=time.time())
+    calibration = Calibration(blocks=[block] * 4, measured_step_s=0.0125, source=source)
+    (run / "calibration.json").write_text(json.dumps(calibration.to_json()))
     phases = [{"name": "distill", "state": "running", "started_at": time.time() - 10}]
     job = insert_job(sqlite_settings, "running", started_at=time.time() - 10, run_dir=str(run), phases=phases)
     html = web.get(f"/jobs/{job.id}").text
@@ -543,3 +568,7 @@ def test_job_page_says_how_far_the_profile_is_trusted_what_training_measured_and
     assert 'data-count="1"' in html and "re-planned at step 40: 0–1 | 2–3" in html  # also on the timeline
     rows = re.findall(r'<tr data-block="(\d)">.*?×([\d.]+)</td>.*?×([\d.]+)</td>', html, re.S)
     assert rows == [(str(b), "1.50", "0.80") for b in range(4)] and "Steps 2–40: a step took 12.50 ms" in html
+    step = re.search(r'<span id="plan-step">(.*?)</span>', html, re.S)  # predicted beside measured, no bound
+    assert step is not None and "Predicted step: <strong>12.00 ms</strong>" in step.group(1)
+    assert 'measured: <strong id="plan-measured">12.50 ms</strong> (steps 2–40)' in step.group(1)
+    assert "15.00 ms, a prediction, not a bound (this plan is predicted below it" in step.group(1)

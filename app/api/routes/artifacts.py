@@ -8,10 +8,18 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import FileResponse
 
+from app.api.deps import JobDep, ReadAccess, SessionDep
+from app.api.problems import ApiError
 from app.api.schemas import AUTH_ERRORS, JOB_ERRORS, ArtifactList, Plan, job_errors
-from app.artifacts import CSV_ARTIFACT, FILE_ARTIFACTS, METRICS_CSV, available, file_path, has_metrics, metrics_csv
-from app.deps import JobDep, ReadAccess, SessionDep
-from app.problems import ApiError
+from app.services.artifacts import (
+    CSV_ARTIFACT,
+    FILE_ARTIFACTS,
+    METRICS_CSV,
+    available,
+    file_path,
+    has_metrics,
+    metrics_csv,
+)
 
 router = APIRouter(prefix="/jobs/{job_id}", tags=["artifacts"], responses=AUTH_ERRORS)
 DOWNLOAD_TYPES = sorted({artifact.media_type for artifact in [*FILE_ARTIFACTS.values(), CSV_ARTIFACT]})

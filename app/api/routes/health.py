@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from app.api.deps import ReadAccess, SettingsDep
+from app.api.monitoring import check_broker, check_database
+from app.api.problems import ApiError
 from app.api.schemas import AUTH_ERRORS, Health, problem
-from app.deps import ReadAccess, SettingsDep
-from app.monitoring import check_broker, check_database
-from app.problems import ApiError
 
 router = APIRouter(tags=["operations"])
 

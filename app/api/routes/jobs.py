@@ -7,24 +7,24 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlmodel import Session
 
+from app.api.deps import Cursor, JobDep, PageSize, ReadAccess, SessionDep, SettingsDep, SubmitAccess
+from app.api.problems import ApiError, invalid
 from app.api.schemas import AUTH_ERRORS, AttemptPublic, JobDetail, JobPublic, JobsPublic, job_errors, problem
 from app.core.attempts import attempts_of
 from app.core.database import get_engine
 from app.core.lifecycle import JobState, request_cancel, restart_budget
 from app.core.settings import Settings
 from app.core.tables import Job
-from app.deps import JobDep, ReadAccess, SessionDep, SettingsDep, SubmitAccess
-from app.jobs import CURSOR_MAX, ConflictError, delete_job, list_jobs, queue_position, waiting_reason
-from app.problems import ApiError, invalid
-from app.resume import pause_job, resume_job
-from app.submissions import submit
+from app.services.jobs import ConflictError, delete_job, list_jobs, queue_position, waiting_reason
+from app.services.resume import pause_job, resume_job
+from app.services.submissions import submit
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=AUTH_ERRORS)
 
 SPEC_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "description": "A PipeBD job spec (see the README's spec section), as JSON or as YAML: the same document"
+        "description": "A PipeBD job spec (every field: docs/spec.md), as JSON or as YAML: the same document"
         " either way. It must name its workload; everything else has a default.",
         "content": {
             media_type: {"schema": {"$ref": "#/components/schemas/Spec"}}
@@ -34,10 +34,10 @@ SPEC_BODY: dict[str, Any] = {
 }
 
 
-def link(path: str, method: str) -> dict[str, Any]:
-    """An OpenAPI link from a created job to one operation on it."""
+def link(path: str, method: str, parameter: str = "job_id") -> dict[str, Any]:
+    """An OpenAPI link from a created resource (a job, a sweep: its `parameter`, a webhook) to one operation on it."""
     pointer = path.replace("~", "~0").replace("/", "~1")
-    return {"operationRef": f"#/paths/{pointer}/{method}", "parameters": {"job_id": "$response.body#/id"}}
+    return {"operationRef": f"#/paths/{pointer}/{method}", "parameters": {parameter: "$response.body#/id"}}
 
 
 JOB = "/api/v1/jobs/{job_id}"
@@ -58,7 +58,7 @@ def detail_of(session: Session, settings: Settings, job: Job) -> JobDetail:
     assert job.id is not None
     attempts = [AttemptPublic(**attempt.model_dump()) for attempt in attempts_of(session, job.id)]
     return JobDetail(
-        **{**job.model_dump(), "phases": job.phases or [], "max_restarts": restart_budget(job, settings)},
+        **{**job.model_dump(), "phases": job.phases or [], "max_restarts": restart_budget(job, settings.max_restarts)},
         attempts=attempts,
         waiting_reason=waiting_reason(session, job=job, stale_after_s=settings.stale_after_s),
         queue_position=queue_position(session, job=job),
@@ -107,14 +107,11 @@ async def submit_job(
 )
 def read_jobs(
     session: SessionDep,
-    settings: SettingsDep,
+    limit: PageSize,
     state: Annotated[JobState | None, Query(description="only jobs in this state")] = None,
-    limit: Annotated[int, Query(ge=1, description="page size (at most PIPEBD_PAGE_LIMIT_MAX, 200 by default)")] = 50,
-    cursor: Annotated[str | None, Query(max_length=CURSOR_MAX, description="next_cursor of the previous page")] = None,
+    cursor: Cursor = None,
 ) -> JobsPublic:
     """Jobs, newest first, one page at a time."""
-    if limit > settings.page_limit_max:
-        raise invalid(["query", "limit"], f"at most {settings.page_limit_max} jobs per page; follow next_cursor", limit)
     try:
         jobs, next_cursor = list_jobs(session, state=state, limit=limit, cursor=cursor)
     except ValueError as error:

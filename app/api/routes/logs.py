@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
+from app.api.deps import JobDep, ReadAccess
+from app.api.problems import ApiError, invalid
 from app.api.schemas import AUTH_ERRORS, LogChunk, job_errors
 from app.core.tables import DB_INT_MAX, Job
-from app.deps import JobDep, ReadAccess
-from app.problems import ApiError, invalid
-from pipebd_core.phases import PHASE_KINDS
-from pipebd_core.rundir import DISTILL, RunDir
+from pipebd_core.documents.phases import DISTILL
+from pipebd_core.job.phases import PHASE_KINDS
+from pipebd_core.rundir import RunDir
 
 router = APIRouter(prefix="/jobs/{job_id}/logs", tags=["logs"], responses=AUTH_ERRORS)
 CHUNK_MAX = 1 << 20

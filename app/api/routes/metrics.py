@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from sqlmodel import col, select
 
+from app.api.deps import JobDep, ReadAccess, SessionDep
+from app.api.problems import invalid
 from app.api.schemas import AUTH_ERRORS, MetricsPage, job_errors
 from app.core.downsample import downsample, to_point
 from app.core.rollups import chart_points
 from app.core.tables import DB_INT_MAX, EVAL_SEQ, JobMetric
-from app.deps import JobDep, ReadAccess, SessionDep
-from app.problems import invalid
+from pipebd_core.documents.phases import DISTILL, TrainingPhase
+from pipebd_core.documents.telemetry import EvalLine, step_line
 
 router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=AUTH_ERRORS)
 MAX_POINTS_LIMIT = 10_000
@@ -30,9 +32,7 @@ def read_metrics(
     job: JobDep,
     session: SessionDep,
     rank: Annotated[int | None, Query(ge=0, le=DB_INT_MAX, description="one rank only")] = None,
-    phase: Annotated[
-        Literal["distill", "finetune"], Query(description="the phase whose telemetry: distill or finetune")
-    ] = "distill",
+    phase: Annotated[TrainingPhase, Query(description="the phase whose telemetry: distill or finetune")] = DISTILL,
     since_step: Annotated[
         int | None, Query(ge=0, le=DB_INT_MAX, description="only lines at this training step or later")
     ] = None,
@@ -54,16 +54,20 @@ def read_metrics(
             col(JobMetric.rank).in_(ranks),
         )
         rows = session.exec(query.order_by(col(JobMetric.rank), col(JobMetric.seq))).all()
-        points, total = downsample([to_point(row.record, row.seq) for row in rows], max_points), len(rows)
-    evals = session.exec(
-        select(JobMetric.record)
-        .where(JobMetric.job_id == job.id, JobMetric.phase == phase, JobMetric.seq == EVAL_SEQ)
-        .order_by(col(JobMetric.step))
-    ).all()
+        lines = [step_line(phase, row.record) for row in rows]
+        points, total = downsample([to_point(line) for line in lines], max_points), len(rows)
+    evals = [
+        EvalLine.from_json(record)
+        for record in session.exec(
+            select(JobMetric.record)
+            .where(JobMetric.job_id == job.id, JobMetric.phase == phase, JobMetric.seq == EVAL_SEQ)
+            .order_by(col(JobMetric.step))
+        ).all()
+    ]
     return {
         "job_id": job.id,
         "phase": phase,
-        "evals": [{"epoch": e["epoch"], "step": e["step"], "top1": e.get("top1")} for e in evals],
+        "evals": [{"epoch": e.epoch, "step": e.step, "top1": e.top1} for e in evals],
         "total": total,
         "downsampled": len(points) < total,
         "max_points": max_points,

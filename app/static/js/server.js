@@ -114,24 +114,27 @@ export function followJob(jobId, afterEventId, handlers) {
   return source;
 }
 
-// Pause and resume buttons (`data-action="pause|resume" data-job="<job id>"`) under `root`: ask the API
-// (a refusal's problem detail says why), say how it went in `statusElement`, then let the page refresh.
+// Pause and resume buttons (`data-action="pause|resume" data-job="<job id>"`, or `data-sweep="<sweep id>"`
+// for every job of a sweep, with `cancel` too) under `root`: confirm when the button has `data-confirm`, ask
+// the API (a refusal's problem detail says why), say how it went in `statusElement`, then let the page refresh.
 export function handleActionButtons(root, statusElement, onDone) {
   root.addEventListener("click", async (event) => {
     const button = event.target.closest("button[data-action]");
     if (!button) return;
-    const { action, job: jobId } = button.dataset;
+    const { action, job: jobId, sweep: sweepId, confirm } = button.dataset;
+    if (confirm && !window.confirm(confirm)) return;
+    const [what, url] = sweepId ? [`Sweep #${sweepId}`, `/api/v1/sweeps/${sweepId}`] : [`Job #${jobId}`, `/api/v1/jobs/${jobId}`];
     button.disabled = true;
     const status = statusElement ?? root.querySelector("#action-status");
     try {
-      const job = await request(`/api/v1/jobs/${jobId}/${action}`, { method: "POST" });
-      if (status) status.textContent = `Job #${jobId} is ${job.state}.`;
+      const answer = await request(`${url}/${action}`, { method: "POST" });
+      if (status) status.textContent = `${what} is ${answer.state}.`;
     } catch (error) {
       button.disabled = false;
-      if (status) status.textContent = `Could not ${action} job #${jobId}: ${error.message}`;
+      if (status) status.textContent = `Could not ${action} ${what.toLowerCase()}: ${error.message}`;
       return;
     }
-    onDone?.(jobId, action);
+    onDone?.(sweepId ?? jobId, action);
   });
 }
 

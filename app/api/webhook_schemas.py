@@ -1,0 +1,139 @@
+"""The request and response shapes of `/api/v1/webhooks` (docs/webhooks.md); the jobs' are app/api/schemas.py.
+
+`WebhookCreate` is what a client sends: refused fields get a 422 naming each one. The `secret` is
+write-only: no answer ever shows it. `WebhookPublic` is a hook with its delivery counts,
+`DeliveryPublic` one entry of its delivery log.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Self
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+
+from app.api.schemas import iso
+from app.core.lifecycle import STATES
+from app.core.tables import DB_INT_MAX
+from app.core.webhooks import JOB, event_names
+
+EVENTS = event_names(STATES)  # what a hook may choose: job.<state> for every state, and phase.finished
+Scope = Literal["server", "token", "job"]  # app.core.webhooks.SCOPES; `sweep` comes with sweeps
+DeliveryState = Literal["pending", "succeeded", "failed"]  # app.core.webhooks.DELIVERY_STATES
+
+
+class WebhookCreate(BaseModel):
+    """A new webhook: where to send which events about whose jobs, and the secret that signs them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(
+        max_length=2000,
+        description="where each event is POSTed: an http:// or https:// address (a Slack incoming webhook works)",
+        json_schema_extra={"format": "uri"},
+    )
+    events: list[str] = Field(
+        min_length=1,
+        max_length=len(EVENTS),
+        description="the events it hears: job.<state> (a job moved to that state) and phase.finished",
+        json_schema_extra={"items": {"type": "string", "enum": list(EVENTS)}, "uniqueItems": True},
+    )
+    scope: Scope = Field(
+        "server",
+        description="whose jobs: `server` every job, `token` the jobs submitted with this request's token,"
+        " `job` the job `job_id`",
+    )
+    job_id: int | None = Field(None, ge=1, le=DB_INT_MAX, description="for scope `job`: the job (absent otherwise)")
+    secret: str = Field(
+        min_length=16,
+        max_length=200,
+        description="keys the X-PipeBD-Signature HMAC of every body; write-only: never shown again",
+        json_schema_extra={"writeOnly": True},
+    )
+    description: str = Field("", max_length=200, description="what it is for, as the dashboard shows it")
+
+    @field_validator("url")
+    @classmethod
+    def _web_address(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+            raise ValueError("an http:// or https:// address with a host, e.g. https://hooks.example.com/pipebd")
+        return value
+
+    @field_validator("events")
+    @classmethod
+    def _known_events(cls, value: list[str]) -> list[str]:
+        unknown = [event for event in value if event not in EVENTS]
+        if unknown:
+            raise ValueError(f"unknown event {unknown[0]!r}; the events are {', '.join(EVENTS)}")
+        if len(set(value)) < len(value):
+            raise ValueError("an event is listed twice; list each once")
+        return value
+
+    @model_validator(mode="after")
+    def _job_for_job_scope(self) -> Self:
+        if self.scope == JOB and self.job_id is None:
+            raise ValueError("scope `job` needs `job_id`: the job whose events the hook hears")
+        if self.scope != JOB and self.job_id is not None:
+            raise ValueError(f"`job_id` is for scope `job`; remove it, or set scope to `job` (got {self.scope!r})")
+        return self
+
+
+class DeliveryCounts(BaseModel):
+    """A hook's deliveries by state."""
+
+    pending: int = Field(description="not yet answered 2xx, with attempts left")
+    succeeded: int = Field(description="answered 2xx")
+    failed: int = Field(description="every attempt failed")
+
+
+class WebhookPublic(BaseModel):
+    """A webhook, without its secret."""
+
+    id: int = Field(description="its id, as in /api/v1/webhooks/{id}")
+    url: str = Field(description="where events are POSTed")
+    events: list[str] = Field(description="the events it hears")
+    scope: Scope = Field(description="whose jobs: server, token or job")
+    job_id: int | None = Field(description="for scope `job`: the job")
+    description: str = Field(description="what it is for")
+    created_at: float = Field(description="when it was created (ISO 8601, UTC)")
+    deliveries: DeliveryCounts = Field(description="its deliveries by state")
+
+    @field_serializer("created_at")
+    def _as_iso(self, value: float) -> str | None:
+        return iso(value)
+
+
+class WebhooksPublic(BaseModel):
+    """Every webhook, oldest first."""
+
+    data: list[WebhookPublic] = Field(description="the webhooks")
+
+
+class DeliveryPublic(BaseModel):
+    """One event on its way to one webhook: the delivery log's entry."""
+
+    id: int = Field(description="its id, also sent as X-PipeBD-Delivery")
+    webhook_id: int = Field(description="the webhook")
+    event: str = Field(description="job.<state> or phase.finished")
+    job_id: int | None = Field(description="the job it is about")
+    state: DeliveryState = Field(description="pending (attempts left), succeeded (answered 2xx) or failed")
+    attempts: int = Field(description="attempts made so far")
+    max_attempts: int = Field(description="attempts it gets in all (PIPEBD_WEBHOOK_MAX_ATTEMPTS)")
+    next_attempt_at: float | None = Field(description="while pending: when it is tried next (ISO 8601, UTC)")
+    last_status: int | None = Field(description="the receiver's last HTTP status; null: no answer or none yet")
+    last_error: str | None = Field(description="why the last attempt failed; null after a success")
+    created_at: float = Field(description="when the event happened (ISO 8601, UTC)")
+    finished_at: float | None = Field(description="when it succeeded or ran out of attempts (ISO 8601, UTC)")
+    payload: dict[str, Any] = Field(description="the body sent (docs/webhooks.md), as stored")
+
+    @field_serializer("next_attempt_at", "created_at", "finished_at")
+    def _as_iso(self, value: float | None) -> str | None:
+        return iso(value)
+
+
+class DeliveriesPublic(BaseModel):
+    """A page of a webhook's delivery log, newest first."""
+
+    data: list[DeliveryPublic] = Field(description="at most `limit` deliveries")
+    next_cursor: str | None = Field(description="pass as `cursor` for the next (older) page; null on the last page")

@@ -1,0 +1,266 @@
+"""The commands that read jobs from a server: `pipebd jobs` (a page of jobs, or every page), `pipebd show ID`,
+`pipebd logs ID` (a log, or --follow it until the job ends) and `pipebd download ID [NAME]`. Each prints
+compact tables, or with --json the server's JSON; a refusal or an unreachable server is one error line
+and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from app.cli.client import ClientError, download, get_json
+from app.cli.output import fields, percent, print_json, table
+from pipebd_core.cli import fail
+
+JOBS = "/api/v1/jobs"
+LOG_CHUNK = 1 << 20  # bytes per logs request: the API's largest
+LOG_POLL_S = 0.5  # --follow: how often an idle log is read again
+
+
+def refused(args: argparse.Namespace, error: ClientError) -> int:
+    job = getattr(args, "job_id", None)
+    return fail(f"{args.command}{f' job {job}' if job is not None else ''}: {error}")
+
+
+def handles_refusals(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """The command, its ClientError printed as one line (exit code 2) instead of a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except ClientError as error:
+            return refused(args, error)
+
+    return run
+
+
+# --- pipebd jobs --------------------------------------------------------------------------------------
+
+
+def pages(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """The page at --cursor, then (with --all) every next one."""
+    cursor = args.cursor
+    while True:
+        page: dict[str, Any] = get_json(
+            args.server, args.token, JOBS, {"state": args.state, "limit": args.limit, "cursor": cursor}
+        )
+        yield page
+        cursor = page["next_cursor"]
+        if not args.all or cursor is None:
+            return
+
+
+def job_row(job: dict[str, Any]) -> list[Any]:
+    return [
+        job["id"],
+        job["name"],
+        job["state"],
+        job["phase"],
+        percent(job["progress"]),
+        job["nproc"],
+        job["priority"],
+        job["created_at"],
+        job["termination_reason"],
+    ]
+
+
+@handles_refusals
+def command_jobs(args: argparse.Namespace) -> int:
+    collected = list(pages(args))
+    jobs = [job for page in collected for job in page["data"]]
+    next_cursor = collected[-1]["next_cursor"]
+    if args.json:
+        print_json({"data": jobs, "next_cursor": next_cursor})
+        return 0
+    headers = ["id", "name", "state", "phase", "progress", "ranks", "priority", "created", "reason"]
+    print(table(headers, [job_row(job) for job in jobs]) if jobs else "no jobs", flush=True)
+    if next_cursor is not None:
+        print(f"pipebd: more jobs: pipebd jobs --cursor {next_cursor} (or --all)", file=sys.stderr)
+    return 0
+
+
+# --- pipebd show --------------------------------------------------------------------------------------
+
+
+def describe(job: dict[str, Any]) -> str:
+    summary = job.get("plan_summary") or {}
+    lines = [
+        fields(
+            [
+                ("job", f"{job['id']} {job['name']}"),
+                ("state", job["state"]),
+                ("reason", job["termination_reason"]),
+                ("phase", job["phase"] and f"{job['phase']} ({percent(job['phase_progress'])})"),
+                ("progress", percent(job["progress"])),
+                ("samples/s", job["samples_per_s"]),
+                ("ranks", job["nproc"]),
+                ("mode", summary.get("mode")),
+                ("priority", job["priority"]),
+                ("restarts", f"{job['restarts']} of {job['max_restarts']}"),
+                ("queue", job["waiting_reason"] and f"{job['queue_position']} ahead; {job['waiting_reason']}"),
+                ("worker", job["worker"]),
+                ("created", job["created_at"]),
+                ("started", job["started_at"]),
+                ("finished", job["finished_at"]),
+                ("exit code", job["exit_code"]),
+            ]
+        )
+    ]
+    if job["phases"]:
+        rows = [
+            [p["name"], p["state"], p["outcome"], p["reason"], p["started_at"], p["ended_at"]] for p in job["phases"]
+        ]
+        lines += ["", table(["phase", "state", "outcome", "reason", "started", "ended"], rows)]
+    if job["attempts"]:
+        rows = [
+            [a["number"], a["worker"], a["started_at"], a["ended_at"], a["outcome"], a["reason"]]
+            for a in job["attempts"]
+        ]
+        lines += ["", table(["attempt", "worker", "started", "ended", "outcome", "reason"], rows)]
+    if job["error"]:
+        lines += ["", "error:", job["error"].rstrip()]
+    return "\n".join(lines)
+
+
+@handles_refusals
+def command_show(args: argparse.Namespace) -> int:
+    job = get_json(args.server, args.token, f"{JOBS}/{args.job_id}")
+    if args.json:
+        print_json(job)
+    else:
+        print(describe(job), flush=True)
+    return 0
+
+
+# --- pipebd logs --------------------------------------------------------------------------------------
+
+
+class LogReader:
+    """Reads one job's log (a phase's launcher log, or one rank's) chunk by chunk from where it stopped."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.phase: str | None = args.phase  # None: the server's newest phase with this log, then each next one
+        self.offset = 0
+        self.path = f"{JOBS}/{args.job_id}/logs"
+
+    def read(self) -> dict[str, Any] | None:
+        """The next chunk (its text empty at the end of the file so far); None while the job has no logs."""
+        params = {"phase": self.phase, "rank": self.args.rank, "offset": self.offset, "limit": LOG_CHUNK}
+        try:
+            chunk: dict[str, Any] = get_json(
+                self.args.server, self.args.token, f"{JOBS}/{self.args.job_id}/logs", params
+            )
+        except ClientError as error:
+            if error.status == 404 and self.args.follow:
+                return None  # no run directory yet (an unknown job is told by the job's own 404)
+            raise
+        self.phase, self.offset = chunk["phase"], chunk["next_offset"]
+        return chunk
+
+    def next_phase(self, job: dict[str, Any]) -> bool:
+        """Without --phase: move on to the next phase with logs that the job has reached; False if none."""
+        if self.args.phase is not None or self.phase is None:
+            return False
+        from app.api.routes.logs import LOGGED_PHASES
+
+        names = [phase["name"] for phase in job["phases"] if phase["name"] in LOGGED_PHASES]
+        reached = names[: names.index(job["phase"]) + 1] if job["phase"] in names else []
+        later = reached[reached.index(self.phase) + 1 :] if self.phase in reached else []
+        if not later:
+            return False
+        self.phase, self.offset = later[0], 0
+        return True
+
+
+def emitter(args: argparse.Namespace) -> Callable[[dict[str, Any]], None]:
+    """Print a chunk: as a JSON line (--json), else its text, with a line on stderr when the phase changes."""
+    shown: list[str] = []
+
+    def emit(chunk: dict[str, Any]) -> None:
+        if args.json:
+            print(json.dumps(chunk), flush=True)
+            return
+        if shown and shown[-1] != chunk["phase"]:
+            print(f"pipebd: -- {chunk['file']} --", file=sys.stderr, flush=True)
+        shown.append(chunk["phase"])
+        sys.stdout.write(chunk["text"])
+        sys.stdout.flush()
+
+    return emit
+
+
+def follow_log(args: argparse.Namespace, reader: LogReader, emit: Callable[[dict[str, Any]], None]) -> str:
+    """Emit the log as it grows until the job is at rest and everything it wrote is read; its state."""
+    from app.core.lifecycle import AT_REST  # no worker will write more
+
+    ending = False
+    while True:
+        chunk = reader.read()
+        if chunk is not None and chunk["text"]:
+            emit(chunk)
+            continue
+        job = get_json(args.server, args.token, f"{JOBS}/{args.job_id}")
+        chunk = reader.read()  # what was written before the job moved on (or came to rest) is read first
+        if chunk is not None and chunk["text"]:
+            emit(chunk)
+            continue
+        if reader.next_phase(job):
+            continue
+        if ending:
+            return str(job["state"])
+        ending = job["state"] in AT_REST  # read once more: lines written before it came to rest
+        if not ending:
+            time.sleep(LOG_POLL_S)
+
+
+@handles_refusals
+def command_logs(args: argparse.Namespace) -> int:
+    reader, emit = LogReader(args), emitter(args)
+    if args.follow:
+        final = follow_log(args, reader, emit)
+        if not args.json:
+            print(f"pipebd: job {args.job_id} {final}", file=sys.stderr)
+        return 0
+    while (chunk := reader.read()) is not None:
+        if chunk["text"] or chunk["offset"] == 0:  # an empty log still answers once with --json
+            emit(chunk)
+        if not chunk["text"]:
+            break
+    return 0
+
+
+# --- pipebd download ----------------------------------------------------------------------------------
+
+
+def targets(args: argparse.Namespace, names: list[str]) -> dict[str, Path]:
+    """Where each artifact goes: NAME to -o (default job-ID-NAME here); all of them into the folder -o
+    (default job-ID), each under its own name."""
+    if args.name is not None:
+        return {args.name: Path(args.output or f"job-{args.job_id}-{args.name}")}
+    folder = Path(args.output or f"job-{args.job_id}")
+    folder.mkdir(parents=True, exist_ok=True)
+    return {name: folder / name for name in names}
+
+
+@handles_refusals
+def command_download(args: argparse.Namespace) -> int:
+    listing = get_json(args.server, args.token, f"{JOBS}/{args.job_id}/artifacts")
+    names = [artifact["name"] for artifact in listing["data"]]
+    if args.name is None and not names:
+        return fail(f"download job {args.job_id}: the job ({listing['state']}) has no artifacts yet")
+    written = []
+    for name, target in targets(args, names).items():
+        size = download(args.server, args.token, f"{JOBS}/{args.job_id}/artifacts/{name}", target)
+        written.append({"name": name, "path": str(target), "size": size})
+    if args.json:
+        print_json(written)
+    else:
+        print(table(["artifact", "size", "path"], [[w["name"], w["size"], w["path"]] for w in written]), flush=True)
+    return 0

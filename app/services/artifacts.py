@@ -1,0 +1,101 @@
+"""What a job leaves behind, by name: the documented outputs of its run directory and the metrics as CSV.
+
+The files are exactly `pipebd_core.rundir.OUTPUTS`, so whatever the engine documents can be listed and
+downloaded. The API serves them from the run directory, so the API and the workers must share the runs
+folder (one machine, or a shared volume as in docker-compose.yml).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from sqlmodel import Session, col, select
+
+from app.core.tables import Job, JobMetric
+from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.phases import DISTILL
+from pipebd_core.documents.summary import Summary
+from pipebd_core.documents.telemetry import DistillLine
+from pipebd_core.rundir import OUTPUTS, STEP_PHASES, Output, RunDir
+
+METRICS_CSV = "metrics.csv"
+
+
+FILE_ARTIFACTS: dict[str, Output] = {output.name: output for output in OUTPUTS}
+CSV_ARTIFACT = Output(METRICS_CSV, "text/csv", "every distillation telemetry line of every rank")
+
+
+def file_path(job: Job, name: str) -> Path | None:
+    """The file behind artifact `name`, if the job has it."""
+    if job.run_dir is None or name not in FILE_ARTIFACTS:
+        return None
+    path = RunDir(Path(job.run_dir)).output(name)
+    return path if path.is_file() else None
+
+
+def read_summary(job: Job) -> Summary | None:
+    """The job's summary.json; None until a phase wrote it, or for one an earlier PipeBD wrote (this one
+    cannot read it: the pages and sweeps show none, and the file still downloads)."""
+    path = file_path(job, "summary.json")
+    if path is None:
+        return None
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):  # being replaced, or gone with its run directory
+        return None
+    try:
+        return Summary.from_json(value)
+    except DocumentError:
+        return None
+
+
+def has_metrics(session: Session, job: Job) -> bool:
+    return session.exec(select(JobMetric.id).where(JobMetric.job_id == job.id).limit(1)).first() is not None
+
+
+def available(session: Session, job: Job) -> list[tuple[Output, int | None]]:
+    """(artifact, size in bytes or None when generated) for everything the job has now."""
+    found: list[tuple[Output, int | None]] = []
+    for name, artifact in FILE_ARTIFACTS.items():
+        path = file_path(job, name)
+        if path is not None:
+            found.append((artifact, path.stat().st_size))
+    if has_metrics(session, job):
+        found.append((CSV_ARTIFACT, None))
+    return found
+
+
+def metrics_csv(session: Session, job: Job) -> str:
+    """One row per telemetry line: position, loss per block, phase seconds, samples, peak and current memory,
+    GPU utilisation (empty on CPU ranks)."""
+    rows = session.exec(
+        select(JobMetric)
+        .where(JobMetric.job_id == job.id, JobMetric.phase == DISTILL)
+        .order_by(col(JobMetric.rank), col(JobMetric.seq))
+    ).all()
+    lines = [DistillLine.from_json(row.record) for row in rows]
+    blocks = sorted({block for line in lines for block in line.loss})
+    out = io.StringIO()
+    writer = csv.writer(out)
+    position = ["rank", "seq", "epoch", "step", "time", *(f"loss_{b}" for b in blocks), *STEP_PHASES]
+    writer.writerow([*position, "samples", "peak_mem", "cur_mem", "gpu_util"])
+    for row, line in zip(rows, lines, strict=True):
+        writer.writerow(
+            [
+                row.rank,
+                row.seq,
+                row.epoch,
+                row.step,
+                row.time,
+                *(line.loss.get(b, "") for b in blocks),
+                *(line.phases.get(phase, "") for phase in STEP_PHASES),
+                line.samples,
+                line.peak_mem,
+                line.cur_mem,
+                "" if line.gpu_util is None else line.gpu_util,
+            ]
+        )
+    return out.getvalue()

@@ -1,0 +1,96 @@
+"""Pausing and resuming jobs from the API: the checks, the moves and the broker message, all or nothing.
+
+Resume puts a failed, cancelled or paused job back in the queue; the worker that takes it continues
+in the same run directory, every block from its last checkpoint (worker/launcher.py). A job that
+cannot resume gets a ConflictError naming why, and nothing changes: not in the database, not on
+the broker. Pause is the lifecycle's `request_pause`: a queued job is paused at once, a launched one
+is checkpointed by its worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import delete, update
+from sqlmodel import Session, col, func, select
+
+from app.api.problems import ApiError
+from app.core.lifecycle import PAUSED, PAUSING, QUEUED, RESUMABLE, request_pause, requeue
+from app.core.queue import enqueue
+from app.core.settings import Settings
+from app.core.tables import Job, JobEvent
+from app.services.jobs import ConflictError
+from app.services.specs import validate_document
+from pipebd_core.rundir import RunDir
+
+PAUSABLE = ("queued", "starting", "running")
+
+
+def resume_problem(job: Job, settings: Settings) -> str | None:
+    """Why the job cannot resume, or None."""
+    if job.state not in RESUMABLE:
+        return f"job {job.id} is {job.state}; only failed, cancelled or paused jobs resume" + (
+            " (it is already queued)" if job.state == QUEUED else "; pause or cancel it first"
+        )
+    if job.run_dir is not None and not RunDir(Path(job.run_dir)).phases.exists():
+        return (
+            f"job {job.id}'s run directory {job.run_dir} is gone (or holds no phases.json), so there is"
+            " nothing to continue from; submit its spec again as a new job"
+        )
+    try:
+        validate_document(dict(job.spec), settings)
+    except ApiError as error:
+        return f"job {job.id}'s spec no longer validates on this server: {error.detail}; submit a corrected spec"
+    return None
+
+
+def resume_job(session: Session, settings: Settings, celery: Celery, job: Job) -> None:
+    """Queue the job again (a fresh restart budget), then publish its id; ConflictError when it cannot."""
+    assert job.id is not None
+    problem = resume_problem(job, settings)
+    if problem is not None:
+        raise ConflictError(problem)
+    before: dict[str, Any] = {
+        key: getattr(job, key)
+        for key in ("state", "termination_reason", "error", "exit_code", "finished_at", "restarts", "updated_at")
+    }
+    if not requeue(session, job.id, [job.state], note=None, restarts=0):
+        raise ConflictError(f"job {job.id} changed state meanwhile; read it and try again")
+    session.commit()
+    try:
+        enqueue(celery, job.id, job.queue)
+    except Exception as error:
+        undo_requeue(session, job.id, before)
+        detail = f"the broker did not accept the job ({type(error).__name__}: {error}); nothing changed, retry"
+        raise ApiError(503, detail) from None
+
+
+def undo_requeue(session: Session, job_id: int, before: dict[str, Any]) -> None:
+    """Put back what a resume changed, unless a worker took the job meanwhile."""
+    session.rollback()
+    restored = session.execute(
+        update(Job).where(col(Job.id) == job_id, col(Job.state) == QUEUED).values(**before)
+    ).rowcount  # type: ignore[attr-defined]
+    if restored:  # and the `state` event the requeue appended
+        newest = session.exec(select(func.max(JobEvent.id)).where(JobEvent.job_id == job_id)).one()
+        session.execute(delete(JobEvent).where(col(JobEvent.id) == newest))
+    session.commit()
+
+
+def pause_job(session: Session, job: Job) -> None:
+    """Pause idempotently; ConflictError for a job that has ended or is being cancelled."""
+    assert job.id is not None
+    if job.state in (PAUSING, PAUSED):
+        return
+    if job.state not in PAUSABLE or not request_pause(session, job.id):
+        session.rollback()
+        session.refresh(job)
+        if job.state in (PAUSING, PAUSED):
+            return
+        raise ConflictError(
+            f"job {job.id} is {job.state}; only queued, starting or running jobs can be paused"
+            + ("; resume it instead" if job.state in RESUMABLE else "")
+        )
+    session.commit()

@@ -1,0 +1,168 @@
+"""Admitting a submission (`POST /api/v1/jobs`), cheapest refusal first, never blocking the event loop.
+
+1. the client's rate (app/api/limits.py, counted in the database): 429 with Retry-After;
+2. the body, already bounded by app/api/problems.py's BodyLimit (413);
+3. parsing and validating the spec (app/services/specs.py) in a worker thread;
+4. an Idempotency-Key seen before: the original job back, nothing checked again;
+5. the queue's capacity: 429 with Retry-After while `max_queued_jobs` jobs are queued (a cheap early look);
+6. the engine's preflight in a helper process (app/services/preflight.py);
+7. storing the queued job, the queue's capacity checked again in the same transaction under the queue's
+   lock (app/core/limits.py: no two API processes both take the last place), and publishing it to the
+   broker; a job the broker refused is removed again.
+
+Steps 3 and 6 share one time bound, `spec_check_timeout_s`: past it the spec is refused (422) and a
+helper still building its workload is killed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+from fastapi import Request
+from sqlmodel import Session
+
+from app.api.auth import tenant_of
+from app.api.limits import client_key, count_submission, retry_after
+from app.api.problems import ApiError
+from app.core.database import get_engine
+from app.core.queue import enqueue
+from app.core.settings import Settings
+from app.services.jobs import ConflictError, Created, QueueFull, create_job, discard_jobs, queued_count, replayed
+from app.services.preflight import CheckerCrashed, CheckerUnavailable, CheckTimeout
+from app.services.specs import parse_body, preflight_problems, spec_hash, validate_document
+from pipebd_core.spec import Spec
+
+QUEUE_RETRY_S = 30  # Retry-After of a submission refused because the queue is full
+
+
+def admit_rate(settings: Settings, client: str) -> None:
+    wait_s = count_submission(settings.database, client, settings.submissions_per_minute)
+    if wait_s is not None:
+        who = "token" if settings.tokens else "client address"
+        raise ApiError(
+            429,
+            f"more than {settings.submissions_per_minute} submissions in a minute from this {who}"
+            f" (PIPEBD_SUBMISSIONS_PER_MINUTE); retry in {retry_after(wait_s)} s",
+            headers={"Retry-After": retry_after(wait_s)},
+        )
+
+
+def too_slow(settings: Settings) -> ApiError:
+    return ApiError(
+        422,
+        f"checking the spec took longer than {settings.spec_check_timeout_s:g} s (PIPEBD_SPEC_CHECK_TIMEOUT_S):"
+        " its workload or data set is too large or too slow to build; make it smaller (image_size, the factory's"
+        " options) or ask the operator for a longer bound",
+    )
+
+
+def read_spec(body: bytes, content_type: str, settings: Settings) -> Spec:
+    return validate_document(parse_body(body, content_type), settings)
+
+
+def queue_full(queued: int, settings: Settings, adding: int = 1) -> ApiError:
+    more = "" if adding == 1 else f" and this sweep would add {adding}"
+    return ApiError(
+        429,
+        f"{queued} jobs are queued{more}, this server's limit (PIPEBD_MAX_QUEUED_JOBS={settings.max_queued_jobs});"
+        f" retry once some have started, or cancel queued ones",
+        headers={"Retry-After": str(QUEUE_RETRY_S)},
+    )
+
+
+def check_capacity(settings: Settings, adding: int = 1) -> None:
+    """The early look (step 5): spares a full queue the preflight; step 7 decides. `adding`: the queued
+    jobs this submission would add (a sweep's children)."""
+    with Session(get_engine(settings.database)) as session:
+        queued = queued_count(session)
+    if queued + adding > settings.max_queued_jobs:
+        raise queue_full(queued, settings, adding)
+
+
+def find_replay(settings: Settings, key: str | None, request_hash: str) -> Created | None:
+    if key is None:
+        return None
+    with Session(get_engine(settings.database), expire_on_commit=False) as session:
+        try:
+            job = replayed(session, key, request_hash)
+        except ConflictError as error:
+            raise ApiError(422, str(error)) from None
+    return Created(job, replayed=True) if job is not None else None
+
+
+def preflight(request: Request, spec: Spec, timeout_s: float) -> None:
+    settings: Settings = request.app.state.settings
+    try:
+        problem = request.app.state.preflight.check(spec.model_dump(mode="json"), timeout_s)
+    except CheckTimeout:
+        raise too_slow(settings) from None
+    except CheckerCrashed as crash:
+        raise ApiError(
+            422,
+            f"building the spec's workload or data set ended the spec checker process (exit code {crash.code}):"
+            " it is probably too large to build on this server; make it smaller",
+        ) from None
+    except CheckerUnavailable as error:
+        raise ApiError(503, f"the spec checker could not start ({error}); nothing was stored, retry") from None
+    if problem is not None:
+        problems = preflight_problems(problem)
+        raise ApiError(422, problem.splitlines()[0], problems)
+
+
+def store_and_enqueue(request: Request, spec: Spec, request_hash: str, key: str | None) -> Created:
+    settings, celery = request.app.state.settings, request.app.state.celery
+    with Session(get_engine(settings.database), expire_on_commit=False) as session:
+        try:
+            tenant = tenant_of(request, settings)
+            created = create_job(
+                session,
+                spec=spec,
+                request_hash=request_hash,
+                idempotency_key=key,
+                max_queued=settings.max_queued_jobs,
+                tenant=tenant,
+            )
+        except ConflictError as error:
+            raise ApiError(422, str(error)) from None
+        except QueueFull as full:
+            raise queue_full(full.queued, settings) from None
+        if created.replayed:
+            return created
+        assert created.job.id is not None
+        try:
+            enqueue(celery, created.job.id, created.job.queue)
+        except Exception as error:
+            discard_jobs(session, job_ids=[created.job.id])
+            session.commit()
+            detail = f"the broker did not accept the job ({type(error).__name__}: {error}); nothing was stored, retry"
+            raise ApiError(503, detail) from None
+        return created
+
+
+async def in_thread(deadline: float, settings: Settings, function: Any, *args: Any) -> Any:
+    """`function(*args)` in a worker thread, given up (422) at `deadline` (the thread finishes on its own)."""
+    try:
+        with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+            return await anyio.to_thread.run_sync(function, *args, abandon_on_cancel=True)
+    except TimeoutError:
+        raise too_slow(settings) from None
+
+
+async def submit(request: Request, key: str | None) -> Created:
+    """Steps 1 to 7; raises ApiError with the status and problems of the first step that refuses."""
+    settings: Settings = request.app.state.settings
+    await anyio.to_thread.run_sync(admit_rate, settings, client_key(request, bool(settings.tokens)))
+    body = await request.body()
+    deadline = time.monotonic() + settings.spec_check_timeout_s
+    spec: Spec = await in_thread(deadline, settings, read_spec, body, request.headers.get("content-type", ""), settings)
+    request_hash = spec_hash(spec)
+    replay = await anyio.to_thread.run_sync(find_replay, settings, key, request_hash)
+    if replay is not None:
+        return replay
+    await anyio.to_thread.run_sync(check_capacity, settings)
+    remaining = max(0.1, deadline - time.monotonic())
+    await anyio.to_thread.run_sync(preflight, request, spec, remaining, limiter=request.app.state.preflight_threads)
+    created: Created = await anyio.to_thread.run_sync(store_and_enqueue, request, spec, request_hash, key)
+    return created

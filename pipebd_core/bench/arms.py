@@ -1,0 +1,118 @@
+"""What every benchmark of runs shares: the rotation of its arms, the one timing rule, and one run of an
+arm in its own run directory under the load meter.
+
+The rotation: each repeat runs every arm once (the bound's included), the order rotated by one each
+repeat, so the slow drifts of a shared machine spread over every arm. The timing rule, for every mode
+and strategy alike: a run's first WARMUP_STEPS global steps are left out; every later step is timed
+from the ranks' own telemetry (each line is written as a task ends: a task took from the end of the
+rank's task before it), a rank's step is the sum of its tasks of that step, and the step's time is
+the slowest rank's. Process start-up never counts.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from pipebd_core.bench.conditions import LoadMeter
+from pipebd_core.documents.base import Document
+from pipebd_core.documents.bench_record import ArmRun, Load, TimingRule
+from pipebd_core.documents.telemetry import DistillLine, FinetuneLine
+from pipebd_core.job.launch import prepare_run
+from pipebd_core.job.outcomes import SUCCEEDED
+from pipebd_core.job.supervisor import Supervisor
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec, SpecError
+
+WARMUP_STEPS = 2  # global steps left out of every run's timing, whatever its mode or strategy
+BOUND = "bound"  # the arm that measures T1: one rank doing all the work of a global step
+RUN_TIMEOUT_S = 3600.0
+RECORD = "bench.json"  # in the bench's --out folder
+FROZEN_PROFILE = "frozen-profile.json"  # likewise: the profile every arm planned from
+
+StepLine = DistillLine | FinetuneLine
+
+
+def check_steps(steps: int) -> None:
+    if steps <= WARMUP_STEPS:
+        raise SpecError(f"bench: --steps {steps} leaves nothing to time after {WARMUP_STEPS} warm-up steps; use more")
+
+
+def own_seconds(line: StepLine) -> float:
+    """The seconds of the task a line ends (a rank's first task is timed from its own start)."""
+    return line.elapsed if isinstance(line, FinetuneLine) else sum(line.phases.values())
+
+
+def timed_step_s(metrics: Sequence[Sequence[StepLine]], warmup: int = WARMUP_STEPS) -> dict[int, float]:
+    """Seconds of every global step from `warmup` on, by step, by the module's timing rule."""
+    slowest: dict[int, float] = {}
+    for lines in metrics:
+        mine: dict[int, float] = defaultdict(float)
+        previous: float | None = None
+        for line in lines:
+            started = previous if previous is not None else line.time - own_seconds(line)
+            if line.step >= warmup:
+                mine[line.step] += line.time - started
+            previous = line.time
+        for step, seconds in mine.items():
+            slowest[step] = max(slowest.get(step, 0.0), seconds)
+    return dict(sorted(slowest.items()))
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A run that succeeded: its run directory, the load meanwhile, and its timed steps."""
+
+    run_dir: RunDir
+    load: Load
+
+
+def freeze(profile: Document, out: Path) -> str:
+    """Keep the profile every arm plans from beside the record (FROZEN_PROFILE); its hash."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FROZEN_PROFILE).write_text(profile.model_dump_json(indent=1))
+    return profile.digest()
+
+
+def run_in_own_dir(spec: Spec, out: Path, phases: list[str], profile: tuple[Path, str] | None) -> Finished:
+    """Run `phases` of `spec` in a run directory of its own, `profile` (its path there, its JSON text)
+    written into it first; the supervisor leaves the profile cache alone."""
+    run_dir = prepare_run(spec, out, phases=phases)
+    if profile is not None:
+        profile[0].write_text(profile[1])
+    meter = LoadMeter.open()
+    outcome = Supervisor(run_dir, time_limit_s=RUN_TIMEOUT_S, store_calibration=False).run()
+    load = meter.load()
+    if outcome.result != SUCCEEDED:
+        raise RuntimeError(f"bench: {out.name} {outcome.result} in {outcome.phase}: {outcome.error}")
+    return Finished(run_dir, load)
+
+
+def timed(metrics: Sequence[Sequence[StepLine]], where: RunDir) -> tuple[list[float], TimingRule]:
+    """The run's timed steps, in order, and the timing they were found with."""
+    steps = timed_step_s(metrics)
+    if not steps:
+        raise RuntimeError(f"bench: no telemetry past the {WARMUP_STEPS} warm-up steps in {where.root}")
+    return list(steps.values()), TimingRule(warmup_steps=min(steps), timed_steps=len(steps))
+
+
+Run = TypeVar("Run", bound=ArmRun)
+
+
+def rotate(
+    arms: dict[str, Spec], repeats: int, out: Path, keep: bool, run: Callable[[str, Spec, Path, int], Run]
+) -> dict[str, list[Run]]:
+    """Every arm `repeats` times, the order rotated each repeat; a run's folder is out/<arm>-<repeat>."""
+    names = list(arms)
+    runs: dict[str, list[Run]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            folder = out / f"{name}-{repeat}"
+            runs[name].append(run(name, arms[name], folder, repeat))
+            if not keep:
+                shutil.rmtree(folder, ignore_errors=True)
+    return runs

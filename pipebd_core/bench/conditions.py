@@ -1,0 +1,82 @@
+"""What a benchmark ran on and under: the commit, the machine, and the load other processes put on the
+node while each run ran.
+
+The load of a run is the node's busy CPU time (/proc/stat, through psutil) minus the CPU time of the
+bench's own process tree (this process and every child it reaped: torchrun and its ranks), divided by
+the run's wall time: the cores other processes used on average. A process of the tree that was not
+reaped (an orphan) counts as another process, so the load errs high, never low.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+
+import psutil
+import torch
+
+from pipebd_core.documents.bench_record import SHARED_CORES, Load, Machine
+from pipebd_core.planning.profiler import CpuWindow
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def commit() -> str | None:
+    """git HEAD of this PipeBD, with "+dirty" when files differ from it; None outside a git checkout."""
+    try:
+        head = git("rev-parse", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if changed else "")
+
+
+def git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=REPOSITORY, capture_output=True, text=True, check=True, timeout=30)
+    return done.stdout.strip()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or what the platform says elsewhere."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> Machine:
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = [torch.cuda.get_device_name(index) for index in range(count)]
+    return Machine(
+        cpu_model=cpu_model(),
+        cores=psutil.cpu_count() or 1,
+        memory_bytes=psutil.virtual_memory().total,
+        gpus=gpus,
+        python=platform.python_version(),
+        torch=torch.__version__,
+    )
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds of this process and of every child it has reaped (their own reaped children included)."""
+    times = psutil.Process().cpu_times()
+    return float(times.user + times.system + times.children_user + times.children_system)
+
+
+class LoadMeter(CpuWindow):
+    """Opened before a run, read after it (once its processes have been reaped): the profiler's CPU window
+    with the bench's whole process tree as its own."""
+
+    @staticmethod
+    def own_seconds() -> float:
+        return tree_cpu_seconds()
+
+    def load(self) -> Load:
+        window = self.close()
+        others = window["node_busy_s"] - window["own_s"]
+        cores = max(0.0, others) / window["wall_s"] if window["wall_s"] > 0 else 0.0
+        return Load(wall_s=window["wall_s"], other_cores=cores, shared=cores > SHARED_CORES)

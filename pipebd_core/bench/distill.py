@@ -1,0 +1,133 @@
+"""The side-by-side benchmark of distillation: every mode (an arm), the same steps, repeated and
+interleaved, and the measured bound, in one run that writes a benchmark record (bench.json).
+
+The arms are independent:
+- every arm plans from the same frozen profile: the spec's profile (cached, or measured once at the
+  start), its calibration left out, written to `frozen-profile.json` and copied into each arm's own run
+  directory (no arm runs a profile phase or reads the cache), its hash in the record;
+- no arm writes calibration anywhere another reads: the supervisor's calibration write-back into the
+  profile cache is off, and each arm's calibration.json stays in its own run directory;
+- re-planning is off (`schedule.replan: false`): `auto` runs the plan it chose (bench/replan.py is
+  where re-planning is measured);
+- one timing rule for every mode (arms.py: the first WARMUP_STEPS global steps left out, every later
+  one timed from the ranks' own telemetry).
+
+The bound is measured in the same bench, as one more arm of the rotation: one rank runs every block's
+teacher and student work of a global step alone, on the same global batch (BOUND_MODE at one rank: one
+stage of every block, each teacher block and each student block once per step), T1; the bound is T1
+divided by the ranks. The arms rotate (arms.py); each run records the load other processes put on the
+node.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from pipebd_core.bench.arms import (
+    BOUND,
+    RECORD,
+    WARMUP_STEPS,
+    check_steps,
+    freeze,
+    rotate,
+    run_in_own_dir,
+    timed,
+)
+from pipebd_core.bench.conditions import commit, machine
+from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, TimingRule
+from pipebd_core.documents.phases import DISTILL, PLAN
+from pipebd_core.documents.plan import StageSpan
+from pipebd_core.documents.profile import Profile
+from pipebd_core.documents.telemetry import DistillLine
+from pipebd_core.job.profiling import obtain_profile
+from pipebd_core.planning.resolve import cost_model, step_plan
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec, SpecError
+
+BOUND_MODE = "tr_dpu"  # at one rank: one stage of every block, each block's teacher and student once a step
+
+
+def bench_spec(spec: Spec, mode: str, steps: int) -> Spec:
+    """The spec with `mode`, exactly `steps` optimiser steps per block, re-planning off, and no explicit
+    stages unless hybrid."""
+    check_steps(steps)
+    per_epoch = step_plan(spec).per_epoch
+    document = spec.model_dump(mode="json")
+    document["schedule"].update({"mode": mode, "profile": True, "replan": False})
+    if mode != "hybrid":
+        document["schedule"]["stages"] = None
+    elif not document["schedule"]["stages"]:
+        raise SpecError("bench: mode 'hybrid' needs schedule.stages in the spec (or use 'auto')")
+    document["train"].update({"max_steps": steps, "epochs": math.ceil(steps / per_epoch)})
+    return Spec.model_validate(document)
+
+
+def bound_spec(spec: Spec, steps: int) -> Spec:
+    """The T1 run: every block as one stage on one rank, the same global batch, no profile (none is needed
+    to plan one stage, and a one-rank profile would be another measurement)."""
+    document = bench_spec(spec, BOUND_MODE, steps).model_dump(mode="json")
+    document["schedule"].update({"nproc": 1, "profile": False})
+    return Spec.model_validate(document)
+
+
+def read_metrics(run_dir: RunDir, nproc: int) -> list[list[DistillLine]]:
+    """Each rank's distillation lines, in the order it wrote them."""
+    return [[line for line in run_dir.read_telemetry(rank) if isinstance(line, DistillLine)] for rank in range(nproc)]
+
+
+def run_arm(spec: Spec, profile: Profile | None, out: Path, repeat: int) -> ArmRun:
+    """One run of `spec` in its own run directory, planned from `profile` (a copy in that directory)."""
+    copy = (RunDir(out).profile, profile.model_dump_json()) if profile is not None else None
+    finished = run_in_own_dir(spec, out, [PLAN, DISTILL], copy)
+    run_dir = finished.run_dir
+    plan = run_dir.load_plan()
+    metrics = read_metrics(run_dir, plan.nproc)
+    steps, timing = timed(metrics, run_dir)
+    return ArmRun(
+        repeat=repeat,
+        step_s=steps,
+        measured_step_s=statistics.fmean(steps),
+        predicted_step_s=plan.details.predicted_step_s,
+        profile_hash=run_dir.load_profile().digest() if run_dir.profile.exists() else None,
+        timing=timing,
+        load=finished.load,
+        stages=[StageSpan(start=s.start, stop=s.stop, replicas=s.replicas) for s in plan.stages],
+        peak_mem_bytes=[max(line.peak_mem for line in lines) for lines in metrics],
+    )
+
+
+def run_bench(spec: Spec, modes: list[str], steps: int, repeats: int, out: Path, keep: bool = False) -> BenchRecord:
+    """Every mode and the bound `repeats` times, interleaved; the record (also written to out/bench.json)."""
+    specs = {mode: bench_spec(spec, mode, steps) for mode in modes}
+    specs[BOUND] = bound_spec(spec, steps)
+    profile = obtain_profile(specs[modes[0]])[0].uncalibrated()  # cached or measured now, as measured
+    profile_hash = freeze(profile, out)
+
+    def run(name: str, arm: Spec, folder: Path, repeat: int) -> ArmRun:
+        return run_arm(arm, None if name == BOUND else profile, folder, repeat)
+
+    runs = rotate(specs, repeats, out, keep, run)
+    t1 = Arm(name=BOUND, runs=runs[BOUND]).step_s
+    record = BenchRecord(
+        name=spec.name,
+        commit=commit(),
+        machine=machine(),
+        spec=spec.model_dump(mode="json"),
+        nproc=spec.schedule.nproc,
+        batch_size=spec.data.batch_size,
+        steps=steps,
+        repeats=repeats,
+        timing=TimingRule(warmup_steps=WARMUP_STEPS, timed_steps=steps - WARMUP_STEPS),
+        profile_hash=profile_hash,
+        arms=[Arm(name=mode, runs=runs[mode]) for mode in modes],
+        bound=Bound(
+            t1_s=t1,
+            ideal_s=t1 / spec.schedule.nproc,
+            runs=runs[BOUND],
+            profile_ideal_s=cost_model(specs[modes[0]], profile).ideal_step(),
+        ),
+    )
+    (out / RECORD).write_text(record.model_dump_json(indent=1))
+    return record

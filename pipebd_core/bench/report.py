@@ -1,0 +1,180 @@
+"""The benchmarks page's tables, rendered from benchmark records (`pipebd bench --report FILE...`).
+
+Pure and deterministic: the same records give the same markdown, byte for byte, so the page can be
+regenerated and compared. Every figure carries its repeats: an arm's step is the median of its runs,
+listed beside it with their spread ((highest - lowest) / median); its interval is its lowest to its
+highest run. A comparison with the baseline (dp; ddp or pipedream for end-to-end training) whose
+intervals overlap says so instead of giving a ratio, and so does the line naming the fastest arm. An
+arm with a run measured while other processes used more than the record's `shared_cores` is marked
+shared in its row. End-to-end training's tables add each rank's bubble.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord
+from pipebd_core.documents.plan import StageSpan, stages_line
+
+TITLES = {
+    "modes": "distillation",
+    "strategies": "end-to-end training, the strategies",
+    "partitioners": "end-to-end training, the partitioners",
+}
+
+
+def load_record(path: Path) -> BenchRecord:
+    """The record in `path`; DocumentError (or JSONDecodeError) when it holds no benchmark record."""
+    return BenchRecord.from_json(json.loads(path.read_text()))
+
+
+def render(records: list[BenchRecord]) -> str:
+    """Markdown for every record, in the order given."""
+    return "\n".join(render_record(record) for record in records)
+
+
+def render_record(record: BenchRecord) -> str:
+    title = TITLES[record.compares] + (f" ({record.strategy})" if record.strategy else "")
+    head = ["arm", "plan", "s/step: median (runs)", "spread", "samples/s", f"vs {record.baseline}", "efficiency"]
+    head += ["predicted s/step", "error", "other cores (runs)"] + (["bubble per rank"] if bubbles(record) else [])
+    lines = [f"### {record.name}: {title} on {record.nproc} ranks", "", describe(record), ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    baseline = next((arm for arm in record.arms if arm.name == record.baseline), None)
+    lines += [arm_row(record, arm, baseline) for arm in record.arms]
+    lines += [bound_row(record), "", bound_line(record), "", fastest_line(record.arms), ""]
+    if record.split_cost is not None:
+        lines += [f"Split backward, (I + W) / B over the layers: {record.split_cost:.2f}.", ""]
+    return "\n".join(lines)
+
+
+def bubbles(record: BenchRecord) -> bool:
+    return any(run.bubble is not None for arm in record.arms for run in arm.runs)
+
+
+def describe(record: BenchRecord) -> str:
+    machine = record.machine
+    gpus = ", ".join(machine.gpus) if machine.gpus else "no GPU"
+    timing = record.timing
+    repeats = "1 repeat" if record.repeats == 1 else f"{record.repeats} repeats interleaved"
+    return (
+        f"Commit `{record.commit or 'unknown'}`; {machine.cores} x {machine.cpu_model}, {gpus},"
+        f" {machine.memory_bytes / 2**30:.0f} GiB, Python {machine.python}, torch {machine.torch}."
+        f" Batch {record.batch_size}, {record.steps} steps a run ({timing.warmup_steps} warm-up, then"
+        f" {timing.timed_steps} timed, every arm alike), {repeats}; every arm planned from profile"
+        f" `{record.profile_hash}`. Shared: other processes used more than {record.shared_cores:g} cores during"
+        " the run."
+    )
+
+
+def arm_row(record: BenchRecord, arm: Arm, baseline: Arm | None) -> str:
+    first = arm.runs[0]
+    predicted = first.predicted_step_s
+    error = f"{(predicted - arm.step_s) / arm.step_s:+.0%}" if predicted else "-"
+    cells = [
+        arm.name + (" **shared**" if any(run.load.shared for run in arm.runs) else ""),
+        plans(arm.runs),
+        measured(arm),
+        spread(arm),
+        f"{record.batch_size / arm.step_s:.1f}",
+        versus(arm, baseline),
+        f"{record.bound.ideal_s / arm.step_s:.0%}",
+        seconds(predicted) if predicted else "-",
+        error,
+        loads(arm.runs),
+    ]
+    if bubbles(record):
+        cells.append(bubble(arm.runs))
+    return "| " + " | ".join(cells) + " |"
+
+
+def bubble(runs: list[ArmRun]) -> str:
+    """Each rank's bubble, the median over the runs."""
+    shares = [run.bubble for run in runs if run.bubble is not None]
+    return ", ".join(f"{statistics.median(rank):.0%}" for rank in zip(*shares, strict=True)) if shares else "-"
+
+
+def bound_row(record: BenchRecord) -> str:
+    bound = Arm(name="bound", runs=record.bound.runs)
+    label = "T1: 1 rank, all the work" + (" **shared**" if any(run.load.shared for run in bound.runs) else "")
+    cells = [label, plans(bound.runs), measured(bound), spread(bound)]
+    cells += [f"{record.batch_size / bound.step_s:.1f}", "-", "-", "-", "-", loads(bound.runs)]
+    cells += [bubble(bound.runs)] if bubbles(record) else []
+    return "| " + " | ".join(cells) + " |"
+
+
+def bound_line(record: BenchRecord) -> str:
+    bound = record.bound
+    work = "every teacher and student block" if record.phase == "distill" else "the whole network, the full batch"
+    line = (
+        f"Measured bound: T1 = {seconds(bound.t1_s)} s a step (one rank doing all the work of a global step:"
+        f" {work}), ideal = T1 / {record.nproc} = {seconds(bound.ideal_s)} s; efficiency = ideal / measured step."
+    )
+    if bound.profile_ideal_s is not None:
+        line += (
+            f" The profile's own ideal (its prediction of perfectly divided work, not a bound):"
+            f" {seconds(bound.profile_ideal_s)} s."
+        )
+    return line
+
+
+def fastest_line(arms: list[Arm]) -> str:
+    """The fastest arm, or the arms whose intervals overlap its own (then no ranking between them)."""
+    best = min(arms, key=lambda arm: arm.step_s)
+    tied = [arm.name for arm in arms if arm is not best and overlap(arm, best)]
+    if tied:
+        return f"Fastest: not ranked; {best.name}'s interval overlaps {', '.join(tied)}'s."
+    if len(best.runs) < 2:
+        return f"Fastest: {best.name}, from a single run (no interval)."
+    return f"Fastest: {best.name}, its interval clear of every other arm's."
+
+
+def overlap(a: Arm, b: Arm) -> bool:
+    (a_low, a_high), (b_low, b_high) = a.interval, b.interval
+    return a_low <= b_high and b_low <= a_high
+
+
+def versus(arm: Arm, baseline: Arm | None) -> str:
+    """Speed against the baseline (its step over this one's), unless their intervals overlap."""
+    if baseline is None:
+        return "-"
+    if arm is not baseline and overlap(arm, baseline):
+        return f"overlaps {baseline.name}"
+    return f"{baseline.step_s / arm.step_s:.2f}x"
+
+
+def measured(arm: Arm) -> str:
+    runs = ", ".join(seconds(run.measured_step_s) for run in arm.runs)
+    return f"{seconds(arm.step_s)} ({runs})"
+
+
+def seconds(value: float) -> str:
+    """Four significant digits: 1.234, 0.04125."""
+    return f"{value:.4g}"
+
+
+def spread(arm: Arm) -> str:
+    if len(arm.runs) < 2:
+        return "1 run"
+    low, high = arm.interval
+    return f"{(high - low) / arm.step_s:.0%}"
+
+
+def loads(runs: list[ArmRun]) -> str:
+    return ", ".join(f"{run.load.other_cores:.2f}" + (" shared" if run.load.shared else "") for run in runs)
+
+
+def plans(runs: list[ArmRun]) -> str:
+    """The stages each run ran (once when every run ran the same); '-' for dp and ls, which have none."""
+    seen: list[str] = []
+    for run in runs:
+        text = (f"{run.strategy}: " if run.strategy else "") + stages_text(run.stages)
+        if text not in seen:
+            seen.append(text)
+    return " / ".join(seen)
+
+
+def stages_text(stages: list[StageSpan]) -> str:
+    """`0-1 x1 \\| 2-3 x1`: `pipebd plan`'s stages, its '|' escaped in a table cell; '-' without stages."""
+    return stages_line(stages).replace("|", "\\|") if stages else "-"

@@ -1,0 +1,291 @@
+"""The engine's commands (`pipebd run`, `profile`, `plan`, `bench`): what each does once parsed.
+
+`pipebd run` prepares a run directory and hands it to the supervisor (job/supervisor.py), the same one
+the service's workers use; its watcher here draws a progress line and turns Ctrl-C or SIGTERM into a
+cancel. The parser is cli.py's (torch-free); this module is imported when one of these commands runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from pipebd_core.bench import finetune as bench_finetune
+from pipebd_core.bench import replan as bench_replan
+from pipebd_core.bench import report as bench_report
+from pipebd_core.bench.arms import RECORD
+from pipebd_core.bench.distill import run_bench
+from pipebd_core.cli import comma_list, fail
+from pipebd_core.distill.checkpoint import resume_steps
+from pipebd_core.distill.plan import Plan, PlanError
+from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.phases import DISTILL, FINETUNE, PLAN, TRAINING_PHASES, PhaseRecord
+from pipebd_core.documents.plan import Replan, stages_line
+from pipebd_core.job.launch import default_run_dir, prepare_run
+from pipebd_core.job.outcomes import CANCELLED, SUCCEEDED
+from pipebd_core.job.profiling import obtain_profile
+from pipebd_core.job.progress import MetricsFollower
+from pipebd_core.job.supervisor import Outcome, Supervisor, Watcher
+from pipebd_core.planning.planner import search
+from pipebd_core.planning.profiles import ProfileError
+from pipebd_core.planning.resolve import cost_model, mode_plans
+from pipebd_core.planning.simulate import simulate
+from pipebd_core.planning.trust import assess
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import MODES, PARTITIONERS, Spec, SpecError, load_spec
+
+QUIET_PRINT_S = 5.0  # without a terminal, print progress this often
+
+
+def load_run_spec(args: argparse.Namespace) -> Spec:
+    overrides = list(args.set or [])
+    if args.nproc is not None:
+        overrides.append(f"schedule.nproc={args.nproc}")
+    if args.mode is not None:
+        overrides.append(f"schedule.mode={args.mode}")
+    return load_spec(args.spec, overrides)
+
+
+class ProgressLine(Watcher):
+    """The terminal's view of a job: a line per phase change and a progress line while ranks train."""
+
+    def __init__(self, run_dir: RunDir, spec: Spec) -> None:
+        self.run_dir, self.spec = run_dir, spec
+        self.follower: MetricsFollower | None = None
+        self.training = DISTILL  # the phase the follower reads
+        self.interactive = sys.stderr.isatty()
+        self.last_print = 0.0
+        self.said: dict[str, str] = {}
+
+    def phases_changed(self, records: list[PhaseRecord]) -> None:
+        for record in records:
+            status = record.outcome or record.state
+            if record.state == "pending" or self.said.get(record.name) == status:
+                continue
+            self.said[record.name] = status
+            took = f" in {record.duration_s:.1f} s" if record.outcome and record.duration_s is not None else ""
+            why = f" ({record.reason})" if record.reason else ""
+            self.say(f"pipebd: {record.name}: {status}{took}{why}")
+            if record.name == PLAN and record.outcome == SUCCEEDED:
+                for warning in self.run_dir.load_plan().details.warnings or []:
+                    self.say(f"pipebd: warning: {warning}")
+
+    def replanned(self, entry: Replan) -> None:
+        after_s = f"{entry.predicted_after_s * 1e3:.1f} ms" if entry.predicted_after_s is not None else "no prediction"
+        self.say(
+            f"pipebd: distill: re-planned at step {entry.resumed_at_step}: {stages_line(entry.from_)}"
+            f" -> {stages_line(entry.to)} (measured {entry.measured_before_s * 1e3:.1f} ms a step, planned"
+            f" {entry.predicted_before_s * 1e3:.1f} ms; the new plan: {after_s})"
+        )
+
+    def tick(self, phase: str) -> None:
+        if phase not in TRAINING_PHASES:
+            return
+        self.follow(phase)
+        if self.interactive or time.time() - self.last_print > QUIET_PRINT_S:
+            self.print_progress("\r" if self.interactive else "\n")
+
+    def drain(self, phase: str) -> None:
+        if phase in TRAINING_PHASES:
+            self.follow(phase)
+            self.print_progress("\n")
+            assert self.follower is not None
+            if self.follower.refused:  # lines an earlier PipeBD wrote into this run directory
+                print(f"pipebd: telemetry lines passed over: {self.follower.refused}", file=sys.stderr, flush=True)
+            self.follower = None  # the next training phase has its own ranks and steps
+
+    def follow(self, phase: str) -> None:
+        if self.follower is None:
+            self.follower = MetricsFollower(self.run_dir, phase)
+            self.training = phase
+        self.follower.poll()
+
+    def print_progress(self, end: str) -> None:
+        assert self.follower is not None
+        tune = self.spec.finetune
+        how = tune.strategy if self.training == FINETUNE and tune is not None else self.spec.schedule.mode
+        head = f"[{self.spec.name} {how} x{self.spec.schedule.nproc}]"
+        print(f"{head} {self.follower.progress.describe()}", end=end, file=sys.stderr, flush=True)
+        self.last_print = time.time()
+
+    def say(self, line: str) -> None:
+        if self.interactive and self.follower is not None:
+            line = "\n" + line
+        print(line, file=sys.stderr, flush=True)
+
+
+def interrupt_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def supervise(run_dir: RunDir, spec: Spec) -> int:
+    """Run the job's phases with a progress line; report the outcome as an exit code."""
+    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)  # a kill is a cancel, like Ctrl-C
+    try:
+        outcome = Supervisor(run_dir, ProgressLine(run_dir, spec)).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return report(run_dir, outcome)
+
+
+def report(run_dir: RunDir, outcome: Outcome) -> int:
+    if outcome.result == CANCELLED:
+        print(f"pipebd: cancelled during {outcome.phase}; every process was stopped", file=sys.stderr)
+        return 130
+    if outcome.result != SUCCEEDED:
+        print(f"pipebd: the {outcome.phase} phase failed ({outcome.reason}): {outcome.error}", file=sys.stderr)
+        return 1
+    summary = run_dir.load_summary()
+    print(f"pipebd: done: {run_dir.root}")
+    for key, top1 in (("student_top1", summary.student_top1), ("teacher_top1", summary.teacher_top1)):
+        if top1 is not None:
+            print(f"  {key}: {top1:.4f}")
+    return 0
+
+
+def describe_resume(run_dir: RunDir) -> str:
+    """Where each block picks up, as the ranks will compute it (pipelined plans resume at one common step)."""
+    if not run_dir.plan.exists():
+        return "the run had not been planned yet, so it starts again from its first unfinished phase"
+    plan = Plan.from_document(run_dir.load_plan())
+    starts = resume_steps(run_dir.checkpoints, plan.num_blocks, common=plan.is_pipeline)
+    total = plan.step_plan.total
+    if not any(starts):
+        return f"no checkpoint to resume from, so every block starts again from step 0 of {total}"
+    return ", ".join(f"block {block} at step {step}/{total}" for block, step in enumerate(starts))
+
+
+def command_run(args: argparse.Namespace) -> int:
+    try:
+        if args.resume:
+            run_dir = RunDir(Path(args.resume))
+            if not run_dir.spec.exists() or not run_dir.phases.exists():
+                return fail(f"--resume {args.resume}: no spec.json and phases.json there; is it a run directory?")
+            spec = run_dir.load_spec()
+            run_dir.append_event("resumed")
+            print(f"pipebd: resuming: {describe_resume(run_dir)}", file=sys.stderr)
+        else:
+            if args.spec is None:
+                return fail("give a spec file, or --resume DIR")
+            spec = load_run_spec(args)
+            run_dir = prepare_run(spec, Path(args.out) if args.out else None)
+    except (SpecError, PlanError, ProfileError, DocumentError) as error:  # DocumentError: an older run directory
+        return fail(str(error))
+    print(f"pipebd: run directory {run_dir.root}", file=sys.stderr)
+    return supervise(run_dir, spec)
+
+
+def command_profile(args: argparse.Namespace) -> int:
+    try:
+        spec = load_run_spec(args)
+        profile, cached = obtain_profile(spec, refresh=args.refresh, trials=args.trials)
+    except (SpecError, ProfileError) as error:
+        return fail(str(error))
+    if args.json:
+        print(json.dumps(profile.to_json(), indent=1))
+        return 0
+    print(f"profile of {spec.name} on {spec.schedule.nproc} x {profile.device} ({'cached' if cached else 'measured'})")
+    print(f"{'block':>5} {'batch':>5} {'teacher ms':>11} {'student ms':>11} {'spread':>7}")
+    for index, block in enumerate(profile.blocks):
+        for batch in profile.batch_sizes:
+            teacher, student = block.teacher_s[batch], block.student_s[batch]
+            spread = max(teacher.spread, student.spread)
+            print(f"{index:5} {batch:5} {teacher.median * 1e3:11.2f} {student.median * 1e3:11.2f} {spread:7.0%}")
+    trust = assess(profile)
+    print("profile: " + ("trusted" if trust["trusted"] else ", ".join(trust["flags"]).upper()))
+    for message in trust["messages"]:
+        print(f"  {message}")
+    return 0
+
+
+def command_plan(args: argparse.Namespace) -> int:
+    try:
+        spec = load_run_spec(args)
+        profile = obtain_profile(spec)[0]
+        model = cost_model(spec, profile)
+        result = search(model)
+        modes = {mode: simulate(plan, model)[0] for mode, plan in mode_plans(model).items()}
+    except (SpecError, PlanError, ProfileError) as error:
+        return fail(str(error))
+    report_ = {
+        "plans": [plan.entry().to_json() for plan in result.plans],
+        "plans_considered": result.considered,
+        "stages_rejected_for_memory": result.rejected_for_memory,
+        "mode_step_s": modes,
+        "ideal_step_s": model.ideal_step(),
+    }
+    trust = assess(profile)
+    report_["profile_trust"] = trust
+    if args.json:
+        print(json.dumps(report_, indent=1))
+        return 0
+    print("profile: " + ("trusted" if trust["trusted"] else ", ".join(trust["flags"]).upper()))
+    for message in trust["messages"]:
+        print(f"  {message}")
+    print(f"{result.considered} plans fit in memory; the best {len(result.plans)}:")
+    for rank, plan in enumerate(result.plans, start=1):
+        stages = stages_line(plan.entry().stages)
+        print(f"{rank:3}. {plan.step_s * 1e3:9.2f} ms/step  bottleneck stage {plan.bottleneck}  [{stages}]")
+    print("predicted ms per global step: " + ", ".join(f"{m} {t * 1e3:.1f}" for m, t in modes.items()))
+    print(f"the profile's even split of all the work: {model.ideal_step() * 1e3:.1f} ms (a prediction, not a bound)")
+    return 0
+
+
+def command_report(paths: list[str]) -> int:
+    """`pipebd bench --report FILE...`: the benchmarks page's tables from benchmark records."""
+    records = []
+    for path in paths:
+        try:
+            records.append(bench_report.load_record(Path(path)))
+        except (OSError, ValueError) as error:  # DocumentError and JSONDecodeError are ValueErrors
+            return fail(f"--report {path}: not a benchmark record (bench.json of `pipebd bench`): {error}")
+    print(bench_report.render(records), end="")
+    return 0
+
+
+def command_bench(args: argparse.Namespace) -> int:
+    if args.report:
+        if args.spec is not None:
+            return fail("--report renders records already measured; give record files, not a spec")
+        return command_report(args.report)
+    if args.spec is None:
+        return fail("give a spec file to benchmark, or --report FILE... to render records")
+    finetune = args.phase == "finetune"
+    known = bench_finetune.STRATEGIES if finetune else MODES
+    partitioners = comma_list(args.partitioners)
+    modes = comma_list(args.modes or ("" if partitioners else ",".join(known)))
+    unknown = [mode for mode in modes if mode not in known]
+    if unknown:
+        return fail(f"--modes: unknown {', '.join(unknown)}; for --phase {args.phase} choose from {', '.join(known)}")
+    wrong = [name for name in partitioners if name not in PARTITIONERS]
+    if wrong or (partitioners and not finetune):
+        return fail(
+            f"--partitioners: {'unknown ' + ', '.join(wrong) if wrong else 'compares end-to-end training'};"
+            f" give --phase finetune and some of {', '.join(PARTITIONERS)}"
+        )
+    try:
+        spec = load_run_spec(args)
+        out = Path(args.out) if args.out else default_run_dir(spec, Path("runs") / "bench")
+        if args.replan:
+            replanned = bench_replan.run_replan_bench(
+                spec, args.steps, args.repeats, out, args.load_cores, args.trials, keep=args.keep
+            )
+            report, table = replanned.to_json(), bench_replan.format_table(replanned)
+        else:
+            if finetune:
+                record = bench_finetune.run_finetune_bench(
+                    spec, modes, args.steps, args.repeats, out, keep=args.keep, partitioners=partitioners
+                )
+            else:
+                record = run_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep)
+            report, table = record.to_json(), bench_report.render([record])
+        print(f"pipebd: benchmark record {out / RECORD}", file=sys.stderr)
+    except (SpecError, PlanError, ProfileError, RuntimeError) as error:
+        return fail(str(error))
+    print(json.dumps(report, indent=1) if args.json else table)
+    return 0

@@ -1,0 +1,162 @@
+"""The `finalize` phase: gather every block's final weights into student.pt, assemble the compressed
+network (or derive the searched one), report top-1 accuracies where the data set has labels, and
+write summary.json.
+
+Run as one process, `python -m pipebd_core.distill.finalize --run-dir DIR`, after the `distill` phase
+succeeded, so every block's final checkpoint is there; a missing one is an error that says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from pipebd_core.data.batches import iterate_eval_batches
+from pipebd_core.data.datasets import build_dataset
+from pipebd_core.distill import checkpoint
+from pipebd_core.distill.plan import Plan
+from pipebd_core.documents.phases import FINALIZE
+from pipebd_core.documents.summary import Summary
+from pipebd_core.ranks import phase_entry, pick_device
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec
+from pipebd_core.workloads.workload import Workload, build_workload
+
+EVAL_BATCH = 64
+
+
+class StudentBlocks(nn.Module):
+    """The container whose state_dict is student.pt: keys `blocks.<i>.<param>`."""
+
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+
+def check_final_checkpoints(run_dir: RunDir, num_blocks: int, total_steps: int) -> None:
+    """Every block's last checkpoint must exist: the distill phase writes it after the last step."""
+    missing = [b for b in range(num_blocks) if total_steps not in checkpoint.saved_steps(run_dir.checkpoints, b)]
+    if missing:
+        raise RuntimeError(
+            f"blocks {missing} have no final checkpoint (step {total_steps}) in {run_dir.checkpoints};"
+            " the distill phase did not finish them: resume the run to train them"
+        )
+
+
+def load_final_students(run_dir: RunDir, workload: Workload, total_steps: int) -> tuple[list[nn.Module], list[Any]]:
+    """The trained student blocks (on CPU, eval mode) and each block's last loss."""
+    students, losses = [], []
+    for block, student in enumerate(workload.student_blocks):
+        state = checkpoint.load_block(run_dir.checkpoints, block, total_steps)
+        student.load_state_dict(state["student"])
+        students.append(student.cpu().eval())
+        losses.append(state.get("loss"))
+    return students, losses
+
+
+def eval_outputs(model: nn.Module, spec: Spec, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(the model's outputs, labels) in order over the first `data.eval_samples` samples of the eval split."""
+    dataset = build_dataset(spec, split="eval")
+    model.to(device).eval()
+    with torch.no_grad():
+        for inputs, labels in iterate_eval_batches(spec, dataset, EVAL_BATCH):
+            yield model(inputs.to(device)).cpu(), labels
+
+
+def top1_accuracy(model: nn.Module, spec: Spec, device: torch.device) -> float | None:
+    """Top-1 accuracy on the eval split, or None when the data set has no labels."""
+    if spec.data.eval_samples == 0:
+        return None
+    correct = seen = 0
+    for outputs, labels in eval_outputs(model, spec, device):
+        if int(labels.min()) < 0:
+            return None
+        correct += int((outputs.argmax(dim=1) == labels).sum())
+        seen += len(labels)
+        if seen >= spec.data.eval_samples:
+            break
+    return correct / seen if seen else None
+
+
+def perplexity(model: nn.Module, spec: Spec, device: torch.device) -> float | None:
+    """exp of the mean next-token cross-entropy over the first `data.eval_samples` held-out sequences."""
+    if spec.data.eval_samples == 0:
+        return None
+    total, tokens = 0.0, 0
+    for logits, labels in eval_outputs(model, spec, device):
+        total += float(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum"))
+        tokens += labels.numel()
+    return math.exp(total / tokens) if tokens else None
+
+
+def accuracy_report(spec: Spec, workload: Workload, compressed: nn.Module, device: torch.device) -> dict[str, Any]:
+    """Top-1 of the compressed network and of the teacher, where the data set has real labels, or their
+    perplexity for a language model (the fields of the summary they fill in)."""
+    if spec.data.dataset == "synthetic":
+        return {"top1_note": "synthetic labels are random, so no accuracy is reported"}
+    if device.type == "cpu":
+        torch.set_num_threads(os.cpu_count() or 1)  # every block is trained: the other ranks are idle
+    if spec.data.dataset == "text":
+        report: dict[str, Any] = {"top1_note": "a language model: held-out perplexity instead of top-1"}
+        report["student_perplexity"] = perplexity(compressed, spec, device)
+        if workload.teacher_network is not None:
+            report["teacher_perplexity"] = perplexity(workload.teacher_network(), spec, device)
+        return report
+    report = {"student_top1": top1_accuracy(compressed, spec, device)}
+    if workload.teacher_network is not None:
+        report["teacher_top1"] = top1_accuracy(workload.teacher_network(), spec, device)
+    return report
+
+
+def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, device: torch.device) -> Summary:
+    check_final_checkpoints(run_dir, workload.num_blocks, total_steps)
+    students, losses = load_final_students(run_dir, workload, total_steps)
+    torch.save(StudentBlocks(students).state_dict(), run_dir.student)
+    fields: dict[str, Any] = {}
+    if workload.derive is not None:
+        architecture, searched = workload.derive(students)
+        run_dir.write_json(run_dir.architecture, architecture)
+        torch.save(searched, run_dir.searched_model)
+        fields["architecture"] = architecture["blocks"]
+    if workload.assemble is not None:
+        compressed = workload.assemble(students)
+        torch.save(compressed, run_dir.compressed_model)
+        fields.update(accuracy_report(spec, workload, compressed, device))
+    summary = Summary(
+        name=spec.name,
+        mode=spec.schedule.mode,
+        nproc=spec.schedule.nproc,
+        steps_per_block=total_steps,
+        final_loss=dict(enumerate(losses)),
+        warnings=workload.warnings,
+        **fields,
+    )
+    run_dir.save_summary(summary)
+    return summary
+
+
+def run_finalize(run_dir: RunDir) -> None:
+    spec = run_dir.load_spec()
+    plan = Plan.from_document(run_dir.load_plan())
+    device = pick_device(spec, 0)
+    summary = finalize(run_dir, spec, build_workload(spec), plan.step_plan.total, device)
+    print(f"pipebd: finalize: wrote {', '.join(sorted(p.name for p in run_dir.root.glob('*.pt')))}", flush=True)
+    run_dir.append_event("artifacts_written", final_loss=summary.to_json()["final_loss"])
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipebd_core.distill.finalize", description="the finalize phase")
+    phase_entry(FINALIZE, parser, lambda run_dir, _: run_finalize(run_dir), argv, own_log=False)
+
+
+if __name__ == "__main__":
+    main()

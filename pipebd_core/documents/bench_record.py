@@ -1,0 +1,170 @@
+"""The benchmark record (bench.json): what one `pipebd bench` measured, and under which conditions.
+
+One document for both phases: distillation's modes, and end-to-end training's strategies or
+partitioners (`compares`), each arm compared with the record's `baseline` arm (dp, ddp, pipedream).
+
+Every figure of the benchmarks page is rendered from such records (pipebd_core/bench/report.py), never
+typed by hand. A record holds the commit and the machine it ran on, the spec, the profile every arm
+planned from (by its hash), the one timing rule every arm was measured by, and for every arm and
+repeat: each timed global step, the predicted step, the hash of the profile that arm planned from,
+and the load on the node while it ran (the cores other processes used). An arm run while other
+processes used more than SHARED_CORES is `shared`: its figures are the machine's, not PipeBD's alone.
+`bound` is the measured bound: one rank doing all the teacher and student work of a global step
+(T1), divided by the ranks.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Literal
+
+from pipebd_core.documents.base import Document
+from pipebd_core.documents.parts import Part
+from pipebd_core.documents.plan import StageSpan
+
+SHARED_CORES = 0.15  # other processes using more cores than this during an arm: the arm is shared
+
+
+class Machine(Part):
+    """What the bench ran on."""
+
+    cpu_model: str
+    cores: int  # logical CPUs
+    memory_bytes: int
+    gpus: list[str]  # CUDA device names; empty without a GPU
+    python: str
+    torch: str
+
+
+class TimingRule(Part):
+    """The rule a run was timed by: its first `warmup_steps` global steps left out, the next `timed_steps`
+    measured. A step's time on a rank is the time from the end of the rank's task before it to the end
+    of its last task of that step, summed over its tasks of that step; the step's time is the slowest
+    rank's. The same rule for every mode, pipelined or not."""
+
+    warmup_steps: int
+    timed_steps: int
+
+
+class Load(Part):
+    """The node while a run ran: node busy CPU time (/proc/stat) minus the bench's own process tree's,
+    over the run's wall time."""
+
+    wall_s: float
+    other_cores: float  # cores other processes used on average
+    shared: bool  # other_cores > SHARED_CORES
+
+
+class ArmRun(Part):
+    """One repeat of one arm."""
+
+    repeat: int
+    step_s: list[float]  # every timed global step, in order, seconds
+    measured_step_s: float  # their mean
+    predicted_step_s: float | None  # the plan's prediction from the profile (None: planned without one)
+    profile_hash: str | None  # the profile.json this run planned from (None: none)
+    timing: TimingRule  # as found in this run's telemetry
+    load: Load
+    stages: list[StageSpan]  # the plan it ran (empty for dp and ls; ddp: the whole network, replicated)
+    peak_mem_bytes: list[int]  # per rank
+    # end-to-end training only:
+    strategy: str | None = None  # the strategy it ran (what auto chose)
+    bubble: list[float] | None = None  # per rank, the share of a timed step it waited (receives, sends, idle)
+    stage_s: list[float] | None = None  # per rank, compute seconds a timed step (median)
+    predicted_stage_s: list[float] | None = None  # per stage, the plan's prediction
+
+
+class Arm(Part):
+    """One mode, every repeat."""
+
+    name: str
+    runs: list[ArmRun]
+
+    @property
+    def step_s(self) -> float:
+        """The median of the repeats' measured steps."""
+        return statistics.median(run.measured_step_s for run in self.runs)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The lowest and the highest repeat."""
+        steps = [run.measured_step_s for run in self.runs]
+        return min(steps), max(steps)
+
+
+class Bound(Part):
+    """The measured bound: T1, one rank running all the teacher and student work of a global step alone
+    (the same global batch, one stage of every block), measured in the same bench; ideal_s = T1 / nproc."""
+
+    t1_s: float  # the median of the one-rank runs (end-to-end training: ddp on one rank, the full batch)
+    ideal_s: float
+    runs: list[ArmRun]
+    profile_ideal_s: float | None  # the profile's own prediction of perfectly divided work (not a bound)
+
+
+class BenchRecord(Document):
+    """bench.json: one benchmark."""
+
+    NAME = "benchmark record"
+    VERSION = 1
+
+    phase: Literal["distill", "finetune"] = "distill"
+    compares: Literal["modes", "strategies", "partitioners"] = "modes"  # what the arms are
+    baseline: str = "dp"  # the arm every other is compared with (where it ran)
+    strategy: str | None = None  # partitioners: the one pipelined strategy every arm ran
+    name: str  # the spec's
+    commit: str | None  # git HEAD of the PipeBD that ran, "+dirty" with uncommitted changes; None outside git
+    machine: Machine
+    spec: dict[str, Any]
+    nproc: int
+    batch_size: int
+    steps: int  # optimiser steps each run
+    repeats: int
+    timing: TimingRule  # the rule every run was timed by
+    profile_hash: str  # the frozen profile every arm planned from
+    shared_cores: float = SHARED_CORES
+    arms: list[Arm]
+    bound: Bound
+    split_cost: float | None = None  # end-to-end training: (I + W) / B over the layers, from the profile
+
+
+class ReplanRun(ArmRun):
+    """One run of a re-planning benchmark's variant: timed over its last launch (the plan it ended with)."""
+
+    calibrated_step_s: float | None  # its last calibration's prediction for the plan it ran
+    calibration_measured_step_s: float | None  # what that calibration measured
+    replans: int
+    declined: list[str]  # why each re-plan it considered was declined
+
+
+class ReplanVariant(Part):
+    name: str  # loaded, replanned or clean (pipebd_core/bench/replan.py)
+    runs: list[ReplanRun]
+
+
+class ProfileUsed(Part):
+    """A profile a re-planning benchmark measured, and how far it can be trusted (planning/trust.py)."""
+
+    hash: str
+    trusted: bool
+    flags: list[str]
+    other_cores: float | None  # what other processes used while it was measured
+
+
+class ReplanBenchRecord(Document):
+    """bench.json of `pipebd bench --replan`: auto from a loaded profile with and without re-planning, and
+    from a clean one."""
+
+    NAME = "re-planning benchmark record"
+    VERSION = 1
+
+    name: str
+    commit: str | None
+    machine: Machine
+    spec: dict[str, Any]
+    nproc: int
+    steps: int
+    repeats: int
+    load_cores: int  # processes kept busy while the loaded profile was measured
+    profiles: dict[str, ProfileUsed]  # clean, loaded
+    variants: list[ReplanVariant]

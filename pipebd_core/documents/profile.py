@@ -1,0 +1,94 @@
+"""The block profile (profile.json and the profile cache's entries): every block measured on the
+devices a job uses (pipebd_core/planning/profiler.py writes it; the cost model, the planner, the trust
+report and `pipebd profile` read it).
+
+Per block and per per-replica batch size: the teacher's forward, the student's step and, for a searched
+student, its architecture step (`Timing`s), the bytes the student's backward keeps (and its peak on
+CUDA); per group size, the all-reduce of its gradients; per boundary, the one-way send of its tensor;
+per batch, loading the data. `conditions` say under what load it was measured; `calibration`, once a
+run calibrated it, what training measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pydantic import BaseModel, ConfigDict
+
+from pipebd_core.documents.base import Document
+from pipebd_core.documents.calibration import Calibration
+
+
+class Timing(BaseModel):
+    """One measurement: the median of its trials (seconds), their spread (p90 - p10) / median, how many
+    trials there were (0: not measured) and how many times it was taken again because they disagreed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    median: float
+    spread: float = 0.0
+    trials: int = 0
+    remeasured: int = 0
+
+
+class BlockProfile(BaseModel):
+    """One block, per per-replica batch size (the tables' keys) and per all-reduce group size."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    teacher_s: dict[int, Timing]  # forward
+    student_s: dict[int, Timing]  # forward, backward and update
+    student_arch_s: dict[int, Timing] = {}  # a supernet's architecture step (trials 0: none)
+    saved_bytes: dict[int, int]  # what autograd keeps for the student's backward
+    student_peak_bytes: dict[int, int] | None = None  # CUDA: a student step's peak allocation
+    teacher_param_bytes: int
+    student_param_bytes: int
+    allreduce_s: dict[int, Timing]  # per group size k >= 2
+
+    def timings(self) -> Iterator[tuple[str, dict[int, Timing]]]:
+        """(what, table) of each timed measurement: teacher, student, student_arch."""
+        yield "teacher", self.teacher_s
+        yield "student", self.student_s
+        yield "student_arch", self.student_arch_s
+
+
+class Conditions(BaseModel):
+    """The load a profile was measured under (planning/trust.py judges it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpus: int
+    other_cpu_cores: float  # CPU other processes used on the node while the ranks measured, in cores
+    load_average_1m: float
+    gpu_other_processes: list[list[int]] | None = None  # per rank, other pids on its GPU (None: CPU)
+    noisy_spread: float  # the spread above which a measurement was taken again
+
+
+class Profile(Document):
+    """profile.json: the block profile of one workload on one kind and count of device."""
+
+    NAME = "block profile"
+    VERSION = 1
+
+    nproc: int
+    batch_size: int
+    batch_sizes: list[int]  # every per-replica batch a plan can give a block, largest first
+    device: str
+    device_memory_bytes: int
+    baseline_bytes: int  # what a rank holds before any block
+    shapes: list[list[int]]  # per boundary (input first), one sample's tensor shape
+    boundary_bytes_per_sample: list[int]  # per boundary, as the blocks produce it
+    blocks: list[BlockProfile]
+    data_s: dict[int, Timing]  # loading a batch
+    p2p_s: list[dict[int, Timing]]  # per boundary, one-way send
+    measured_at: float | None = None  # seconds since the epoch (None: a profile written by hand)
+    conditions: Conditions | None = None  # None: a profile written by hand, load unknown
+    calibration: Calibration | None = None
+
+    def uncalibrated(self) -> Profile:
+        """The profile as measured (its calibration left out)."""
+        return self.model_copy(update={"calibration": None})
+
+    def calibrated(self, calibration: Calibration) -> Profile:
+        """The measured numbers with `calibration` (in place of any it had)."""
+        return self.model_copy(update={"calibration": calibration})

@@ -1,0 +1,76 @@
+"""The summary (summary.json): what a job produced, in numbers.
+
+The finalize phase writes it after distillation (pipebd_core/distill/finalize.py): the final loss of
+every block, top-1 of the compressed student and of the teacher where the data set has labels, a NAS
+search's architecture. The evaluate phase (pipebd_core/training/evaluate.py) adds its `finetune`
+section: top-1 before and after end-to-end training and of the teacher, parameters and FLOPs, and the
+wall time of every phase; a job that only trains has a summary of its name and that section.
+
+`to_json` writes the fields a phase set and no others, so the file (served as it is by the API's
+artifacts route) keeps the shape it always had, `format_version` added.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from pipebd_core.documents.base import Document
+
+
+class ModelSize(BaseModel):
+    """A network's parameters and forward FLOPs per sample."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    params: int
+    flops: float
+
+
+class ArchitectureBlock(BaseModel):
+    """A NAS search's choice for one block: the candidate chosen in each of its searchable layers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    block: int
+    layers: list[str]
+
+
+class FinetuneReport(BaseModel):
+    """The evaluate phase's section: the network trained end to end, next to where it started and its teacher."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: str  # the finetune plan's strategy (ddp, gpipe, 1f1b, zb, ...)
+    top1_before: float | None  # None where the data set has no labels
+    top1_after: float | None
+    student: ModelSize
+    teacher_top1: float | None = None  # without a teacher: absent
+    teacher: ModelSize | None = None
+    phase_s: dict[str, float | None] = {}  # wall seconds of every phase of the job (None: it did not run)
+
+
+class Summary(Document):
+    """summary.json: written by the finalize phase, completed by the evaluate phase."""
+
+    NAME = "summary.json"
+    VERSION = 1
+
+    name: str  # the job's name
+    mode: str | None = None  # distillation: the schedule mode, as the spec gave it
+    nproc: int | None = None
+    steps_per_block: int | None = None
+    final_loss: dict[int, float] | None = None  # per block, at its last checkpoint
+    warnings: list[str] | None = None  # what the workload warned about while it was built
+    architecture: list[ArchitectureBlock] | None = None  # NAS: the searched architecture
+    student_top1: float | None = None  # the compressed student's top-1 (None: the data set has no labels)
+    teacher_top1: float | None = None
+    top1_note: str | None = None  # why no top-1 is given (synthetic labels, a language model)
+    student_perplexity: float | None = None  # text: the compressed student's held-out perplexity
+    teacher_perplexity: float | None = None
+    finetune: FinetuneReport | None = None  # once the evaluate phase ran
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields the phases set (a top-1 of None included: measured, no labels), and the format version."""
+        return self.model_dump(mode="json", exclude_unset=True)

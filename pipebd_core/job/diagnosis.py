@@ -1,0 +1,47 @@
+"""Why a phase's process exited non-zero: its termination record (reason and the error text to show).
+
+The first rank that raised is the root cause (the others usually fail on a broken connection after
+it), so its traceback is the text, unless every report is such a broken connection and the launcher
+saw a rank SIGKILLed: the killed rank (it writes nothing) is then the cause, `rank_killed`, a fault of
+the machine (most often the kernel's out-of-memory killer). Without a rank error report, the launcher
+log says what happened: a SIGKILL or a plain exit code. `pipebd run` prints this text and the service
+stores it, so both say the same thing.
+"""
+
+from __future__ import annotations
+
+from pipebd_core.documents.errors import RankError
+from pipebd_core.job.outcomes import Termination
+from pipebd_core.rundir import RunDir
+
+LOG_TAIL_CHARS = 4000
+OOM_MARKERS = ("OutOfMemoryError", "out of memory", "CUDA out of memory", "MemoryError")
+# What a rank raises when a peer vanished under it (gloo, NCCL): a consequence, never the cause.
+PEER_LOST_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exited")
+SIGKILL_EXIT_CODES = (-9, 137)  # a process killed by SIGKILL, as Popen and as a shell report it
+
+
+def launcher_tail(run_dir: RunDir, phase: str) -> str:
+    path = run_dir.launcher_log(phase)
+    return path.read_text(errors="replace")[-LOG_TAIL_CHARS:] if path.exists() else ""
+
+
+def diagnose(run_dir: RunDir, phase: str, exit_code: int) -> Termination:
+    """Why the processes of `phase` exited with `exit_code` != 0."""
+    errors = run_dir.rank_errors(phase)
+    tail = launcher_tail(run_dir, phase)
+    killed = "SIGKILL" in tail or exit_code in SIGKILL_EXIT_CODES
+    if errors and not (killed and all(lost_a_peer(error) for error in errors)):
+        first = errors[0]
+        oom = any(marker in f"{first.type} {first.message}" for marker in OOM_MARKERS)
+        return Termination("oom" if oom else "rank_error", first.describe())
+    if killed:
+        text = f"a rank was killed by SIGKILL, most often by the kernel's out-of-memory killer; launcher log:\n{tail}"
+        return Termination("rank_killed", text)
+    text = f"the {phase} phase exited with code {exit_code} without a rank error report; launcher log:\n{tail}"
+    return Termination("exit_code", text)
+
+
+def lost_a_peer(error: RankError) -> bool:
+    """Whether a rank's error report is only that a peer's connection broke."""
+    return any(marker in error.message.lower() for marker in PEER_LOST_MARKERS)

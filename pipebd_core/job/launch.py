@@ -1,0 +1,190 @@
+"""Prepare a run directory, and start what each phase runs.
+
+`prepare_run` does every check that can fail before a process starts (spec, devices, data set,
+workload, a plan without a profile), so a bad job never leaves half a run behind it; it writes
+spec.json and phases.json. The supervisor (supervisor.py) then runs the phases; this module says how
+to start each: `skip_reason` (a cached profile), `run_local` (the plan phase), `start_phase` (the
+torchrun or single process of the others, in a session of its own so the whole tree can be signalled
+at once) and `complete` (a measured profile goes into the cache).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from pipebd_core.distill.plan import PlanError
+from pipebd_core.documents.phases import PLAN, PLAN_FINETUNE, PROFILE, PROFILE_FINETUNE
+from pipebd_core.job.phases import PHASE_KINDS, job_phases, new_records
+from pipebd_core.job.processes import rank_environment, torchrun_command
+from pipebd_core.planning import profiles
+from pipebd_core.planning.finetune import check_labels, resolve_train_plan
+from pipebd_core.planning.resolve import resolve_plan
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec, SpecError, parse_spec
+from pipebd_core.training.plan import finetune_view
+
+PROFILE_TRIALS = 5  # timed trials per profiled measurement
+
+
+def default_run_dir(spec: Spec, base: Path = Path("runs")) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return base / f"{spec.name}-{stamp}"
+
+
+def check_devices(spec: Spec) -> None:
+    """The devices this node has for the ranks, checked before any process starts."""
+    schedule = spec.schedule
+    if schedule.device == "cpu":
+        return
+    if not torch.cuda.is_available():
+        if schedule.device == "cuda":
+            raise SpecError("schedule.device: 'cuda' but CUDA is not available on this machine; use 'auto' or 'cpu'")
+        return
+    gpus = torch.cuda.device_count()
+    if schedule.nproc > gpus:
+        raise SpecError(
+            f"schedule.nproc: {schedule.nproc} ranks need one GPU each but this machine has {gpus};"
+            f" use --nproc {gpus} or fewer, or schedule.device: cpu"
+        )
+
+
+def preflight(spec: Spec) -> None:
+    """The launch checks that need no profile and no earlier phase: data set, workload, the distillation
+    plan (`auto`, which plans from a profile, is checked as `ir`, one of its candidates that runs wherever
+    the batch splits over nproc) and the finetune plan on a freshly initialised network (strategy `auto`
+    as `gpipe` or `ddp`, partitioners that plan from the profile as `pipedream`; a searched
+    network exists only after its search: only its data is checked). Raises SpecError or PlanError
+    naming what to change."""
+    document = spec.model_dump(mode="json")
+    document["schedule"]["profile"] = False
+    if document["schedule"]["mode"] == "auto":
+        document["schedule"].update(mode="ir", stages=None, replan=None)
+    tune = document.get("finetune")
+    if tune is not None and tune["strategy"] == "auto":  # the same stand-ins for the end-to-end training
+        tune.update(strategy="gpipe" if tune["stages"] else "ddp", profile=False)
+    if tune is not None and tune["partitioner"] in ("layerpipe", "auto"):  # they plan from the profile
+        tune.update(partitioner="pipedream", profile=False)
+    try:
+        if spec.workload.kind != "train":
+            resolve_plan(parse_spec(document), None)
+        if spec.finetune is not None and spec.workload.kind != "nas":
+            resolve_train_plan(parse_spec(document), None)
+        elif spec.finetune is not None:
+            check_labels(finetune_view(spec))
+    except (SpecError, PlanError):
+        raise
+    except Exception as error:  # user factories may raise anything; say which and why
+        raise SpecError(
+            f"workload: building the workload or data set failed: {type(error).__name__}: {error}"
+        ) from None
+
+
+def prepare_run(spec: Spec, out: Path | None = None, phases: list[str] | None = None) -> RunDir:
+    """Validate everything, then create the run directory with spec.json and phases.json (the job's
+    phases, or just `phases`: the finetune benchmark runs only the end-to-end training's)."""
+    check_devices(spec)
+    preflight(spec)
+    root = out if out is not None else default_run_dir(spec)
+    run_dir = RunDir(root)
+    if run_dir.spec.exists():
+        raise SpecError(f"--out {root}: a run already lives there; use --resume {root} or another folder")
+    root.mkdir(parents=True, exist_ok=True)
+    run_dir.write_json(run_dir.spec, spec.model_dump(mode="json"))
+    run_dir.save_phases(new_records(run_dir, phases or job_phases(spec)))
+    run_dir.append_event("prepared", mode=spec.schedule.mode, nproc=spec.schedule.nproc)
+    return run_dir
+
+
+def architecture_of(run_dir: RunDir) -> str | None:
+    """A searched network's architecture as written (part of its layer profile's cache key)."""
+    return run_dir.architecture.read_text() if run_dir.architecture.exists() else None
+
+
+def skip_reason(run_dir: RunDir, spec: Spec, phase: str, refresh: bool = False) -> str | None:
+    """Why `phase` need not run: a profile phase finds its cached profile (copied into the run directory)."""
+    if phase not in (PROFILE, PROFILE_FINETUNE) or refresh:
+        return None
+    layers = phase == PROFILE_FINETUNE
+    architecture = architecture_of(run_dir) if layers else None
+    cached = profiles.load_cached_layers(spec, architecture) if layers else profiles.load_cached(spec)
+    if cached is None:
+        return None
+    run_dir.write_json(run_dir.layer_profile if layers else run_dir.profile, cached.to_json())
+    return profiles.describe_cached(cached, profiles.cache_path(spec, architecture, layers))
+
+
+def run_local(run_dir: RunDir, spec: Spec, phase: str) -> None:
+    """The phases that run in the supervising process: `plan` writes plan.json, `plan_finetune`
+    finetune_plan.json."""
+    if phase == PLAN_FINETUNE:
+        measured = run_dir.load_layer_profile() if run_dir.layer_profile.exists() else None
+        run_dir.write_json(run_dir.finetune_plan, resolve_train_plan(spec, run_dir, measured).to_json())
+        return
+    assert phase == PLAN, f"phase {phase!r} does not run locally"
+    profile = run_dir.load_profile() if spec.schedule.profile else None
+    run_dir.write_json(run_dir.plan, resolve_plan(spec, profile).to_json())
+
+
+def phase_command(run_dir: RunDir, spec: Spec, phase: str, trials: int = PROFILE_TRIALS) -> list[str]:
+    kind = PHASE_KINDS[phase]
+    assert kind.module is not None, f"phase {phase!r} runs no process"
+    extra = ["--trials", str(trials)] if phase in (PROFILE, PROFILE_FINETUNE) else []
+    if kind.runs == "torchrun":
+        return torchrun_command(spec.schedule.nproc, run_dir, kind.module, *extra)
+    return [sys.executable, "-m", kind.module, "--run-dir", str(run_dir.root.resolve()), *extra]
+
+
+def start_phase(
+    run_dir: RunDir,
+    spec: Spec,
+    phase: str,
+    extra_env: dict[str, str] | None = None,
+    trials: int = PROFILE_TRIALS,
+) -> subprocess.Popen[bytes]:
+    """Start the phase's processes in a session of their own; their output goes to its launcher log."""
+    run_dir.clear_errors(phase)  # the errors of an earlier attempt are not this one's
+    log_path = run_dir.launcher_log(phase)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            phase_command(run_dir, spec, phase, trials),
+            env=rank_environment(spec, extra_env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped as a whole, never half
+        )
+    run_dir.append_event("launched", phase=phase, pid=process.pid)
+    return process
+
+
+def complete(run_dir: RunDir, spec: Spec, phase: str) -> None:
+    """After a phase succeeded: a measured profile goes into the cache."""
+    if phase not in (PROFILE, PROFILE_FINETUNE):
+        return
+    layers = phase == PROFILE_FINETUNE
+    path = run_dir.layer_profile if layers else run_dir.profile
+    if not path.exists():
+        raise profiles.ProfileError(f"the {phase} phase ended without writing {path}")
+    if layers:
+        profiles.store(spec, run_dir.load_layer_profile(), architecture_of(run_dir))
+    else:
+        profiles.store(spec, run_dir.load_profile())
+
+
+def temporary_run(spec: Spec, phases: list[str]) -> RunDir:
+    """A throw-away run directory for a job of just `phases` (`pipebd profile`, `pipebd plan`)."""
+    run_dir = RunDir(Path(tempfile.mkdtemp(prefix="pipebd-")))
+    run_dir.write_json(run_dir.spec, spec.model_dump(mode="json"))
+    run_dir.save_phases(new_records(run_dir, phases))
+    return run_dir
+
+
+def remove(run_dir: RunDir) -> None:
+    shutil.rmtree(run_dir.root, ignore_errors=True)

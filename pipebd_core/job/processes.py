@@ -1,0 +1,74 @@
+"""Processes of a job: the torchrun command line, the ranks' environment, and stopping a whole tree.
+
+Shared by the launcher (training and profiling jobs) and the service's workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import psutil
+
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec
+
+# What ranks may inherit from the launcher's PIPEBD_ variables; the rest (service secrets, database
+# and broker URLs) stays out of the job's processes.
+RANK_VISIBLE = ("PIPEBD_CACHE_DIR", "PIPEBD_INJECT_FAULT")
+
+
+def rank_environment(spec: Spec, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job's processes: the launcher's, less service secrets, plus `extra`."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PIPEBD_") or k in RANK_VISIBLE}
+    env = {**inherited, **(extra or {})}
+    threads = str(spec.schedule.threads_per_rank)
+    env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def torchrun_command(nproc: int, run_dir: RunDir, module: str = "pipebd_core.distill", *args: str) -> list[str]:
+    """`torchrun --standalone` (torchrun picks a free port) running `module` on every rank."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    return [*torchrun, "--max-restarts", "0", "-m", module, "--run-dir", str(run_dir.root.resolve()), *args]
+
+
+def _session_processes(session: int) -> list[psutil.Process]:
+    """Every process of a session: the agent started with start_new_session leads its own."""
+    members = []
+    for candidate in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if os.getsid(candidate.pid) == session:
+                members.append(candidate)
+    return members
+
+
+def _signal_group(group: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signum)
+
+
+def stop_process_tree(process: subprocess.Popen[Any], grace_s: float = 10.0) -> list[int]:
+    """SIGTERM the job's whole session (torchrun agent and ranks), then SIGKILL whatever is left after
+    `grace_s`, descendants that left the session included. Returns the pids that had to be killed."""
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    tree = {p.pid: p for p in [*descendants, *_session_processes(process.pid)]}
+    _signal_group(process.pid, signal.SIGTERM)
+    _, alive = psutil.wait_procs(list(tree.values()), timeout=grace_s)
+    _signal_group(process.pid, signal.SIGKILL)
+    survivors = {p.pid: p for p in [*alive, *_session_processes(process.pid)]}
+    for survivor in survivors.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            survivor.kill()
+    psutil.wait_procs(list(survivors.values()), timeout=5)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
+    return list(survivors)

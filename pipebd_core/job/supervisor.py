@@ -1,0 +1,258 @@
+"""The one supervisor of a job's phases, for `pipebd run` and for the service's workers alike.
+
+`Supervisor(run_dir, watcher).run()` walks phases.json in order and runs every phase not yet done:
+skips what a cache already answers, runs local steps in this process, and starts the processes of
+the others (launch.py), polling each until it exits. On every poll it asks its `Watcher` whether to
+stop; the CLI's watcher draws a progress line and turns Ctrl-C or SIGTERM into a cancel, the
+worker's stores telemetry and heartbeats and reads cancel requests and shutdown. A stop, a wall-clock
+limit or an exception always stops the whole process tree before `run` returns, so no process
+outlives its phase. Why a process failed comes from `diagnosis.diagnose`.
+
+events.jsonl records, the same way whoever supervises:
+
+    phase_started {phase}      phase_finished {phase, outcome, duration_s, reason}
+    finished                   failed {reason, phase, error}          cancelled {reason, phase}
+
+While distillation runs, a `DistillMonitor` calibrates from its telemetry and may re-plan it: the
+ranks stop at a step boundary and the phase is launched again under the new plan (replan.py; events
+calibrated, replan_requested, replanned). When a training phase ends, whatever its outcome, its
+telemetry is written out as TensorBoard event files (pipebd_core/tracking/tensorboard.py; an event
+`tensorboard_failed {phase, error}` where they could not be).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, replace
+
+from pipebd_core.distill.plan import PlanError
+from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.phases import DISTILL, TRAINING_PHASES, PhaseOutcome, PhaseRecord
+from pipebd_core.documents.plan import Replan
+from pipebd_core.job import launch
+from pipebd_core.job.control import PAUSE, clear_stop, request_stop, stopped_early
+from pipebd_core.job.diagnosis import diagnose
+from pipebd_core.job.outcomes import CANCELLED, FAILED, SKIPPED, SUCCEEDED, Result, Termination
+from pipebd_core.job.processes import stop_process_tree
+from pipebd_core.job.replan import DistillMonitor
+from pipebd_core.planning.profiles import ProfileError
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec, SpecError
+from pipebd_core.tracking import tensorboard
+
+ERROR_IN_EVENT_CHARS = 2000  # events.jsonl keeps the start of a failure's text; the whole is in errors/
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A watcher's request to stop the running phase, and how the job then ends."""
+
+    result: Result  # cancelled or failed
+    reason: str  # a termination reason (outcomes.py)
+    message: str | None = None
+    # True: stop the distill ranks at their next step boundary with every block saved (control.py), so a
+    # later run resumes there; other phases are stopped at once (they start again on resume)
+    checkpoint: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job (or one phase) ended: its result and, unless it succeeded, why (its termination record)."""
+
+    result: Result
+    termination: Termination | None = None
+    exit_code: int | None = None
+    phase: str | None = None  # the phase it ended in, when it did not succeed
+
+    @property
+    def reason(self) -> str | None:
+        return self.termination.reason if self.termination else None
+
+    @property
+    def error(self) -> str | None:
+        return self.termination.error if self.termination else None
+
+
+class Watcher:
+    """What the caller does while phases run; every method may be left as it is."""
+
+    def phases_changed(self, records: list[PhaseRecord]) -> None:
+        """A phase started or ended (records: every phase, in order)."""
+
+    def process_changed(self, phase: str, process: subprocess.Popen[bytes] | None) -> None:
+        """A phase's process started (None: it is gone)."""
+
+    def tick(self, phase: str) -> Stop | None:
+        """Called about every `poll_s` while `phase` runs; a Stop ends it."""
+        return None
+
+    def drain(self, phase: str) -> None:
+        """The phase's process has exited: take in what it wrote last."""
+
+    def replanned(self, entry: Replan) -> None:
+        """The distill phase stopped to re-plan and runs again under a new plan (entry: replan.py)."""
+
+
+class Supervisor:
+    def __init__(
+        self,
+        run_dir: RunDir,
+        watcher: Watcher | None = None,
+        *,
+        poll_s: float = 0.25,
+        kill_grace_s: float = 10.0,
+        time_limit_s: float | None = None,
+        extra_env: dict[str, str] | None = None,
+        refresh_profile: bool = False,
+        profile_trials: int = launch.PROFILE_TRIALS,
+        store_calibration: bool = True,
+    ) -> None:
+        self.run_dir = run_dir
+        self.watcher = watcher or Watcher()
+        self.poll_s, self.kill_grace_s, self.time_limit_s = poll_s, kill_grace_s, time_limit_s
+        self.extra_env = extra_env or {}
+        self.refresh_profile, self.profile_trials = refresh_profile, profile_trials
+        self.store_calibration = store_calibration  # False: calibration stays in the run directory (benchmarks)
+        self.spec: Spec = run_dir.load_spec()
+        self.records = run_dir.load_phases()
+        self.started = time.monotonic()
+
+    def run(self) -> Outcome:
+        """Run every phase not yet done, in order; the job's outcome (also appended to events.jsonl)."""
+        current: PhaseRecord | None = None
+        try:
+            for record in self.records:
+                if record.done:
+                    continue
+                current = record
+                outcome = self._run_phase(record)
+                if outcome.result != SUCCEEDED:
+                    return self._end(outcome)
+            return self._end(Outcome(SUCCEEDED))
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by the CLI; the tree is stopped
+            if current is not None and current.state != "ended":
+                self._finish_phase(current, CANCELLED, "user_cancelled")
+            name = current.name if current else None
+            return self._end(Outcome(CANCELLED, Termination("user_cancelled", "interrupted"), phase=name))
+
+    def _run_phase(self, record: PhaseRecord) -> Outcome:
+        skipped = launch.skip_reason(self.run_dir, self.spec, record.name, self.refresh_profile)
+        if skipped is not None:
+            self._finish_phase(record, SKIPPED, skipped)
+            return Outcome(SUCCEEDED)
+        record.start()
+        self.run_dir.append_event("phase_started", phase=record.name)
+        self._publish()
+        outcome = self._run_local(record.name) if record.runs == "local" else self._run_process(record.name)
+        if outcome.result == SUCCEEDED:
+            try:
+                launch.complete(self.run_dir, self.spec, record.name)
+            except (ProfileError, OSError, ValueError) as error:
+                failure = Termination("launch_error", f"{type(error).__name__}: {error}")
+                outcome = Outcome(FAILED, failure, phase=record.name)
+        self._finish_phase(record, outcome.result, outcome.reason)
+        return outcome
+
+    def _run_local(self, phase: str) -> Outcome:
+        try:
+            launch.run_local(self.run_dir, self.spec, phase)
+        except (SpecError, PlanError, ProfileError, DocumentError, OSError) as error:
+            return Outcome(FAILED, Termination("launch_error", f"{phase}: {error}"), phase=phase)
+        return Outcome(SUCCEEDED)
+
+    def _run_process(self, phase: str) -> Outcome:
+        """Run the phase's processes; a distill phase that stopped to re-plan is launched again (replan.py)."""
+        try:
+            monitor = DistillMonitor(self.run_dir, self.spec, self.store_calibration) if phase == DISTILL else None
+        except DocumentError as error:  # the profile of a run directory from an earlier PipeBD
+            return Outcome(FAILED, Termination("launch_error", f"{phase}: {error}"), phase=phase)
+        while True:
+            clear_stop(self.run_dir)
+            outcome = self._launch(phase, monitor)
+            replanning = monitor is not None and monitor.pending is not None
+            if not replanning or outcome.result != SUCCEEDED or not stopped_early(self.run_dir):
+                return outcome
+            assert monitor is not None
+            self.watcher.replanned(monitor.replan())
+
+    def _launch(self, phase: str, monitor: DistillMonitor | None) -> Outcome:
+        process = launch.start_phase(self.run_dir, self.spec, phase, self.extra_env, self.profile_trials)
+        self.watcher.process_changed(phase, process)
+        if monitor is not None:
+            monitor.launched()
+        try:
+            stop = self._follow(phase, process, monitor)
+        finally:
+            if process.poll() is None:  # a stop, or an exception escaping (Ctrl-C): never leave it behind
+                stop_process_tree(process, self.kill_grace_s)
+            self.watcher.drain(phase)
+            self.watcher.process_changed(phase, None)
+        code = process.returncode
+        if stop is not None and stop.checkpoint and code == 0 and not stopped_early(self.run_dir):
+            return Outcome(SUCCEEDED, exit_code=0)  # the ranks ended the phase before they saw the stop
+        if stop is not None and (not stop.checkpoint or code == 0):
+            return Outcome(stop.result, Termination(stop.reason, stop.message), code, phase)
+        if code == 0:
+            return Outcome(SUCCEEDED, exit_code=0)
+        return Outcome(FAILED, diagnose(self.run_dir, phase, code), code, phase)
+
+    def _follow(self, phase: str, process: subprocess.Popen[bytes], monitor: DistillMonitor | None) -> Stop | None:
+        """Poll until the process exits (None) or a stop is asked for (the Stop). A checkpoint stop of the
+        distill phase asks the ranks to stop at a step boundary and waits for them (any other stop still
+        ends it at once); its Stop is returned once they have exited."""
+        asked: Stop | None = None
+        while process.poll() is None:
+            if monitor is not None:
+                monitor.tick()
+            stop = self.watcher.tick(phase) or self._over_time()
+            if stop is not None and stop.checkpoint and phase == DISTILL:
+                if asked is None:
+                    request_stop(self.run_dir, PAUSE)
+                    asked = stop
+            elif stop is not None:
+                return replace(stop, checkpoint=False)  # stopped at once: nothing waits for a checkpoint
+            time.sleep(self.poll_s)
+        return asked
+
+    def _over_time(self) -> Stop | None:
+        limit = self.time_limit_s
+        if limit is not None and time.monotonic() - self.started > limit:
+            return Stop(FAILED, "timeout", f"the job ran longer than {limit:g} s")
+        return None
+
+    def _finish_phase(self, record: PhaseRecord, result: PhaseOutcome, reason: str | None) -> None:
+        record.end(result, reason)
+        self._write_tensorboard(record.name)
+        duration = record.duration_s or 0.0
+        self.run_dir.append_event(
+            "phase_finished", phase=record.name, outcome=result, duration_s=duration, reason=reason
+        )
+        self._publish()
+
+    def _write_tensorboard(self, phase: str) -> None:
+        """A training phase's TensorBoard event files, from what its ranks wrote (pipebd_core/tracking/); one
+        that cannot be written is an event (tensorboard_failed), never the job's failure."""
+        if phase not in TRAINING_PHASES or not self.run_dir.metrics(0, phase).parent.exists():
+            return
+        try:
+            tensorboard.write_phase(self.run_dir, phase)
+        except (OSError, ValueError) as error:  # DocumentError included: a plan an earlier PipeBD wrote
+            self.run_dir.append_event("tensorboard_failed", phase=phase, error=f"{type(error).__name__}: {error}")
+
+    def _publish(self) -> None:
+        self.run_dir.save_phases(self.records)
+        self.watcher.phases_changed(self.records)
+
+    def _end(self, outcome: Outcome) -> Outcome:
+        """Record how the job ended in events.jsonl (unless its run directory is gone: a deleted job)."""
+        if not self.run_dir.root.exists():
+            return outcome
+        if outcome.result == SUCCEEDED:
+            self.run_dir.append_event("finished")
+        elif outcome.result == CANCELLED:
+            self.run_dir.append_event("cancelled", reason=outcome.reason, phase=outcome.phase)
+        else:
+            error = (outcome.error or "")[:ERROR_IN_EVENT_CHARS]
+            self.run_dir.append_event("failed", reason=outcome.reason, phase=outcome.phase, error=error)
+        return outcome

@@ -1,0 +1,326 @@
+"""Transformer workload: distil a Hugging Face decoder language model layer by layer.
+
+The teacher is a local model directory (config.json and safetensors weights, read with local files
+only and without remote code) or a random model built from `workload.config`. Blocks are its decoder
+layers: block 0 embeds the token ids first (its student shares the teacher's frozen embedding), and
+the final norm and the LM head follow the last block (in the assembled network only). A block takes
+and returns hidden states (batch, tokens, hidden): the causal mask, the positions and the rotary
+embeddings are recomputed in every block from the sequence length (packed sequences have no padding),
+so only the hidden state is relayed between ranks.
+
+Every block's student holds the candidates of `workload.replacements` (replacements.py), trained side by
+side against the same teacher output: one candidate compresses, several search (the lowest held-out loss
+per layer is chosen; a budget is not applied yet). Dropout is switched off in teacher and students.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipebd_core.planning.budget import choose, smallest_cost
+from pipebd_core.spec import TRANSFORMER_FAMILIES, Spec, SpecError
+from pipebd_core.workloads.candidates import Candidates
+from pipebd_core.workloads.replacements import build_replacement
+from pipebd_core.workloads.workload import Workload, block_seed
+
+DROPOUTS = ("attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
+DERIVE_SAMPLES = 16  # held-out sequences on which a search measures every candidate's loss
+_FIELD = "workload.teacher"
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids to block 0's hidden states: the token embedding, plus learned positions (GPT-2)."""
+
+    def __init__(self, tokens: nn.Embedding, positions: nn.Embedding | None) -> None:
+        super().__init__()
+        self.tokens, self.positions = tokens, positions
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.tokens(ids.long())
+        if self.positions is not None:
+            hidden = hidden + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        return hidden
+
+
+class DecoderBlock(nn.Module):
+    """One decoder layer as a block: hidden states in and out, causal, positions 0..T-1 (rotary
+    embeddings computed here from the sequence length where the family has them)."""
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module | None) -> None:
+        super().__init__()
+        self.layer, self.rotary = layer, rotary
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.rotary is None:
+            output = self.layer(hidden, attention_mask=None)
+        else:
+            positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+            rotary = self.rotary(hidden, positions)
+            output = self.layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+        return output[0] if isinstance(output, tuple) else output
+
+
+class LMHead(nn.Module):
+    """After the last block: the final norm and the projection to the vocabulary."""
+
+    def __init__(self, norm: nn.Module, projection: nn.Module) -> None:
+        super().__init__()
+        self.norm, self.projection = norm, projection
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.projection(self.norm(hidden))
+
+
+@dataclass
+class ModelParts:
+    """A causal LM cut where blocks begin and end."""
+
+    embedding: TokenEmbedding
+    layers: list[nn.Module]
+    rotary: nn.Module | None
+    head: LMHead
+    hidden_size: int
+
+    def block(self, layer: nn.Module) -> DecoderBlock:
+        return DecoderBlock(layer, copy.deepcopy(self.rotary))
+
+
+def split_model(model: Any) -> ModelParts:
+    """The embedding, decoder layers, rotary embedding and head of a supported causal LM."""
+    config: Any = model.config
+    if config.model_type == "gpt2":
+        body: Any = model.transformer
+        embedding = TokenEmbedding(body.wte, body.wpe)
+        return ModelParts(embedding, list(body.h), None, LMHead(body.ln_f, model.lm_head), config.hidden_size)
+    body = model.model
+    embedding = TokenEmbedding(body.embed_tokens, None)
+    head = LMHead(body.norm, model.lm_head)
+    return ModelParts(embedding, list(body.layers), body.rotary_emb, head, config.hidden_size)
+
+
+def read_model_config(folder: str) -> dict[str, Any]:
+    """config.json of a local model directory, refused unless it is a supported family without remote code."""
+    path = Path(folder).expanduser()
+    if not (path / "config.json").is_file():
+        raise SpecError(f"{_FIELD}: {path} is not a Hugging Face model directory (no config.json there)")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SpecError(f"{_FIELD}: {path}/config.json cannot be read: {error}") from None
+    if not isinstance(config, dict):
+        raise SpecError(f"{_FIELD}: {path}/config.json is not a JSON object")
+    if "auto_map" in config:
+        raise SpecError(
+            f"{_FIELD}: {path} needs its own code (auto_map in config.json), which is never run here; use a"
+            " model of a supported family: " + ", ".join(TRANSFORMER_FAMILIES)
+        )
+    if config.get("model_type") not in TRANSFORMER_FAMILIES:
+        raise SpecError(
+            f"{_FIELD}: model_type {config.get('model_type')!r} of {path} is not supported; supported families: "
+            + ", ".join(TRANSFORMER_FAMILIES)
+        )
+    if not any(path.glob("*.safetensors")):
+        raise SpecError(f"{_FIELD}: {path} has no *.safetensors weights (save them with safe_serialization)")
+    return config
+
+
+def _quiet(config: Any) -> Any:
+    """The config without dropout and with PyTorch's fused causal attention (masks built from lengths)."""
+    for name in DROPOUTS:
+        if hasattr(config, name):
+            setattr(config, name, 0.0)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def family_config(fields: dict[str, Any]) -> Any:
+    """The Hugging Face config `workload.config` describes; a field the family does not have is refused
+    (Hugging Face would keep it and silently build the family's full-size default instead)."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    family = fields["model_type"]
+    options = {key: value for key, value in fields.items() if key != "model_type"}
+    known = set(CONFIG_MAPPING[family]().to_dict()) | set(getattr(CONFIG_MAPPING[family], "attribute_map", {}))
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise SpecError(
+            f"workload.config: {', '.join(unknown)}: not a field of a {family} config; its fields are "
+            + ", ".join(sorted(known - {"model_type", "transformers_version"}))
+        )
+    try:
+        return _quiet(AutoConfig.for_model(family, **options))
+    except (TypeError, ValueError) as error:
+        raise SpecError(f"workload.config: not a valid {family} config: {error}") from None
+
+
+def load_teacher(spec: Spec) -> tuple[nn.Module, list[str]]:
+    """The teacher causal LM, in float32 on CPU, and the warnings it comes with."""
+    from transformers import AutoConfig, AutoModelForCausalLM  # seconds to import: only where a job needs it
+
+    w = spec.workload
+    if w.config is not None:
+        config = family_config(w.config)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(block_seed(spec.train.seed, "teacher", 0))
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        warning = (
+            f"the {w.config['model_type']} teacher is randomly initialised from workload.config, so distillation"
+            " mimics random features; set workload.teacher to a model directory for a real teacher"
+        )
+        return model, [warning]
+    read_model_config(w.teacher)
+    folder = str(Path(w.teacher).expanduser())
+    local = {"local_files_only": True, "trust_remote_code": False}
+    config = _quiet(AutoConfig.from_pretrained(folder, **local))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, config=config, dtype=torch.float32, use_safetensors=True, **local
+        )
+    except (OSError, ValueError, RuntimeError) as error:
+        raise SpecError(f"{_FIELD}: cannot load the model in {folder}: {error}") from None
+    return model, []
+
+
+def check_fits_data(config: Any, spec: Spec) -> None:
+    """Refuse sequences the teacher cannot take, and tokens outside its vocabulary."""
+    seq_len, window = spec.data.seq_len, getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True) and seq_len > window:
+        raise SpecError(
+            f"data.seq_len: {seq_len} exceeds the teacher's sliding window ({window}), which blocks do not"
+            f" apply; use a seq_len of at most {window}"
+        )
+    if config.model_type == "gpt2" and seq_len > config.max_position_embeddings:
+        raise SpecError(
+            f"data.seq_len: {seq_len} exceeds the teacher's {config.max_position_embeddings} positions;"
+            f" use at most {config.max_position_embeddings}"
+        )
+    if spec.data.dataset == "text":
+        from pipebd_core.data.text import vocabulary_size
+
+        needed = vocabulary_size(spec)
+        if needed > config.vocab_size:
+            raise SpecError(
+                f"data.tokenizer: its {needed} tokens do not fit the teacher's vocabulary of {config.vocab_size};"
+                " use the teacher's own tokenizer folder, or a teacher with a larger vocab_size"
+            )
+
+
+def _student(parts: ModelParts, index: int, names: Sequence[str]) -> Candidates:
+    layer = parts.layers[index]
+    options = [build_replacement(name, layer, parts.hidden_size, parts.block) for name in names]
+    for option in options:
+        option.requires_grad_(True)
+    return Candidates(names, options, parts.embedding if index == 0 else None)
+
+
+def candidate_params(students: Sequence[nn.Module]) -> list[list[int]]:
+    """Per layer, each candidate's parameters (block 0's shared embedding is the teacher's: not counted)."""
+    counts = []
+    for student in students:
+        assert isinstance(student, Candidates)
+        counts.append([sum(p.numel() for p in option.parameters()) for option in student.options])
+    return counts
+
+
+def check_budget(spec: Spec, teacher_params: int, costs: list[list[int]]) -> None:
+    """Refuse, before anything launches, a budget that no choice of one candidate per layer meets."""
+    budget = spec.workload.budget
+    if budget is not None and smallest_cost(costs) > budget.params * teacher_params:
+        reachable = smallest_cost(costs) / teacher_params
+        raise SpecError(
+            f"workload.budget.params: {budget.params:g} of the teacher's layers is below what these"
+            f" replacements can reach ({reachable:.3f} with the cheapest candidate of every layer); allow at least"
+            f" {reachable:.3f}, or add cheaper candidates (ffn_1/4, no_attention, linear, noop)"
+        )
+
+
+def _derive(
+    spec: Spec, teachers: Sequence[nn.Module], head: nn.Module, teacher_params: int
+) -> Callable[[Sequence[nn.Module]], tuple[dict[str, Any], nn.Module]]:
+    """A search's choice: per layer the candidate of lowest loss on held-out sequences, or with
+    `workload.budget` the choice of lowest summed loss within it (planning/budget.py); architecture.json
+    has every candidate's loss and parameters, and the network of the chosen candidates."""
+
+    def derive(blocks: Sequence[nn.Module]) -> tuple[dict[str, Any], nn.Module]:
+        students = [block for block in blocks if isinstance(block, Candidates)]
+        assert len(students) == len(blocks), "every student block of a transformer search holds candidates"
+        losses = held_out_losses(spec, teachers, students)
+        costs = candidate_params(students)
+        budget = spec.workload.budget
+        if budget is None:
+            picks = [min(range(len(layer)), key=layer.__getitem__) for layer in losses]
+            chosen_by = "lowest held-out loss"
+        else:
+            picks = choose(losses, costs, budget.params * teacher_params).picks
+            chosen_by = "lowest summed held-out loss within the budget (mixed-integer program)"
+        architecture: dict[str, Any] = {
+            "blocks": [
+                {"block": i, "layers": [student.names[pick]], "loss": losses[i][pick], "params": costs[i][pick]}
+                for i, (student, pick) in enumerate(zip(students, picks, strict=True))
+            ],
+            "candidates": [
+                {"block": i, "name": name, "loss": loss, "params": cost}
+                for i, student in enumerate(students)
+                for name, loss, cost in zip(student.names, losses[i], costs[i], strict=True)
+            ],
+            "chosen_by": chosen_by,
+            "teacher_params": teacher_params,
+            "reached": {"params": sum(costs[i][pick] for i, pick in enumerate(picks)) / teacher_params},
+        }
+        if budget is not None:
+            architecture["budget"] = budget.model_dump()
+        chosen = [student.chosen(pick) for student, pick in zip(students, picks, strict=True)]
+        return architecture, nn.Sequential(*chosen, head).eval()
+
+    return derive
+
+
+def held_out_losses(spec: Spec, teachers: Sequence[nn.Module], students: Sequence[Candidates]) -> list[list[float]]:
+    """Per layer, each candidate's loss against its teacher layer on held-out sequences (teacher-relayed)."""
+    from pipebd_core.data.datasets import build_dataset
+    from pipebd_core.distill.students import LOSSES
+
+    dataset = build_dataset(spec, "eval")
+    x = torch.stack([dataset[i][0] for i in range(min(DERIVE_SAMPLES, len(dataset)))])  # type: ignore[arg-type]
+    losses = []
+    with torch.no_grad():
+        for teacher, student in zip(teachers, students, strict=True):
+            target = teacher(x)
+            losses.append(student.candidate_losses(x, target, LOSSES[spec.train.loss]).tolist())
+            x = target
+    return losses
+
+
+def build_transformer_workload(spec: Spec) -> Workload:
+    model, warnings = load_teacher(spec)
+    check_fits_data(model.config, spec)
+    parts = split_model(model)
+    names = spec.workload.replacements
+    teachers: list[nn.Module] = [parts.block(layer) for layer in parts.layers]
+    teachers[0] = nn.Sequential(parts.embedding, teachers[0])
+    students: list[nn.Module] = [_student(parts, i, names) for i in range(len(parts.layers))]
+    head = parts.head.eval().requires_grad_(False)
+    teacher_params = sum(p.numel() for layer in parts.layers for p in layer.parameters())
+    check_budget(spec, teacher_params, candidate_params(students))
+
+    def assemble(blocks: Sequence[nn.Module]) -> nn.Module:
+        return nn.Sequential(*(block.chosen(0) for block in blocks if isinstance(block, Candidates)), head).eval()
+
+    search = len(names) > 1
+    return Workload(
+        teacher_blocks=teachers,
+        student_blocks=students,
+        block_names=[f"layer{i}" for i in range(len(teachers))],
+        assemble=None if search else assemble,
+        teacher_network=lambda: nn.Sequential(*teachers, head).eval(),
+        warnings=warnings,
+        derive=_derive(spec, teachers, head, teacher_params) if search else None,
+    )

@@ -1,0 +1,203 @@
+"""Service tier: the commands that talk to a server (`pipebd jobs`, `show`, `cancel`, `logs`, `download`),
+called in-process against the real API served by uvicorn on a loopback port, with jobs and run
+directories stored by the factories; human output, --json, pages, refusals as one line."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlmodel import Session
+
+from app.cli.main import main
+from app.core.database import get_engine
+from app.core.settings import Settings
+from app.core.tables import Job
+from app.main import create_app
+from pipebd_core.job.phases import new_records
+from pipebd_core.rundir import RunDir
+from tests.service.conftest import make_settings
+from tests.service.factories import insert_job, stored
+from tests.service.live import serve
+from tests.service.services import free_port
+
+TOKEN = "cli-test-token-0123456789abcdef"
+
+
+@dataclass
+class Server:
+    url: str
+    settings: Settings
+    capsys: pytest.CaptureFixture[str]
+
+    def run(self, *argv: str) -> tuple[int, str, str]:
+        """`pipebd ARGV --server URL`: exit code, stdout, stderr."""
+        self.capsys.readouterr()
+        code = main([*argv, "--server", self.url])
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def job(self, state: str = "queued", **fields: Any) -> int:
+        job_id = insert_job(self.settings, state, **fields).id
+        assert job_id is not None
+        return job_id
+
+    def run_dir(self, job_id: int, phases: list[str], phase: str, **fields: Any) -> RunDir:
+        """Give the job a run directory, its `phases` (records as a worker writes them), `phase` running."""
+        run_dir = RunDir(self.settings.runs / f"job-{job_id}")
+        run_dir.root.mkdir(parents=True)
+        update(self.settings, job_id, run_dir=str(run_dir.root), phases=phase_records(run_dir, phases), phase=phase)
+        update(self.settings, job_id, **fields)
+        return run_dir
+
+
+def phase_records(run_dir: RunDir, phases: list[str]) -> list[dict[str, object]]:
+    return [record.to_json() for record in new_records(run_dir, phases)]
+
+
+def update(settings: Settings, job_id: int, **fields: Any) -> None:
+    with Session(get_engine(settings.database)) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        for name, value in fields.items():
+            setattr(job, name, value)
+        session.add(job)
+        session.commit()
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(text)
+
+
+@pytest.fixture
+def server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[Server]:
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'pipebd.db'}")
+    with serve(create_app(settings)) as url:
+        yield Server(url, settings, capsys)
+
+
+def ids_of(table: str) -> list[int]:
+    """The ID column of a printed table."""
+    return [int(line.split()[0]) for line in table.splitlines()[1:]]
+
+
+def test_jobs_lists_pages_and_filters(server: Server) -> None:
+    made = [server.job(state) for state in ("queued", "succeeded", "failed", "succeeded", "queued")]
+    code, out, err = server.run("jobs", "--limit", "2")
+    assert code == 0 and out.splitlines()[0].split()[:4] == ["ID", "NAME", "STATE", "PHASE"]
+    assert ids_of(out) == made[:2:-1]
+    cursor = err.split("--cursor ")[1].split()[0]
+    assert ids_of(server.run("jobs", "--limit", "2", "--cursor", cursor)[1]) == made[2:0:-1]
+    assert ids_of(server.run("jobs", "--limit", "2", "--all")[1]) == made[::-1]
+    code, out, _ = server.run("jobs", "--state", "succeeded", "--json")
+    page = json.loads(out)
+    assert code == 0 and [job["id"] for job in page["data"]] == [made[3], made[1]] and page["next_cursor"] is None
+    assert {job["state"] for job in page["data"]} == {"succeeded"}
+    code, _, err = server.run("jobs", "--state", "lost")
+    assert code == 2 and err.count("\n") == 1 and "HTTP 422: state: Input should be 'queued'" in err
+
+
+def test_show_and_cancel(server: Server) -> None:
+    job_id = server.job("queued", priority=3)
+    code, out, _ = server.run("show", str(job_id))
+    lines = dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+    assert code == 0 and lines["job"] == f"{job_id} tiny" and lines["state"] == "queued"
+    assert lines["priority"] == "3" and lines["queue"].startswith("0 ahead; no worker is connected")
+    code, out, _ = server.run("show", str(job_id), "--json")
+    assert json.loads(out) == httpx.get(f"{server.url}/api/v1/jobs/{job_id}").json()
+    code, out, _ = server.run("cancel", str(job_id), "--json")
+    assert code == 0 and json.loads(out)["state"] == "cancelled" == stored(server.settings, job_id).state
+    code, out, _ = server.run("cancel", str(job_id))
+    assert code == 0 and out == f"pipebd: job {job_id} cancelled: {server.url}/api/v1/jobs/{job_id}\n"
+
+
+def test_refusals_are_one_line(server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for command in (["show", "999"], ["cancel", "999"], ["logs", "999"], ["download", "999"]):
+        code, out, err = server.run(*command)
+        assert (code, out) == (2, "")
+        assert (
+            err == f"pipebd: error: {command[0]} job 999: HTTP 404: job 999 does not exist (it may have been deleted)\n"
+        )
+    nobody = Server(f"http://127.0.0.1:{free_port()}", server.settings, capsys)
+    code, _, err = nobody.run("jobs")
+    assert code == 2 and err.count("\n") == 1 and f"cannot reach the server at {nobody.url} (ConnectError" in err
+    guarded = make_settings(tmp_path / "guarded", server.settings.database, api_tokens=f"{TOKEN}=read")
+    with serve(create_app(guarded)) as url:
+        code, _, err = Server(url, guarded, capsys).run("jobs")
+        assert code == 2 and err.count("\n") == 1
+        assert "pipebd: error: jobs: HTTP 401: " in err and "(give a token with --token or PIPEBD_TOKEN)" in err
+        code, out, _ = Server(url, guarded, capsys).run("jobs", "--token", TOKEN)
+        assert code == 0 and out == "no jobs\n"
+
+
+def test_logs_read_a_phase_or_a_rank_in_chunks(server: Server) -> None:
+    job_id = server.job("running", nproc=2)
+    run_dir = server.run_dir(job_id, ["plan", "distill", "finalize"], "distill")
+    big = "".join(f"launcher line {i:07d}\n" for i in range(80_000))  # 1.7 MB: two of the API's chunks
+    write(run_dir.launcher_log("distill"), big)
+    write(run_dir.log(1, "distill"), "rank 1 says hello\n")
+    assert server.run("logs", str(job_id)) == (0, big, "")
+    assert server.run("logs", str(job_id), "--rank", "1", "--phase", "distill")[1] == "rank 1 says hello\n"
+    code, out, _ = server.run("logs", str(job_id), "--rank", "1", "--json")
+    (chunk,) = [json.loads(line) for line in out.splitlines()]
+    assert chunk["file"] == "logs/distill/rank-1.log" and chunk["text"] == "rank 1 says hello\n"
+    assert server.run("logs", str(job_id), "--phase", "finalize")[:2] == (0, "")  # no log yet
+    code, _, err = server.run("logs", str(job_id), "--rank", "2")
+    assert code == 2 and "HTTP 422: rank: job" in err and "has ranks 0..1" in err
+
+
+def test_logs_follow_each_phase_until_the_job_ends(server: Server) -> None:
+    job_id = server.job("running")
+    run_dir = server.run_dir(job_id, ["plan", "distill", "finalize"], "distill")
+    write(run_dir.launcher_log("distill"), "distill 0\n")
+
+    def job_runs() -> None:
+        for step in range(1, 4):
+            time.sleep(0.3)
+            write(run_dir.launcher_log("distill"), f"distill {step}\n")
+        write(run_dir.launcher_log("finalize"), "finalize 0\n")
+        update(server.settings, job_id, phase="finalize")
+        time.sleep(0.3)
+        write(run_dir.launcher_log("finalize"), "finalize 1\n")  # written as the job ends: still printed
+        update(server.settings, job_id, state="succeeded")
+
+    writer = threading.Thread(target=job_runs)
+    started = time.monotonic()
+    writer.start()
+    try:
+        code, out, err = server.run("logs", str(job_id), "--follow")
+    finally:
+        writer.join()
+    assert code == 0 and time.monotonic() - started < 30
+    assert out == "".join(f"distill {step}\n" for step in range(4)) + "finalize 0\nfinalize 1\n"
+    assert err == f"pipebd: -- logs/finalize/launcher.log --\npipebd: job {job_id} succeeded\n"
+
+
+def test_download_one_artifact_or_all(server: Server, tmp_path: Path) -> None:
+    job_id = server.job("succeeded")
+    run_dir = server.run_dir(job_id, ["plan", "distill", "finalize"], "finalize")
+    files = {"student.pt": b"\x00weights" * 1000, "summary.json": b'{"loss": 0.5}', "plan.json": b"{}"}
+    for name, data in files.items():
+        run_dir.output(name).write_bytes(data)
+    target = tmp_path / "summary-copy.json"
+    code, out, _ = server.run("download", str(job_id), "summary.json", "-o", str(target))
+    assert code == 0 and target.read_bytes() == files["summary.json"]
+    assert out.splitlines()[1].split() == ["summary.json", "13", str(target)]
+    folder = tmp_path / "all"
+    code, out, _ = server.run("download", str(job_id), "-o", str(folder), "--json")
+    assert code == 0 and {entry["name"]: entry["size"] for entry in json.loads(out)} == {
+        name: len(data) for name, data in files.items()
+    }
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == files
+    code, _, err = server.run("download", str(job_id), "teacher.pt", "-o", str(tmp_path / "teacher.pt"))
+    assert code == 2 and "HTTP 404: job" in err and "has no teacher.pt (yet)" in err
+    assert not list(tmp_path.glob("teacher.pt*"))  # nothing half-written

@@ -1,0 +1,169 @@
+"""Service tier: tracking export. A job a worker runs (the launcher in this process, real torchrun ranks)
+with PIPEBD_MLFLOW_URI set becomes an MLflow run on a real local `mlflow server` (SQLite backend, a
+loopback port), read back through MLflow's own client: the spec as params, each step's loss, the summary,
+the phases, the documents, its final status; the same run directory holds TensorBoard event files that
+TensorBoard's reader reads. A tracking server that does not answer holds up no job for longer than its
+bound and fails nothing; a resumed job finds its run again, and a sweep-style parent run is shared by
+its children."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from pipebd_core.documents.phases import DISTILL
+from pipebd_core.documents.telemetry import DistillLine
+from pipebd_core.job.launch import prepare_run
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import parse_spec
+from tests.service.conftest import make_settings
+from tests.service.factories import queued_job, stored, tiny_job
+from tests.service.services import free_port
+from worker.launcher import JobRunner
+from worker.tracking import MlflowExport
+
+SERVER_START_S = 180  # a cold `mlflow server` imports a lot and migrates its SQLite database
+
+
+@pytest.fixture(scope="module")
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `mlflow server` on a free loopback port, SQLite backend and artifacts in a temporary folder."""
+    folder = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    command = [
+        str(Path(sys.executable).parent / "mlflow"),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{folder / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(folder / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    with open(folder / "server.log", "wb") as output:
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job runner processes beside it
+        server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while not answers(uri):
+            assert server.poll() is None, (folder / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"mlflow server did not answer within {SERVER_START_S} s"
+            time.sleep(0.5)
+        yield uri
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and its uvicorn worker
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def answers(uri: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def test_a_job_a_worker_runs_is_an_mlflow_run_and_has_tensorboard_files(tmp_path: Path, mlflow_uri: str) -> None:
+    settings = make_settings(
+        tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", mlflow_uri=mlflow_uri, public_url="https://pipebd.test"
+    )
+    document = tiny_job("tracked", train={"epochs": 2, "lr": 0.03})
+    job_id = queued_job(settings, document)
+    assert JobRunner(job_id, settings, threading.Event()).run() == "succeeded"
+    job = stored(settings, job_id)
+    assert job.run_dir is not None
+    run_dir = RunDir(Path(job.run_dir))
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.get_experiment_by_name("pipebd")
+    assert experiment is not None
+    [run] = client.search_runs([experiment.experiment_id], f"tags.`pipebd.job_id` = '{job_id}'")
+    assert run.info.status == "FINISHED" and run.info.run_name == f"tracked-{job_id}"
+    params = run.data.params
+    assert params["train.lr"] == "0.03" and params["schedule.mode"] == "tr_dpu" and params["schedule.nproc"] == "2"
+    assert params["workload.factory"] == document["workload"]["factory"] and params["name"] == "tracked"
+    tags = run.data.tags
+    assert tags["pipebd.state"] == "succeeded" and tags["pipebd.phase.distill"] == "succeeded"
+    assert tags["pipebd.run_dir"] == job.run_dir
+    assert f"https://pipebd.test/api/v1/jobs/{job_id}/artifacts/student.pt" in tags["mlflow.note.content"]
+
+    # each step's loss of block 0 as its rank wrote it (one rank trains block 0 in this plan)
+    written = [line for line in run_dir.read_telemetry(0, DISTILL) if isinstance(line, DistillLine)]
+    expected = {line.step: line.loss[0] for line in written if 0 in line.loss}
+    history = client.get_metric_history(run.info.run_id, "distill/loss/block_0")
+    assert {metric.step: metric.value for metric in history} == pytest.approx(expected)
+    assert len(history) == len(expected) == run_dir.load_plan().total_steps  # each step once
+    summary = run_dir.load_summary()
+    assert summary.final_loss is not None
+    assert run.data.metrics["summary/final_loss/0"] == pytest.approx(summary.final_loss[0])
+    assert run.data.metrics["phase/distill/duration_s"] > 0 and run.data.metrics["distill/samples_per_s"] > 0
+    documents = {item.path for item in client.list_artifacts(run.info.run_id, "pipebd")}
+    assert {"pipebd/summary.json", "pipebd/spec.json", "pipebd/plan.json"} <= documents
+
+    events = EventAccumulator(str(run_dir.tensorboard(DISTILL)))
+    events.Reload()
+    loss = events.Scalars("distill/loss/block_0")
+    assert {event.step: event.value for event in loss} == pytest.approx(expected)
+    assert {"distill/samples_per_s", "distill/memory_mib/rank_0", "distill/peak_mib/rank_1"} <= set(
+        events.Tags()["scalars"]
+    )
+
+
+def test_a_tracking_server_that_does_not_answer_costs_a_job_its_bound_and_fails_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    settings = make_settings(tmp_path, "sqlite://", mlflow_uri=down, mlflow_retries=2, mlflow_wait_s=30)
+    run_dir = prepare_run(parse_spec(tiny_job("unexported")), tmp_path / "run")
+    export = MlflowExport(settings, 1, run_dir)
+    with pytest.raises(Exception, match=r"Connection refused|Max retries|ConnectionError"):
+        export.sync()  # what its thread meets, every try
+    started = time.monotonic()
+    export.start()
+    with caplog.at_level(logging.WARNING, logger="pipebd.worker"):
+        export.close("succeeded")  # a first try and 2 retries, 1 s then 2 s apart
+    waited = time.monotonic() - started
+    assert not export.thread.is_alive() and 3.0 <= waited < 30, waited
+    assert any("given up" in record.getMessage() for record in caplog.records), caplog.text
+
+
+def test_the_children_of_one_parent_share_its_mlflow_run(tmp_path: Path, mlflow_uri: str) -> None:
+    settings = make_settings(tmp_path, "sqlite://", mlflow_uri=mlflow_uri, mlflow_experiment="sweeps")
+    parent = {"pipebd.sweep_id": "7"}
+    children = []
+    for job_id in (101, 102):
+        run_dir = prepare_run(parse_spec(tiny_job(f"child-{job_id}")), tmp_path / f"run-{job_id}")
+        first = MlflowExport(settings, job_id, run_dir, parent=parent)
+        first.sync()
+        again = MlflowExport(settings, job_id, run_dir, parent=parent)  # the job resumed, by another worker
+        again.sync()
+        assert again.run_id == first.run_id  # found by its tags: one run per job
+        children.append(first.run_id)
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.get_experiment_by_name("sweeps")
+    assert experiment is not None
+    [parent_run] = client.search_runs([experiment.experiment_id], "tags.`pipebd.sweep_id` = '7'")
+    runs = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run.info.run_id}'")
+    assert sorted(run.info.run_id for run in runs) == sorted(children) and None not in children
+    assert {run.info.status for run in runs} == {"RUNNING"}

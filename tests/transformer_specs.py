@@ -1,0 +1,41 @@
+"""A tiny random Llama teacher on a small text folder: the transformer workload's test specs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 260,  # the byte-level tokenizer's 257 ids fit
+    "max_position_embeddings": 64,
+}
+
+
+def write_text(folder: Path) -> Path:
+    """A .txt and a .jsonl file of plain English, enough for a few dozen byte sequences of 8 tokens."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sentence = "blockwise distillation trains every student block against its teacher block's output"
+    (folder / "a.txt").write_text(" ".join([sentence] * 6))
+    lines = [f'{{"text": "{sentence[::-1]} {i}"}}' for i in range(4)]
+    (folder / "b.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def transformer_document(root: Path, **sections: dict[str, Any]) -> dict[str, Any]:
+    """Four decoder layers, sequences of 8 byte tokens, batches of 9 (uneven over 2 ranks), 3 steps."""
+    document: dict[str, Any] = {
+        "name": "tiny-llama",
+        "workload": {"kind": "transformer", "config": TINY_LLAMA, "replacements": ["ffn_1/2"]},
+        "data": {"dataset": "text", "root": str(root), "seq_len": 8, "batch_size": 9, "eval_samples": 16},
+        "train": {"epochs": 1, "max_steps": 3, "lr": 0.05, "seed": 3},
+        "schedule": {"mode": "tr_dpu", "nproc": 1, "profile": False},
+    }
+    for section, values in sections.items():
+        document[section] = {**document.get(section, {}), **values}
+    return document

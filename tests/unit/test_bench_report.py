@@ -1,0 +1,82 @@
+"""Benchmark records and their report: the benchmarks page's tables regenerated from a committed record,
+byte for byte; the one timing rule every mode is measured by; overlapping intervals never ranked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipebd_core.bench.arms import timed_step_s
+from pipebd_core.bench.report import load_record, render, versus
+from pipebd_core.documents.bench_record import Arm, BenchRecord
+from tests.helpers import pipebd_here
+from tests.telemetry_lines import distill_line
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
+RECORD, EXPECTED = FIXTURES / "record.json", FIXTURES / "report.md"
+# a real end-to-end training bench of the tiny network (ddp, zb and the bound; measured on a shared machine)
+FINETUNE_RECORD, FINETUNE_EXPECTED = FIXTURES / "finetune-record.json", FIXTURES / "finetune-report.md"
+
+
+@pytest.mark.parametrize(("record", "expected"), [(RECORD, EXPECTED), (FINETUNE_RECORD, FINETUNE_EXPECTED)])
+def test_the_report_is_regenerated_from_its_record_byte_for_byte(record: Path, expected: Path) -> None:
+    assert render([load_record(record)]) == expected.read_text()
+
+
+def test_end_to_end_training_is_compared_with_ddp_and_shows_each_ranks_bubble() -> None:
+    text = FINETUNE_EXPECTED.read_text()
+    assert "| vs ddp |" in text and "| bubble per rank |" in text and "zb: 0-3 x1 \\| 4-10 x1" in text
+    assert "every teacher and student block" not in text and "the whole network, the full batch" in text
+
+
+def test_pipebd_bench_report_prints_it() -> None:
+    code, out, err = pipebd_here("bench", "--report", str(RECORD), str(RECORD))
+    assert code == 0, err
+    assert out == EXPECTED.read_text() + "\n" + EXPECTED.read_text()  # one section per record, in order
+
+
+def test_a_file_that_is_not_a_record_is_refused_naming_it(tmp_path: Path) -> None:
+    wrong = tmp_path / "plan.json"
+    wrong.write_text(json.dumps({"format_version": 1, "mode": "dp"}))
+    code, _, err = pipebd_here("bench", "--report", str(wrong))
+    assert code == 2 and f"--report {wrong}: not a benchmark record" in err
+    code, _, err = pipebd_here("bench", "examples/tiny-custom.yaml", "--report", str(RECORD))
+    assert code == 2 and "give record files, not a spec" in err
+
+
+def test_shared_arms_and_overlapping_intervals_are_said_in_their_rows() -> None:
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in EXPECTED.read_text().splitlines() if "|" in line}
+    assert "0.41 shared" in rows["tr_dpu **shared**"] and "shared" not in rows["dp"]
+    assert "overlaps dp" in rows["ls"] and "2.05x" in rows["tr_dpu **shared**"]
+
+
+def test_a_comparison_is_ranked_only_when_the_intervals_are_apart() -> None:
+    record = BenchRecord.from_json(json.loads(RECORD.read_text()))
+    dp = next(arm for arm in record.arms if arm.name == "dp")
+
+    def scaled(factor: float) -> Arm:
+        runs = [run.model_copy(update={"measured_step_s": factor * run.measured_step_s}) for run in dp.runs]
+        return Arm(name="tr", runs=runs)
+
+    close, apart = scaled(0.95), scaled(0.5)
+    assert versus(close, dp) == "overlaps dp"  # 0.039 to 0.043 against 0.041 to 0.045
+    assert versus(apart, dp) == "2.00x"
+
+
+def test_every_mode_is_timed_by_one_rule() -> None:
+    """dp (one rank, block 1 after block 0) and a two-stage pipeline: each step after the warm-up is the time
+    since the rank's previous task, summed over the step's tasks; the slowest rank's."""
+    dp = [
+        [distill_line(step=s, time=1.0 + s, loss={0: 1.0}) for s in range(4)]
+        + [distill_line(step=s, time=6.0 + 2 * s, loss={1: 1.0}) for s in range(4)]
+    ]
+    assert timed_step_s(dp, warmup=2) == {2: 3.0, 3: 3.0}  # block 0's second and block 1's, never the gap
+    pipeline = [
+        [distill_line(rank=0, step=s, time=1.0 + s) for s in range(4)],
+        [distill_line(rank=1, step=s, time=2.0 + 1.5 * s) for s in range(4)],
+    ]
+    assert timed_step_s(pipeline, warmup=2) == {2: 1.5, 3: 1.5}
+    first = [[distill_line(step=0, time=10.0, phases={"teacher": 0.25, "student": 0.5})]]
+    assert timed_step_s(first, warmup=0) == {0: pytest.approx(0.75)}  # a rank's first task: from its own start

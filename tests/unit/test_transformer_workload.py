@@ -1,0 +1,310 @@
+"""tier: pure logic, CPU
+
+The transformer workload: teachers from local Hugging Face model directories (written here with
+save_pretrained) or random configs, cut into blocks that reproduce the whole model; directories that
+are not a supported model refused with what is supported; each replacement's initialisation from the
+teacher's weights; the block losses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pipebd_core.data.datasets import build_dataset
+from pipebd_core.distill.finalize import perplexity
+from pipebd_core.distill.students import LOSSES, block_loss
+from pipebd_core.spec import Spec, SpecError, parse_spec
+from pipebd_core.workloads.candidates import Candidates
+from pipebd_core.workloads.replacements import ffn_channels
+from pipebd_core.workloads.workload import build_workload
+from tests.transformer_specs import TINY_LLAMA, transformer_document, write_text
+
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 16, "n_layer": 2, "n_head": 4, "vocab_size": 260, "n_positions": 32}
+
+
+@pytest.fixture(scope="module")
+def text_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_text(tmp_path_factory.mktemp("text"))
+
+
+def spec_of(root: Path, **workload: Any) -> Spec:
+    document = transformer_document(root)
+    document["workload"] = {"kind": "transformer", **workload}
+    return parse_spec(document)
+
+
+def save_model(config: dict[str, Any], folder: Path) -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    options = {key: value for key, value in config.items() if key != "model_type"}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **options)).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def ids(batch: int = 3, length: int = 8) -> torch.Tensor:
+    return torch.randint(0, 257, (batch, length), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("config", [TINY_LLAMA, TINY_GPT2], ids=["llama", "gpt2"])
+def test_blocks_of_a_model_directory_reproduce_the_model(
+    config: dict[str, Any], text_root: Path, tmp_path: Path
+) -> None:
+    model = save_model(config, tmp_path / "model")
+    workload = build_workload(spec_of(text_root, teacher=str(tmp_path / "model"), replacements=["keep"]))
+    assert workload.teacher_network is not None and workload.assemble is not None
+    x = ids()
+    with torch.no_grad():
+        expected = model(x).logits
+        torch.testing.assert_close(workload.teacher_network()(x), expected, rtol=1e-5, atol=1e-5)
+        # every student kept its teacher layer: the assembled students are the teacher
+        torch.testing.assert_close(workload.assemble(workload.student_blocks)(x), expected, rtol=1e-5, atol=1e-5)
+    assert workload.warnings == []
+    assert workload.num_blocks == config.get("num_hidden_layers", config.get("n_layer"))
+
+
+def test_the_compressed_network_is_a_causal_lm_with_the_teachers_perplexity(text_root: Path, tmp_path: Path) -> None:
+    """Kept layers assemble into the teacher; finalize's perplexity is Hugging Face's own loss on the
+    held-out sequences (its labels are the inputs, shifted inside the model)."""
+    model = save_model(TINY_LLAMA, tmp_path / "model")
+    spec = spec_of(text_root, teacher=str(tmp_path / "model"), replacements=["keep"])
+    workload = build_workload(spec)
+    assert workload.assemble is not None
+    compressed = workload.assemble(workload.student_blocks)
+    held = build_dataset(spec, "eval")
+    rows = torch.stack([torch.cat([held[i][0], held[i][1][-1:]]) for i in range(len(held))])
+    with torch.no_grad():
+        expected = math.exp(float(model(rows, labels=rows).loss))
+    assert perplexity(compressed, spec, torch.device("cpu")) == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_random_teacher_is_warned_and_the_same_on_every_build(text_root: Path) -> None:
+    spec = spec_of(text_root, config=TINY_LLAMA)
+    first, second = build_workload(spec), build_workload(spec)
+    assert "randomly initialised" in first.warnings[0]
+    for a, b in zip(first.teacher_blocks, second.teacher_blocks, strict=True):
+        for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+            assert torch.equal(p, q), name
+
+
+def write_config(folder: Path, config: dict[str, Any]) -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "x.Y"}}, ["own code", "llama, qwen2"]),
+        ({"model_type": "bert"}, ["'bert' of", "supported families: llama, qwen2, mistral, gpt2"]),
+    ],
+    ids=["remote-code", "unsupported-family"],
+)
+def test_a_directory_that_is_not_a_supported_model_is_refused(
+    config: dict[str, Any], words: list[str], text_root: Path, tmp_path: Path
+) -> None:
+    folder = write_config(tmp_path / "model", config)
+    with pytest.raises(SpecError) as error:
+        build_workload(spec_of(text_root, teacher=str(folder)))
+    assert "workload.teacher" in str(error.value)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_a_folder_without_config_or_weights_is_refused(text_root: Path, tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"no config\.json"):
+        build_workload(spec_of(text_root, teacher=str(tmp_path)))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(SpecError, match=r"no \*\.safetensors"):
+        build_workload(spec_of(text_root, teacher=str(tmp_path)))
+
+
+@pytest.mark.parametrize(
+    ("workload", "data", "message"),
+    [
+        ({"teacher": "x", "config": TINY_LLAMA}, {}, "give exactly one"),
+        ({}, {}, "give exactly one"),
+        ({"config": {"model_type": "bert"}}, {}, "use one of llama, qwen2, mistral, gpt2"),
+        ({"config": TINY_LLAMA, "replacements": ["ffn_2/2"]}, {}, "not understood: ffn_2/2"),
+        ({"config": TINY_LLAMA, "replacements": ["noop"]}, {}, "nothing to train"),
+        ({"config": TINY_LLAMA}, {"dataset": "synthetic"}, "reads token ids"),
+    ],
+)
+def test_bad_transformer_specs_are_refused(workload: dict, data: dict, message: str, text_root: Path) -> None:
+    document = transformer_document(text_root, data=data)
+    document["workload"] = {"kind": "transformer", **workload}
+    with pytest.raises(SpecError, match=message):
+        parse_spec(document)
+
+
+@pytest.fixture(scope="module")
+def llama(text_root: Path) -> tuple[Any, list[Candidates]]:
+    """The tiny Llama teacher and students holding every replacement."""
+    names = ["keep", "ffn_1/2", "ffn_1/4", "kv_1", "no_attention", "linear", "noop"]
+    workload = build_workload(spec_of(text_root, config=TINY_LLAMA, replacements=names))
+    students = [s for s in workload.student_blocks if isinstance(s, Candidates)]
+    assert len(students) == workload.num_blocks and workload.derive is not None and workload.assemble is None
+    return workload, students
+
+
+def option(student: Candidates, name: str) -> Any:
+    return student.options[student.names.index(name)]
+
+
+def test_a_kept_layer_reproduces_its_teacher_exactly(llama: tuple[Any, list[Candidates]]) -> None:
+    workload, students = llama
+    x = ids()
+    with torch.no_grad():
+        hidden = workload.teacher_blocks[0](x)
+        assert torch.equal(option(students[1], "keep")(hidden), workload.teacher_blocks[1](hidden))
+        assert torch.equal(students[0].chosen(students[0].names.index("keep"))(x), hidden)
+
+
+@pytest.mark.parametrize(("name", "width"), [("ffn_1/2", 16), ("ffn_1/4", 8)])
+def test_a_narrower_ffn_keeps_the_teacher_channels_of_largest_norm(
+    name: str, width: int, llama: tuple[Any, list[Candidates]]
+) -> None:
+    workload, students = llama
+    teacher = workload.teacher_blocks[2].layer.mlp
+    student = option(students[2], name).layer.mlp
+    kept = ffn_channels(teacher, width / 32)
+    assert len(kept) == width and student.intermediate_size == width
+    scores = teacher.gate_proj.weight.norm(dim=1) * teacher.up_proj.weight.norm(dim=1)
+    scores *= teacher.down_proj.weight.norm(dim=0)
+    assert set(kept.tolist()) == set(torch.topk(scores, width).indices.tolist())
+    assert torch.equal(student.gate_proj.weight, teacher.gate_proj.weight[kept])
+    assert torch.equal(student.up_proj.weight, teacher.up_proj.weight[kept])
+    assert torch.equal(student.down_proj.weight, teacher.down_proj.weight[:, kept])
+
+
+def test_fewer_kv_heads_are_the_means_of_the_heads_they_merge(llama: tuple[Any, list[Candidates]]) -> None:
+    workload, students = llama
+    teacher = workload.teacher_blocks[1].layer.self_attn
+    student = option(students[1], "kv_1").layer.self_attn
+    head_dim = teacher.head_dim
+    for projection in ("k_proj", "v_proj"):
+        weight = getattr(teacher, projection).weight
+        expected = (weight[:head_dim] + weight[head_dim:]) / 2  # the two KV heads, merged into one
+        torch.testing.assert_close(getattr(student, projection).weight, expected)
+    assert student.num_key_value_groups == 4
+    x = torch.randn(2, 8, 16)
+    assert option(students[1], "kv_1")(x).shape == x.shape
+
+
+def test_the_other_replacements_start_from_the_teacher(llama: tuple[Any, list[Candidates]]) -> None:
+    workload, students = llama
+    layer = workload.teacher_blocks[3].layer
+    x = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        ffn_only = option(students[3], "no_attention")
+        assert torch.equal(ffn_only(x), x + layer.mlp(layer.post_attention_layernorm(x)))
+        assert torch.allclose(option(students[3], "linear")(x), x)
+        assert torch.equal(option(students[3], "noop")(x), x)
+    assert not list(option(students[3], "noop").parameters())
+    assert all(p.requires_grad for p in ffn_only.parameters())
+    assert not any(p.requires_grad for p in students[0].prefix.parameters())  # type: ignore[union-attr]
+
+
+def test_a_config_field_the_family_has_not_is_refused_with_the_fields_it_has(text_root: Path) -> None:
+    """A typo would otherwise be kept by Hugging Face and the family's full-size default built."""
+    with pytest.raises(SpecError, match=r"hiden_size: not a field of a llama config; its fields are .*hidden_size"):
+        build_workload(spec_of(text_root, config={**TINY_LLAMA, "hiden_size": 16}))
+
+
+def test_block_0s_student_shares_the_teachers_frozen_embedding_and_saves_only_its_candidates(
+    text_root: Path,
+) -> None:
+    workload = build_workload(spec_of(text_root, config=TINY_LLAMA))
+    student, teacher = workload.student_blocks[0], workload.teacher_blocks[0]
+    assert isinstance(student, Candidates) and isinstance(teacher, nn.Sequential)
+    assert student.prefix is teacher[0] and not any(p.requires_grad for p in teacher[0].parameters())
+    assert all(key.startswith("options.0.") for key in student.state_dict())
+    student.to(torch.float64)  # what moves the block moves its prefix
+    assert teacher[0].tokens.weight.dtype == torch.float64
+
+
+def test_kv_heads_of_gpt2_are_refused_with_what_works(text_root: Path) -> None:
+    with pytest.raises(SpecError, match=r"no separate KV heads.*use keep, ffn_P/Q"):
+        build_workload(spec_of(text_root, config=TINY_GPT2, replacements=["kv_1"]))
+
+
+def test_a_candidate_block_trains_each_candidate_as_if_alone(llama: tuple[Any, list[Candidates]]) -> None:
+    """The sum of the candidates' losses gives each candidate the gradient of its own loss."""
+    _, students = llama
+    student, x = students[1], torch.randn(2, 8, 16)
+    target = torch.randn(2, 8, 16)
+    block_loss(student, LOSSES["mse"], x, target).backward()
+    linear = option(student, "linear")
+    together = linear.weight.grad.clone()
+    linear.weight.grad = None
+    LOSSES["mse"](linear(x), target).backward()
+    torch.testing.assert_close(linear.weight.grad, together)
+    student.zero_grad()
+
+
+@pytest.mark.parametrize("loss", ["nmse", "cosine"])
+def test_block_losses_of_shards_weighted_by_rows_sum_to_the_batch_loss(loss: str) -> None:
+    """What lets a split batch train what the whole batch trains: each loss is a mean over rows."""
+    output, target = torch.randn(5, 4, 6), torch.randn(5, 4, 6)
+    whole = LOSSES[loss](output, target)
+    parts = 3 / 5 * LOSSES[loss](output[:3], target[:3]) + 2 / 5 * LOSSES[loss](output[3:], target[3:])
+    torch.testing.assert_close(parts, whole)
+    assert float(LOSSES[loss](target, target)) == pytest.approx(0, abs=1e-6)
+
+
+def test_a_server_refuses_teacher_and_tokenizer_folders_outside_its_data_roots(text_root: Path, tmp_path: Path) -> None:
+    from app.core.settings import Settings
+    from app.services.specs import policy_problems
+
+    document = transformer_document(text_root, data={"tokenizer": "/etc"})
+    document["workload"] = {"kind": "transformer", "teacher": "/usr/lib"}
+    settings = Settings(data_roots=str(text_root.parent))
+    problems = {tuple(p["loc"]): p["message"] for p in policy_problems(parse_spec(document), settings)}
+    assert set(problems) == {("body", "workload", "teacher"), ("body", "data", "tokenizer")}
+    assert "'/usr/lib' is outside the data roots" in problems[("body", "workload", "teacher")]
+
+
+def test_a_budgeted_search_picks_the_best_choice_within_it_and_records_what_it_reached(text_root: Path) -> None:
+    import itertools
+
+    names = ["keep", "ffn_1/4", "no_attention", "noop"]
+    budget = 0.5
+    workload = build_workload(spec_of(text_root, config=TINY_LLAMA, replacements=names, budget={"params": budget}))
+    assert workload.derive is not None
+    architecture, network = workload.derive(workload.student_blocks)
+    candidates = architecture["candidates"]
+    per_layer = [[c for c in candidates if c["block"] == b] for b in range(workload.num_blocks)]
+    teacher = architecture["teacher_params"]
+    assert teacher == sum(layer[0]["params"] for layer in per_layer)  # `keep` is the teacher layer's size
+    best = min(
+        (sum(layer[p]["loss"] for layer, p in zip(per_layer, picks, strict=True)), picks)
+        for picks in itertools.product(range(len(names)), repeat=workload.num_blocks)
+        if sum(layer[p]["params"] for layer, p in zip(per_layer, picks, strict=True)) <= budget * teacher
+    )
+    chosen = [names.index(block["layers"][0]) for block in architecture["blocks"]]
+    loss = sum(layer[p]["loss"] for layer, p in zip(per_layer, chosen, strict=True))
+    assert loss == pytest.approx(best[0], rel=1e-9, abs=1e-12)  # the optimum (ties may pick another choice)
+    assert architecture["budget"] == {"params": budget} and architecture["reached"]["params"] <= budget
+    reached = sum(block["params"] for block in architecture["blocks"]) / teacher
+    assert architecture["reached"]["params"] == pytest.approx(reached)
+    assert network(ids()).shape == (3, 8, TINY_LLAMA["vocab_size"])
+
+
+def test_a_budget_no_choice_meets_is_refused_before_launch_with_the_smallest_reachable(text_root: Path) -> None:
+    spec = spec_of(text_root, config=TINY_LLAMA, replacements=["keep", "ffn_1/2"], budget={"params": 0.3})
+    with pytest.raises(SpecError, match=r"workload.budget.params: 0.3 .* can reach \(0\.[0-9]+"):
+        build_workload(spec)
+
+
+def test_a_budget_without_a_search_is_refused(text_root: Path) -> None:
+    with pytest.raises(SpecError, match="a budget chooses among a transformer search's candidates"):
+        spec_of(text_root, config=TINY_LLAMA, replacements=["ffn_1/2"], budget={"params": 0.5})
