@@ -21,7 +21,7 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -31,6 +31,7 @@ MAX_CHILDREN = 1000  # children of one sweep at most (the server's queue bound a
 PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")  # a dotted field path
 PATH_TEXT = "a dotted field path such as `train.lr` (docs/spec.md lists every field)"
 SEARCHES = ("grid", "list", "random")
+Values = Annotated[list[Any], Field(min_length=1)]  # a field's values to search: at least one
 Metric = Literal["final_loss", "student_top1", "finetune_top1", "samples_per_s"]  # app/services/objectives.py
 
 
@@ -59,7 +60,7 @@ class RandomSearch(BaseModel):
 
     count: int = Field(ge=1, le=MAX_CHILDREN, description="children to draw")
     seed: int = Field(0, description="the seed of the draws: the same seed draws the same children")
-    fields: dict[str, list[Any] | Range] = Field(
+    fields: dict[str, Values | Range] = Field(
         min_length=1, description="per dotted field path: a list of values to choose from, or a range"
     )
 
@@ -83,7 +84,7 @@ class SweepRequest(BaseModel):
 
     name: str | None = Field(None, min_length=1, max_length=100, description="the sweep's name (default: the spec's)")
     spec: dict[str, Any] = Field(description="the base spec (docs/spec.md); every child is it with its overrides")
-    grid: dict[str, list[Any]] | None = Field(
+    grid: dict[str, Values] | None = Field(
         None, min_length=1, description="per dotted field path, its values: one child per combination"
     )
     overrides: list[dict[str, Any]] | None = Field(
@@ -100,9 +101,6 @@ class SweepRequest(BaseModel):
         if len(given) != 1:
             raise ValueError(f"give exactly one search of {', '.join(SEARCHES)}; got {', '.join(given) or 'none'}")
         if self.grid is not None:
-            empty = [path for path, values in self.grid.items() if not values]
-            if empty:
-                raise ValueError(f"grid field {empty[0]!r} has no values; give at least one")
             size = math.prod(len(values) for values in self.grid.values())
             if size > MAX_CHILDREN:
                 raise ValueError(f"the grid makes {size} children; at most {MAX_CHILDREN} in one sweep")
@@ -135,7 +133,7 @@ class SearchError(ValueError):
         self.loc = loc
 
 
-def drawn(rng: random.Random, space: list[Any] | Range) -> Any:
+def drawn(rng: random.Random, space: Values | Range) -> Any:
     if isinstance(space, list):
         return rng.choice(space)
     if isinstance(space.min, int) and isinstance(space.max, int) and not space.log:

@@ -29,12 +29,14 @@ class ModelSize(BaseModel):
 
 
 class ArchitectureBlock(BaseModel):
-    """A NAS search's choice for one block: the candidate chosen in each of its searchable layers."""
+    """A search's choice for one block: the candidate chosen in each of its searchable layers."""
 
     model_config = ConfigDict(extra="forbid")
 
     block: int
     layers: list[str]
+    loss: float | None = None  # a transformer search: the chosen candidate's held-out loss
+    params: int | None = None  # and its parameters
 
 
 class FinetuneReport(BaseModel):
