@@ -58,9 +58,14 @@ def run_rank(run_dir: RunDir) -> None:
     role = describe_rank(ctx.plan, rank)
     print(f"pipebd: rank {rank} of {world} on {device}: blocks {role['blocks']}, rows {role['rows']}", flush=True)
     run_dir.append_event("rank_started", rank=rank, device=str(device), start_steps=ctx.start_steps)
-    if not Trainer(ctx).run():  # a rank that stopped on request said so itself (rank_stopped)
+    stopped = Trainer(ctx).run()  # a rank that stopped on request said so itself (rank_stopped)
+    if not stopped:
         run_dir.append_event("rank_finished", rank=rank)
     if dist.is_initialized():
+        if not stopped:
+            # Every rank leaves together: a rank with nothing left to train (a job resumed after its last
+            # checkpoint) must not close its connections while a peer still opens its process groups.
+            dist.barrier()
         dist.destroy_process_group()
 
 
