@@ -89,6 +89,11 @@ def add_engine_commands(commands: Any) -> None:
     bench.add_argument(
         "--report", nargs="+", metavar="FILE", help="render the markdown tables of these records (bench.json), no run"
     )
+    bench.add_argument(
+        "--update-page",
+        metavar="PAGE",
+        help="render every generated section of PAGE (docs/benchmarks.md) again from the records it names, no run",
+    )
     bench.set_defaults(handler=engine_handler("bench"))
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 from pipebd_core.bench import finetune as bench_finetune
+from pipebd_core.bench import page as bench_page
 from pipebd_core.bench import replan as bench_replan
 from pipebd_core.bench import report as bench_report
 from pipebd_core.bench.arms import RECORD
@@ -248,7 +249,26 @@ def command_report(paths: list[str]) -> int:
     return 0
 
 
+def command_update_page(path: str) -> int:
+    """`pipebd bench --update-page PAGE`: the page's generated sections rendered again from their records."""
+    page = Path(path)
+    try:
+        text = page.read_text()
+        updated = bench_page.regenerate(text, Path.cwd())
+    except (OSError, ValueError) as error:
+        return fail(f"--update-page {path}: {error}; run it from the repository root, where the records it names are")
+    if not bench_page.record_paths(text):
+        return fail(f"--update-page {path}: no generated section (<!-- pipebd bench --report FILE... -->) in it")
+    page.write_text(updated)
+    print(f"pipebd: {path}: {len(bench_page.record_paths(text))} sections rendered from their records")
+    return 0
+
+
 def command_bench(args: argparse.Namespace) -> int:
+    if args.update_page:
+        if args.spec is not None or args.report:
+            return fail("--update-page renders the page's records; give no spec and no --report")
+        return command_update_page(args.update_page)
     if args.report:
         if args.spec is not None:
             return fail("--report renders records already measured; give record files, not a spec")

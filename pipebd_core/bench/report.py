@@ -63,9 +63,18 @@ def describe(record: BenchRecord) -> str:
         f" {machine.memory_bytes / 2**30:.0f} GiB, Python {machine.python}, torch {machine.torch}."
         f" Batch {record.batch_size}, {record.steps} steps a run ({timing.warmup_steps} warm-up, then"
         f" {timing.timed_steps} timed, every arm alike), {repeats}; every arm planned from profile"
-        f" `{record.profile_hash}`. Shared: other processes used more than {record.shared_cores:g} cores during"
-        " the run."
+        f" `{record.profile_hash}`. {shared_line(record)}"
     )
+
+
+def shared_line(record: BenchRecord) -> str:
+    """How many runs were measured while the machine was busy (marked **shared** in their rows)."""
+    runs = [run for arm in record.arms for run in arm.runs] + record.bound.runs
+    shared = sum(run.load.shared for run in runs)
+    rule = f"more than {record.shared_cores:g} cores used by other processes"
+    if not shared:
+        return f"Quiet: no run had {rule}."
+    return f"Shared: {shared} of {len(runs)} runs had {rule} (marked **shared**)."
 
 
 def arm_row(record: BenchRecord, arm: Arm, baseline: Arm | None) -> str:

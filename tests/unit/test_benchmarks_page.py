@@ -1,0 +1,45 @@
+"""The benchmarks page's generated sections equal the report of their committed records, byte for byte,
+and every record they name is committed and quiet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipebd_core.bench.page import record_paths, regenerate
+from pipebd_core.bench.report import load_record
+from tests.helpers import pipebd_here
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "benchmarks.md"
+
+
+def test_the_page_is_its_records_report() -> None:
+    text = PAGE.read_text()
+    assert record_paths(text), "docs/benchmarks.md has no section generated from records"
+    assert regenerate(text, ROOT) == text, "run `pipebd bench --update-page docs/benchmarks.md` and commit"
+
+
+def test_the_page_shows_only_quiet_records_of_distillation_and_training() -> None:
+    records = [load_record(ROOT / path) for paths in record_paths(PAGE.read_text()) for path in paths]
+    assert {record.phase for record in records} == {"distill", "finetune"}
+    shared = [(r.name, arm.name) for r in records for arm in r.arms for run in arm.runs if run.load.shared]
+    shared += [(r.name, "T1") for r in records for run in r.bound.runs if run.load.shared]
+    assert shared == [], f"arms measured on a busy machine: {shared}"
+
+
+def test_update_page_rewrites_a_stale_section_and_refuses_a_page_without_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)  # the records a page names are relative to the repository root
+    text = PAGE.read_text()
+    paths = record_paths(text)[0]
+    stale = tmp_path / "page.md"
+    stale.write_text(f"# Page\n\n<!-- pipebd bench --report {' '.join(paths)} -->\nold table\n<!-- end of report -->\n")
+    code, _, err = pipebd_here("bench", "--update-page", str(stale))
+    assert code == 0, err
+    assert "old table" not in stale.read_text() and regenerate(stale.read_text(), ROOT) == stale.read_text()
+    stale.write_text("# Page without a generated section\n")
+    code, _, err = pipebd_here("bench", "--update-page", str(stale))
+    assert code != 0 and "no generated section" in err
