@@ -37,7 +37,8 @@ def test_training_changes_the_students(single_rank: dict[str, torch.Tensor]) -> 
 # test_equivalence_batchnorm.py, on BatchNorm students (weights and running statistics must match).
 CASES: list[tuple[str, int, Any]] = [
     *[(mode, 3, None) for mode in ("dp", "ls", "ir")],
-    *[(mode, nproc, None) for mode in ("tr", "tr_dpu") for nproc in (2, 3)],
+    # 3 ranks only: a middle stage both receives and relays, so 2-rank runs would prove nothing more
+    *[(mode, 3, None) for mode in ("tr", "tr_dpu")],
     ("hybrid", 3, [{"start": 0, "stop": 1, "replicas": 1}, {"start": 1, "stop": 4, "replicas": 2}]),
     ("hybrid", 3, [{"start": 0, "stop": 2, "replicas": 2}, {"start": 2, "stop": 4, "replicas": 1}]),
     ("hybrid", 5, [{"start": 0, "stop": 2, "replicas": 2}, {"start": 2, "stop": 4, "replicas": 3}]),

@@ -54,9 +54,7 @@ def test_single_rank_run_equals_the_plain_loop(students_of: Callable[[Spec], Stu
 
 
 CASES: list[tuple[str, int, Any]] = [
-    ("dp", 2, None),
-    ("dp", 3, None),
-    ("ir", 2, None),
+    ("dp", 3, None),  # 3 ranks: shards of unequal size, which 2 ranks of an even batch never make
     ("ir", 3, None),
     ("ls", 2, None),
     ("tr", 2, None),
