@@ -20,8 +20,11 @@ def fake_profile(
     data: float = 0.0,
     allreduce: float = 0.0,
     student_bytes: int = 1000,
+    replicated: float | None = None,
 ) -> Profile:
-    """Times at full batch scale linearly with the per-replica batch; memory grows with block size."""
+    """Times at full batch scale linearly with the per-replica batch; memory grows with block size. `replicated`:
+    a student step on k > 1 replicas (its BatchNorm synchronised) costs that many times its plain step at
+    ceil(B/k) rows (None: no such measurement, as in a profile written by hand)."""
     sizes = sorted({math.ceil(batch_size / k) for k in range(1, nproc + 1)}, reverse=True)
 
     def timing(full: float, batch: int) -> Timing:
@@ -35,6 +38,9 @@ def fake_profile(
             teacher_param_bytes=4000 * (i + 1),
             student_param_bytes=400 * (i + 1),
             allreduce_s={k: Timing(median=allreduce, trials=1) for k in range(2, nproc + 1)},
+            student_group_s={}
+            if replicated is None
+            else {k: timing(replicated * s, math.ceil(batch_size / k)) for k in range(2, nproc + 1)},
         )
         for i, (t, s) in enumerate(zip(teacher, student, strict=True))
     ]

@@ -4,7 +4,9 @@ report and `pipebd profile` read it).
 
 Per block and per per-replica batch size: the teacher's forward, the student's step and, for a searched
 student, its architecture step (`Timing`s), the bytes the student's backward keeps (and its peak on
-CUDA); per group size, the all-reduce of its gradients; per boundary, the one-way send of its tensor;
+CUDA); per group size k, the student's step as a replicated stage trains it (its BatchNorm normalising
+over the k ranks' shards of the batch, with a collective per layer in its forward and backward) and the
+all-reduce of its gradients; per boundary, the one-way send of its tensor;
 per batch, loading the data. `conditions` say under what load it was measured; `calibration`, once a
 run calibrated it, what training measured.
 """
@@ -44,6 +46,9 @@ class BlockProfile(BaseModel):
     teacher_param_bytes: int
     student_param_bytes: int
     allreduce_s: dict[int, Timing]  # per group size k >= 2
+    # per group size k >= 2: the student step at ceil(B/k) rows with its BatchNorm synchronised over a group
+    # of k ranks, every group measuring at once (version 2; empty in a profile written by hand: the plain step)
+    student_group_s: dict[int, Timing] = {}
 
     def timings(self) -> Iterator[tuple[str, dict[int, Timing]]]:
         """(what, table) of each timed measurement: teacher, student, student_arch."""
@@ -68,7 +73,7 @@ class Profile(Document):
     """profile.json: the block profile of one workload on one kind and count of device."""
 
     NAME = "block profile"
-    VERSION = 1
+    VERSION = 2  # 2: student_group_s, the replicated student step (version 1 profiles are measured again)
 
     nproc: int
     batch_size: int

@@ -34,7 +34,7 @@ from pipebd_core.documents.plan import PlanDocument
 from pipebd_core.documents.profile import Profile
 from pipebd_core.documents.telemetry import DistillLine, read_line
 from pipebd_core.job.progress import FileTail
-from pipebd_core.planning.costmodel import at_batch
+from pipebd_core.planning.costmodel import at_batch, profiled_student
 from pipebd_core.rundir import RunDir
 
 SKIP_STEPS = 2  # each rank's first steps after a launch: allocations, first touches, the pipeline filling
@@ -145,8 +145,12 @@ def calibrate(
         batch = record.samples
         for what, times in (("teacher", record.block_s.teacher), ("student", record.block_s.student)):
             for block, measured in times.items():
-                profiled_s = blocks[block].teacher_s if what == "teacher" else blocks[block].student_s
-                tallies.setdefault((block, what), Tally()).add(measured, at_batch(profiled_s, batch))
+                profiled = (
+                    at_batch(blocks[block].teacher_s, batch)
+                    if what == "teacher"
+                    else profiled_student(blocks[block], batch, groups[rank], profile.batch_size)
+                )
+                tallies.setdefault((block, what), Tally()).add(measured, profiled)
                 batches[block] = batch
         loaded = record.phases.get("data", 0.0)
         data.add(loaded, at_batch(profile.data_s, batch) if loaded > 0 else 0.0)  # only ranks that load

@@ -2,11 +2,13 @@
 
 A stage owning blocks [start, stop) on k replicas runs each block at the per-replica batch
 b = ceil(B/k) (its largest shard). Its time per step is the sum over its blocks of teacher and
-student (forward, backward, update) time at b, plus the all-reduce of its students' gradients
-when k > 1, plus loading its input (first stage) or receiving it (later stages). With decoupled
-updates the pipeline runs at the pace of its slowest stage. When architecture updates run (nas),
-one step in `arch_every` repeats the loading, relaying and teacher work on a held-out batch and adds
-the students' architecture step; predictions describe that search phase (after the warm-up).
+student (forward, backward, update) time at b (for k > 1, the student step as a replicated stage runs
+it: its BatchNorm synchronised over the k ranks, profiled with every group at once), plus the
+all-reduce of its students' gradients when k > 1, plus loading its input (first stage) or receiving
+it (later stages). With decoupled updates the pipeline runs at the pace of its slowest stage. When
+architecture updates run (nas), one step in `arch_every` repeats the loading, relaying and teacher
+work on a held-out batch and adds the students' architecture step; predictions describe that search
+phase (after the warm-up).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipebd_core.distill.plan import longest_first_assignment
-from pipebd_core.documents.profile import Profile, Timing
+from pipebd_core.documents.profile import BlockProfile, Profile, Timing
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,25 @@ def at_batch(table: Mapping[int, Timing] | Mapping[int, int], batch: int) -> flo
     sizes = sorted(table)
     nearest = next((size for size in sizes if size >= batch), sizes[-1])
     return at_batch(table, nearest) * batch / nearest
+
+
+def profiled_student(block: BlockProfile, batch: int, replicas: int, batch_size: int, round_: str = "weights") -> float:
+    """A block's profiled student step at `batch` rows on a stage of `replicas` (uncalibrated). On k > 1
+    replicas, the step measured with its BatchNorm synchronised over k ranks (student_group_s, at ceil(B/k)
+    rows, scaled by the rows for a smaller shard); an architecture round by the same factor over its plain
+    step. A profile without that measurement (written by hand) gives the plain step."""
+    arch = block.student_arch_s
+    plain_table = arch if round_ == "arch" and any(entry.trials for entry in arch.values()) else block.student_s
+    plain = at_batch(plain_table, batch)
+    group = block.student_group_s.get(replicas) if replicas > 1 else None
+    if group is None or group.trials == 0:
+        return plain
+    shard = -(-batch_size // replicas)
+    replicated = group.median * batch / shard
+    if plain_table is block.student_s:
+        return replicated
+    step = at_batch(block.student_s, batch)
+    return plain * replicated / step if step > 0 else plain
 
 
 @dataclass(frozen=True)
@@ -101,15 +122,16 @@ class CostModel:
     def teacher(self, block: int, batch: int) -> float:
         return at_batch(self.blocks[block].teacher_s, batch) * self.scales.teacher[block]
 
-    def student(self, block: int, batch: int, round_: str = "weights") -> float:
-        arch = self.blocks[block].student_arch_s
-        if round_ == "arch" and any(entry.trials for entry in arch.values()):
-            return at_batch(arch, batch) * self.scales.student[block]
-        return at_batch(self.blocks[block].student_s, batch) * self.scales.student[block]
+    def student(self, block: int, batch: int, round_: str = "weights", replicas: int = 1) -> float:
+        """A student step at `batch` rows on a stage of `replicas` (see profiled_student), calibrated."""
+        profiled = profiled_student(self.blocks[block], batch, replicas, self.batch_size, round_)
+        return profiled * self.scales.student[block]
 
-    def student_step(self, block: int, batch: int) -> float:
+    def student_step(self, block: int, batch: int, replicas: int = 1) -> float:
         """A block's student work per step, architecture rounds included."""
-        return self.student(block, batch) + self.arch_fraction * self.student(block, batch, "arch")
+        return self.student(block, batch, replicas=replicas) + self.arch_fraction * self.student(
+            block, batch, "arch", replicas
+        )
 
     def data(self, batch: int) -> float:
         return at_batch(self.profile.data_s, batch) * self.scales.data
@@ -139,7 +161,7 @@ class CostModel:
             stop=stop,
             replicas=replicas,
             input_s=self.repeat * (self.data(batch) if start == 0 else self.p2p(start, batch)),
-            compute_s=sum(self.repeat * self.teacher(b, batch) + self.student_step(b, batch) for b in blocks),
+            compute_s=sum(self.repeat * self.teacher(b, batch) + self.student_step(b, batch, replicas) for b in blocks),
             allreduce_s=sum(self.allreduce(b, replicas) for b in blocks),
             memory_bytes=self.stage_memory(start, stop, replicas),
             overhead_s=self.repeat * self.task_overhead,
@@ -173,8 +195,8 @@ class CostModel:
         total = 0.0
         for block in range(self.num_blocks):
             prefix = sum(self.teacher(b, batch) for b in range(block + 1))
-            total += self.repeat * (self.data(batch) + prefix + self.task_overhead) + self.student_step(block, batch)
-            total += self.allreduce(block, self.nproc)
+            total += self.repeat * (self.data(batch) + prefix + self.task_overhead)
+            total += self.student_step(block, batch, self.nproc) + self.allreduce(block, self.nproc)
         return total
 
     def ls_costs(self) -> list[float]:

@@ -5,14 +5,17 @@ reads DIR/spec.json, and each rank measures every block (so all ranks load the n
 does); rank 0 pools every rank's trials and writes DIR/profile.json. Per block and per per-replica
 batch size b = ceil(B/k), k = 1..N: teacher forward time, student forward+backward+update time, and
 the bytes the student's backward keeps alive; per boundary, point-to-point time between rank pairs;
-per group size, the all-reduce time of each block's gradients; the time to load b samples; the bytes
+per group size k, the student step of each block as a replicated stage runs it (at ceil(B/k) rows, its
+BatchNorm normalising over the group's shards: a collective per layer, forward and backward) and the
+all-reduce time of its gradients; the time to load b samples; the bytes
 per sample of every boundary tensor as the blocks produce it; on CUDA, the peak memory of each
 student step. Each value is the median of all trials (after warm-up) and comes with its spread
 (p90 - p10) / median.
 
 A measurement a rank takes alone (blocks, data loading) whose trials disagree (spread above
 NOISY_SPREAD) is taken again, up to MAX_REMEASURES times, keeping the steadiest attempt; collective
-ones (sends, all-reduces) are taken once, since every rank must run the same trials. The profile's
+ones (sends, all-reduces, replicated student steps) are taken once, since every rank must run the same
+trials. The profile's
 `conditions` say under what load it was taken: the CPU time other processes used on the node while
 the ranks measured, the load average and, on GPUs, other processes on each device (trust.py judges)."""
 
@@ -38,7 +41,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core.data.batches import BatchLoader
 from pipebd_core.data.datasets import build_dataset
-from pipebd_core.distill.students import StudentBlock
+from pipebd_core.distill.students import StudentBlock, with_sync_batchnorm
 from pipebd_core.documents.phases import PROFILE
 from pipebd_core.documents.profile import BlockProfile, Conditions, Profile, Timing
 from pipebd_core.planning.probe import block_input, probe_workload
@@ -207,6 +210,43 @@ def measure_all_reduce(param_counts: list[int], trials: int, device: torch.devic
     return result
 
 
+def measure_replicated(
+    workload: Workload, spec: Spec, probe: Any, dtype: torch.dtype, trials: int, device: torch.device
+) -> dict[tuple[int, int], Trials]:
+    """Time per (group size k, block): the student step at ceil(B/k) rows as training runs it in a stage of k
+    replicas (with_sync_batchnorm: its BatchNorm synchronised over the group, one collective per layer in
+    the forward and one in the backward), in groups of k ranks at once; without the gradient all-reduce,
+    which measure_all_reduce times. Collective, so taken once (no rank may remeasure alone)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result: dict[tuple[int, int], Trials] = {}
+    for size in range(2, world + 1):
+        groups = [dist.new_group(list(range(g * size, (g + 1) * size))) for g in range(world // size)]
+        mine = groups[rank // size] if rank < len(groups) * size else None
+        batch = -(-spec.data.batch_size // size)
+        for index, teacher in enumerate(workload.teacher_blocks):
+            if not isinstance(mine, dist.ProcessGroup):
+                continue
+            teacher.to(device)
+            x = block_input(probe.shapes[index], batch, dtype if index == 0 else torch.float32, device)
+            with torch.no_grad():
+                target = teacher(x)
+            teacher.cpu()
+            module = with_sync_batchnorm(copy.deepcopy(workload.student_blocks[index]), mine, device)
+            student = StudentBlock(index, module, workload.loss_of(index), spec, workload.search, device)
+            step = functools.partial(replicated_step, student, x, target, itertools.count(), spec.train.lr)
+            result[(size, index)] = Trials(timed_once(step, trials, device))
+        dist.barrier()
+    return result
+
+
+def replicated_step(
+    student: StudentBlock, x: torch.Tensor, target: torch.Tensor, steps: itertools.count[int], lr: float
+) -> None:
+    student.begin(next(steps), "weights")
+    student.loss(x, target).backward()
+    student.update("weights", lr)
+
+
 def summarise(samples: list[float], remeasured: int = 0) -> Timing:
     return Timing(
         median=statistics.median(samples), spread=spread_of(samples), trials=len(samples), remeasured=remeasured
@@ -292,6 +332,7 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any
         "data": measure_data(spec, batches, trials, device),
         "p2p": measure_p2p(probe.shapes, batches, trials, device) if distributed else {},
         "allreduce": measure_all_reduce(param_counts, trials, device) if distributed else {},
+        "replicated": measure_replicated(workload, spec, probe, sample.dtype, trials, device) if distributed else {},
         "param_counts": param_counts,
         "baseline_bytes": baseline_memory_bytes(device),
         "input_bytes_per_sample": sample.numel() * sample.element_size(),
@@ -330,6 +371,7 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
             teacher_param_bytes=4 * probe["teacher_params"][index],
             student_param_bytes=4 * probe["student_params"][index],
             allreduce_s={k: pooled("allreduce", (k, index)) for k in range(2, spec.schedule.nproc + 1)},
+            student_group_s={k: pooled("replicated", (k, index)) for k in range(2, spec.schedule.nproc + 1)},
         )
         for index in range(len(probe["teacher_flops"]))
     ]

@@ -117,9 +117,17 @@ class Simulation:
             state.sends.append((task.step, tuple(route.dst for route in task.send)))
         return True
 
+    def _members(self, task: Task) -> tuple[int, ...]:
+        """The ranks `task`'s gradients are combined over (itself alone: no group)."""
+        if task.group is None:
+            return (0,)
+        return tuple(range(self.plan.nproc)) if task.group == WORLD else self.plan.stages[task.group].ranks
+
     def _students(self, state: RankState, task: Task) -> bool:
+        replicas = len(self._members(task))
         for block in task.train:
-            self._add(state, "student", block, self.model.student(block, self._rows(task), task.round))
+            cost = self.model.student(block, self._rows(task), task.round, replicas)
+            self._add(state, "student", block, cost)
         state.clock += self.model.task_overhead  # calibrated per-task overhead: time, not a segment
         return True
 
@@ -136,7 +144,7 @@ class Simulation:
     def _allreduce(self, state: RankState, task: Task) -> bool:
         if task.group is None:
             return True
-        members = tuple(range(self.plan.nproc)) if task.group == WORLD else self.plan.stages[task.group].ranks
+        members = self._members(task)
         weights = task.round == "weights"  # architecture gradients are a few numbers per layer
         cost = sum(self.model.allreduce(block, len(members)) for block in task.train) if weights else 0.0
         return self._collective(state, ("allreduce", task.group), members, cost, "allreduce")

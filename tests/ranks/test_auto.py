@@ -25,6 +25,8 @@ def test_profile_is_measured_once_then_reused(cache: Path) -> None:
     assert profile.batch_sizes == [10, 5] and len(profile.blocks) == 4
     assert profile.blocks[0].student_s[5].median > 0
     assert profile.p2p_s[1][10].trials > 0 and profile.blocks[2].allreduce_s[2].median > 0
+    # the replicated student step, its BatchNorm synchronised over both ranks, timed on both at once
+    assert all(block.student_group_s[2].trials > 0 and block.student_group_s[2].median > 0 for block in profile.blocks)
     # float32 boundaries, as the blocks produced them: 3x8x8 input, then 8 or 16 channels (one stride-2 block)
     assert profile.boundary_bytes_per_sample == [4 * 3 * 64, 4 * 8 * 64, 4 * 16 * 64, 4 * 8 * 16, 4 * 16 * 16]
     started = time.monotonic()

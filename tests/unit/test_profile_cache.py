@@ -36,7 +36,7 @@ def test_a_stored_profile_is_read_back_as_it_was() -> None:
     assert profiles.load_cached(spec) == profile
 
 
-@pytest.mark.parametrize("version", [None, 99], ids=["unversioned", "newer"])
+@pytest.mark.parametrize("version", [None, 1, 99], ids=["unversioned", "version-1", "newer"])
 def test_a_cache_entry_of_another_format_is_a_miss_then_replaced(version: int | None) -> None:
     spec = tiny_spec(schedule={"nproc": 2, "profile": True})
     profile = fake_profile([1.0, 2.0, 1.0, 0.5], [0.5] * 4, nproc=2, batch_size=10)
