@@ -14,11 +14,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipebd_core.planning.profiles import CACHE_ENV
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from tests.helpers import run_job
+
+# One thread per process, as every rank runs (pipebd_core/job/processes.py): the reference loops a test
+# runs in its own process would otherwise spin two OpenMP threads against the ranks and the other test
+# process on 2 cores (the re-plan test's 1,600-step reference took 283 s beside the suite, 44 s alone).
+os.environ["OMP_NUM_THREADS"] = "1"  # the services and CLIs the tests start
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)
