@@ -6,6 +6,7 @@ and summary.json, and problem details for bad input. The dashboard page renders 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -179,3 +180,29 @@ def test_selections_summaries_and_bad_input(stored: Stored) -> None:
         "differing": [],
         "data": [],
     }
+
+
+def test_the_page_shows_more_than_four_jobs_paged_sorted_and_only_what_differs(stored: Stored) -> None:
+    client = stored.client
+    page = client.get("/compare", params={"sweep_id": stored.sweep_id, "sort": "-id"})
+    assert page.status_code == 200, page.text
+    html = page.text
+    rows = re.findall(r'<tr data-job="(\d+)">', html)
+    first = min(stored.states)
+    children = sorted((job_id for job_id in stored.states if job_id - first < SWEEP_CHILDREN), reverse=True)
+    assert [int(job_id) for job_id in rows] == children[:50]
+    assert re.findall(r'<th scope="col" class="spec-field">([^<]+)</th>', html) == ["name", "train.lr"]
+    assert "100 jobs, rows 1\N{EN DASH}50" in html and 'rel="next"' in html and 'rel="prev"' not in html
+    assert f'href="/compare?sweep_id={stored.sweep_id}&amp;sort=id"' in html  # the Job column sorts ascending next
+    following = client.get("/compare", params={"sweep_id": stored.sweep_id, "sort": "-id", "offset": 50}).text
+    assert [int(job_id) for job_id in re.findall(r'<tr data-job="(\d+)">', following)] == children[50:]
+    assert 'rel="prev"' in following and 'rel="next"' not in following
+    everything = client.get("/compare", params={"sweep_id": stored.sweep_id, "all_fields": "true"}).text
+    assert "train.epochs" in everything and "Only the fields that differ" in everything
+    measured = client.get("/compare", params={"state": STATES[3], "name": "cmp-003"}).text
+    assert "0: 1 / 3 / 0.5" in measured and "75.0%" in measured
+    ids = ",".join(str(job_id) for job_id in sorted(stored.states)[:6])
+    assert len(re.findall(r'<tr data-job="(\d+)">', client.get("/compare", params={"ids": ids}).text)) == 6
+    bad = client.get("/compare", params={"state": "lost"})
+    assert bad.status_code == 422 and "is not a job state" in bad.text
+    assert client.get("/compare", params={"name": "cmp", "sort": "loss"}).status_code == 422
