@@ -113,6 +113,8 @@ def parse_sort(text: str) -> tuple[str, bool]:
 
 
 def conditions(selection: Selection) -> list[Any]:
+    if selection.name is not None and "\x00" in selection.name:  # PostgreSQL refuses NUL in text
+        raise CompareError("name", "a name never contains NUL (\\x00): remove it", selection.name)
     found: list[Any] = []
     if selection.ids is not None:
         found.append(col(Job.id).in_(selection.ids))
@@ -219,8 +221,8 @@ def compare(
     all_fields: bool = False,
 ) -> Comparison:
     """One page of the selection's comparison; CompareError for a bad `sort`."""
-    name, descending = parse_sort(sort)
     where = conditions(selection)
+    name, descending = parse_sort(sort)
     total = int(session.exec(select(func.count()).select_from(Job).where(*where)).one())
     every, differing = differing_fields(session.exec(select(Job.spec).where(*where)).all())
     order = (SORTS[name].desc() if descending else SORTS[name].asc()).nulls_last()  # one order on every database

@@ -206,3 +206,9 @@ def test_the_page_shows_more_than_four_jobs_paged_sorted_and_only_what_differs(s
     bad = client.get("/compare", params={"state": "lost"})
     assert bad.status_code == 422 and "is not a job state" in bad.text
     assert client.get("/compare", params={"name": "cmp", "sort": "loss"}).status_code == 422
+
+
+def test_a_name_with_nul_is_refused_on_every_database(stored: Stored) -> None:
+    answer = stored.client.get("/api/v1/compare", params={"name": "cmp\x00"})
+    assert answer.status_code == 422 and answer.json()["errors"][0]["loc"] == ["query", "name"]
+    assert stored.client.get("/compare", params={"name": "cmp\x00"}).status_code == 422
