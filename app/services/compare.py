@@ -86,10 +86,15 @@ class Comparison:
         return end if end < self.total else None
 
 
+def is_job_id(value: str) -> bool:
+    """Digits of an id within the database's range (never more digits than int() converts quickly)."""
+    return value.isascii() and value.isdigit() and len(value) <= len(str(DB_INT_MAX)) and 0 < int(value) <= DB_INT_MAX
+
+
 def parse_ids(text: str) -> list[int]:
     """Distinct job ids from `3,4,7` in the order given; CompareError naming the first bad one."""
     raw = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [value for value in raw if not (value.isascii() and value.isdigit() and 0 < int(value) <= DB_INT_MAX)]
+    bad = [value for value in raw if not is_job_id(value)]
     if bad:
         shown = excerpt(repr(bad[0]), EXCERPT_CHARS)
         raise CompareError("ids", f"{shown} is not a job id; give job ids separated by commas, e.g. 3,4", text)

@@ -60,7 +60,7 @@ class Compared:
 def parse_ids(ids: str | None, id_list: list[str] | None) -> list[int]:
     """Distinct job ids in the order given; ValueError saying what is wrong."""
     raw = [part.strip() for part in (ids or "").split(",") if part.strip()] + [v.strip() for v in id_list or []]
-    bad = [value for value in raw if not (value.isascii() and value.isdigit() and 0 < int(value) <= DB_INT_MAX)]
+    bad = [value for value in raw if not paged.is_job_id(value)]
     if bad:
         raise ValueError(
             f"{excerpt(repr(bad[0]), EXCERPT_CHARS)} is not a job id; give job ids separated by commas, e.g. 3,4"

@@ -158,6 +158,7 @@ def test_selections_summaries_and_bad_input(stored: Stored) -> None:
         ("sort=loss", "sort"),
         ("ids=3,x", "ids"),
         ("ids=,", "ids"),
+        ("ids=" + "9" * 5000, "ids"),  # more digits than int() converts
         ("limit=201", "limit"),
         ("offset=-1", "offset"),
         ("state=lost", "state"),
