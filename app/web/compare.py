@@ -1,5 +1,10 @@
 """The compare page (`/compare?ids=1,2`): jobs side by side, e.g. one spec in `dp` and in `auto`.
 
+Up to MAX_COMPARED jobs by id, the detailed view below with live curves. More ids, a sweep
+(`?sweep_id=3`) or a filter (`?state=succeeded`, `?name=lr`) give the paged view instead: the same
+comparison as GET /api/v1/compare (app/services/compare.py), sorted and paged on the server, with the spec
+fields that differ (or all of them: `all_fields=true`) and the loss per block as min/max/final.
+
 One table (mode, ranks, measured samples/s and step time, speed-up over the baseline, peak memory,
 final loss per block; for jobs that trained end to end, top-1 before and after with the teacher's,
 parameters; every phase's wall time) and overlaid curves drawn by the page's script, which follows each unfinished
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
@@ -17,8 +23,9 @@ from sqlmodel import Session, col, select
 
 from app.api.deps import SessionDep
 from app.api.problems import EXCERPT_CHARS, excerpt
-from app.core.lifecycle import FINAL
+from app.core.lifecycle import FINAL, STATES
 from app.core.tables import DB_INT_MAX, Job
+from app.services import compare as paged
 from app.services.artifacts import read_summary
 from app.web import queries
 from app.web.access import ViewerDep
@@ -34,6 +41,7 @@ PICKER_JOBS = 20  # recent jobs offered as checkboxes when no ids are given
 router = APIRouter(route_class=PageRoute)
 IdsQuery = Annotated[str | None, Query(description="job ids separated by commas, e.g. 3,4")]
 IdQuery = Annotated[list[str] | None, Query(description="a job id; repeat for several")]
+PAGE_ROWS = 50  # rows per page of the paged view
 
 
 @dataclass
@@ -52,15 +60,12 @@ class Compared:
 def parse_ids(ids: str | None, id_list: list[str] | None) -> list[int]:
     """Distinct job ids in the order given; ValueError saying what is wrong."""
     raw = [part.strip() for part in (ids or "").split(",") if part.strip()] + [v.strip() for v in id_list or []]
-    bad = [value for value in raw if not (value.isascii() and value.isdigit() and 0 < int(value) <= DB_INT_MAX)]
+    bad = [value for value in raw if not paged.is_job_id(value)]
     if bad:
         raise ValueError(
             f"{excerpt(repr(bad[0]), EXCERPT_CHARS)} is not a job id; give job ids separated by commas, e.g. 3,4"
         )
-    found = list(dict.fromkeys(int(value) for value in raw))
-    if len(found) > MAX_COMPARED:
-        raise ValueError(f"at most {MAX_COMPARED} jobs side by side, got {len(found)}; drop some")
-    return found
+    return list(dict.fromkeys(int(value) for value in raw))
 
 
 def load_jobs(session: Session, ids: list[int]) -> list[Job]:
@@ -110,7 +115,10 @@ def with_speedups(rows: list[Compared]) -> list[Compared]:
 
 def comparison(session: Session, ids: str | None, id_list: list[str] | None) -> tuple[list[Compared], str | None]:
     try:
-        jobs = load_jobs(session, parse_ids(ids, id_list))
+        wanted = parse_ids(ids, id_list)
+        if len(wanted) > MAX_COMPARED:
+            raise ValueError(f"at most {MAX_COMPARED} jobs side by side, got {len(wanted)}; /compare pages more")
+        jobs = load_jobs(session, wanted)
     except ValueError as error:
         return [], str(error)
     return with_speedups([compared(session, job) for job in jobs]), None
@@ -132,21 +140,107 @@ def script_config(session: Session, rows: list[Compared]) -> list[dict[str, Any]
     ]
 
 
+@dataclass
+class Paged:
+    """The paged view: one page of the comparison and the links that sort, page and toggle it."""
+
+    comparison: paged.Comparison
+    params: dict[str, str]  # the query that selected it, without sort, offset and all_fields
+
+    def url(self, **changes: object) -> str:
+        query = {
+            **self.params,
+            "sort": self.comparison.sort,
+            "offset": self.comparison.offset,
+            "all_fields": "true" if self.comparison.all_fields else "",
+            **changes,
+        }
+        return "/compare?" + urlencode({key: value for key, value in query.items() if value not in ("", None, 0)})
+
+    def sort_url(self, column: str) -> str:
+        """Sort by `column`, ascending; descending when it already sorts ascending."""
+        return self.url(sort=f"-{column}" if self.comparison.sort == column else column, offset=0)
+
+    def arrow(self, column: str) -> str:
+        return {column: " ▲", f"-{column}": " ▼"}.get(self.comparison.sort, "")
+
+    @property
+    def previous_url(self) -> str | None:
+        offset = self.comparison.offset
+        return self.url(offset=max(0, offset - PAGE_ROWS)) if offset > 0 else None
+
+    @property
+    def next_url(self) -> str | None:
+        following = self.comparison.next_offset
+        return self.url(offset=following) if following is not None else None
+
+
+def paged_view(
+    session: Session, ids: list[int], sweep_id: int | None, state: str | None, name: str | None, query: dict[str, Any]
+) -> Paged:
+    """The paged comparison; ValueError saying what is wrong with the query."""
+    if state is not None and state not in STATES:
+        raise ValueError(f"{excerpt(repr(state), EXCERPT_CHARS)} is not a job state; one of {', '.join(STATES)}")
+    if len(ids) > paged.MAX_IDS:
+        raise ValueError(f"at most {paged.MAX_IDS} ids; compare a sweep or a filter instead")
+    selection = paged.Selection(ids=ids or None, sweep_id=sweep_id, state=state, name=name)
+    comparison = paged.compare(
+        session,
+        selection,
+        sort=str(query.get("sort") or "id"),
+        limit=PAGE_ROWS,
+        offset=int(query.get("offset") or 0),
+        all_fields=bool(query.get("all_fields")),
+    )
+    params = {"ids": ",".join(map(str, ids)), "sweep_id": sweep_id or "", "state": state or "", "name": name or ""}
+    return Paged(comparison, {key: str(value) for key, value in params.items() if value})
+
+
 @router.get("/compare", response_class=HTMLResponse)
 def compare_page(
-    request: Request, viewer: ViewerDep, session: SessionDep, ids: IdsQuery = None, id: IdQuery = None
+    request: Request,
+    viewer: ViewerDep,
+    session: SessionDep,
+    ids: IdsQuery = None,
+    id: IdQuery = None,
+    sweep_id: Annotated[int | None, Query(ge=1, le=DB_INT_MAX, description="the children of this sweep")] = None,
+    state: Annotated[str | None, Query(max_length=20, description="only jobs in this state")] = None,
+    name: Annotated[str | None, Query(max_length=100, description="only jobs whose name contains this")] = None,
+    sort: Annotated[str, Query(max_length=40, description="the sort column, `-` before it: descending")] = "id",
+    offset: Annotated[int, Query(ge=0, le=DB_INT_MAX, description="rows to skip")] = 0,
+    all_fields: Annotated[bool, Query(description="every spec field, not only those that differ")] = False,
 ) -> HTMLResponse:
-    rows, error = comparison(session, ids, id)
+    problem: str | None = None
+    try:
+        wanted = parse_ids(ids, id)
+    except ValueError as error:
+        wanted, problem = [], str(error)
+    if problem is None and (len(wanted) > MAX_COMPARED or sweep_id or state or name):
+        try:
+            query = {"sort": sort, "offset": offset, "all_fields": all_fields}
+            view = paged_view(session, wanted, sweep_id, state, name, query)
+        except ValueError as refused:
+            return render(request, "jobs/compare.html", form_context(session, [], str(refused), ids), status_code=422)
+        return render(request, "jobs/compare.html", {**form_context(session, [], None, ids or ""), "paged": view})
+    rows: list[Compared] = []
+    shown = problem
+    if problem is None:
+        rows, shown = comparison(session, ids, id)
+    context = form_context(session, rows, shown, ids)
+    return render(request, "jobs/compare.html", context, status_code=422 if shown else 200)
+
+
+def form_context(session: Session, rows: list[Compared], error: str | None, ids: str | None) -> dict[str, Any]:
     recent = session.exec(select(Job).order_by(col(Job.id).desc()).limit(PICKER_JOBS)).all()
-    context = {
+    return {
         "rows": rows,
         "error": error,
-        "ids_text": ids if error else ",".join(str(row.job.id) for row in rows),
+        "ids_text": ids if error or not rows else ",".join(str(row.job.id) for row in rows),
         "recent": [(job, mode_text(job)) for job in recent],
         "config": script_config(session, rows),
         "max_compared": MAX_COMPARED,
+        "paged": None,
     }
-    return render(request, "jobs/compare.html", context, status_code=422 if error else 200)
 
 
 @router.get("/compare/partials/table", response_class=HTMLResponse)

@@ -1,0 +1,241 @@
+"""Comparing any number of jobs: a selection (ids, a sweep, a state or a name), sorted and paged in SQL,
+the spec fields that differ across the whole selection, and summary columns for the page's rows.
+
+Queries per request, whatever the selection's size: one count, one read of the selection's specs (to find
+the fields that differ: every spec is flattened to dotted paths), one page of jobs (sorted, offset, limit),
+and one aggregate of the page's telemetry (each block's lowest and highest loss). The final loss per block
+and the top-1 come from each page row's summary.json (files, at most `limit` of them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlmodel import Session, col, func, select
+
+from app.api.problems import EXCERPT_CHARS, excerpt
+from app.core.tables import DB_INT_MAX, EVAL_SEQ, Job, JobMetric
+from app.services.artifacts import read_summary
+from pipebd_core.documents.phases import DISTILL
+
+MAX_IDS = 1000  # ids in one `ids` list at most (a sweep or a filter selects any number)
+MAX_BLOCKS = 64  # blocks whose loss is summarized at most
+SORTS: dict[str, Any] = {  # what `sort` accepts (`-` before it: descending); ties go by id
+    "id": col(Job.id),
+    "name": col(Job.name),
+    "state": col(Job.state),
+    "priority": col(Job.priority),
+    "created_at": col(Job.created_at),
+    "finished_at": col(Job.finished_at),
+    "progress": col(Job.progress),
+    "samples_per_s": col(Job.samples_per_s),
+}
+SORT_NAMES = ", ".join(SORTS)
+
+
+class CompareError(ValueError):
+    """A bad query parameter: which, why and what would work, and the value sent."""
+
+    def __init__(self, parameter: str, message: str, value: str) -> None:
+        super().__init__(message)
+        self.parameter, self.value = parameter, value
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which jobs: every condition given must hold (none given: every job)."""
+
+    ids: list[int] | None = None
+    sweep_id: int | None = None
+    state: str | None = None
+    name: str | None = None  # a part of the name
+
+
+@dataclass
+class Stat:
+    min: float | None = None
+    max: float | None = None
+    final: float | None = None
+
+
+@dataclass
+class Row:
+    job: Job
+    fields: dict[str, Any]  # dotted path -> value, only the columns shown
+    loss: dict[str, Stat] = field(default_factory=dict)  # per block (its index as text)
+    top1: float | None = None
+
+
+@dataclass
+class Comparison:
+    total: int
+    rows: list[Row]
+    fields: list[str]  # the spec columns shown, in order
+    differing: list[str]  # the spec fields that differ across the whole selection
+    sort: str
+    offset: int
+    limit: int
+    all_fields: bool
+
+    @property
+    def next_offset(self) -> int | None:
+        end = self.offset + len(self.rows)
+        return end if end < self.total else None
+
+
+def is_job_id(value: str) -> bool:
+    """Digits of an id within the database's range (never more digits than int() converts quickly)."""
+    return value.isascii() and value.isdigit() and len(value) <= len(str(DB_INT_MAX)) and 0 < int(value) <= DB_INT_MAX
+
+
+def parse_ids(text: str) -> list[int]:
+    """Distinct job ids from `3,4,7` in the order given; CompareError naming the first bad one."""
+    raw = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [value for value in raw if not is_job_id(value)]
+    if bad:
+        shown = excerpt(repr(bad[0]), EXCERPT_CHARS)
+        raise CompareError("ids", f"{shown} is not a job id; give job ids separated by commas, e.g. 3,4", text)
+    found = list(dict.fromkeys(int(value) for value in raw))
+    if not found:
+        raise CompareError("ids", "no job id; give job ids separated by commas, e.g. 3,4, or leave `ids` out", text)
+    if len(found) > MAX_IDS:
+        raise CompareError(
+            "ids", f"at most {MAX_IDS} ids, got {len(found)}; select a sweep (`sweep_id`) or filter instead", text
+        )
+    return found
+
+
+def parse_sort(text: str) -> tuple[str, bool]:
+    """(`column`, descending) of `-column`; CompareError listing the columns otherwise."""
+    name = text.removeprefix("-")
+    if name not in SORTS:
+        shown = excerpt(repr(text), EXCERPT_CHARS)
+        raise CompareError("sort", f"{shown} is not a sort column; one of {SORT_NAMES}, with `-` for descending", text)
+    return name, text.startswith("-")
+
+
+def conditions(selection: Selection) -> list[Any]:
+    if selection.name is not None and "\x00" in selection.name:  # PostgreSQL refuses NUL in text
+        raise CompareError("name", "a name never contains NUL (\\x00): remove it", selection.name)
+    found: list[Any] = []
+    if selection.ids is not None:
+        found.append(col(Job.id).in_(selection.ids))
+    if selection.sweep_id is not None:
+        found.append(col(Job.sweep_id) == selection.sweep_id)
+    if selection.state is not None:
+        found.append(col(Job.state) == selection.state)
+    if selection.name:
+        found.append(col(Job.name).contains(selection.name, autoescape=True))
+    return found
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"train": {"lr": 0.1}}` as `{"train.lr": 0.1}`; lists and scalars are leaves (an empty object is one too)."""
+    if isinstance(value, Mapping) and value:
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: value}
+
+
+def differing_fields(specs: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """(every field of any spec, the fields whose value is not the same in every spec: absent counts as a value),
+    both sorted."""
+    first: dict[str, Any] | None = None
+    seen: set[str] = set()
+    differ: set[str] = set()
+    for spec in specs:
+        flat = flatten(spec)
+        if first is None:
+            first = flat
+        else:
+            differ.update(key for key in flat.keys() ^ first.keys())
+            differ.update(key for key in flat.keys() & first.keys() if flat[key] != first[key])
+        seen.update(flat)
+    return sorted(seen), sorted(differ)
+
+
+def finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def loss_ranges(session: Session, job_ids: list[int], blocks: int) -> dict[int, dict[str, Stat]]:
+    """Per job of the page, per block, the lowest and highest loss its distillation telemetry recorded (one query)."""
+    if not job_ids or blocks < 1:
+        return {}
+    columns: list[Any] = [col(JobMetric.job_id)]
+    for block in range(blocks):
+        loss = JobMetric.record[("loss", str(block))].as_float()  # type: ignore[index]
+        columns += [func.min(loss), func.max(loss)]
+    query = (
+        select(*columns)
+        .where(col(JobMetric.job_id).in_(job_ids), col(JobMetric.phase) == DISTILL, col(JobMetric.seq) != EVAL_SEQ)
+        .group_by(col(JobMetric.job_id))
+    )
+    found: dict[int, dict[str, Stat]] = {}
+    for row in session.exec(query).all():
+        stats = {
+            str(block): Stat(finite(row[1 + 2 * block]), finite(row[2 + 2 * block]))
+            for block in range(blocks)
+            if row[1 + 2 * block] is not None
+        }
+        found[int(row[0])] = stats
+    return found
+
+
+def block_count(job: Job) -> int:
+    plan = job.plan_summary or {}
+    value = plan.get("num_blocks")
+    return min(int(value), MAX_BLOCKS) if isinstance(value, int) and value > 0 else 0
+
+
+def summary_columns(session: Session, jobs: list[Job]) -> list[Row]:
+    """The page's rows with their loss per block (lowest, highest, final) and top-1 (after finetuning, else
+    the compressed student's)."""
+    summaries = {job.id: read_summary(job) for job in jobs}
+    blocks = max([block_count(job) for job in jobs] + [0])
+    for summary in summaries.values():
+        if summary is not None and summary.final_loss:
+            blocks = max(blocks, min(max(summary.final_loss) + 1, MAX_BLOCKS))
+    ranges = loss_ranges(session, [job.id for job in jobs if job.id is not None], blocks)
+    rows = []
+    for job in jobs:
+        loss = ranges.get(job.id or 0, {})
+        summary = summaries[job.id]
+        top1 = None
+        if summary is not None:
+            for block, value in (summary.final_loss or {}).items():
+                if 0 <= block < MAX_BLOCKS:
+                    loss.setdefault(str(block), Stat()).final = finite(value)
+            top1 = summary.finetune.top1_after if summary.finetune is not None else summary.student_top1
+        rows.append(Row(job, {}, dict(sorted(loss.items(), key=lambda item: int(item[0]))), finite(top1)))
+    return rows
+
+
+def compare(
+    session: Session,
+    selection: Selection,
+    *,
+    sort: str = "id",
+    limit: int = 50,
+    offset: int = 0,
+    all_fields: bool = False,
+) -> Comparison:
+    """One page of the selection's comparison; CompareError for a bad `sort`."""
+    where = conditions(selection)
+    name, descending = parse_sort(sort)
+    total = int(session.exec(select(func.count()).select_from(Job).where(*where)).one())
+    every, differing = differing_fields(session.exec(select(Job.spec).where(*where)).all())
+    order = (SORTS[name].desc() if descending else SORTS[name].asc()).nulls_last()  # one order on every database
+    tie = col(Job.id).desc() if descending else col(Job.id).asc()
+    page = list(session.exec(select(Job).where(*where).order_by(order, tie).offset(offset).limit(limit)).all())
+    shown = every if all_fields else differing
+    rows = summary_columns(session, page)
+    for row in rows:
+        flat = flatten(row.job.spec)
+        row.fields = {key: flat.get(key) for key in shown}
+    return Comparison(total, rows, shown, differing, sort, offset, limit, all_fields)
