@@ -7,15 +7,19 @@ A section of docs/benchmarks.md that comes from records sits between two markers
     <!-- end of report -->
 
 `regenerate` replaces what is between every pair with the report of the records its opening marker
-names (paths relative to the repository root), leaving the rest of the page as it is; `pipebd bench
+names (paths relative to the repository root), leaving the rest of the page as it is: a `pipebd bench`
+record (bench.json) renders as `pipebd bench --report` prints it, a service benchmark's result file
+(`"benchmark": "compare"`, from benchmarks/compare_500.py) as its latency table; `pipebd bench
 --update-page docs/benchmarks.md` writes it back, and the suite checks that the page equals its
 regeneration, so no figure of a generated section is ever typed.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 from pipebd_core.bench.report import load_record, render
 
@@ -34,7 +38,31 @@ def regenerate(page: str, root: Path) -> str:
     """The page with every generated section rendered again from its records under `root`."""
 
     def rendered(match: re.Match[str]) -> str:
-        records = [load_record(root / path) for path in match["paths"].split()]
-        return match["open"] + "\n" + render(records) + "\n" + match["close"]
+        reports = "\n".join(render_file(root / path) for path in match["paths"].split())
+        return match["open"] + "\n" + reports + "\n" + match["close"]
 
     return SECTION.sub(rendered, page)
+
+
+def render_file(path: Path) -> str:
+    """The report of one result file: a comparison benchmark's table, or a `pipebd bench` record's."""
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and data.get("benchmark") == "compare":
+        return render_compare(data)
+    return render([load_record(path)])
+
+
+def render_compare(record: dict[str, Any]) -> str:
+    """benchmarks/compare_500.py's result: p50 / p95 of the compare API and page, per database."""
+    results = record["results"]
+    first = results[0]
+    lines = [
+        f"Commit `{record['commit']}`; {first['jobs']} jobs, {first['api']['requests']} requests of each.",
+        "",
+        "| request | " + " | ".join(f"{result['database']} p50 / p95" for result in results) + " |",
+        "|---|" + "---|" * len(results),
+    ]
+    for key in ("api", "page"):
+        cells = [f"{result[key]['p50_ms']:.1f} / {result[key]['p95_ms']:.1f} ms" for result in results]
+        lines.append(f"| `{first[key]['path']}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@ and every record they name is committed and quiet."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,21 @@ def test_the_page_is_its_records_report() -> None:
 
 
 def test_the_page_shows_only_quiet_records_of_distillation_and_training() -> None:
-    records = [load_record(ROOT / path) for paths in record_paths(PAGE.read_text()) for path in paths]
+    files = [ROOT / path for paths in record_paths(PAGE.read_text()) for path in paths]
+    records = [load_record(file) for file in files if json.loads(file.read_text()).get("benchmark") != "compare"]
     assert {record.phase for record in records} == {"distill", "finetune"}
     shared = [(r.name, arm.name) for r in records for arm in r.arms for run in arm.runs if run.load.shared]
     shared += [(r.name, "T1") for r in records for run in r.bound.runs if run.load.shared]
     assert shared == [], f"arms measured on a busy machine: {shared}"
+
+
+def test_the_comparison_benchmark_renders_its_result_file() -> None:
+    text = PAGE.read_text()
+    assert ["benchmarks/records/compare-500.json"] in record_paths(text)
+    record = json.loads((ROOT / "benchmarks/records/compare-500.json").read_text())
+    for result in record["results"]:
+        for key in ("api", "page"):
+            assert f"{result[key]['p50_ms']:.1f} / {result[key]['p95_ms']:.1f} ms" in text
 
 
 def test_update_page_rewrites_a_stale_section_and_refuses_a_page_without_one(
