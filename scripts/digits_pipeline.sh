@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The digits pipeline on CPU, in minutes: train a VGG-11 teacher on scikit-learn's digits, compress it
-# under `dp` and under `auto` (each with a fine-tune phase), then print the accuracy table of
-# docs/benchmarks.md: teacher, distilled and fine-tuned top-1, parameters, FLOPs, wall time per phase.
+# under `dp` and under `auto` (each with a fine-tune phase), then print their accuracy table: teacher,
+# distilled and fine-tuned top-1, parameters, FLOPs, wall time per phase.
 #   scripts/digits_pipeline.sh [OUT]      default OUT: runs (the teacher goes to OUT/digits-teacher)
 set -euo pipefail
 cd "$(dirname "$0")/.."

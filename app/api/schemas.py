@@ -74,6 +74,10 @@ def problem(description: str) -> dict[str, Any]:
 SERVER_ERROR: ResponseDoc = {
     500: problem("the server failed; the body's `request_id` names the failure in the server's log")
 }
+JSON_BODY_ERRORS: ResponseDoc = {  # a route that takes a JSON body (POST /jobs also takes YAML: its own)
+    400: problem("the body is not a JSON document"),
+    413: problem("the body is larger than PIPEBD_MAX_BODY_BYTES"),
+}
 AUTH_ERRORS: ResponseDoc = {
     401: problem("PIPEBD_API_TOKENS is set and no or an unknown bearer token came"),
     403: problem("the token's scope is too low (`read` for a `submit` route)"),

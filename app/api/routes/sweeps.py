@@ -13,6 +13,7 @@ from app.api.problems import ApiError, invalid
 from app.api.routes.jobs import link
 from app.api.schemas import (
     AUTH_ERRORS,
+    JSON_BODY_ERRORS,
     ResponseDoc,
     SweepBest,
     SweepChild,
@@ -81,8 +82,7 @@ def detail_of(view: SweepView) -> SweepDetail:
     dependencies=[SubmitAccess],
     responses={
         202: {"description": "the sweep, its children queued", "links": CREATED_LINKS},
-        400: problem("the body is not a JSON document"),
-        413: problem("the body is larger than PIPEBD_MAX_BODY_BYTES"),
+        **JSON_BODY_ERRORS,
         422: problem(
             "a bad search (not exactly one of grid, list and random; a field that is not a dotted path) or a child"
             " that is not a valid spec: each problem names the override (`grid.train.lr`, `list.2.train.lr`,"

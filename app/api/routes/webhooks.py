@@ -11,7 +11,7 @@ from app.api.auth import tenant_of
 from app.api.deps import Cursor, PageSize, ReadAccess, SessionDep, SettingsDep, SubmitAccess, WebhookDep
 from app.api.problems import invalid
 from app.api.routes.jobs import link
-from app.api.schemas import AUTH_ERRORS, ResponseDoc, problem
+from app.api.schemas import AUTH_ERRORS, JSON_BODY_ERRORS, ResponseDoc, problem
 from app.api.webhook_schemas import (
     DeliveriesPublic,
     DeliveryPublic,
@@ -53,8 +53,7 @@ def public(session: Session, hooks: list[Webhook]) -> list[WebhookPublic]:
     dependencies=[SubmitAccess],
     responses={
         201: {"description": "the webhook (without its secret)", "links": CREATED_LINKS},
-        400: problem("the body is not a JSON document"),
-        413: problem("the body is larger than PIPEBD_MAX_BODY_BYTES"),
+        **JSON_BODY_ERRORS,
         422: problem(
             "a bad field (each named): not an http(s) address, an unknown event, scope `job` without an existing"
             " job, scope `token` on a server without tokens"
