@@ -33,8 +33,10 @@ def rank_environment(spec: Spec, extra: dict[str, str] | None = None) -> dict[st
 
 
 def torchrun_command(nproc: int, run_dir: RunDir, module: str = "pipebd_core.distill", *args: str) -> list[str]:
-    """`torchrun --standalone` (torchrun picks a free port) running `module` on every rank."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    """`torchrun --standalone` (torchrun picks a free port) running `module` on every rank, its ranks
+    forked from the agent (warm_torchrun.py) rather than each importing torch again."""
+    launcher = [sys.executable, "-m", "pipebd_core.job.warm_torchrun"]
+    torchrun = [*launcher, "--standalone", "--nproc-per-node", str(nproc)]
     return [*torchrun, "--max-restarts", "0", "-m", module, "--run-dir", str(run_dir.root.resolve()), *args]
 
 
