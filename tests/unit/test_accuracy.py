@@ -26,7 +26,7 @@ from pipebd_core.documents.bench_record import BenchRecord, PlanAccuracy
 from pipebd_core.planning.costmodel import CostModel
 from pipebd_core.planning.planner import search
 from tests.fake_profiles import fake_profile
-from tests.helpers import tiny_spec
+from tests.helpers import pipebd_here, tiny_spec
 
 RECORD = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "record.json"
 
@@ -162,3 +162,9 @@ def test_the_report_renders_the_accuracy_table_from_the_record() -> None:
     assert "From the profile alone: MAPE 25.0%, Kendall's tau 1.00, chosen plan tr_dpu" in text
     assert "Calibrated out of sample (each plan predicted with the calibration of the next candidate's run" in text
     assert "#### Predictions checked" not in render([record])  # a record without accuracy has no such table
+
+
+@pytest.mark.parametrize("extra", [["--phase", "finetune"], ["--modes", "dp,auto"], ["--replan"]])
+def test_accuracy_chooses_its_own_plans_and_refuses_what_it_does_not_measure(extra: list[str]) -> None:
+    code, _, err = pipebd_here("bench", "examples/tiny-custom.yaml", "--accuracy", *extra)
+    assert code == 2 and "--accuracy chooses its own plans" in err and "give it no --modes" in err
