@@ -83,6 +83,12 @@ def add_engine_commands(commands: Any) -> None:
         action="store_true",
         help="auto from a profile taken under load, with and without re-planning, next to a clean profile",
     )
+    bench.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="run every candidate plan (each mode's, the planner's top five, five drawn) and check the predictions",
+    )
+    bench.add_argument("--seed", type=int, default=0, help="--accuracy: draws the five other plans")
     bench.add_argument("--load-cores", type=int, default=1, help="--replan: cores kept busy while profiling")
     bench.add_argument("--trials", type=int, default=5, help="--replan: timed trials per profiled measurement")
     bench.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from pipebd_core.bench import accuracy as bench_accuracy
 from pipebd_core.bench import finetune as bench_finetune
 from pipebd_core.bench import page as bench_page
 from pipebd_core.bench import replan as bench_replan
@@ -276,6 +277,11 @@ def command_bench(args: argparse.Namespace) -> int:
     if args.spec is None:
         return fail("give a spec file to benchmark, or --report FILE... to render records")
     finetune = args.phase == "finetune"
+    if args.accuracy and (finetune or args.modes or args.partitioners or args.replan):
+        return fail(
+            "--accuracy chooses its own plans (every mode's, the planner's top five, five drawn) for distillation;"
+            " give it no --modes, --partitioners or --replan, and no --phase finetune (not measured yet)"
+        )
     known = bench_finetune.STRATEGIES if finetune else MODES
     partitioners = comma_list(args.partitioners)
     modes = comma_list(args.modes or ("" if partitioners else ",".join(known)))
@@ -297,7 +303,11 @@ def command_bench(args: argparse.Namespace) -> int:
             )
             report, table = replanned.to_json(), bench_replan.format_table(replanned)
         else:
-            if finetune:
+            if args.accuracy:
+                record = bench_accuracy.run_accuracy_bench(
+                    spec, args.steps, args.repeats, out, keep=args.keep, seed=args.seed
+                )
+            elif finetune:
                 record = bench_finetune.run_finetune_bench(
                     spec, modes, args.steps, args.repeats, out, keep=args.keep, partitioners=partitioners
                 )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from pipebd_core.bench.arms import (
@@ -101,16 +102,48 @@ def run_arm(spec: Spec, profile: Profile | None, out: Path, repeat: int) -> ArmR
 def run_bench(spec: Spec, modes: list[str], steps: int, repeats: int, out: Path, keep: bool = False) -> BenchRecord:
     """Every mode and the bound `repeats` times, interleaved; the record (also written to out/bench.json)."""
     specs = {mode: bench_spec(spec, mode, steps) for mode in modes}
-    specs[BOUND] = bound_spec(spec, steps)
-    profile = obtain_profile(specs[modes[0]])[0].uncalibrated()  # cached or measured now, as measured
+    profile = frozen_profile(specs[modes[0]])
     profile_hash = freeze(profile, out)
+    runs = run_arms(spec, specs, profile, steps, repeats, out, keep)
+    record = bench_record(spec, runs, profile, steps, repeats, profile_hash)
+    (out / RECORD).write_text(record.model_dump_json(indent=1))
+    return record
+
+
+def frozen_profile(spec: Spec) -> Profile:
+    """The profile every arm plans from: cached or measured now, as measured (its calibration left out)."""
+    return obtain_profile(spec)[0].uncalibrated()
+
+
+def run_arms(
+    spec: Spec,
+    specs: dict[str, Spec],
+    profile: Profile,
+    steps: int,
+    repeats: int,
+    out: Path,
+    keep: bool,
+    after: Callable[[str, Path], None] | None = None,
+) -> dict[str, list[ArmRun]]:
+    """Every arm of `specs` and the bound (BOUND), rotated, `repeats` times; `after(arm, folder)` reads a
+    run's directory before it is removed."""
+    arms = {**specs, BOUND: bound_spec(spec, steps)}
 
     def run(name: str, arm: Spec, folder: Path, repeat: int) -> ArmRun:
-        return run_arm(arm, None if name == BOUND else profile, folder, repeat)
+        done = run_arm(arm, None if name == BOUND else profile, folder, repeat)
+        if after is not None and name != BOUND:
+            after(name, folder)
+        return done
 
-    runs = rotate(specs, repeats, out, keep, run)
+    return rotate(arms, repeats, out, keep, run)
+
+
+def bench_record(
+    spec: Spec, runs: dict[str, list[ArmRun]], profile: Profile, steps: int, repeats: int, profile_hash: str
+) -> BenchRecord:
+    """The record of a distillation bench: every arm of `runs` in order, the bound from its BOUND runs."""
     t1 = Arm(name=BOUND, runs=runs[BOUND]).step_s
-    record = BenchRecord(
+    return BenchRecord(
         name=spec.name,
         commit=commit(),
         machine=machine(),
@@ -121,13 +154,11 @@ def run_bench(spec: Spec, modes: list[str], steps: int, repeats: int, out: Path,
         repeats=repeats,
         timing=TimingRule(warmup_steps=WARMUP_STEPS, timed_steps=steps - WARMUP_STEPS),
         profile_hash=profile_hash,
-        arms=[Arm(name=mode, runs=runs[mode]) for mode in modes],
+        arms=[Arm(name=name, runs=arm_runs) for name, arm_runs in runs.items() if name != BOUND],
         bound=Bound(
             t1_s=t1,
             ideal_s=t1 / spec.schedule.nproc,
             runs=runs[BOUND],
-            profile_ideal_s=cost_model(specs[modes[0]], profile).ideal_step(),
+            profile_ideal_s=cost_model(spec, profile).ideal_step(),
         ),
     )
-    (out / RECORD).write_text(record.model_dump_json(indent=1))
-    return record

@@ -6,7 +6,10 @@ listed beside it with their spread ((highest - lowest) / median); its interval i
 highest run. A comparison with the baseline (dp; ddp or pipedream for end-to-end training) whose
 intervals overlap says so instead of giving a ratio, and so does the line naming the fastest arm. An
 arm with a run measured while other processes used more than the record's `shared_cores` is marked
-shared in its row. End-to-end training's tables add each rank's bubble.
+shared in its row. End-to-end training's tables add each rank's bubble. A record of `pipebd bench
+--accuracy` adds its accuracy table: every candidate plan's prediction from the profile alone and
+calibrated on another run, against what it measured, and the figures over them (MAPE, Kendall's tau,
+the chosen plan's regret).
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ import json
 import statistics
 from pathlib import Path
 
-from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord
+from pipebd_core.documents.bench_record import Accuracy, AccuracyFigures, Arm, ArmRun, BenchRecord, PlanAccuracy
 from pipebd_core.documents.plan import StageSpan, stages_line
 
 TITLES = {
     "modes": "distillation",
     "strategies": "end-to-end training, the strategies",
     "partitioners": "end-to-end training, the partitioners",
+    "plans": "distillation, the planner's predictions checked",
 }
 
 
@@ -46,7 +50,52 @@ def render_record(record: BenchRecord) -> str:
     lines += [bound_row(record), "", bound_line(record), "", fastest_line(record.arms), ""]
     if record.split_cost is not None:
         lines += [f"Split backward, (I + W) / B over the layers: {record.split_cost:.2f}.", ""]
+    if record.accuracy is not None:
+        lines += accuracy_lines(record.accuracy)
     return "\n".join(lines)
+
+
+def accuracy_lines(accuracy: Accuracy) -> list[str]:
+    """The accuracy table: each candidate's predictions against its measured step, then the figures."""
+    head = ["plan", "from", "stages", "measured s/step", "predicted", "error", "calibrated", "error", "calibrated on"]
+    lines = ["#### Predictions checked", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [accuracy_row(plan) for plan in accuracy.plans]
+    alone = AccuracyFigures(
+        mape=accuracy.mape,
+        rank_correlation=accuracy.rank_correlation,
+        chosen=accuracy.chosen,
+        chosen_regret=accuracy.chosen_regret,
+    )
+    lines += ["", "From the profile alone: " + figures_text(alone, "the planner's first plan") + "."]
+    if accuracy.calibrated is None:
+        lines += ["", "Calibrated: no run wrote a calibration.", ""]
+        return lines
+    rule = f"{accuracy.rule}; seed {accuracy.seed}"
+    calibrated = figures_text(accuracy.calibrated, "the lowest calibrated prediction")
+    return [*lines, "", f"Calibrated out of sample ({rule}): {calibrated}.", ""]
+
+
+def accuracy_row(plan: PlanAccuracy) -> str:
+    names = " = ".join([plan.arm, *plan.also])
+    calibrated = plan.calibrated_step_s
+    cells = [names, plan.source, stages_text(plan.stages), seconds(plan.measured_step_s)]
+    cells += [seconds(plan.predicted_step_s), error(plan.predicted_step_s, plan.measured_step_s)]
+    cells += [seconds(calibrated), error(calibrated, plan.measured_step_s)] if calibrated is not None else ["-", "-"]
+    cells.append(plan.calibrated_from or "-")
+    return "| " + " | ".join(cells) + " |"
+
+
+def error(predicted: float, measured: float) -> str:
+    return f"{(predicted - measured) / measured:+.0%}"
+
+
+def figures_text(figures: AccuracyFigures, how: str) -> str:
+    """MAPE, Kendall's tau and the chosen plan's regret, in words."""
+    tau = "-" if figures.rank_correlation is None else f"{figures.rank_correlation:.2f}"
+    return (
+        f"MAPE {figures.mape:.1%}, Kendall's tau {tau}, chosen plan {figures.chosen} ({how})"
+        f" {figures.chosen_regret:.1%} slower than the fastest measured"
+    )
 
 
 def bubbles(record: BenchRecord) -> bool:

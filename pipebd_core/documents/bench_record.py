@@ -10,7 +10,9 @@ repeat: each timed global step, the predicted step, the hash of the profile that
 and the load on the node while it ran (the cores other processes used). An arm run while other
 processes used more than SHARED_CORES is `shared`: its figures are the machine's, not PipeBD's alone.
 `bound` is the measured bound: one rank doing all the teacher and student work of a global step
-(T1), divided by the ranks.
+(T1), divided by the ranks. A record of `pipebd bench --accuracy` (`compares: plans`) also holds
+`accuracy`: every candidate plan's prediction next to what it measured, and the figures of how well
+the planner predicts and ranks (pipebd_core/bench/accuracy.py).
 """
 
 from __future__ import annotations
@@ -102,6 +104,45 @@ class Bound(Part):
     profile_ideal_s: float | None  # the profile's own prediction of perfectly divided work (not a bound)
 
 
+class PlanAccuracy(Part):
+    """One candidate plan of an accuracy benchmark: what the profile predicted, what its arm measured, and
+    what the profile calibrated on another candidate's run predicted."""
+
+    arm: str  # the arm that ran it (the first name it was a candidate under)
+    also: list[str]  # the other names it was a candidate under (deduplicated: one plan, one arm)
+    source: Literal["mode", "top", "drawn"]  # a mode's own plan, the planner's top five, drawn with the seed
+    mode: str  # the schedule it ran (hybrid: explicit stages)
+    stages: list[StageSpan]  # empty for dp and ls
+    predicted_step_s: float  # from the frozen profile (no calibration)
+    measured_step_s: float  # the median of its repeats
+    calibrated_step_s: float | None  # from the frozen profile with `calibrated_from`'s calibration
+    calibrated_from: str | None  # the arm whose run calibrated it (never its own); None: no run calibrated
+
+
+class AccuracyFigures(Part):
+    """How well predictions match measurements over the candidate plans."""
+
+    mape: float  # mean of |predicted - measured| / measured
+    rank_correlation: float | None  # Kendall's tau (tau-b) of predicted and measured order; None under 2 plans
+    chosen: str  # the arm of the plan the planner picks with these predictions
+    chosen_regret: float  # the chosen plan's measured step over the best measured, minus one
+
+
+class Accuracy(Part):
+    """`pipebd bench --accuracy`: the planner's predictions checked against runs of every candidate plan.
+    The top-level figures are from the frozen profile alone; `calibrated` from the profile calibrated on
+    a different run than the one measured (`rule` says which)."""
+
+    seed: int  # drew the `drawn` candidates
+    plans: list[PlanAccuracy]
+    mape: float
+    rank_correlation: float | None
+    chosen: str  # the planner's top plan (what auto runs)
+    chosen_regret: float
+    calibrated: AccuracyFigures | None  # None: no run wrote a calibration
+    rule: str  # how each plan's calibration was chosen
+
+
 class BenchRecord(Document):
     """bench.json: one benchmark."""
 
@@ -109,7 +150,7 @@ class BenchRecord(Document):
     VERSION = 1
 
     phase: Literal["distill", "finetune"] = "distill"
-    compares: Literal["modes", "strategies", "partitioners"] = "modes"  # what the arms are
+    compares: Literal["modes", "strategies", "partitioners", "plans"] = "modes"  # what the arms are
     baseline: str = "dp"  # the arm every other is compared with (where it ran)
     strategy: str | None = None  # partitioners: the one pipelined strategy every arm ran
     name: str  # the spec's
@@ -126,6 +167,7 @@ class BenchRecord(Document):
     arms: list[Arm]
     bound: Bound
     split_cost: float | None = None  # end-to-end training: (I + W) / B over the layers, from the profile
+    accuracy: Accuracy | None = None  # compares plans: predictions against measurements (bench --accuracy)
 
 
 class ReplanRun(ArmRun):

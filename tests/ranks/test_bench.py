@@ -1,6 +1,6 @@
 """`pipebd bench` on the tiny workload: the benchmark record, independent arms, one timing rule, the
-measured bound. Tier: 2-rank gloo runs through torchrun; ONE bench (dp and tr_dpu, one repeat, and the
-one-rank bound) shared by every test here."""
+measured bound, and the out-of-sample calibration of `bench --accuracy`. Tier: 2-rank gloo runs through
+torchrun; ONE bench (dp and tr_dpu, one repeat, and the one-rank bound) shared by every test here."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from pipebd_core.bench.accuracy import calibrated_prediction, donors, read_run
 from pipebd_core.bench.arms import FROZEN_PROFILE, RECORD, WARMUP_STEPS
 from pipebd_core.bench.distill import BOUND_MODE, run_bench
 from pipebd_core.documents.bench_record import SHARED_CORES, BenchRecord
 from pipebd_core.documents.profile import Profile
 from pipebd_core.planning import profiles
+from pipebd_core.planning.resolve import cost_model, timeline
 from pipebd_core.rundir import RunDir
 from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_spec
@@ -92,3 +94,25 @@ def test_the_bound_is_measured_on_one_rank(bench: tuple[BenchRecord, Path, Path,
     assert record.bound.t1_s == run.measured_step_s > 0
     assert record.bound.ideal_s == pytest.approx(record.bound.t1_s / 2)
     assert record.bound.profile_ideal_s is not None and record.bound.profile_ideal_s > 0
+
+
+def test_calibration_from_one_arms_run_predicts_another(bench: tuple[BenchRecord, Path, Path, bytes]) -> None:
+    """The out-of-sample mechanism of `bench --accuracy` on the bench's real runs: each arm's own plan
+    re-predicted from the frozen profile gives its plan phase's prediction, and with the OTHER arm's
+    calibration.json it gives another figure than with its own."""
+    record, out, _, _ = bench
+    frozen = Profile.from_json(json.loads((out / FROZEN_PROFILE).read_text()))
+    reads = {arm.name: read_run(out / f"{arm.name}-0") for arm in record.arms}
+    calibrations = {name: read.calibration for name, read in reads.items()}
+    assert all(calibrations.values()), "every arm's run calibrated (its calibration.json)"
+    given = donors(MODES, {name for name, calibration in calibrations.items() if calibration})
+    assert given == {"dp": "tr_dpu", "tr_dpu": "dp"}
+    spec = RunDir(out / "tr_dpu-0").load_spec()
+    for arm in record.arms:
+        plan, donor = reads[arm.name].plan, given[arm.name]
+        assert timeline(plan, cost_model(spec, frozen)).step_s == pytest.approx(arm.runs[0].predicted_step_s)
+        own, other = calibrations[arm.name], calibrations[donor or ""]
+        assert own is not None and other is not None and own.source.run == f"{arm.name}-0" != other.source.run
+        out_of_sample = calibrated_prediction(plan, spec, frozen, other)
+        assert out_of_sample != calibrated_prediction(plan, spec, frozen, own)
+        assert out_of_sample != arm.runs[0].predicted_step_s
