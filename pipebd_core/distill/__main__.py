@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -23,7 +22,7 @@ from pipebd_core.distill.plan import Plan, describe_rank
 from pipebd_core.distill.runtime import RankContext, Trainer
 from pipebd_core.distill.schedule import rank_tasks
 from pipebd_core.documents.phases import DISTILL
-from pipebd_core.ranks import join_process_group, phase_entry, pick_device
+from pipebd_core.ranks import exit_now, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.workloads.workload import build_workload
 
@@ -79,6 +78,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # everything is written and closed; skip seconds of interpreter teardown
+    exit_now()

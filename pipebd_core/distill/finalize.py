@@ -25,7 +25,7 @@ from pipebd_core.distill import checkpoint
 from pipebd_core.distill.plan import Plan
 from pipebd_core.documents.phases import FINALIZE
 from pipebd_core.documents.summary import Summary
-from pipebd_core.ranks import phase_entry, pick_device
+from pipebd_core.ranks import exit_now, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from pipebd_core.workloads.workload import Workload, build_workload
@@ -160,3 +160,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()

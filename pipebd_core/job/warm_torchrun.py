@@ -27,6 +27,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
+from pipebd_core.ranks import exit_now
+
 # What torch's agent handles itself and a rank must not inherit: (signal, a fresh interpreter's handler).
 FRESH_HANDLERS = (
     (signal.SIGTERM, signal.SIG_DFL),
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     rank_module(args.training_script)  # warm: imported once, before the ranks fork
     config.start_method = "spawn" if torch.cuda.is_initialized() else "fork"
     elastic_launch(config, entrypoint=run_rank)(args.training_script, list(args.training_script_args))
+    exit_now()  # the ranks succeeded; the agent holds no file of its own
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from pipebd_core.documents.layer_profile import LayerBatches, LayerProfile, Laye
 from pipebd_core.documents.phases import PROFILE_FINETUNE
 from pipebd_core.documents.profile import Timing
 from pipebd_core.planning.profiler import WARMUP, saved_bytes, summarise, timed_once
-from pipebd_core.ranks import gather_on_rank_zero, join_process_group, phase_entry, pick_device
+from pipebd_core.ranks import exit_now, gather_on_rank_zero, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from pipebd_core.training.deferred import defer_weight_gradients, input_gradient
@@ -269,3 +269,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()

@@ -46,7 +46,7 @@ from pipebd_core.documents.phases import PROFILE
 from pipebd_core.documents.profile import BlockProfile, Conditions, Profile, Timing
 from pipebd_core.planning.probe import block_input, probe_workload
 from pipebd_core.planning.trust import NOISY_SPREAD
-from pipebd_core.ranks import gather_on_rank_zero, join_process_group, phase_entry, pick_device
+from pipebd_core.ranks import exit_now, gather_on_rank_zero, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from pipebd_core.workloads.workload import Workload, build_workload
@@ -446,3 +446,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core.documents.phases import FINETUNE
-from pipebd_core.ranks import phase_entry
+from pipebd_core.ranks import exit_now, phase_entry
 from pipebd_core.training.rank import run_rank
 
 
@@ -21,6 +19,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # everything is written and closed; skip seconds of interpreter teardown
+    exit_now()

@@ -22,7 +22,7 @@ from pipebd_core.data.datasets import build_dataset
 from pipebd_core.distill.finalize import top1_accuracy
 from pipebd_core.documents.phases import EVALUATE
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
-from pipebd_core.ranks import phase_entry, pick_device
+from pipebd_core.ranks import exit_now, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.training.network import build_network, parameters, teacher_network
 from pipebd_core.training.plan import TrainPlan, finetune_view
@@ -93,3 +93,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()
