@@ -415,7 +415,9 @@ class JobDetail(JobPublic):
     restarts: int = Field(description="Automatic restarts it has had (a resume starts the count again)")
     attempts: list[AttemptPublic] = Field(default_factory=list, description="Each run of the job, oldest first")
     queue_position: int | None = Field(
-        None, description="For a queued job: how many queued jobs run before it (higher priority, or same and older)"
+        None,
+        description="For a queued job: how many queued jobs start before it if none ends meanwhile (weighted fair"
+        " share between tokens, priority then age within one: docs/quotas.md); `waiting_reason` explains it",
     )
 
     @field_serializer("heartbeat_at")
