@@ -216,9 +216,10 @@ def order_reason(session: Session, *, job: Job, ahead: int) -> str:
             f"tenant {label(tenant, named.get(tenant or ''))} uses {share.devices} running"
             f" device{'s' if share.devices != 1 else ''} at weight {share.weight:g} ({share.use:.2f} per unit)"
         )
+    start = "starts" if ahead == 1 else "start"
     return (
-        f"{ordinal(ahead + 1)} in line, {jobs} start first under fair share: {'; '.join(uses)}; a free worker takes"
-        " the next job of the tenant using least per unit of weight, by priority then age within a tenant"
+        f"{ordinal(ahead + 1)} in line, {jobs} {start} first under fair share: {'; '.join(uses)}; a free worker"
+        " takes the next job of the tenant using least per unit of weight, by priority then age within a tenant"
     )
 
 

@@ -43,7 +43,7 @@ def test_the_devices_a_job_holds_count_not_its_number() -> None:
 
 
 def test_a_newcomer_is_never_starved_by_a_busy_tenant_with_high_priorities() -> None:
-    waiting = jobs("busy", 1, 50, priority=100) + [Waiting(60, "new", 0, 1)]
+    waiting = [*jobs("busy", 1, 50, priority=100), Waiting(60, "new", 0, 1)]
     assert claim_order(waiting, {"busy": Share(7, 10.0)}, limit=1)[0].tenant == "new"
 
 
