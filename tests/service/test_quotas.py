@@ -117,6 +117,9 @@ def test_a_newcomer_starts_next_and_the_order_is_explained(settings: Settings) -
     assert reason is not None and reason.startswith("3rd in line, 2 queued jobs start first under fair share")
     assert "tenant busy uses 3 running devices at weight 10 (0.30 per unit)" in reason
     assert "tenant new" in reason
+    with TestClient(create_app(settings)) as client:  # the job's page says the same
+        page = client.get(f"/jobs/{busy[4]}")
+    assert page.status_code == 200 and "Why it waits: 3rd in line, 2 queued jobs start first" in page.text
     assert start_next(settings) == newcomer
 
 
