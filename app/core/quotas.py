@@ -53,8 +53,10 @@ def quotas(session: Session) -> dict[str, TenantQuota]:
     return {quota.tenant: quota for quota in session.exec(select(TenantQuota)).all()}
 
 
-def running_jobs(session: Session, tenant: str) -> int:
-    query = select(func.count()).select_from(Job).where(Job.tenant == tenant, col(Job.state).in_(sorted(ACTIVE)))
+def running_jobs(session: Session, tenant: str | None) -> int:
+    """The tenant's jobs launched now (None: the jobs submitted without a token)."""
+    whose = col(Job.tenant).is_(None) if tenant is None else col(Job.tenant) == tenant
+    query = select(func.count()).select_from(Job).where(whose, col(Job.state).in_(sorted(ACTIVE)))
     return int(session.exec(query).one())
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from app.core.fairshare import shares
-from app.core.quotas import budget_use, running_jobs
+from app.core.fairshare import Share, shares
+from app.core.quotas import budget_use, label, running_jobs
 from app.core.tables import TenantQuota, now
 
 BOUNDS = {  # field: (lowest, whether the lowest itself is allowed)
@@ -78,13 +78,18 @@ def find_quota(session: Session, who: str) -> TenantQuota | None:
     return by_name or session.get(TenantQuota, who)
 
 
+def usage_of(session: Session, tenant: str | None) -> QuotaReport:
+    """A tenant's quotas and use now (running jobs, their devices, device-hours in its window), whether or not it
+    has a row (None: the jobs submitted without a token)."""
+    quota = None if tenant is None else session.get(TenantQuota, tenant)
+    shown = quota or TenantQuota(tenant=tenant or "", name=label(tenant, None))
+    hours = 0.0 if tenant is None else budget_use(session, shown, time.time())[0]
+    devices = shares(session).get(tenant, Share()).devices
+    limits = (shown.weight, shown.max_running, shown.device_hours, shown.window_h)
+    return QuotaReport(shown.name, shown.tenant, *limits, running_jobs(session, tenant), devices, hours)
+
+
 def report(session: Session) -> list[QuotaReport]:
-    """Every tenant's row with its running jobs, devices in use and device-hours in its window, by name."""
-    current, at = shares(session), time.time()
-    rows = []
-    for quota in session.exec(select(TenantQuota).order_by(col(TenantQuota.name))).all():
-        hours, _ = budget_use(session, quota, at)
-        devices = current[quota.tenant].devices if quota.tenant in current else 0
-        limits = (quota.weight, quota.max_running, quota.device_hours, quota.window_h)
-        rows.append(QuotaReport(quota.name, quota.tenant, *limits, running_jobs(session, quota.tenant), devices, hours))
-    return rows
+    """Every tenant's row with its use now, by name."""
+    names = session.exec(select(TenantQuota.tenant).order_by(col(TenantQuota.name))).all()
+    return [usage_of(session, tenant) for tenant in names]

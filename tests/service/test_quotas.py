@@ -182,6 +182,9 @@ def test_a_spent_budget_refuses_submissions_and_holds_queued_jobs_until_the_wind
     spend(settings, tenant, nproc=2, hours_ago=1.0, hours=1.0)  # 2 device-hours, leaving the window in 23 h
     with TestClient(create_app(settings)) as client:
         answer = client.post("/api/v1/jobs", json=tiny_job(), headers={"Authorization": f"Bearer {TOKEN}"})
+        mine = client.get("/api/v1/quota", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert mine["name"] == "alice" and mine["device_hours"] == 1.0 and mine["max_running"] is None
+    assert abs(mine["used_device_hours"] - 2.0) < 0.01 and mine["running_jobs"] == 0
     assert answer.status_code == 429, answer.text
     detail_text = answer.json()["detail"]
     assert "tenant alice used 2.00 of its 1 device-hours (ranks x hours) in the last 24 h" in detail_text
