@@ -18,7 +18,7 @@ from sqlmodel import col
 
 from app.core.database import session_scope
 from app.core.fairshare import claim_order, queued, shares
-from app.core.quotas import Publish, held_tenants, next_of_tenant, quotas
+from app.core.quotas import Publish, held_at_claim, next_of_tenant, quotas
 from app.core.sweeps import has_room, wake
 from app.core.tables import Job, now
 
@@ -26,7 +26,7 @@ from app.core.tables import Job, now
 def next_queued(database: str, devices: int, skip: frozenset[int] = frozenset()) -> int | None:
     """The id of the queued job a worker with `devices` devices should start now (none in `skip`)."""
     with session_scope(database) as session:
-        held = sorted(held_tenants(session, now()))
+        held = held_at_claim(session, now())
         waiting = queued(
             session,
             col(Job.nproc) <= devices,

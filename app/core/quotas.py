@@ -9,8 +9,9 @@ A tenant's `tenant_quota` row (app/core/tables.py; set with `pipebd quotas`) may
   (`job_attempt`, from a worker's claim to the job leaving it; a running attempt counts up to now), the
   part of each inside the window. While the budget is spent, a submission is refused (429, with the
   quota, its limit, the use and when it frees) and the tenant's queued jobs do not start; running jobs
-  are not stopped. A claim that finds the budget spent marks the row `budget_held`; the API's reaper loop
-  (`release_budgets`) publishes the tenant's queued jobs again once the window has rolled past enough use.
+  are not stopped. A worker that passes over the tenant's jobs for it marks the row `budget_held`; the API's
+  reaper loop (`release_budgets`) publishes the tenant's queued jobs again once the window has rolled past
+  enough use.
 
 The claim checks both under the tenant row's lock (`claim_quota`: its first statement updates the row,
 which PostgreSQL locks until the claim commits, SQLite takes its write lock), so of two workers claiming
@@ -132,19 +133,33 @@ def held_tenants(session: Session, at: float) -> dict[str, str]:
     return {tenant: reason for tenant, reason in held.items() if reason is not None}
 
 
+def mark_if_spent(session: Session, quota: TenantQuota, at: float) -> None:
+    """Mark the tenant `budget_held` when its budget is spent: a worker passes over its jobs now and drops the
+    message that woke it, so `release_budgets` must publish them again once the window frees."""
+    if quota.device_hours is not None and not quota.budget_held and budget_use(session, quota, at)[1] != 0.0:
+        quota.budget_held = True
+        session.add(quota)
+
+
+def held_at_claim(session: Session, at: float) -> list[str]:
+    """The tenants whose queued jobs a free worker passes over now (each marked when its budget is spent)."""
+    held = []
+    for tenant, quota in quotas(session).items():
+        if hold_reason(session, quota, at) is not None:
+            held.append(tenant)
+            mark_if_spent(session, quota, at)
+    return held
+
+
 def claim_quota(session: Session, job_id: int) -> bool:
     """Whether job `job_id` may be claimed now as far as its tenant's quota goes. Its first statement locks the
     tenant's row until the caller's transaction ends; a budget found spent is marked `budget_held`."""
     tenant_of_job = select(Job.tenant).where(Job.id == job_id).scalar_subquery()
     session.execute(update(TenantQuota).where(col(TenantQuota.tenant) == tenant_of_job).values(updated_at=now()))
     quota = session.exec(select(TenantQuota).where(TenantQuota.tenant == tenant_of_job)).first()
-    if quota is None:
+    if quota is None or hold_reason(session, quota, now()) is None:
         return True
-    if hold_reason(session, quota, now()) is None:
-        return True
-    if quota.device_hours is not None and budget_use(session, quota, now())[1] != 0.0:
-        quota.budget_held = True
-        session.add(quota)
+    mark_if_spent(session, quota, now())
     return False
 
 

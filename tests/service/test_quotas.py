@@ -190,7 +190,10 @@ def test_a_spent_budget_refuses_submissions_and_holds_queued_jobs_until_the_wind
     assert "tenant alice used 2.00 of its 1 device-hours (ranks x hours) in the last 24 h" in detail_text
     assert "device_hours quota is spent" in detail_text and "pipebd quotas set" in detail_text
     assert abs(int(answer.headers["Retry-After"]) - 23 * HOUR_S) < 60
-    assert next_queued(settings.database, 1) is None
+    assert next_queued(settings.database, 1) is None  # the worker passes its job over, and marks the budget
+    with Session(get_engine(settings.database)) as session:
+        quota = session.get(TenantQuota, tenant)
+        assert quota is not None and quota.budget_held
     assert not claim(settings, queued)
     assert "device-hours" in (detail(settings, queued)[1] or "")
     assert release_budgets(settings.database, lambda *_: None) == []  # still spent
