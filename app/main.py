@@ -25,12 +25,13 @@ from prometheus_client import CollectorRegistry
 from app import web
 from app.api import openapi, problems
 from app.api.monitoring import JobCollector
-from app.api.routes import artifacts, compare, events, health, jobs, logs, metrics, sweeps, webhooks
+from app.api.routes import artifacts, compare, events, health, jobs, logs, metrics, quota, sweeps, webhooks
 from app.api.schemas import SERVER_ERROR
 from app.api.sse import Feed
 from app.core.database import migrate
 from app.core.deliveries import run_deliveries
 from app.core.queue import enqueue, make_celery
+from app.core.quotas import release_budgets
 from app.core.reaper import reap_lost_jobs
 from app.core.settings import Settings, get_settings
 from app.services.preflight import shared_pool
@@ -48,6 +49,8 @@ def run_reaper(settings: Settings, celery: Celery, stop: threading.Event) -> Non
         try:
             for job_id in reap_lost_jobs(settings.database, settings.stale_after_s, publish, settings.max_restarts):
                 log.warning("job %s: its worker was lost", job_id)
+            for job_id in release_budgets(settings.database, publish):
+                log.info("job %s: its tenant's device-hour budget frees again; published", job_id)
         except Exception:  # keep reaping after a database hiccup
             log.exception("the lost-job reaper failed; retrying")
 
@@ -99,6 +102,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         artifacts.router,
         events.router,
         webhooks.router,
+        quota.router,
     )
     for router in routers:
         app.include_router(router, prefix=API_PREFIX, responses=SERVER_ERROR)

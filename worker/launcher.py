@@ -2,8 +2,9 @@
 
 claim      compare-and-set queued -> starting (a job is launched at most once, whoever else got it); this
            opens the job's next attempt (app/core/attempts.py); a sweep's child is claimed only while its
-           sweep has fewer than `max_parallel` children launched, and when it leaves this worker the
-           sweep's next queued child is woken (app/core/sweeps.py)
+           sweep has fewer than `max_parallel` children launched (app/core/sweeps.py), a tenant's job only
+           while its quota allows (app/core/quotas.py), and when the job leaves this worker what it held
+           back is woken (app/core/priority.py `wake_held`)
 prepare    the engine's prepare_run checks the spec, data, workload and a plan without profiling, and
            writes the run directory's spec.json and phases.json; a job that ran before (resumed, or
            restarted) keeps its run directory: the phases not yet done run again and every block
@@ -54,8 +55,10 @@ from app.core.lifecycle import (
     settle,
     transition,
 )
+from app.core.priority import wake_held
+from app.core.quotas import claim_quota
 from app.core.settings import Settings
-from app.core.sweeps import claim_room, wake
+from app.core.sweeps import claim_room
 from app.core.tables import Job, JobEvent, now
 from app.core.webhooks import notify_phases
 from pipebd_core.distill.checkpoint import resume_steps
@@ -243,14 +246,15 @@ class JobRunner:
         try:
             return self.run_claimed()
         finally:
-            self.wake_sweep()
+            self.wake_held()
 
-    def wake_sweep(self) -> None:
-        """The job left this worker: a waiting child of its sweep may start now (app/core/sweeps.py)."""
+    def wake_held(self) -> None:
+        """The job left this worker: a waiting child of its sweep, or a job its tenant's quota held, may start
+        now (app/core/priority.py)."""
         try:
-            wake(self.database, self.job_id, self.publish)
+            wake_held(self.database, self.job_id, self.publish)
         except Exception:  # the broker or database is down: the reaper's and later ends' wakes still come
-            log.exception("job %s: could not wake its sweep's next child", self.job_id)
+            log.exception("job %s: could not wake the jobs it held back", self.job_id)
 
     def run_claimed(self) -> str:
         try:
@@ -280,8 +284,13 @@ class JobRunner:
             "started_at": stamp,
             "heartbeat_at": stamp,
         }
-        with session_scope(self.database) as session:  # the sweep's row stays locked until this commits
-            return claim_room(session, self.job_id) and transition(session, self.job_id, STARTING, [QUEUED], **fields)
+        # the sweep's and the tenant's rows stay locked until this commits (always in this order)
+        with session_scope(self.database) as session:
+            return (
+                claim_room(session, self.job_id)
+                and claim_quota(session, self.job_id)
+                and transition(session, self.job_id, STARTING, [QUEUED], **fields)
+            )
 
     def heartbeat(self, force: bool = False) -> None:
         if force or time.time() - self.last_heartbeat >= self.settings.heartbeat_s:

@@ -415,7 +415,9 @@ class JobDetail(JobPublic):
     restarts: int = Field(description="Automatic restarts it has had (a resume starts the count again)")
     attempts: list[AttemptPublic] = Field(default_factory=list, description="Each run of the job, oldest first")
     queue_position: int | None = Field(
-        None, description="For a queued job: how many queued jobs run before it (higher priority, or same and older)"
+        None,
+        description="For a queued job: how many queued jobs start before it if none ends meanwhile (weighted fair"
+        " share between tokens, priority then age within one: docs/quotas.md); `waiting_reason` explains it",
     )
 
     @field_serializer("heartbeat_at")
@@ -428,6 +430,25 @@ class JobsPublic(BaseModel):
 
     data: list[JobPublic] = Field(description="At most `limit` jobs")
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null on the last page")
+
+
+# --- quota --------------------------------------------------------------------------------------------
+
+
+class QuotaPublic(BaseModel):
+    """A token's fair-share weight, quotas and use now (docs/quotas.md)."""
+
+    name: str = Field(description="how reasons name the tenant: the operator's name, else its fingerprint's start")
+    tenant: str = Field(description="the token's fingerprint, as jobs record who submitted them (empty: no token)")
+    weight: float = Field(description="its share of the running devices against the other tokens' weights")
+    max_running: int | None = Field(description="its jobs launched at once at most; more wait queued (null: none)")
+    device_hours: float | None = Field(
+        description="ranks x hours its jobs may use per window; past it submissions get 429 (null: none)"
+    )
+    window_h: float = Field(description="the rolling window of `device_hours`, in hours")
+    running_jobs: int = Field(description="its jobs launched now (starting, running, pausing, cancelling)")
+    running_devices: int = Field(description="the ranks those jobs hold: its use in the fair-share order")
+    used_device_hours: float = Field(description="ranks x hours of its jobs in the window (0 without a token)")
 
 
 # --- sweeps -------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ pipebd sweep    send a spec and a grid or random search over its fields: one job
 pipebd jobs, pipebd show ID   list jobs (filters, pages), or show one
 pipebd cancel ID, pipebd pause ID, pipebd resume ID   cancel or pause a job, or resume a failed, cancelled or paused one
 pipebd logs ID, pipebd download ID [NAME]   print (or --follow) a job's log; download its artifacts
+pipebd webhooks list | create | delete | deliveries   a server's webhooks and their delivery logs
+pipebd quotas   set or list each token's fair-share weight and quotas (on the server's database)
 
 Parsing imports nothing heavy: every handler imports what it needs when it runs, so `pipebd api` and
 `pipebd up` never load torch.
@@ -22,8 +24,10 @@ import sys
 from typing import Any
 
 from app.cli.jobs import command_download, command_jobs, command_logs, command_show
+from app.cli.quotas import add_quota_commands
 from app.cli.remote import command_job_action, command_submit, command_sweep
 from app.cli.server import command_api, command_up, command_worker
+from app.cli.webhooks import add_webhook_commands
 from pipebd_core.cli import add_engine_commands, add_spec_arguments, fail
 
 
@@ -56,6 +60,8 @@ def add_service_commands(commands: Any) -> None:
     submit.set_defaults(handler=command_submit)
     add_sweep_command(commands)
     add_job_commands(commands)
+    add_quota_commands(commands)
+    add_webhook_commands(commands, add_server_options)
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:

@@ -1,31 +1,62 @@
-"""Which queued job a free worker takes: the highest priority that fits its devices, the oldest first
-within a priority, skipping the children of a sweep that has `max_parallel` of them launched already
-(app/core/sweeps.py).
+"""Which queued job a free worker takes: among the queued jobs that fit its devices, that no sweep holds
+back (`max_parallel`, app/core/sweeps.py) and whose tenant's quota lets start (app/core/quotas.py), the
+next in the weighted fair-share order (app/core/fairshare.py): the tenant using least per unit of weight
+first, by priority then age within a tenant (with one tenant: the highest priority, the oldest first).
 
 A broker message only wakes a worker (worker/tasks.py): whichever job's id it carries, the worker
 claims the job this query names, so priorities hold on every broker (kombu's SQLite transport has no
 message priorities) and a requeued job runs on any worker with enough devices. Every queued job has
-one message on the broker, and each message starts at most one job, so none is left waiting without
-one.
+one message on the broker, and each message starts at most one job; a message that finds nothing to
+start is dropped, so a job held back by its sweep or its tenant's quota is published again when what
+held it ends (`wake_held`, and app/core/quotas.py `release_budgets` for a device-hour budget).
 """
 
 from __future__ import annotations
 
-from sqlmodel import col, select
+from sqlalchemy import or_
+from sqlmodel import col
 
 from app.core.database import session_scope
-from app.core.lifecycle import QUEUED
-from app.core.sweeps import has_room
-from app.core.tables import Job
+from app.core.fairshare import claim_order, queued, shares
+from app.core.quotas import Publish, held_at_claim, next_of_tenant, quotas
+from app.core.sweeps import has_room, wake
+from app.core.tables import Job, now
 
 
 def next_queued(database: str, devices: int, skip: frozenset[int] = frozenset()) -> int | None:
     """The id of the queued job a worker with `devices` devices should start now (none in `skip`)."""
-    query = (
-        select(Job.id)
-        .where(Job.state == QUEUED, col(Job.nproc) <= devices, col(Job.id).not_in(sorted(skip)), has_room())
-        .order_by(col(Job.priority).desc(), col(Job.id))
-        .limit(1)
-    )
     with session_scope(database) as session:
-        return session.exec(query).first()
+        held = held_at_claim(session, now())
+        waiting = queued(
+            session,
+            col(Job.nproc) <= devices,
+            col(Job.id).not_in(sorted(skip)),
+            has_room(),
+            or_(col(Job.tenant).is_(None), col(Job.tenant).not_in(held)),
+        )
+        first = claim_order(waiting, shares(session), limit=1)
+    return first[0].id if first else None
+
+
+def wake_tenant(database: str, job_id: int, publish: Publish | None) -> int | None:
+    """After job `job_id` left its worker: publish the id of its tenant's next queued job (returned), when the
+    tenant has a quota that may have held it back."""
+    if publish is None:
+        return None
+    with session_scope(database) as session:
+        job = session.get(Job, job_id)
+        if job is None or job.tenant is None or job.tenant not in quotas(session):
+            return None
+        waiting = next_of_tenant(session, job.tenant)
+        target = None if waiting is None or waiting.id is None else (waiting.id, waiting.queue)
+    if target is None:
+        return None
+    publish(*target)
+    return target[0]
+
+
+def wake_held(database: str, job_id: int, publish: Publish | None) -> None:
+    """After job `job_id` left its worker: wake what it may have held back, its sweep's next child and its
+    tenant's next job (an extra wake starts nothing)."""
+    wake(database, job_id, publish)
+    wake_tenant(database, job_id, publish)

@@ -32,7 +32,7 @@ from sqlmodel import col, select
 
 from app.core.database import session_scope
 from app.core.lifecycle import ACTIVE, CANCELLING, PAUSING, QUEUED, RUNNING, settle
-from app.core.sweeps import wake
+from app.core.priority import wake_held
 from app.core.tables import Job
 from pipebd_core.job.outcomes import FAILED, SUCCEEDED, Result, Termination
 from pipebd_core.job.phases import job_phases
@@ -145,5 +145,5 @@ def settle_lost(database: str, job: Job, publish: Publish | None, max_restarts: 
     if settled is not None and settled.state == QUEUED and publish is not None:
         publish(job.id, settled.queue)
     if settled is not None:
-        wake(database, job.id, publish)  # a sweep's waiting child may start now
+        wake_held(database, job.id, publish)  # a sweep's waiting child or its tenant's next job may start now
     return settled is not None

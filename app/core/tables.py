@@ -6,7 +6,8 @@ rank), `job_metric_rollup` (runs of consecutive lines merged for charts of long 
 (what an event stream replays: state and phase changes, metric batches, log growth), `job_attempt` (each
 run of a job: who ran it, how it ended, where its blocks resumed), `worker` (each worker's
 advertised devices and last heartbeat), `limit_state` (each admission limit's row, locked while a
-submission checks and takes it: app/core/limits.py), `webhook` (a receiver of chosen events) and
+submission checks and takes it: app/core/limits.py), `tenant_quota` (a token's fair-share weight and
+quotas: app/core/quotas.py), `webhook` (a receiver of chosen events) and
 `webhook_delivery` (one event on its way to one webhook: app/core/webhooks.py, app/core/deliveries.py).
 Times are Unix seconds in the
 database (the API's answer models in app/api/schemas.py show them as ISO 8601, UTC). The Alembic
@@ -186,6 +187,23 @@ class LimitState(SQLModel, table=True):
     name: str = Field(primary_key=True, max_length=100)
     times: list[float] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     updated_at: float = Field(default_factory=now)  # the last use: rows of clients quiet for a window are removed
+
+
+class TenantQuota(SQLModel, table=True):
+    """A tenant's (one token's) fair-share weight and quotas (app/core/quotas.py). A tenant without a row has
+    weight 1 and no quota. The claim of one of its jobs locks the row (`updated_at`), so two workers count
+    its running jobs one after the other."""
+
+    __tablename__ = "tenant_quota"
+
+    tenant: str = Field(primary_key=True, max_length=64)  # the token's fingerprint, as Job.tenant holds it
+    name: str = Field(max_length=64, unique=True)  # how reasons and pages name it: alice, team-vision
+    weight: float = Field(default=1.0, gt=0)  # its share of the running devices, relative to other tenants'
+    max_running: int | None = Field(default=None, ge=0)  # its jobs launched at once at most; more wait queued
+    device_hours: float | None = Field(default=None, ge=0)  # ranks x hours per window; past it submissions get 429
+    window_h: float = Field(default=24.0, gt=0)  # the rolling window of `device_hours`, in hours
+    budget_held: bool = Field(default=False, sa_column_kwargs={"server_default": "0"})  # a claim found it spent
+    updated_at: float = Field(default_factory=now)  # also touched by each claim of its jobs (its row lock)
 
 
 class Webhook(SQLModel, table=True):

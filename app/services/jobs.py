@@ -1,4 +1,5 @@
-"""Reading and writing jobs: creation with idempotency keys, cursor pages, deletion, why a job waits.
+"""Reading and writing jobs: creation with idempotency keys, cursor pages, deletion, why a job waits and its
+place in the queue.
 
 Keyword-only functions taking a session; the routes stay thin and the worker reuses none of this.
 """
@@ -13,14 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, delete, or_
+from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
 from app.api.problems import EXCERPT_CHARS, excerpt
+from app.core.fairshare import Share, Waiting, claim_order, queued, shares
 from app.core.lifecycle import AT_REST, QUEUED
 from app.core.limits import QUEUE, hold
 from app.core.queue import queue_name
+from app.core.quotas import held_tenants, label, quotas
 from app.core.sweeps import held_back
 from app.core.tables import DB_INT_MAX, Job, JobAttempt, JobEvent, JobMetric, JobMetricRollup, Worker
 from app.core.webhooks import forget_job, notify_state
@@ -175,17 +178,49 @@ def delete_job(session: Session, *, job: Job) -> None:
         shutil.rmtree(Path(job.run_dir), ignore_errors=True)
 
 
-def ahead_of(job: Job) -> Any:
-    """The condition of the queued jobs that run before `job`: higher priority, or the same and older."""
-    return or_(col(Job.priority) > job.priority, and_(col(Job.priority) == job.priority, col(Job.id) < job.id))
+def queue_order(session: Session) -> list[Waiting]:
+    """Every queued job, in the order they start if none ends meanwhile (app/core/fairshare.py): the jobs of
+    tenants their quota holds come last, in their own order."""
+    held = held_tenants(session, time.time())
+    waiting = queued(session)
+    current = shares(session)
+    free = claim_order([job for job in waiting if job.tenant not in held], current)
+    return free + claim_order([job for job in waiting if job.tenant in held], current)
 
 
 def queue_position(session: Session, *, job: Job) -> int | None:
-    """For a queued job: how many queued jobs run before it."""
+    """For a queued job: how many queued jobs start before it."""
     if job.state != QUEUED:
         return None
-    ahead = select(func.count()).select_from(Job).where(Job.state == QUEUED, ahead_of(job))
-    return int(session.exec(ahead).one())
+    order = [waiting.id for waiting in queue_order(session)]
+    return order.index(job.id) if job.id in order else None
+
+
+def ordinal(number: int) -> str:
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
+def order_reason(session: Session, *, job: Job, ahead: int) -> str:
+    """Why `ahead` queued jobs start before `job`: priority and age, or with several tenants, each one's use
+    against its weight (the fair-share rule, app/core/fairshare.py)."""
+    jobs = f"{ahead} queued job{'s' if ahead > 1 else ''}"
+    tenants = set(session.exec(select(Job.tenant).where(Job.state == QUEUED).distinct()).all())
+    current, named = shares(session), quotas(session)
+    if len(tenants | {tenant for tenant, share in current.items() if share.devices}) <= 1:
+        return f"{jobs} with a higher priority or submitted earlier run first"
+    uses = []
+    for tenant in sorted(tenants, key=lambda t: (t != job.tenant, label(t, named.get(t or "")))):
+        share = current.get(tenant, Share())
+        uses.append(
+            f"tenant {label(tenant, named.get(tenant or ''))} uses {share.devices} running"
+            f" device{'s' if share.devices != 1 else ''} at weight {share.weight:g} ({share.use:.2f} per unit)"
+        )
+    start = "starts" if ahead == 1 else "start"
+    return (
+        f"{ordinal(ahead + 1)} in line, {jobs} {start} first under fair share: {'; '.join(uses)}; a free worker"
+        " takes the next job of the tenant using least per unit of weight, by priority then age within a tenant"
+    )
 
 
 def waiting_reason(session: Session, *, job: Job, stale_after_s: float) -> str | None:
@@ -195,12 +230,14 @@ def waiting_reason(session: Session, *, job: Job, stale_after_s: float) -> str |
     sweep = held_back(session, job)
     if sweep is not None:
         return sweep
+    quota = held_tenants(session, time.time()).get(job.tenant or "")
+    if quota is not None:
+        return quota
     ahead = queue_position(session, job=job) or 0
     waits = waiting_for(session, job=job, stale_after_s=stale_after_s)
     if ahead == 0:
         return waits
-    jobs = f"{ahead} queued job{'s' if ahead > 1 else ''}"
-    return f"{jobs} with a higher priority or submitted earlier run first; {waits}"
+    return f"{order_reason(session, job=job, ahead=ahead)}; {waits}"
 
 
 def waiting_for(session: Session, *, job: Job, stale_after_s: float) -> str:

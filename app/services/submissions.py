@@ -4,7 +4,8 @@
 2. the body, already bounded by app/api/problems.py's BodyLimit (413);
 3. parsing and validating the spec (app/services/specs.py) in a worker thread;
 4. an Idempotency-Key seen before: the original job back, nothing checked again;
-5. the queue's capacity: 429 with Retry-After while `max_queued_jobs` jobs are queued (a cheap early look);
+5. the queue's capacity: 429 with Retry-After while `max_queued_jobs` jobs are queued (a cheap early look),
+   and the token's device-hour budget (app/core/quotas.py): 429 while it is spent;
 6. the engine's preflight in a helper process (app/services/preflight.py);
 7. storing the queued job, the queue's capacity checked again in the same transaction under the queue's
    lock (app/core/limits.py: no two API processes both take the last place), and publishing it to the
@@ -16,6 +17,7 @@ helper still building its workload is killed.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -28,7 +30,9 @@ from app.api.limits import client_key, count_submission, retry_after
 from app.api.problems import ApiError
 from app.core.database import get_engine
 from app.core.queue import enqueue
+from app.core.quotas import budget_spent, budget_use
 from app.core.settings import Settings
+from app.core.tables import TenantQuota
 from app.services.jobs import ConflictError, Created, QueueFull, create_job, discard_jobs, queued_count, replayed
 from app.services.preflight import CheckerCrashed, CheckerUnavailable, CheckTimeout
 from app.services.specs import parse_body, preflight_problems, spec_hash, validate_document
@@ -72,13 +76,30 @@ def queue_full(queued: int, settings: Settings, adding: int = 1) -> ApiError:
     )
 
 
-def check_capacity(settings: Settings, adding: int = 1) -> None:
-    """The early look (step 5): spares a full queue the preflight; step 7 decides. `adding`: the queued
-    jobs this submission would add (a sweep's children)."""
+def over_budget(quota: TenantQuota, hours: float, wait_s: float | None) -> ApiError:
+    """429 for a tenant whose device-hour budget is spent (app/core/quotas.py)."""
+    when = "once its running jobs end and the window rolls past them" if wait_s is None else f"in {wait_s:.0f} s"
+    retry = str(QUEUE_RETRY_S if wait_s is None else max(1, math.ceil(wait_s)))
+    return ApiError(
+        429,
+        f"{budget_spent(quota, hours)}: its device_hours quota is spent; submissions are accepted again {when},"
+        " or sooner if the operator raises the budget (`pipebd quotas set`)",
+        headers={"Retry-After": retry},
+    )
+
+
+def check_capacity(settings: Settings, tenant: str | None, adding: int = 1) -> None:
+    """The early look (step 5) at the queue's capacity and the tenant's device-hour budget: spares a full queue
+    the preflight; step 7 decides the queue's. `adding`: the queued jobs this submission would add (a sweep's
+    children). The budget is taken by the claims (app/core/quotas.py), so this look is its only check here."""
     with Session(get_engine(settings.database)) as session:
         queued = queued_count(session)
+        quota = None if tenant is None else session.get(TenantQuota, tenant)
+        hours, wait_s = (0.0, 0.0) if quota is None else budget_use(session, quota, time.time())
     if queued + adding > settings.max_queued_jobs:
         raise queue_full(queued, settings, adding)
+    if quota is not None and wait_s != 0.0:
+        raise over_budget(quota, hours, wait_s)
 
 
 def find_replay(settings: Settings, key: str | None, request_hash: str) -> Created | None:
@@ -161,7 +182,7 @@ async def submit(request: Request, key: str | None) -> Created:
     replay = await anyio.to_thread.run_sync(find_replay, settings, key, request_hash)
     if replay is not None:
         return replay
-    await anyio.to_thread.run_sync(check_capacity, settings)
+    await anyio.to_thread.run_sync(check_capacity, settings, tenant_of(request, settings))
     remaining = max(0.1, deadline - time.monotonic())
     await anyio.to_thread.run_sync(preflight, request, spec, remaining, limiter=request.app.state.preflight_threads)
     created: Created = await anyio.to_thread.run_sync(store_and_enqueue, request, spec, request_hash, key)

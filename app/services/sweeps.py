@@ -166,7 +166,7 @@ async def submit_sweep(request: Request, body: SweepRequest) -> Sweep:
     await anyio.to_thread.run_sync(admit_rate, settings, client_key(request, bool(settings.tokens)))
     deadline = time.monotonic() + settings.spec_check_timeout_s
     checked: Checked = await in_thread(deadline, settings, checked_children, body, settings)
-    await anyio.to_thread.run_sync(check_capacity, settings, len(checked))
+    await anyio.to_thread.run_sync(check_capacity, settings, tenant_of(request, settings), len(checked))
     await preflight_children(request, body, checked)
     sweep: Sweep = await anyio.to_thread.run_sync(store_sweep, request, body, checked)
     return sweep

@@ -1,4 +1,5 @@
-"""Service tier: the commands that talk to a server (`pipebd jobs`, `show`, `cancel`, `logs`, `download`),
+"""Service tier: the commands that talk to a server (`pipebd jobs`, `show`, `cancel`, `logs`, `download`,
+`webhooks`),
 called in-process against the real API served by uvicorn on a loopback port, with jobs and run
 directories stored by the factories; human output, --json, pages, refusals as one line."""
 
@@ -201,3 +202,28 @@ def test_download_one_artifact_or_all(server: Server, tmp_path: Path) -> None:
     code, _, err = server.run("download", str(job_id), "teacher.pt", "-o", str(tmp_path / "teacher.pt"))
     assert code == 2 and "HTTP 404: job" in err and "has no teacher.pt (yet)" in err
     assert not list(tmp_path.glob("teacher.pt*"))  # nothing half-written
+
+
+def test_webhooks_create_list_deliveries_and_delete(server: Server) -> None:
+    code, out, _ = server.run(
+        "webhooks", "create", "http://127.0.0.1:9/hook", "--event", "job.cancelled", "--secret", "s" * 20, "--json"
+    )
+    hook = json.loads(out)
+    assert code == 0 and hook["events"] == ["job.cancelled"] and "secret" not in hook
+    job_id = server.job("queued")
+    assert server.run("cancel", str(job_id))[0] == 0  # one delivery, to a receiver that is not there
+    code, out, _ = server.run("webhooks", "list")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["ID", "URL", "EVENTS", "SCOPE", "PENDING", "SUCCEEDED", "FAILED"]
+    assert lines[1].split()[:4] == [str(hook["id"]), "http://127.0.0.1:9/hook", "job.cancelled", "server"]
+    code, out, _ = server.run("webhooks", "deliveries", str(hook["id"]), "--json")
+    page = json.loads(out)
+    assert code == 0 and [(d["event"], d["job_id"]) for d in page["data"]] == [("job.cancelled", job_id)]
+    code, out, _ = server.run("webhooks", "deliveries", str(hook["id"]))
+    delivery = str(page["data"][0]["id"])
+    assert code == 0 and out.splitlines()[1].split()[:3] == [delivery, "job.cancelled", str(job_id)]
+    code, _, err = server.run("webhooks", "create", "ftp://x", "--event", "job.cancelled", "--secret", "s" * 20)
+    assert code == 2 and err.count("\n") == 1 and "HTTP 422" in err
+    assert server.run("webhooks", "delete", str(hook["id"]))[0] == 0
+    code, _, err = server.run("webhooks", "deliveries", str(hook["id"]))
+    assert code == 2 and err.count("\n") == 1 and "HTTP 404" in err
