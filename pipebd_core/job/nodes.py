@@ -30,7 +30,7 @@ from pipebd_core.job.processes import Rendezvous
 from pipebd_core.rundir import RunDir
 
 POLL_S = 0.1  # how often a node looks at its peers' files
-SETTLE_S = 5.0  # after a failed launch: how long a node waits for its peers' outcomes, to name the cause
+SETTLE_S = 3.0  # after a failed launch: how long a node waits for its peers' outcomes, to name the cause
 # what gloo and the c10d store say when the other end of a connection went away (its process or host)
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
 
@@ -46,8 +46,9 @@ class NodeRole:
     nnodes: int
     node: int  # 0: runs the phases and hosts each rendezvous; others follow its launches
     run_id: str  # the same on every node of one attempt (the service: job id and attempt number)
-    host: str = "127.0.0.1"  # node 0: the address the others reach its rendezvous at; others: their own
+    host: str = "127.0.0.1"  # node 0's address, where the others reach its rendezvous
     port: int | None = None  # node 0's rendezvous port; None: a free one for each launch
+    local_addr: str | None = None  # the address the other nodes reach this one at (None: torchrun's guess)
     bound_s: float = 30.0  # how long the nodes wait for each other's token and rendezvous
 
     def __post_init__(self) -> None:
@@ -131,8 +132,7 @@ class NodeLink:
     def rendezvous(self, phase: str, endpoint: str) -> Rendezvous:
         role = self.role
         run_id = f"{role.run_id}-{self.launch}-{phase}"
-        local = role.host if role.node != 0 else None
-        return Rendezvous(role.nnodes, role.node, endpoint, run_id, max(1, int(role.bound_s)), local)
+        return Rendezvous(role.nnodes, role.node, endpoint, run_id, max(1, int(role.bound_s)), role.local_addr)
 
     # every node
     def ended(self, result: str, reason: str | None, error: str | None) -> None:

@@ -1,8 +1,8 @@
 """A job on two nodes, emulated on this machine: two supervisors over one run directory (node 0's `run`, node
 1's `follow`), each starting its own torchrun agent (1 rank each, gloo) that meet at a c10d rendezvous on
-loopback (pipebd_core/job/nodes.py). Checks that the 2-node job trains exactly the oracle's students, that a
-node killed mid-run stops the other at once, and that nodes which do not share the run directory fail at
-start, saying so.
+loopback (pipebd_core/job/nodes.py). Checks that a 2-node `pipebd run` trains exactly the oracle's students
+(the sequential loop every 1-node mode is tested against), that a node killed mid-run stops the other at
+once, and that nodes which do not share the run directory fail at start, saying so.
 
 Tier: real torchrun processes, no service.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -21,11 +22,19 @@ import pytest
 
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.nodes import NodeRole
-from pipebd_core.job.outcomes import FAILED, SUCCEEDED
+from pipebd_core.job.outcomes import FAILED
 from pipebd_core.job.supervisor import Outcome, Supervisor, Watcher
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import parse_spec
-from tests.helpers import RUN_TIMEOUT_S, assert_same_weights, load_students, plain_loop, tiny_document
+from tests.helpers import (
+    ROOT,
+    RUN_TIMEOUT_S,
+    assert_same_weights,
+    load_students,
+    plain_loop,
+    tiny_document,
+    write_spec,
+)
 
 BOUND_S = 20.0  # how long the emulated nodes wait for each other
 
@@ -35,7 +44,8 @@ def two_node_document() -> dict:
 
 
 def roles(run_id: str) -> tuple[NodeRole, NodeRole]:
-    return NodeRole(2, 0, run_id, bound_s=BOUND_S), NodeRole(2, 1, run_id, bound_s=BOUND_S)
+    loopback = {"bound_s": BOUND_S, "local_addr": "127.0.0.1"}
+    return NodeRole(2, 0, run_id, **loopback), NodeRole(2, 1, run_id, **loopback)  # type: ignore[arg-type]
 
 
 def run_nodes(
@@ -66,21 +76,6 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
         if any(text in part for part in process.info["cmdline"] or []):
             found.append(process)
     return found
-
-
-def test_two_nodes_of_one_rank_train_the_oracles_students(tmp_path: Path) -> None:
-    spec = parse_spec(two_node_document())
-    assert spec.schedule.world_size == 2
-    run_dir = prepare_run(spec, tmp_path / "run")
-    outcome, followed, wall_s = run_nodes(run_dir)
-    assert (outcome.result, followed.result) == (SUCCEEDED, SUCCEEDED), (outcome, followed)
-    assert_same_weights(load_students(run_dir), plain_loop(spec))
-    started = [event for event in run_dir.read_events() if event["event"] == "rank_started"]
-    assert sorted(event["rank"] for event in started) == [0, 1]
-    assert sorted(event["node"] for event in started) == [0, 1]  # one rank on each node's agent
-    assert run_dir.launcher_log("distill", 1).exists() and run_dir.launcher_log("distill", 0).exists()
-    print(f"2 nodes x 1 rank: the whole job in {wall_s:.1f} s")
-    assert processes_mentioning(str(run_dir.root)) == []
 
 
 class KillNode(Watcher):
@@ -138,3 +133,28 @@ def test_nodes_that_do_not_share_the_run_directory_fail_at_start(tmp_path: Path)
     assert time.monotonic() - started < 5
     assert not run_dir.rendezvous.exists() or "done" in run_dir.rendezvous.read_text()  # nothing launched
     assert not run_dir.launcher_log("distill").exists()
+
+
+def test_pipebd_run_on_two_nodes_from_the_command_line(tmp_path: Path) -> None:
+    """`pipebd run --nnodes 2 --node-rank K --rdzv-endpoint HOST --rdzv-id ID --out SHARED`, as a batch
+    scheduler would start it on each node; node 1 starts first and waits for node 0's run directory."""
+    spec, run = write_spec(tmp_path, tiny_document(schedule={"nproc": 1, "mode": "tr"})), tmp_path / "run"
+    common = ["--out", str(run), "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1", "--rdzv-id", "cli-test"]
+    pipebd = [sys.executable, "-m", "pipebd_core.cli", "run"]
+    commands = [[*pipebd, *common, "--node-rank", "1"], [*pipebd, str(spec), *common, "--node-rank", "0"]]
+    nodes = [subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True) for command in commands]
+    try:
+        errors = [node.communicate(timeout=RUN_TIMEOUT_S)[1] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], errors
+    run_dir = RunDir(run)
+    assert run_dir.load_spec().schedule.nodes == 2 and run_dir.load_plan().nproc == 2
+    assert_same_weights(load_students(run_dir), plain_loop(run_dir.load_spec()))
+    started = [event for event in run_dir.read_events() if event["event"] == "rank_started"]
+    assert sorted(event["rank"] for event in started) == [0, 1]
+    assert sorted(event["node"] for event in started) == [0, 1]  # one rank on each node's agent
+    assert run_dir.launcher_log("distill", 1).exists() and run_dir.launcher_log("distill", 0).exists()
+    assert processes_mentioning(str(run)) == []
