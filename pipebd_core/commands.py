@@ -164,7 +164,7 @@ def describe_resume(run_dir: RunDir) -> str:
 
 def node_role(args: argparse.Namespace) -> NodeRole | None:
     """This node's part from `--nnodes`, `--node-rank`, `--rdzv-endpoint` and `--rdzv-id` (None on one node)."""
-    if args.nnodes <= 1:
+    if getattr(args, "nnodes", 1) <= 1:  # callers that build their own Namespace run on one node
         return None
     if not (args.rdzv_endpoint and args.rdzv_id and args.out):
         needs = "--rdzv-endpoint, --rdzv-id and --out (the run directory every node shares)"
