@@ -51,6 +51,11 @@ def add_engine_commands(commands: Any) -> None:
     add_spec_arguments(run)
     run.add_argument("--out", help="run directory (default runs/<name>-<timestamp>)")
     run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    nodes = run.add_argument_group("several nodes (docs/multinode.md): --out is the run directory every node shares")
+    nodes.add_argument("--nnodes", type=int, default=1, help="nodes of the job (sets schedule.nodes)")
+    nodes.add_argument("--node-rank", type=int, default=0, help="this node: 0 runs the phases, others follow")
+    nodes.add_argument("--rdzv-endpoint", metavar="HOST[:PORT]", help="node 0's address (and port) for the rendezvous")
+    nodes.add_argument("--rdzv-id", help="the same on every node of one run (a new one for each run)")
     run.set_defaults(handler=engine_handler("run"))
 
     profile = commands.add_parser("profile", help="measure every block on this node (cached)")

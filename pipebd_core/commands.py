@@ -29,6 +29,7 @@ from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.phases import DISTILL, FINETUNE, PLAN, TRAINING_PHASES, PhaseRecord
 from pipebd_core.documents.plan import Replan, stages_line
 from pipebd_core.job.launch import default_run_dir, prepare_run
+from pipebd_core.job.nodes import NodeError, NodeLink, NodeRole
 from pipebd_core.job.outcomes import CANCELLED, SUCCEEDED
 from pipebd_core.job.profiling import obtain_profile
 from pipebd_core.job.progress import MetricsFollower
@@ -125,11 +126,11 @@ def interrupt_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def supervise(run_dir: RunDir, spec: Spec) -> int:
-    """Run the job's phases with a progress line; report the outcome as an exit code."""
+def supervise(run_dir: RunDir, spec: Spec, node: NodeRole | None = None) -> int:
+    """Run the job's phases with a progress line (node 0's part on several nodes); the outcome as an exit code."""
     previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)  # a kill is a cancel, like Ctrl-C
     try:
-        outcome = Supervisor(run_dir, ProgressLine(run_dir, spec)).run()
+        outcome = Supervisor(run_dir, ProgressLine(run_dir, spec), node=node).run()
     finally:
         signal.signal(signal.SIGTERM, previous)
     return report(run_dir, outcome)
@@ -162,8 +163,46 @@ def describe_resume(run_dir: RunDir) -> str:
     return ", ".join(f"block {block} at step {step}/{total}" for block, step in enumerate(starts))
 
 
+def node_role(args: argparse.Namespace) -> NodeRole | None:
+    """This node's part from `--nnodes`, `--node-rank`, `--rdzv-endpoint` and `--rdzv-id` (None on one node)."""
+    if getattr(args, "nnodes", 1) <= 1:  # callers that build their own Namespace run on one node
+        return None
+    if not (args.rdzv_endpoint and args.rdzv_id and args.out):
+        needs = "--rdzv-endpoint, --rdzv-id and --out (the run directory every node shares)"
+        raise SpecError(f"--nnodes {args.nnodes}: a run on several nodes needs {needs}")
+    host, _, port = args.rdzv_endpoint.partition(":")
+    try:
+        return NodeRole(args.nnodes, args.node_rank, args.rdzv_id, host=host, port=int(port) if port else None)
+    except ValueError as error:
+        raise SpecError(f"--node-rank, --rdzv-endpoint: {error}") from None
+
+
+def command_follow(role: NodeRole, out: Path) -> int:
+    """Node k > 0 of `pipebd run --nnodes`: wait for node 0 in the shared run directory, then follow it."""
+    run_dir = RunDir(out)
+    print(f"pipebd: node {role.node} of {role.nnodes} following node 0 in {run_dir.root}", file=sys.stderr)
+    try:
+        NodeLink(run_dir, role).check_shared()  # node 0 writes its token once the run directory is prepared
+    except NodeError as error:
+        return fail(str(error))
+    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    try:
+        outcome = Supervisor(run_dir, node=role).follow()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if outcome.result != SUCCEEDED:
+        print(f"pipebd: node {role.node}: {outcome.result} ({outcome.reason}): {outcome.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def command_run(args: argparse.Namespace) -> int:
     try:
+        role = node_role(args)
+        if role is not None and role.node > 0:
+            return command_follow(role, Path(args.out))
+        if role is not None:
+            args.set = [*(args.set or []), f"schedule.nodes={role.nnodes}"]
         if args.resume:
             run_dir = RunDir(Path(args.resume))
             if not run_dir.spec.exists() or not run_dir.phases.exists():
@@ -179,7 +218,7 @@ def command_run(args: argparse.Namespace) -> int:
     except (SpecError, PlanError, ProfileError, DocumentError) as error:  # DocumentError: an older run directory
         return fail(str(error))
     print(f"pipebd: run directory {run_dir.root}", file=sys.stderr)
-    return supervise(run_dir, spec)
+    return supervise(run_dir, spec, role)
 
 
 def command_profile(args: argparse.Namespace) -> int:

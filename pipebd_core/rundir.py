@@ -11,6 +11,9 @@ onto a run directory (a test checks it).
     plan.json                          stages, routes, what each rank runs, block shapes and cost estimates
     events.jsonl                       lifecycle events (phase_started, launched, checkpoint, finished, ...)
     logs/<phase>/launcher.log          torchrun's output for that phase (or the phase process's own)
+    logs/<phase>/launcher-node-<k>.log  a job on several nodes: torchrun's output on node k > 0
+    nodes/node-<k>.json, nodes/rendezvous.json, nodes/ended-<k>.json   a job on several nodes: each node's
+                                       token, node 0's launch (phase, rendezvous), how each node's launch ended
     logs/<phase>/rank-<r>.log          each rank's stdout and stderr
     errors/<phase>/rank-<r>.json       the traceback of a rank that raised
     metrics/<phase>/rank-<r>.jsonl     one telemetry line per rank per task
@@ -236,8 +239,27 @@ class RunDir:
     def log(self, rank: int, phase: str = DISTILL) -> Path:
         return self.logs(phase) / f"rank-{rank}.log"
 
-    def launcher_log(self, phase: str = DISTILL) -> Path:
-        return self.logs(phase) / "launcher.log"
+    def launcher_log(self, phase: str = DISTILL, node: int = 0) -> Path:
+        """torchrun's output on node 0 (`launcher.log`), or on node `node` of a job on several nodes."""
+        return self.logs(phase) / ("launcher.log" if node == 0 else f"launcher-node-{node}.log")
+
+    @property
+    def nodes(self) -> Path:
+        """A job on several nodes: what the nodes tell each other (pipebd_core/job/nodes.py)."""
+        return self.root / "nodes"
+
+    def node_token(self, node: int) -> Path:
+        """Written by node `node` at start: that it sees this run directory, under the job's run id."""
+        return self.nodes / f"node-{node}.json"
+
+    @property
+    def rendezvous(self) -> Path:
+        """Node 0's current launch: the phase, its torchrun rendezvous endpoint, or that the job is done."""
+        return self.nodes / "rendezvous.json"
+
+    def node_ended(self, node: int) -> Path:
+        """How node `node`'s processes of the current launch ended."""
+        return self.nodes / f"ended-{node}.json"
 
     def metrics(self, rank: int, phase: str = DISTILL) -> Path:
         return self.root / "metrics" / phase / f"rank-{rank}.jsonl"

@@ -285,7 +285,8 @@ class StageSpec(_Strict):
 
 class ScheduleSpec(_Strict):
     mode: Mode = "tr_dpu"  # see docs/planning.md's table of modes
-    nproc: int = Field(2, ge=1, le=1024)  # ranks: one per GPU, or CPU processes
+    nproc: int = Field(2, ge=1, le=1024)  # ranks per node: one per GPU, or CPU processes
+    nodes: int = Field(1, ge=1, le=64)  # machines the job spans (docs/multinode.md): nodes x nproc ranks in all
     stages: list[StageSpec] | None = Field(None, validate_default=True)  # hybrid (optional for tr/tr_dpu)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA with NCCL when present, else CPU/gloo
     threads_per_rank: int = Field(1, ge=1)  # CPU threads per rank (more than 1 oversubscribes small hosts)
@@ -321,6 +322,21 @@ class ScheduleSpec(_Strict):
                 " use mode 'auto', or remove replan"
             )
         return value
+
+    @model_validator(mode="after")
+    def _nodes_fit(self) -> ScheduleSpec:
+        """What a job on several nodes does not do yet (docs/multinode.md): profile, or re-plan mid-run."""
+        if self.nodes > 1 and self.profile:
+            raise ValueError(
+                f"nodes: {self.nodes} nodes plan from FLOP estimates for now (profiling across nodes is not"
+                " built yet); set profile: false, with a mode other than 'auto'"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in all: `nproc` on each of `nodes` machines (what plans and the cost model count)."""
+        return self.nodes * self.nproc
 
     @property
     def replans(self) -> bool:
@@ -363,6 +379,8 @@ def finetune_problems(spec: Spec) -> list[str]:
         return ["finetune: workload kind 'train' trains the network in the finetune phase; add finetune: {}"]
     if tune is None:
         return []
+    if spec.schedule.nodes > 1:
+        return [f"finetune: a job on {spec.schedule.nodes} nodes distils only for now; remove finetune or use nodes: 1"]
     problems = []
     if tune.loss == "kd" and kind in ("train", "custom"):
         problems.append(f"finetune.loss: 'kd' needs a teacher network, which kind {kind!r} has not; use 'ce'")

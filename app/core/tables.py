@@ -7,8 +7,9 @@ rank), `job_metric_rollup` (runs of consecutive lines merged for charts of long 
 run of a job: who ran it, how it ended, where its blocks resumed), `worker` (each worker's
 advertised devices and last heartbeat), `limit_state` (each admission limit's row, locked while a
 submission checks and takes it: app/core/limits.py), `tenant_quota` (a token's fair-share weight and
-quotas: app/core/quotas.py), `webhook` (a receiver of chosen events) and
-`webhook_delivery` (one event on its way to one webhook: app/core/webhooks.py, app/core/deliveries.py).
+quotas: app/core/quotas.py), `webhook` (a receiver of chosen events),
+`webhook_delivery` (one event on its way to one webhook: app/core/webhooks.py, app/core/deliveries.py)
+and `gang_seat` (a host's seat in the gang of a job on several nodes: app/core/gangs.py).
 Times are Unix seconds in the
 database (the API's answer models in app/api/schemas.py show them as ISO 8601, UTC). The Alembic
 migrations in migrations/ create the same schema.
@@ -66,7 +67,8 @@ class Job(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(max_length=100)
     state: str = Field(default="queued", max_length=20)
-    nproc: int  # ranks the job needs: it goes to a worker with at least this many devices
+    nproc: int  # ranks the job needs per node: it goes to a worker with at least this many devices
+    nodes: int = Field(default=1, sa_column_kwargs={"server_default": "1"})  # >1: a gang of workers on as many hosts
     queue: str = Field(max_length=64)
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     created_at: float = Field(default_factory=now)
@@ -164,6 +166,25 @@ class JobEvent(SQLModel, table=True):
     kind: str = Field(max_length=16)  # state | phase | metrics | log
     data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     time: float = Field(default_factory=now)
+
+
+class GangSeat(SQLModel, table=True):
+    """One host's seat in the gang of a job on several nodes (app/core/gangs.py): the job starts when it has
+    `nodes` seats on as many hosts; an incomplete gang gives all its seats up after its bound."""
+
+    __tablename__ = "gang_seat"
+    __table_args__ = (
+        Index("ix_gang_seat_job_id_host", "job_id", "host", unique=True),
+        Index("ix_gang_seat_job_id_node", "job_id", "node", unique=True),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id")
+    host: str = Field(max_length=200)  # the worker's host id (`pipebd worker --host-id`)
+    worker: str = Field(max_length=200)
+    node: int  # 0 for the first seat taken: that worker runs the phases and hosts the rendezvous
+    joined_at: float = Field(default_factory=now)
+    endpoint: str | None = Field(default=None, max_length=300)  # node 0's address for the rendezvous, once known
 
 
 class Worker(SQLModel, table=True):

@@ -25,7 +25,7 @@ from app.core.limits import QUEUE, hold
 from app.core.queue import queue_name
 from app.core.quotas import held_tenants, label, quotas
 from app.core.sweeps import held_back
-from app.core.tables import DB_INT_MAX, Job, JobAttempt, JobEvent, JobMetric, JobMetricRollup, Worker
+from app.core.tables import DB_INT_MAX, GangSeat, Job, JobAttempt, JobEvent, JobMetric, JobMetricRollup, Worker
 from app.core.webhooks import forget_job, notify_state
 from pipebd_core.spec import Spec
 
@@ -53,6 +53,7 @@ def new_job(spec: Spec, **fields: Any) -> Job:
     return Job(
         name=spec.name,
         nproc=spec.schedule.nproc,
+        nodes=spec.schedule.nodes,
         queue=queue_name(spec.schedule.nproc),
         spec=spec.model_dump(mode="json"),
         priority=spec.priority,
@@ -169,7 +170,7 @@ def delete_job(session: Session, *, job: Job) -> None:
     if job.state not in AT_REST:
         raise ConflictError(f"job {job.id} is {job.state}; cancel it and wait for it to end before deleting it")
     assert job.id is not None
-    for table in (JobMetric, JobMetricRollup, JobEvent, JobAttempt):
+    for table in (JobMetric, JobMetricRollup, JobEvent, JobAttempt, GangSeat):
         session.execute(delete(table).where(col(table.job_id) == job.id))
     forget_job(session, job.id, unsent=False)
     session.delete(job)
@@ -260,4 +261,5 @@ def discard_jobs(session: Session, *, job_ids: list[int]) -> None:
         forget_job(session, job_id, unsent=True)
     session.execute(delete(JobEvent).where(col(JobEvent.job_id).in_(job_ids)))
     session.execute(delete(JobAttempt).where(col(JobAttempt.job_id).in_(job_ids)))
+    session.execute(delete(GangSeat).where(col(GangSeat.job_id).in_(job_ids)))
     session.execute(delete(Job).where(col(Job.id).in_(job_ids)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -56,7 +57,9 @@ def run_rank(run_dir: RunDir) -> None:
     ctx = build_context(run_dir, rank, device)
     role = describe_rank(ctx.plan, rank)
     print(f"pipebd: rank {rank} of {world} on {device}: blocks {role['blocks']}, rows {role['rows']}", flush=True)
-    run_dir.append_event("rank_started", rank=rank, device=str(device), start_steps=ctx.start_steps)
+    node = int(os.environ.get("GROUP_RANK", "0"))  # torchrun's number of this node's agent
+    where = {"node": node, "host": socket.gethostname()}
+    run_dir.append_event("rank_started", rank=rank, device=str(device), start_steps=ctx.start_steps, **where)
     stopped = Trainer(ctx).run()  # a rank that stopped on request said so itself (rank_stopped)
     if not stopped:
         run_dir.append_event("rank_finished", rank=rank)

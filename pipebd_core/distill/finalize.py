@@ -133,7 +133,7 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
     summary = Summary(
         name=spec.name,
         mode=spec.schedule.mode,
-        nproc=spec.schedule.nproc,
+        nproc=spec.schedule.world_size,
         steps_per_block=total_steps,
         final_loss=dict(enumerate(losses)),
         warnings=workload.warnings,

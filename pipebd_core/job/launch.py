@@ -22,7 +22,7 @@ import torch
 from pipebd_core.distill.plan import PlanError
 from pipebd_core.documents.phases import PLAN, PLAN_FINETUNE, PROFILE, PROFILE_FINETUNE
 from pipebd_core.job.phases import PHASE_KINDS, job_phases, new_records
-from pipebd_core.job.processes import rank_environment, torchrun_command
+from pipebd_core.job.processes import Rendezvous, rank_environment, torchrun_command
 from pipebd_core.planning import profiles
 from pipebd_core.planning.finetune import check_labels, resolve_train_plan
 from pipebd_core.planning.resolve import resolve_plan
@@ -132,12 +132,14 @@ def run_local(run_dir: RunDir, spec: Spec, phase: str) -> None:
     run_dir.write_json(run_dir.plan, resolve_plan(spec, profile).to_json())
 
 
-def phase_command(run_dir: RunDir, spec: Spec, phase: str, trials: int = PROFILE_TRIALS) -> list[str]:
+def phase_command(
+    run_dir: RunDir, spec: Spec, phase: str, trials: int = PROFILE_TRIALS, rendezvous: Rendezvous | None = None
+) -> list[str]:
     kind = PHASE_KINDS[phase]
     assert kind.module is not None, f"phase {phase!r} runs no process"
     extra = ["--trials", str(trials)] if phase in (PROFILE, PROFILE_FINETUNE) else []
     if kind.runs == "torchrun":
-        return torchrun_command(spec.schedule.nproc, run_dir, kind.module, *extra)
+        return torchrun_command(spec.schedule.nproc, run_dir, kind.module, *extra, rendezvous=rendezvous)
     return [sys.executable, "-m", kind.module, "--run-dir", str(run_dir.root.resolve()), *extra]
 
 
@@ -147,20 +149,24 @@ def start_phase(
     phase: str,
     extra_env: dict[str, str] | None = None,
     trials: int = PROFILE_TRIALS,
+    rendezvous: Rendezvous | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start the phase's processes in a session of their own; their output goes to its launcher log."""
-    run_dir.clear_errors(phase)  # the errors of an earlier attempt are not this one's
-    log_path = run_dir.launcher_log(phase)
+    """Start the phase's processes in a session of their own; their output goes to its launcher log (this
+    node's, in a launch on several nodes: `rendezvous`)."""
+    node = rendezvous.node if rendezvous is not None else 0
+    if node == 0:
+        run_dir.clear_errors(phase)  # the errors of an earlier attempt are not this one's
+    log_path = run_dir.launcher_log(phase, node)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            phase_command(run_dir, spec, phase, trials),
+            phase_command(run_dir, spec, phase, trials, rendezvous),
             env=rank_environment(spec, extra_env),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stopped as a whole, never half
         )
-    run_dir.append_event("launched", phase=phase, pid=process.pid)
+    run_dir.append_event("launched", phase=phase, pid=process.pid, **({"node": node} if rendezvous else {}))
     return process
 
 

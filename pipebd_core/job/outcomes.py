@@ -27,13 +27,14 @@ TERMINATION_REASONS: dict[str, str] = {
     "worker_lost": "Its worker stopped sending heartbeats (it died or was shut down); its ranks were killed.",
     "launch_error": "The job could not be prepared or planned (data set, workload or plan); see the error below.",
     "user_paused": "Someone paused the job: its ranks saved every block and stopped; resume continues from there.",
+    "node_lost": "Another node of the job failed (its ranks, its worker or its host); this node's ranks were stopped.",
     "worker_shutdown": "Its worker was shut down: the ranks saved every block and the job went back to the queue.",
 }
 
 # Faults of the machine rather than of the job: a job ending by one is requeued and resumes from its checkpoints
 # (up to its max_restarts). A rank_error (a bug in a factory), a launch_error (a bad spec) or an out-of-memory
 # error that a rank raised itself would only happen again, so they are never retried.
-INFRASTRUCTURE_FAULTS = frozenset({"worker_lost", "rank_killed"})
+INFRASTRUCTURE_FAULTS = frozenset({"worker_lost", "rank_killed", "node_lost"})
 
 
 def check_reason(reason: str | None) -> None:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -32,11 +33,38 @@ def rank_environment(spec: Spec, extra: dict[str, str] | None = None) -> dict[st
     return env
 
 
-def torchrun_command(nproc: int, run_dir: RunDir, module: str = "pipebd_core.distill", *args: str) -> list[str]:
-    """`torchrun --standalone` (torchrun picks a free port) running `module` on every rank, its ranks
-    forked from the agent (warm_torchrun.py) rather than each importing torch again."""
-    launcher = [sys.executable, "-m", "pipebd_core.job.warm_torchrun"]
-    torchrun = [*launcher, "--standalone", "--nproc-per-node", str(nproc)]
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the torchrun agents of one launch on several nodes meet (torchrun's c10d rendezvous): node 0's
+    agent hosts the store at `endpoint`; the others connect to it. torchrun numbers the ranks in the order
+    the agents join (it ignores a node rank under c10d), so nothing may assume which node runs rank r."""
+
+    nnodes: int
+    node: int  # 0: this node's agent hosts the rendezvous store
+    endpoint: str  # HOST:PORT of node 0, reachable from every node
+    run_id: str  # the same on every node of the launch
+    join_timeout_s: int = 60  # the agents wait this long for each other, then fail
+    local_addr: str | None = None  # the address the other nodes reach this one at (None: torchrun's guess)
+
+    def arguments(self) -> list[str]:
+        conf = f"is_host={int(self.node == 0)},join_timeout={self.join_timeout_s}"
+        arguments = ["--nnodes", str(self.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint]
+        arguments += ["--rdzv-id", self.run_id, "--rdzv-conf", conf]
+        return arguments + (["--local-addr", self.local_addr] if self.local_addr else [])
+
+
+def torchrun_command(
+    nproc: int,
+    run_dir: RunDir,
+    module: str = "pipebd_core.distill",
+    *args: str,
+    rendezvous: Rendezvous | None = None,
+) -> list[str]:
+    """torchrun running `module` on every rank: `--standalone` (torchrun picks a free port) on one node, or
+    this node's part of a launch on several (`rendezvous`); its ranks forked from the agent
+    (warm_torchrun.py) rather than each importing torch again."""
+    torchrun = [sys.executable, "-m", "pipebd_core.job.warm_torchrun", "--nproc-per-node", str(nproc)]
+    torchrun += ["--standalone"] if rendezvous is None else rendezvous.arguments()
     return [*torchrun, "--max-restarts", "0", "-m", module, "--run-dir", str(run_dir.root.resolve()), *args]
 
 

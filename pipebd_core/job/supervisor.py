@@ -33,8 +33,9 @@ from pipebd_core.documents.plan import Replan
 from pipebd_core.job import launch
 from pipebd_core.job.control import PAUSE, clear_stop, request_stop, stopped_early
 from pipebd_core.job.diagnosis import diagnose
+from pipebd_core.job.nodes import NodeError, NodeLink, NodeRole
 from pipebd_core.job.outcomes import CANCELLED, FAILED, SKIPPED, SUCCEEDED, Result, Termination
-from pipebd_core.job.processes import stop_process_tree
+from pipebd_core.job.processes import Rendezvous, stop_process_tree
 from pipebd_core.job.replan import DistillMonitor
 from pipebd_core.planning.profiles import ProfileError
 from pipebd_core.rundir import RunDir
@@ -107,6 +108,7 @@ class Supervisor:
         refresh_profile: bool = False,
         profile_trials: int = launch.PROFILE_TRIALS,
         store_calibration: bool = True,
+        node: NodeRole | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.watcher = watcher or Watcher()
@@ -117,11 +119,17 @@ class Supervisor:
         self.spec: Spec = run_dir.load_spec()
         self.records = run_dir.load_phases()
         self.started = time.monotonic()
+        # a job on several nodes (nodes.py): this node's link to the others; None on one node
+        self.link = NodeLink(run_dir, node) if node is not None and node.nnodes > 1 else None
 
     def run(self) -> Outcome:
-        """Run every phase not yet done, in order; the job's outcome (also appended to events.jsonl)."""
+        """Run every phase not yet done, in order; the job's outcome (also appended to events.jsonl). On
+        several nodes this is node 0's part; the others run `follow`."""
+        assert self.link is None or self.link.role.node == 0, "node k > 0 follows node 0's launches: use follow()"
         current: PhaseRecord | None = None
         try:
+            if self.link is not None:
+                self.link.check_shared()
             for record in self.records:
                 if record.done:
                     continue
@@ -135,6 +143,40 @@ class Supervisor:
                 self._finish_phase(current, CANCELLED, "user_cancelled")
             name = current.name if current else None
             return self._end(Outcome(CANCELLED, Termination("user_cancelled", "interrupted"), phase=name))
+        except NodeError as error:
+            return self._end(Outcome(FAILED, Termination("launch_error", str(error))))
+
+    def follow(self) -> Outcome:
+        """Node k > 0 of a job on several nodes: start this node's part of each of node 0's torchrun launches
+        until node 0 ends the job, a launch fails here or on another node, or the watcher stops it. Writes
+        nothing of the job's own records (node 0 keeps phases.json and the job's end in events.jsonl)."""
+        link = self.link
+        assert link is not None and link.role.node != 0, "node 0 runs the phases: use run()"
+        try:
+            link.check_shared()
+            stops: list[Stop] = []  # what ended a wait for node 0's next launch
+
+            def stopped() -> bool:
+                stop = self.watcher.tick("") or self._over_time()
+                stops.extend([stop] if stop is not None else [])
+                return stop is not None
+
+            while True:
+                launch = link.next_launch(stopped)
+                if launch is None:
+                    return Outcome(stops[0].result, Termination(stops[0].reason, stops[0].message))
+                if launch.get("done"):
+                    result = launch.get("result", FAILED)
+                    ended = Termination("node_lost", f"node 0 ended the job: {result}") if result != SUCCEEDED else None
+                    return Outcome(result, ended)
+                phase = str(launch["phase"])
+                outcome = self._launch(phase, None, link.rendezvous(phase, str(launch["endpoint"])))
+                if outcome.result != SUCCEEDED:
+                    return outcome
+        except KeyboardInterrupt:
+            return Outcome(CANCELLED, Termination("user_cancelled", "interrupted"))
+        except NodeError as error:
+            return Outcome(FAILED, Termination("launch_error", str(error)))
 
     def _run_phase(self, record: PhaseRecord) -> Outcome:
         skipped = launch.skip_reason(self.run_dir, self.spec, record.name, self.refresh_profile)
@@ -176,8 +218,21 @@ class Supervisor:
             assert monitor is not None
             self.watcher.replanned(monitor.replan())
 
-    def _launch(self, phase: str, monitor: DistillMonitor | None) -> Outcome:
-        process = launch.start_phase(self.run_dir, self.spec, phase, self.extra_env, self.profile_trials)
+    def _launch(self, phase: str, monitor: DistillMonitor | None, rendezvous: Rendezvous | None = None) -> Outcome:
+        if rendezvous is None and self.link is not None and launch.PHASE_KINDS[phase].runs == "torchrun":
+            rendezvous = self.link.publish(phase)  # node 0 opens the launch the other nodes join
+        outcome = self._launch_here(phase, monitor, rendezvous)
+        if self.link is None:
+            return outcome
+        self.link.ended(outcome.result, outcome.reason, (outcome.error or "")[:ERROR_IN_EVENT_CHARS])
+        if outcome.result == FAILED and outcome.termination is not None and not outcome.termination.infrastructure:
+            cause = self.link.infrastructure_cause(outcome.error or "")  # a peer that failed first
+            if cause is not None:
+                return replace(outcome, termination=Termination("node_lost", cause))
+        return outcome
+
+    def _launch_here(self, phase: str, monitor: DistillMonitor | None, rendezvous: Rendezvous | None) -> Outcome:
+        process = launch.start_phase(self.run_dir, self.spec, phase, self.extra_env, self.profile_trials, rendezvous)
         self.watcher.process_changed(phase, process)
         if monitor is not None:
             monitor.launched()
@@ -205,7 +260,7 @@ class Supervisor:
         while process.poll() is None:
             if monitor is not None:
                 monitor.tick()
-            stop = self.watcher.tick(phase) or self._over_time()
+            stop = self.watcher.tick(phase) or self._over_time() or self._peer_failed()
             if stop is not None and stop.checkpoint and phase == DISTILL:
                 if asked is None:
                     request_stop(self.run_dir, PAUSE)
@@ -214,6 +269,11 @@ class Supervisor:
                 return replace(stop, checkpoint=False)  # stopped at once: nothing waits for a checkpoint
             time.sleep(self.poll_s)
         return asked
+
+    def _peer_failed(self) -> Stop | None:
+        """Another node's part of this launch failed: stop this node's ranks at once."""
+        failure = self.link.peer_failure() if self.link is not None else None
+        return Stop(FAILED, "node_lost", failure) if failure is not None else None
 
     def _over_time(self) -> Stop | None:
         limit = self.time_limit_s
@@ -248,6 +308,8 @@ class Supervisor:
         """Record how the job ended in events.jsonl (unless its run directory is gone: a deleted job)."""
         if not self.run_dir.root.exists():
             return outcome
+        if self.link is not None:
+            self.link.done(outcome.result)
         if outcome.result == SUCCEEDED:
             self.run_dir.append_event("finished")
         elif outcome.result == CANCELLED:

@@ -49,11 +49,12 @@ def default_stages(
     schedule: ScheduleSpec, num_blocks: int, estimates: BlockProbe, model: CostModel | None
 ) -> list[StageSpec]:
     """One stage per rank: the best unreplicated plan when measured, else FLOP-balanced."""
-    mode, nproc = schedule.mode, schedule.nproc
+    mode, nproc = schedule.mode, schedule.world_size  # every rank of every node
     if nproc > num_blocks:
+        fewer = f"--nproc {num_blocks}" if schedule.nodes == 1 else f"{num_blocks} ranks in all (nodes x nproc)"
         raise PlanError(
             f"mode {mode!r} gives each of {nproc} ranks its own stage but the workload has {num_blocks}"
-            f" blocks; use --nproc {num_blocks} or fewer, or mode 'hybrid', 'ir' or 'auto' to replicate stages"
+            f" blocks; use {fewer} or fewer, or mode 'hybrid', 'ir' or 'auto' to replicate stages"
         )
     if model is not None:
         return _specs(best_plan(model, unreplicated=True).triples())
@@ -65,7 +66,7 @@ def make_plan(
     schedule: ScheduleSpec, num_blocks: int, batch_size: int, estimates: BlockProbe, model: CostModel | None
 ) -> Plan:
     """The plan the runtime follows; PlanError says what would work instead."""
-    mode, nproc = schedule.mode, schedule.nproc
+    mode, nproc = schedule.mode, schedule.world_size  # every rank of every node
     plan = Plan(mode, nproc, num_blocks, batch_size)
     if mode == "dp":
         shard_rows(batch_size, nproc)

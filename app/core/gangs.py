@@ -1,0 +1,123 @@
+"""Gang claims: a job on N nodes is taken by N workers on N distinct hosts, all of them or none.
+
+A worker with room calls `take_seat`: under one lock shared by every gang claim (the `gangs` row of
+limit_state, app/core/limits.py: a row lock on PostgreSQL, the database's write lock on SQLite) it sits down
+in the first queued gang job, by priority then age, that still lacks a seat and where its host has none.
+Because every host fills the head gang before the next, two gangs never each hold part of the hosts they
+both wait for (no deadlock). The first seat is node 0: it runs the phases and hosts the rendezvous
+(pipebd_core/job/nodes.py), and publishes its address with `publish_endpoint`. Each seated worker then
+`wait_for_gang`: the gang is complete when it has `nodes` seats; one that is still incomplete `bound_s`
+after its first seat is released whole (`release`: every seat goes, the job stays queued), so an
+incomplete gang never keeps hosts from other jobs longer than that. `waiting_for` says what a queued gang
+waits for (the job page's line).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+
+from sqlalchemy import delete, func
+from sqlmodel import Session, col, select
+
+from app.core.database import session_scope
+from app.core.lifecycle import QUEUED
+from app.core.limits import hold
+from app.core.tables import GangSeat, Job, now
+
+GANG_LOCK = "gangs"  # the limit_state row every gang claim holds while it counts and takes seats
+GANG_BOUND_S = 60.0  # how long a seated worker waits for the rest of its gang before the gang is released
+POLL_S = 0.2  # how often a seated worker looks at its gang
+
+
+def seats(session: Session, job_id: int) -> list[GangSeat]:
+    """The gang's seats, node 0 first."""
+    query = select(GangSeat).where(GangSeat.job_id == job_id).order_by(col(GangSeat.node))
+    return list(session.exec(query.execution_options(populate_existing=True)).all())
+
+
+def take_seat(
+    session: Session, *, host: str, worker: str, skip: Collection[int] = (), at: float | None = None
+) -> GangSeat | None:
+    """Seat `host` in the first queued gang (priority, then age) that lacks a seat, unless the host already
+    sits in one or the job is in `skip` (gangs this worker gave up on lately); commits. None: no gang to join."""
+    at = now() if at is None else at
+    hold(session, GANG_LOCK, at)
+    seated = session.exec(select(GangSeat.id).where(GangSeat.host == host)).first()
+    if seated is not None:
+        session.commit()
+        return None
+    taken = select(func.count()).where(GangSeat.job_id == Job.id).correlate(Job).scalar_subquery()
+    query = (
+        select(Job.id, taken)
+        .where(Job.state == QUEUED, col(Job.nodes) > 1, taken < Job.nodes, col(Job.id).not_in(list(skip)))
+        .order_by(col(Job.priority).desc(), col(Job.id))
+        .limit(1)
+    )
+    head = session.exec(query).first()
+    if head is None:
+        session.commit()
+        return None
+    job_id, count = head
+    assert job_id is not None
+    seat = GangSeat(job_id=job_id, host=host, worker=worker, node=int(count), joined_at=at)
+    session.add(seat)
+    session.commit()
+    session.refresh(seat)
+    return seat
+
+
+def release(session: Session, job_id: int) -> bool:
+    """Give up every seat of the job's gang if it is still incomplete (all or none: a complete gang runs);
+    commits. True when it released them."""
+    hold(session, GANG_LOCK, now())
+    job = session.get(Job, job_id)
+    taken = len(seats(session, job_id))
+    if job is None or taken >= job.nodes:
+        session.commit()
+        return False
+    session.execute(delete(GangSeat).where(col(GangSeat.job_id) == job_id))
+    session.commit()
+    return True
+
+
+def leave(session: Session, job_id: int, host: str) -> None:
+    """The host's part of the job ended: its seat goes (commits)."""
+    session.execute(delete(GangSeat).where(col(GangSeat.job_id) == job_id, col(GangSeat.host) == host))
+    session.commit()
+
+
+def wait_for_gang(database: str, seat: GangSeat, bound_s: float = GANG_BOUND_S) -> list[GangSeat] | None:
+    """Wait until the seat's gang is complete (its seats, node 0 first); None when the gang was released,
+    by this worker after `bound_s` since its first seat or by another seated worker."""
+    while True:
+        with session_scope(database) as session:
+            job = session.get(Job, seat.job_id)
+            gang = seats(session, seat.job_id)
+            if job is None or all(other.id != seat.id for other in gang):
+                return None
+            if len(gang) >= job.nodes:
+                return gang
+            if now() - gang[0].joined_at > bound_s:
+                release(session, seat.job_id)
+                return None
+        time.sleep(POLL_S)
+
+
+def publish_endpoint(session: Session, job_id: int, endpoint: str) -> None:
+    """Node 0 says where its rendezvous listens (HOST:PORT); commits."""
+    seat = session.exec(select(GangSeat).where(GangSeat.job_id == job_id, GangSeat.node == 0)).one()
+    seat.endpoint = endpoint
+    session.add(seat)
+    session.commit()
+
+
+def waiting_for(session: Session, job: Job) -> str | None:
+    """What a queued gang job waits for, in words (None: a job on one node)."""
+    if job.nodes <= 1 or job.id is None:
+        return None
+    gang = seats(session, job.id)
+    if not gang:
+        return f"waiting for {job.nodes} workers on {job.nodes} distinct hosts"
+    hosts = ", ".join(seat.host for seat in gang)
+    return f"gang of {job.nodes} nodes: seated on {hosts}; waiting for {job.nodes - len(gang)} more host(s)"

@@ -1,0 +1,160 @@
+"""A job on two nodes, emulated on this machine: two supervisors over one run directory (node 0's `run`, node
+1's `follow`), each starting its own torchrun agent (1 rank each, gloo) that meet at a c10d rendezvous on
+loopback (pipebd_core/job/nodes.py). Checks that a 2-node `pipebd run` trains exactly the oracle's students
+(the sequential loop every 1-node mode is tested against), that a node killed mid-run stops the other at
+once, and that nodes which do not share the run directory fail at start, saying so.
+
+Tier: real torchrun processes, no service.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pipebd_core.job.launch import prepare_run
+from pipebd_core.job.nodes import NodeRole
+from pipebd_core.job.outcomes import FAILED
+from pipebd_core.job.supervisor import Outcome, Supervisor, Watcher
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import parse_spec
+from tests.helpers import (
+    ROOT,
+    RUN_TIMEOUT_S,
+    assert_same_weights,
+    load_students,
+    plain_loop,
+    tiny_document,
+    write_spec,
+)
+
+BOUND_S = 20.0  # how long the emulated nodes wait for each other
+
+
+def two_node_document() -> dict:
+    return tiny_document(schedule={"mode": "tr_dpu", "nproc": 1, "nodes": 2, "profile": False})
+
+
+def roles(run_id: str) -> tuple[NodeRole, NodeRole]:
+    loopback = {"bound_s": BOUND_S, "local_addr": "127.0.0.1"}
+    return NodeRole(2, 0, run_id, **loopback), NodeRole(2, 1, run_id, **loopback)  # type: ignore[arg-type]
+
+
+def run_nodes(
+    run_dir: RunDir, follower_watcher: Watcher | None = None, follower_mute: bool = False
+) -> tuple[Outcome, Outcome, float]:
+    """Node 0 in this thread, node 1 in another; both outcomes and node 0's wall time. `follower_mute`: node 1
+    never says how its launches ended (as when its host is gone with its supervisor)."""
+    node0, node1 = roles(uuid.uuid4().hex[:8])
+    followed: list[Outcome] = []
+    follower = Supervisor(run_dir, follower_watcher, node=node1, time_limit_s=RUN_TIMEOUT_S, kill_grace_s=2)
+    if follower_mute:
+        assert follower.link is not None
+        follower.link.ended = lambda *_: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=lambda: followed.append(follower.follow()))
+    thread.start()
+    started = time.monotonic()
+    try:
+        outcome = Supervisor(run_dir, node=node0, time_limit_s=RUN_TIMEOUT_S, kill_grace_s=2).run()
+    finally:
+        thread.join(RUN_TIMEOUT_S)
+    assert not thread.is_alive() and followed, "node 1 did not end with node 0"
+    return outcome, followed[0], time.monotonic() - started
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(text in part for part in process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+class KillNode(Watcher):
+    """Node 1's watcher: SIGKILLs this node's torchrun agent and ranks once the ranks train."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self.run_dir = run_dir
+        self.process: subprocess.Popen[bytes] | None = None
+        self.killed_at: float | None = None
+
+    def process_changed(self, phase: str, process: subprocess.Popen[bytes] | None) -> None:
+        self.process = process if process is not None else self.process
+
+    def tick(self, phase: str) -> None:
+        training = self.run_dir.metrics(0, "distill").exists() or self.run_dir.metrics(1, "distill").exists()
+        if self.killed_at is None and self.process is not None and training:
+            tree = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
+            for process in tree:  # the node's agent and its rank, all at once: a host gone
+                process.send_signal(signal.SIGKILL)
+            self.killed_at = time.monotonic()
+
+
+@pytest.mark.parametrize("supervisor_too", [False, True], ids=["ranks-killed", "host-lost"])
+def test_a_node_killed_mid_run_stops_the_other_at_once(tmp_path: Path, supervisor_too: bool) -> None:
+    # Many steps, and a process-group timeout far longer than the bound below: only the failure's
+    # propagation can stop node 0 in time.
+    document = two_node_document()
+    document["data"]["num_samples"] = 4000
+    document["schedule"]["timeout_s"] = 600
+    spec = parse_spec(document)
+    run_dir = prepare_run(spec, tmp_path / "run")
+    killer = KillNode(run_dir)
+    outcome, followed, _ = run_nodes(run_dir, killer, follower_mute=supervisor_too)
+    ended = time.monotonic()
+    assert killer.killed_at is not None, "the ranks never trained"
+    stopped_after_s = ended - killer.killed_at
+    print(f"node 0 stopped {stopped_after_s:.1f} s after node 1 was killed: {outcome.reason}: {outcome.error}")
+    assert followed.result == FAILED and outcome.result == FAILED
+    assert outcome.termination is not None and outcome.termination.retryable, outcome  # restarted by the service
+    assert stopped_after_s < 15
+    left = [(p.pid, p.ppid(), p.cmdline()) for p in processes_mentioning(str(run_dir.root))]
+    assert left == []
+
+
+def test_nodes_that_do_not_share_the_run_directory_fail_at_start(tmp_path: Path) -> None:
+    spec = parse_spec(two_node_document())
+    run_dir = prepare_run(spec, tmp_path / "run")
+    node0, _ = roles("unshared")
+    node0 = NodeRole(2, 0, node0.run_id, bound_s=0.5)  # node 1 never writes its token here
+    started = time.monotonic()
+    outcome = Supervisor(run_dir, node=node0).run()
+    assert outcome.result == FAILED and outcome.reason == "launch_error"
+    assert "node(s) 1 of 2 did not show up in the run directory" in (outcome.error or "")
+    assert "shared filesystem" in (outcome.error or "")
+    assert time.monotonic() - started < 5
+    assert not run_dir.rendezvous.exists() or "done" in run_dir.rendezvous.read_text()  # nothing launched
+    assert not run_dir.launcher_log("distill").exists()
+
+
+def test_pipebd_run_on_two_nodes_from_the_command_line(tmp_path: Path) -> None:
+    """`pipebd run --nnodes 2 --node-rank K --rdzv-endpoint HOST --rdzv-id ID --out SHARED`, as a batch
+    scheduler would start it on each node; node 1 starts first and waits for node 0's run directory."""
+    spec, run = write_spec(tmp_path, tiny_document(schedule={"nproc": 1, "mode": "tr"})), tmp_path / "run"
+    common = ["--out", str(run), "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1", "--rdzv-id", "cli-test"]
+    pipebd = [sys.executable, "-m", "pipebd_core.cli", "run"]
+    commands = [[*pipebd, *common, "--node-rank", "1"], [*pipebd, str(spec), *common, "--node-rank", "0"]]
+    nodes = [subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True) for command in commands]
+    try:
+        errors = [node.communicate(timeout=RUN_TIMEOUT_S)[1] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], errors
+    run_dir = RunDir(run)
+    assert run_dir.load_spec().schedule.nodes == 2 and run_dir.load_plan().nproc == 2
+    assert_same_weights(load_students(run_dir), plain_loop(run_dir.load_spec()))
+    started = [event for event in run_dir.read_events() if event["event"] == "rank_started"]
+    assert sorted(event["rank"] for event in started) == [0, 1]
+    assert sorted(event["node"] for event in started) == [0, 1]  # one rank on each node's agent
+    assert run_dir.launcher_log("distill", 1).exists() and run_dir.launcher_log("distill", 0).exists()
+    assert processes_mentioning(str(run)) == []

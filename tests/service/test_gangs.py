@@ -1,0 +1,106 @@
+"""Service tier: gang claims of jobs on several nodes (app/core/gangs.py) on real SQLite and PostgreSQL: all N
+seats on N distinct hosts or none, the head gang filled before the next (two gangs never split the hosts),
+concurrent claimers that never deadlock nor overfill, and an incomplete gang released after its bound."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from sqlmodel import Session
+
+from app.core import gangs
+from app.core.database import get_engine, migrate
+from app.core.settings import Settings
+from app.core.tables import GangSeat
+from tests.service.factories import insert_job
+
+
+def take(settings: Settings, host: str, skip: tuple[int, ...] = ()) -> GangSeat | None:
+    with Session(get_engine(settings.database), expire_on_commit=False) as session:
+        return gangs.take_seat(session, host=host, worker=f"w@{host}", skip=skip)
+
+
+def gang(settings: Settings, job_id: int) -> list[tuple[str, int]]:
+    with Session(get_engine(settings.database)) as session:
+        return [(seat.host, seat.node) for seat in gangs.seats(session, job_id)]
+
+
+def test_a_gang_takes_distinct_hosts_head_first_and_never_more_than_its_nodes(settings: Settings) -> None:
+    migrate(settings.database)
+    single = insert_job(settings, nodes=1, priority=50)  # a job on one node is not a gang
+    first = insert_job(settings, nodes=2)
+    urgent = insert_job(settings, nodes=2, priority=5)  # queued later, but ahead by priority
+    insert_job(settings, "running", nodes=2, priority=99)  # not in the queue
+    a = take(settings, "a")
+    assert a is not None and (a.job_id, a.node) == (urgent.id, 0)
+    assert take(settings, "a") is None  # one seat per host: a second worker on host a waits
+    b = take(settings, "b")
+    assert b is not None and (b.job_id, b.node) == (urgent.id, 1)
+    c = take(settings, "c")  # the urgent gang is full: the next one
+    assert c is not None and c.job_id == first.id and c.node == 0
+    assert gang(settings, urgent.id) == [("a", 0), ("b", 1)]
+    assert gang(settings, single.id) == []
+    with Session(get_engine(settings.database)) as session:
+        assert "seated on c; waiting for 1 more host(s)" in (gangs.waiting_for(session, first) or "")
+        assert gangs.release(session, urgent.id) is False  # complete: it runs, nothing is given back
+    assert gangs.wait_for_gang(settings.database, a, bound_s=0.0) is not None
+
+
+def test_concurrent_claimers_fill_two_gangs_without_deadlock_or_split(settings: Settings) -> None:
+    """Four hosts race for two gangs of two: each gang gets two distinct hosts, both complete, none waits on
+    a half-filled gang (the half-and-half split that deadlocks a naive claim)."""
+    migrate(settings.database)
+    one, two = insert_job(settings, nodes=2), insert_job(settings, nodes=2)
+    results: dict[str, list[GangSeat] | None] = {}
+    barrier = threading.Barrier(4)
+
+    def claim(host: str) -> None:
+        barrier.wait()
+        seat = take(settings, host)
+        results[host] = None if seat is None else gangs.wait_for_gang(settings.database, seat, bound_s=20)
+
+    threads = [threading.Thread(target=claim, args=(host,)) for host in "abcd"]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "a claimer is stuck"
+    assert time.monotonic() - started < 10
+    assert all(results[host] is not None for host in "abcd"), results
+    for job in (one, two):
+        hosts = [host for host, _ in gang(settings, job.id)]
+        assert len(hosts) == 2 and len(set(hosts)) == 2
+        assert sorted(node for _, node in gang(settings, job.id)) == [0, 1]
+
+
+def test_an_incomplete_gang_is_released_whole_after_its_bound(settings: Settings) -> None:
+    migrate(settings.database)
+    job = insert_job(settings, nodes=3)
+    seated = [take(settings, host) for host in ("a", "b")]  # the third host never comes
+    assert all(seat is not None for seat in seated)
+    started = time.monotonic()
+    assert gangs.wait_for_gang(settings.database, seated[0], bound_s=0.3) is None  # type: ignore[arg-type]
+    assert 0.3 <= time.monotonic() - started < 3
+    assert gang(settings, job.id) == []  # every seat went, not only the waiter's
+    assert gangs.wait_for_gang(settings.database, seated[1], bound_s=60) is None  # type: ignore[arg-type]
+    with Session(get_engine(settings.database)) as session:
+        assert session.get(type(job), job.id).state == "queued"  # type: ignore[union-attr]
+    assert take(settings, "a", skip=(job.id,)) is None  # a worker that gave up on it skips it a while
+    again = take(settings, "a")
+    assert again is not None and (again.job_id, again.node) == (job.id, 0)
+
+
+def test_node_zero_publishes_the_rendezvous_for_the_others(settings: Settings) -> None:
+    migrate(settings.database)
+    job = insert_job(settings, nodes=2)
+    zero, one = take(settings, "a"), take(settings, "b")
+    assert zero is not None and one is not None
+    with Session(get_engine(settings.database)) as session:
+        gangs.publish_endpoint(session, job.id, "a:29500")
+    ready = gangs.wait_for_gang(settings.database, one, bound_s=5)
+    assert ready is not None and ready[0].endpoint == "a:29500" and ready[0].host == "a"
+    with Session(get_engine(settings.database)) as session:
+        gangs.leave(session, job.id, "b")
+    assert gang(settings, job.id) == [("a", 0)]
