@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from torch import nn
 
@@ -132,3 +133,12 @@ def plain_loop(spec: Spec) -> dict[str, torch.Tensor]:
             optimizer.step()
             x = target
     return {f"blocks.{i}.{k}": v for i, s in enumerate(workload.student_blocks) for k, v in s.state_dict().items()}
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    """Every process whose command line mentions `text` (a run directory: its agent and forked ranks)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(text in part for part in process.info["cmdline"] or []):
+            found.append(process)
+    return found

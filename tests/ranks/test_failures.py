@@ -14,19 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 
 from pipebd_core.rundir import RunDir
-from tests.helpers import ROOT, pipebd, tiny_document, write_spec
-
-
-def processes_mentioning(text: str) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if any(text in part for part in process.info["cmdline"] or []):
-            found.append(process)
-    return found
+from tests.helpers import ROOT, pipebd, processes_mentioning, tiny_document, write_spec
 
 
 @pytest.mark.parametrize("failing_rank", [0, 1])

@@ -32,6 +32,7 @@ from tests.helpers import (
     assert_same_weights,
     load_students,
     plain_loop,
+    processes_mentioning,
     tiny_document,
     write_spec,
 )
@@ -68,14 +69,6 @@ def run_nodes(
         thread.join(RUN_TIMEOUT_S)
     assert not thread.is_alive() and followed, "node 1 did not end with node 0"
     return outcome, followed[0], time.monotonic() - started
-
-
-def processes_mentioning(text: str) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if any(text in part for part in process.info["cmdline"] or []):
-            found.append(process)
-    return found
 
 
 class KillNode(Watcher):
