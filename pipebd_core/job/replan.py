@@ -138,8 +138,10 @@ class DistillMonitor:
     def plan(self) -> PlanDocument:
         return self.run_dir.load_plan()
 
-    def tick(self) -> None:
-        """Read what the ranks wrote; calibrate when a window is ready (and at each epoch boundary)."""
+    def tick(self, exited: bool = False) -> None:
+        """Read what the ranks wrote; calibrate when a window is ready (and at each epoch boundary).
+        `exited`: the ranks have ended, so what they wrote last is read once more (a short run can end
+        between two polls) and no re-plan is considered: nothing is left to run."""
         if self.window is None or self.pending is not None:
             return
         self.window.read()
@@ -150,9 +152,9 @@ class DistillMonitor:
         assert plan.steps is not None, "the plan the ranks follow has its step counts"
         per_epoch = plan.steps.steps_per_epoch
         self.next_check_step = (latest // per_epoch + 1) * per_epoch  # then at the next epoch boundary
-        self._calibrate(plan, latest)
+        self._calibrate(plan, latest, consider_replan=not exited)
 
-    def _calibrate(self, plan: PlanDocument, latest: int) -> None:
+    def _calibrate(self, plan: PlanDocument, latest: int, consider_replan: bool) -> None:
         assert self.window is not None and self.profile is not None
         steady = self.window.steady()
         stages = [stage.to_json() for stage in plan.stages]
@@ -172,7 +174,7 @@ class DistillMonitor:
             event["calibrated_step_s"] = model.pipeline_step(plan.stage_triples())
             self._record_after_replan(plan, measured)
         self.run_dir.append_event("calibrated", **event)
-        if self.spec.schedule.replans and measured is not None and predicted:
+        if consider_replan and self.spec.schedule.replans and measured is not None and predicted:
             self._consider(plan, model, measured, latest)
 
     def _consider(self, plan: PlanDocument, model: CostModel, measured: float, latest: int) -> None:

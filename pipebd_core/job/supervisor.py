@@ -268,6 +268,8 @@ class Supervisor:
             elif stop is not None:
                 return replace(stop, checkpoint=False)  # stopped at once: nothing waits for a checkpoint
             time.sleep(self.poll_s)
+        if monitor is not None:
+            monitor.tick(exited=True)  # what the ranks wrote after the last poll
         return asked
 
     def _peer_failed(self) -> Stop | None:

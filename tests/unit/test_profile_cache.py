@@ -78,3 +78,27 @@ def test_a_calibration_reaches_the_cache_only_when_the_supervisor_stores_it(tmp_
     assert run_dir.calibration.exists(), "the monitor never calibrated: the check below would prove nothing"
     cached = profiles.load_cached(spec)
     assert cached is not None and (cached.calibration is not None) == store
+
+
+@pytest.mark.parametrize("exited", [False, True])
+def test_ranks_that_exited_are_still_calibrated_from_but_never_replanned(tmp_path: Path, exited: bool) -> None:
+    """A short run can end between two polls: the supervisor reads what its ranks wrote last once more
+    (tick(exited=True)) and calibrates from it, but considers no re-plan, as nothing is left to run; the
+    same lines read while the ranks run weigh one (the profile is 100x off; too few steps are left for it)."""
+    spec = tiny_spec(schedule={"nproc": 2, "profile": True, "mode": "auto", "replan": True})
+    measured = fake_profile([0.002] * 4, [0.004] * 4, nproc=2, batch_size=10)
+    profiles.store(spec, measured)
+    run_dir = prepare_run(spec, tmp_path / "run", phases=[PLAN, DISTILL])
+    run_dir.write_json(run_dir.profile, measured.to_json())
+    run_dir.write_json(run_dir.plan, resolve_plan(spec, measured).to_json())
+    monitor = DistillMonitor(run_dir, spec, store_calibration=False)
+    monitor.launched()
+    for rank in (0, 1):
+        run_dir.metrics(rank).parent.mkdir(parents=True, exist_ok=True)
+        lines = [to_line(distill_line(rank=rank, step=step, time=100.0 + step)) for step in range(8)]
+        run_dir.metrics(rank).write_text("".join(line + "\n" for line in lines))
+    monitor.tick(exited=exited)
+    assert run_dir.calibration.exists()
+    events = [json.loads(line)["event"] for line in run_dir.events.read_text().splitlines()]
+    weighed = {"replan_requested", "replan_declined"} & set(events)
+    assert "calibrated" in events and bool(weighed) == (not exited) and monitor.pending is None
