@@ -17,6 +17,7 @@ from pipebd_core.job.replan import DistillMonitor
 from pipebd_core.planning import profiles
 from pipebd_core.planning.resolve import resolve_plan
 from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec
 from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_spec
 from tests.telemetry_lines import distill_line
@@ -58,11 +59,9 @@ def test_an_old_run_directorys_profile_is_refused_saying_so(tmp_path: Path) -> N
         run_dir.load_profile()
 
 
-@pytest.mark.parametrize("store", [True, False])
-def test_a_calibration_reaches_the_cache_only_when_the_supervisor_stores_it(tmp_path: Path, store: bool) -> None:
-    """A benchmark's arms run with store_calibration off: the monitor still calibrates, into its own run
-    directory, but the cached profile the next job (or arm) would plan from is left as it was."""
-    spec = tiny_spec(schedule={"nproc": 2, "profile": True})
+def monitored_run(tmp_path: Path, spec: Spec, store: bool) -> tuple[RunDir, DistillMonitor]:
+    """A distill run planned from a profile 100x faster than its ranks' telemetry (1 s a step), launched
+    under a monitor; every rank has written 8 steps, which the monitor has not read yet."""
     measured = fake_profile([0.002] * 4, [0.004] * 4, nproc=2, batch_size=10)
     profiles.store(spec, measured)
     run_dir = prepare_run(spec, tmp_path / "run", phases=[PLAN, DISTILL])
@@ -74,6 +73,15 @@ def test_a_calibration_reaches_the_cache_only_when_the_supervisor_stores_it(tmp_
         run_dir.metrics(rank).parent.mkdir(parents=True, exist_ok=True)
         lines = [to_line(distill_line(rank=rank, step=step, time=100.0 + step)) for step in range(8)]
         run_dir.metrics(rank).write_text("".join(line + "\n" for line in lines))
+    return run_dir, monitor
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_a_calibration_reaches_the_cache_only_when_the_supervisor_stores_it(tmp_path: Path, store: bool) -> None:
+    """A benchmark's arms run with store_calibration off: the monitor still calibrates, into its own run
+    directory, but the cached profile the next job (or arm) would plan from is left as it was."""
+    spec = tiny_spec(schedule={"nproc": 2, "profile": True})
+    run_dir, monitor = monitored_run(tmp_path, spec, store)
     monitor.tick()
     assert run_dir.calibration.exists(), "the monitor never calibrated: the check below would prove nothing"
     cached = profiles.load_cached(spec)
@@ -86,17 +94,7 @@ def test_ranks_that_exited_are_still_calibrated_from_but_never_replanned(tmp_pat
     (tick(exited=True)) and calibrates from it, but considers no re-plan, as nothing is left to run; the
     same lines read while the ranks run weigh one (the profile is 100x off; too few steps are left for it)."""
     spec = tiny_spec(schedule={"nproc": 2, "profile": True, "mode": "auto", "replan": True})
-    measured = fake_profile([0.002] * 4, [0.004] * 4, nproc=2, batch_size=10)
-    profiles.store(spec, measured)
-    run_dir = prepare_run(spec, tmp_path / "run", phases=[PLAN, DISTILL])
-    run_dir.write_json(run_dir.profile, measured.to_json())
-    run_dir.write_json(run_dir.plan, resolve_plan(spec, measured).to_json())
-    monitor = DistillMonitor(run_dir, spec, store_calibration=False)
-    monitor.launched()
-    for rank in (0, 1):
-        run_dir.metrics(rank).parent.mkdir(parents=True, exist_ok=True)
-        lines = [to_line(distill_line(rank=rank, step=step, time=100.0 + step)) for step in range(8)]
-        run_dir.metrics(rank).write_text("".join(line + "\n" for line in lines))
+    run_dir, monitor = monitored_run(tmp_path, spec, store=False)
     monitor.tick(exited=exited)
     assert run_dir.calibration.exists()
     events = [json.loads(line)["event"] for line in run_dir.events.read_text().splitlines()]
