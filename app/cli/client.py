@@ -229,3 +229,17 @@ def follow(server: str, token: str | None, job_id: int) -> str:
             printed = time.time()
     print(file=sys.stderr)
     return final
+
+
+def paged(
+    server: str, token: str | None, path: str, query: dict[str, Any], cursor: str | None, every: bool
+) -> tuple[list[Any], str | None]:
+    """The items of a cursor-paged list at `path`: the page at `cursor`, then (`every`: --all) each next
+    one; with the cursor of the page after the last one read (None at the end)."""
+    items: list[Any] = []
+    while True:
+        page: dict[str, Any] = get_json(server, token, path, {**query, "cursor": cursor})
+        items += page["data"]
+        cursor = page["next_cursor"]
+        if not every or cursor is None:
+            return items, cursor

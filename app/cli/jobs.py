@@ -10,11 +10,11 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.cli.client import ClientError, download, get_json
+from app.cli.client import ClientError, download, get_json, paged
 from app.cli.output import fields, percent, print_json, table
 from pipebd_core.cli import fail
 
@@ -43,19 +43,6 @@ def handles_refusals(command: Callable[[argparse.Namespace], int]) -> Callable[[
 # --- pipebd jobs --------------------------------------------------------------------------------------
 
 
-def pages(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
-    """The page at --cursor, then (with --all) every next one."""
-    cursor = args.cursor
-    while True:
-        page: dict[str, Any] = get_json(
-            args.server, args.token, JOBS, {"state": args.state, "limit": args.limit, "cursor": cursor}
-        )
-        yield page
-        cursor = page["next_cursor"]
-        if not args.all or cursor is None:
-            return
-
-
 def job_row(job: dict[str, Any]) -> list[Any]:
     return [
         job["id"],
@@ -72,9 +59,8 @@ def job_row(job: dict[str, Any]) -> list[Any]:
 
 @handles_refusals
 def command_jobs(args: argparse.Namespace) -> int:
-    collected = list(pages(args))
-    jobs = [job for page in collected for job in page["data"]]
-    next_cursor = collected[-1]["next_cursor"]
+    query = {"state": args.state, "limit": args.limit}
+    jobs, next_cursor = paged(args.server, args.token, JOBS, query, args.cursor, args.all)
     if args.json:
         print_json({"data": jobs, "next_cursor": next_cursor})
         return 0

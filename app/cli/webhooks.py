@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any
 
-from app.cli.client import call, get_json
+from app.cli.client import call, get_json, paged
 from app.cli.jobs import handles_refusals
 from app.cli.output import print_json, table
 
@@ -90,27 +89,15 @@ def delete_webhook(args: argparse.Namespace) -> None:
     print_json({"deleted": args.webhook_id}) if args.json else print(f"webhook {args.webhook_id} deleted")
 
 
-def pages(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
-    """The delivery page at --cursor, then (with --all) every next one."""
-    cursor = args.cursor
-    while True:
-        query = {"state": args.state, "limit": args.limit, "cursor": cursor}
-        page: dict[str, Any] = get_json(args.server, args.token, f"{WEBHOOKS}/{args.webhook_id}/deliveries", query)
-        yield page
-        cursor = page["next_cursor"]
-        if not args.all or cursor is None:
-            return
-
-
 def delivery_row(d: dict[str, Any]) -> list[Any]:
     attempts = f"{d['attempts']}/{d['max_attempts']}"
     return [d["id"], d["event"], d["job_id"], d["state"], attempts, d["last_status"], d["created_at"], d["last_error"]]
 
 
 def log(args: argparse.Namespace) -> None:
-    collected = list(pages(args))
-    found = [delivery for page in collected for delivery in page["data"]]
-    next_cursor = collected[-1]["next_cursor"]
+    query = {"state": args.state, "limit": args.limit}
+    path = f"{WEBHOOKS}/{args.webhook_id}/deliveries"
+    found, next_cursor = paged(args.server, args.token, path, query, args.cursor, args.all)
     if args.json:
         print_json({"data": found, "next_cursor": next_cursor})
         return
