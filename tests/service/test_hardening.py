@@ -114,18 +114,24 @@ def post_concurrently(url: str, bodies: dict[str, tuple[bytes, str]]) -> tuple[d
     return answers, joiner
 
 
+def yaml_named(name: str) -> bytes:
+    """A tiny job's YAML with `name` spliced in (PyYAML's emitter takes seconds per megabyte of one string)."""
+    return yaml.safe_dump({**tiny_job(), "name": "NAME"}).replace("NAME", name).encode()
+
+
 def test_health_answers_while_large_and_slow_specs_are_refused(tmp_path: Path) -> None:
-    allow = "pipebd_core.workloads,tests.service.slow_data"
-    settings = make_settings(
-        tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", spec_check_timeout_s=4.0, factory_allowlist=allow
-    )
+    """The API runs as its own process, as it does in production: the test's client threads (one of them
+    uploading 20 MB) would otherwise share the server's interpreter lock and time themselves."""
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")
     slow = tiny_job(data={"dataset": "custom", "factory": SLOW_DATA, "options": {"delay_s": 60}})
     bodies = {
-        "20 MB of YAML": (yaml.safe_dump({**tiny_job(), "name": "x" * 20_000_000}).encode(), "application/yaml"),
-        "1 MB of YAML": (yaml.safe_dump({**tiny_job(), "name": "y" * 1_000_000}).encode(), "application/yaml"),
+        "20 MB of YAML": (yaml_named("x" * 20_000_000), "application/yaml"),
+        "1 MB of YAML": (yaml_named("y" * 1_000_000), "application/yaml"),
         "a slow spec": (yaml.safe_dump(slow).encode(), "application/yaml"),
     }
-    with serve(create_app(settings)) as url:
+    allow = "pipebd_core.workloads,tests.service.slow_data"
+    with pipebd_api(settings, PIPEBD_SPEC_CHECK_TIMEOUT_S="4.0", PIPEBD_FACTORY_ALLOWLIST=allow) as api:
+        url = api.url
         httpx.post(f"{url}{JOBS}", json=tiny_job(), timeout=120)  # the spec checker is up: time only the refusals
         answers, joiner = post_concurrently(url, bodies)
         delays = []
