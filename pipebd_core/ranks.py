@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import os
 import sys
 import time
@@ -15,9 +16,29 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from pipebd_core.data.datasets import dataset_module
 from pipebd_core.documents.errors import RankError
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
+from pipebd_core.workloads.workload import workload_module
+
+
+def preload(run_dir: RunDir) -> list[str]:
+    """Import what building this run's workload and data set needs (torchvision, transformers,
+    scikit-learn: about a second of CPU each), so that a warm agent's ranks fork with it imported instead
+    of each importing it again. Returns the modules imported. One that fails is left for the ranks to
+    import and report, where their errors are written."""
+    spec = run_dir.load_spec()
+    loaded = []
+    for module in (workload_module(spec), dataset_module(spec)):
+        if module is None:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception:  # the rank that imports it again reports it
+            continue
+        loaded.append(module)
+    return loaded
 
 
 def pick_device(spec: Spec, local_rank: int) -> torch.device:

@@ -45,6 +45,9 @@ def take(session: Session, name: str, *, limit: int, window_s: float, at: float)
     """Count one use of limit `name` at time `at`, unless `limit` uses already fall in the `window_s`
     before it: None when counted, else the seconds until the oldest leaves the window. The caller commits."""
     row = hold(session, name, at)
+    # `at` was read before the lock was waited for: a use that a transaction holding the row before us
+    # counted is not later than now, so the window is measured from the later of the two
+    at = max([at, *row.times])
     recent = sorted(t for t in row.times if t > at - window_s)
     if len(recent) >= limit:
         return recent[-limit] + window_s - at

@@ -6,6 +6,7 @@ Nothing is ever downloaded: missing data raises `SpecError` naming the path look
 from __future__ import annotations
 
 import hashlib
+import importlib
 from typing import Any
 
 import torch
@@ -68,6 +69,16 @@ def _custom(spec: Spec) -> Dataset[Sample]:
     return _Pairs(inner)
 
 
+# The data sets built by a module of their own, imported only when a spec names them (torchvision and
+# scikit-learn cost seconds to import); `build(spec, split)` in each.
+DATASET_MODULES = {
+    "digits": "pipebd_core.data.digits",
+    "cifar10": "pipebd_core.data.images",
+    "imagefolder": "pipebd_core.data.images",
+    "text": "pipebd_core.data.text",
+}
+
+
 def build_dataset(spec: Spec, split: str = "train") -> Dataset[Sample]:
     """The data set for `split` ("train" or "eval"); items are `(input_tensor, label)`."""
     if split not in ("train", "eval"):
@@ -76,19 +87,15 @@ def build_dataset(spec: Spec, split: str = "train") -> Dataset[Sample]:
     if data.dataset == "synthetic":
         length = data.num_samples if split == "train" else min(data.eval_samples, data.num_samples)
         return SyntheticDataset(length, data.image_size, data.num_classes, spec.train.seed, split)
-    if data.dataset == "digits":
-        from pipebd_core.data import digits
-
-        return digits.build(spec, split)
-    if data.dataset in ("cifar10", "imagefolder"):
-        from pipebd_core.data import images as image_datasets  # torchvision costs seconds to import; only load it here
-
-        return image_datasets.build(spec, split)
-    if data.dataset == "text":
-        from pipebd_core.data import text
-
-        return text.build(spec, split)
+    if data.dataset in DATASET_MODULES:
+        dataset: Dataset[Sample] = importlib.import_module(DATASET_MODULES[data.dataset]).build(spec, split)
+        return dataset
     return _custom(spec)
+
+
+def dataset_module(spec: Spec) -> str | None:
+    """The module that builds the spec's data set, if it has one of its own (what a warm agent imports)."""
+    return DATASET_MODULES.get(spec.data.dataset)
 
 
 def check_dataset(spec: Spec) -> int:

@@ -21,16 +21,19 @@ PEER_LOST_MARKERS = ("connection closed by peer", "connection reset by peer", "b
 SIGKILL_EXIT_CODES = (-9, 137)  # a process killed by SIGKILL, as Popen and as a shell report it
 
 
-def launcher_tail(run_dir: RunDir, phase: str) -> str:
+def launcher_text(run_dir: RunDir, phase: str) -> str:
+    """The whole launcher log of `phase` (the agent's own output: kilobytes), or nothing."""
     path = run_dir.launcher_log(phase)
-    return path.read_text(errors="replace")[-LOG_TAIL_CHARS:] if path.exists() else ""
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def diagnose(run_dir: RunDir, phase: str, exit_code: int) -> Termination:
     """Why the processes of `phase` exited with `exit_code` != 0."""
     errors = run_dir.rank_errors(phase)
-    tail = launcher_tail(run_dir, phase)
-    killed = "SIGKILL" in tail or exit_code in SIGKILL_EXIT_CODES
+    log = launcher_text(run_dir, phase)
+    tail = log[-LOG_TAIL_CHARS:]
+    # the whole log: torchrun lists the SIGKILLed rank before the root cause's traceback, which can fill the tail
+    killed = "SIGKILL" in log or exit_code in SIGKILL_EXIT_CODES
     if errors and not (killed and all(lost_a_peer(error) for error in errors)):
         first = errors[0]
         oom = any(marker in f"{first.type} {first.message}" for marker in OOM_MARKERS)

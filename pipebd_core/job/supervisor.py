@@ -22,6 +22,7 @@ telemetry is written out as TensorBoard event files (pipebd_core/tracking/tensor
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from dataclasses import dataclass, replace
@@ -267,7 +268,8 @@ class Supervisor:
                     asked = stop
             elif stop is not None:
                 return replace(stop, checkpoint=False)  # stopped at once: nothing waits for a checkpoint
-            time.sleep(self.poll_s)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(self.poll_s)  # back as soon as it exits: the next phase starts at once
         if monitor is not None:
             monitor.tick(exited=True)  # what the ranks wrote after the last poll
         return asked

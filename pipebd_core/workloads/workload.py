@@ -6,6 +6,7 @@ block's starting weights never depend on the mode, the number of ranks or which 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,24 +78,25 @@ def path_generator(seed: int, block: int, step: int, round_: str) -> torch.Gener
     return torch.Generator().manual_seed(mixed)
 
 
+# The module and builder of each workload kind, imported only for a spec of that kind (torchvision and
+# transformers cost seconds to import); every other kind is a custom factory.
+BUILDERS = {
+    "compression": ("pipebd_core.workloads.compression", "build_compression_workload"),
+    "nas": ("pipebd_core.workloads.nas", "build_nas_workload"),
+    "transformer": ("pipebd_core.workloads.transformer", "build_transformer_workload"),
+}
+CUSTOM_BUILDER = ("pipebd_core.workloads.custom", "build_custom_workload")
+
+
+def workload_module(spec: Spec) -> str:
+    """The module that builds the spec's workload (what a warm agent imports before its ranks fork)."""
+    return BUILDERS.get(spec.workload.kind, CUSTOM_BUILDER)[0]
+
+
 def build_workload(spec: Spec) -> Workload:
     """Build the workload the spec names, on CPU, identically on every rank."""
-    if spec.workload.kind == "compression":
-        from pipebd_core.workloads.compression import build_compression_workload
-
-        workload = build_compression_workload(spec)
-    elif spec.workload.kind == "nas":
-        from pipebd_core.workloads.nas import build_nas_workload
-
-        workload = build_nas_workload(spec)
-    elif spec.workload.kind == "transformer":
-        from pipebd_core.workloads.transformer import build_transformer_workload
-
-        workload = build_transformer_workload(spec)
-    else:
-        from pipebd_core.workloads.custom import build_custom_workload
-
-        workload = build_custom_workload(spec)
+    module, builder = BUILDERS.get(spec.workload.kind, CUSTOM_BUILDER)
+    workload: Workload = getattr(importlib.import_module(module), builder)(spec)
     workload.losses = workload.losses or [spec.train.loss] * workload.num_blocks
     for teacher in workload.teacher_blocks:
         teacher.eval()

@@ -53,10 +53,13 @@ def test_uses_leave_the_window_and_quiet_clients_are_forgotten(settings: Setting
         ]
         assert take(session, "rate:a", limit=2, window_s=60, at=161.0) is None  # 110 and 161 are in it now
         assert take(session, "rate:b", limit=2, window_s=60, at=100.0) is None
+        # a time read before the lock was waited for, older than a use counted meanwhile: measured from that use
+        assert take(session, "rate:c", limit=1, window_s=60, at=130.0) is None
+        assert take(session, "rate:c", limit=1, window_s=60, at=129.5) == 60.0
         session.commit()
         forget_quiet(session, before=150.0)
         session.commit()
-    assert set(rate_rows(settings)) == {"rate:a"}  # b was last seen at 100
+    assert set(rate_rows(settings)) == {"rate:a"}  # b and c were last seen at 100 and 130
 
 
 def test_concurrent_submissions_never_pass_the_queue_cap(settings: Settings) -> None:

@@ -70,6 +70,12 @@ def test_a_sigkilled_rank_is_the_cause_when_the_others_only_lost_it(tmp_path: Pa
     own.launcher_log("distill").write_text(sigkill)
     rank_error(own, 0, "ValueError", "bad block", when=1.0)
     assert diagnose(own, "distill", 1).reason == "rank_error"
+    # torchrun lists the killed rank before the root cause, rank 0's traceback, which can fill the log's tail
+    long = RunDir(tmp_path / "long")
+    long.logs("distill").mkdir(parents=True)
+    long.launcher_log("distill").write_text(f"Failures:\n[1]: {sigkill}\nRoot Cause:\n[0]: {message}\n" + "  File x\n" * 900)
+    rank_error(long, 0, "RuntimeError", message, when=1.0)
+    assert diagnose(long, "distill", 1).reason == "rank_killed"
 
 
 def test_an_unknown_reason_cannot_be_recorded() -> None:
