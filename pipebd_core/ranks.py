@@ -30,7 +30,8 @@ def preload(run_dir: RunDir) -> list[str]:
     import and report, where their errors are written."""
     spec = run_dir.load_spec()
     loaded = []
-    for module in (workload_module(spec), dataset_module(spec)):
+    network = "torchvision.models" if spec.workload.kind == "train" and spec.workload.factory is None else None
+    for module in (workload_module(spec), network, dataset_module(spec)):
         if module is None:
             continue
         try:

@@ -15,20 +15,20 @@ so a pipeline stage is a contiguous slice of them and `nn.Sequential(*layers)` c
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torchvision.models import MobileNetV2
-from torchvision.models.vgg import VGG, cfgs, make_layers
 
 from pipebd_core.imports import call_factory
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
-from pipebd_core.workloads.compression import VGG_CONFIGS, init_vgg
 from pipebd_core.workloads.loading import uninitialised
-from pipebd_core.workloads.nas import init_mobilenet
 from pipebd_core.workloads.workload import block_seed, build_workload, seeded
+
+# torchvision (and the workloads built on it) are imported where a torchvision network is built or taken
+# apart: a second of CPU that a rank or an evaluate process of a custom network never needs.
 
 
 @dataclass
@@ -49,6 +49,15 @@ class Network:
 def layers_of(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
     """(name, module) in the order the network runs them: torchvision VGG and MobileNetV2 spelt out with
     their pooling and flattening, plain nn.Sequential containers opened, anything else one layer."""
+    if "torchvision" in sys.modules:  # a torchvision network was built (or loaded) by importing it
+        return torchvision_layers(model, prefix) or plain_layers(model, prefix)
+    return plain_layers(model, prefix)
+
+
+def torchvision_layers(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]] | None:
+    """VGG's and MobileNetV2's layers in the order they run, or None for any other module."""
+    from torchvision.models import VGG, MobileNetV2
+
     if isinstance(model, VGG):
         return [
             *layers_of(model.features, f"{prefix}features."),
@@ -63,6 +72,11 @@ def layers_of(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]
             (f"{prefix}flatten", nn.Flatten(1)),
             *layers_of(model.classifier, f"{prefix}classifier."),
         ]
+    return None
+
+
+def plain_layers(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
+    """Plain nn.Sequential containers opened, anything else one layer."""
     if type(model) is nn.Sequential:
         found: list[tuple[str, nn.Module]] = []
         for name, child in model.named_children():
@@ -93,6 +107,12 @@ def network_to_train(spec: Spec) -> nn.Module:
                 f"workload.factory: kind 'train' needs an nn.Module, {w.factory} returned {type(network).__name__}"
             )
         return network
+    from torchvision.models import MobileNetV2
+    from torchvision.models.vgg import VGG, cfgs, make_layers
+
+    from pipebd_core.workloads.compression import VGG_CONFIGS, init_vgg
+    from pipebd_core.workloads.nas import init_mobilenet
+
     if w.teacher == "mobilenet_v2":
         net: nn.Module = uninitialised(lambda: MobileNetV2(num_classes=classes, width_mult=w.width_mult))
         init_mobilenet(net, seeded(seed, "teacher", 0))
@@ -138,6 +158,8 @@ def build_network(spec: Spec, run_dir: RunDir | None) -> Network:
         if run_dir is None or not run_dir.searched_model.exists():
             return as_network(nn.Sequential(*students))  # the supernet stands in for the preflight's checks
         searched = torch.load(run_dir.searched_model, map_location="cpu", weights_only=False)
+        from pipebd_core.workloads.nas import init_mobilenet
+
         init_mobilenet(searched, seeded(spec.train.seed, "student", 0))
         return as_network(searched.train())
     if workload.assemble is not None:

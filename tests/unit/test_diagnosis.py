@@ -73,7 +73,9 @@ def test_a_sigkilled_rank_is_the_cause_when_the_others_only_lost_it(tmp_path: Pa
     # torchrun lists the killed rank before the root cause, rank 0's traceback, which can fill the log's tail
     long = RunDir(tmp_path / "long")
     long.logs("distill").mkdir(parents=True)
-    long.launcher_log("distill").write_text(f"Failures:\n[1]: {sigkill}\nRoot Cause:\n[0]: {message}\n" + "  File x\n" * 900)
+    long.launcher_log("distill").write_text(
+        f"Failures:\n[1]: {sigkill}\nRoot Cause:\n[0]: {message}\n" + "  File x\n" * 900
+    )
     rank_error(long, 0, "RuntimeError", message, when=1.0)
     assert diagnose(long, "distill", 1).reason == "rank_killed"
 
