@@ -11,6 +11,7 @@ from pipebd_core.documents.errors import RankError
 from pipebd_core.job.diagnosis import diagnose
 from pipebd_core.job.outcomes import Termination
 from pipebd_core.rundir import RunDir
+from tests.helpers import tiny_document
 
 
 def rank_error(run_dir: RunDir, rank: int, kind: str, message: str, when: float) -> None:
@@ -71,13 +72,28 @@ def test_a_sigkilled_rank_is_the_cause_when_the_others_only_lost_it(tmp_path: Pa
     rank_error(own, 0, "ValueError", "bad block", when=1.0)
     assert diagnose(own, "distill", 1).reason == "rank_error"
     # torchrun lists the killed rank before the root cause, rank 0's traceback, which can fill the log's tail
-    long = RunDir(tmp_path / "long")
-    long.logs("distill").mkdir(parents=True)
+    long = two_ranks(tmp_path / "long")
     long.launcher_log("distill").write_text(
         f"Failures:\n[1]: {sigkill}\nRoot Cause:\n[0]: {message}\n" + "  File x\n" * 900
     )
     rank_error(long, 0, "RuntimeError", message, when=1.0)
     assert diagnose(long, "distill", 1).reason == "rank_killed"
+    # or names only rank 0's failure (it saw both ended at once, and reports one): rank 1 left no report
+    unnamed = two_ranks(tmp_path / "unnamed")
+    unnamed.launcher_log("distill").write_text(f"Root Cause:\n[0]: exitcode: 1\n{message}\n")
+    rank_error(unnamed, 0, "RuntimeError", message, when=1.0)
+    termination = diagnose(unnamed, "distill", 1)
+    assert termination.reason == "rank_killed" and "rank 1 left no error report" in (termination.error or "")
+    rank_error(unnamed, 1, "RuntimeError", message, when=2.0)  # every rank reported: it was the connection
+    assert diagnose(unnamed, "distill", 1).reason == "rank_error"
+
+
+def two_ranks(root: Path) -> RunDir:
+    """A run directory of a 2-rank job whose distill phase ended."""
+    run_dir = RunDir(root)
+    run_dir.write_json(run_dir.spec, tiny_document(schedule={"mode": "tr", "nproc": 2}))
+    run_dir.logs("distill").mkdir(parents=True)
+    return run_dir
 
 
 def test_an_unknown_reason_cannot_be_recorded() -> None:
