@@ -24,9 +24,8 @@ from pipebd_core.documents.phases import EVALUATE
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.ranks import exit_now, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
-from pipebd_core.training.network import build_network, parameters, teacher_network
+from pipebd_core.training.network import build_network, load_trained, parameters, teacher_network
 from pipebd_core.training.plan import TrainPlan, finetune_view
-from pipebd_core.training.rank import load_trained
 from pipebd_core.workloads.flops import count_flops
 
 

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from pipebd_core.distill import checkpoint
 from pipebd_core.imports import call_factory
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
+from pipebd_core.training.plan import TrainPlan
 from pipebd_core.workloads.loading import uninitialised
 from pipebd_core.workloads.workload import block_seed, build_workload, seeded
 
@@ -165,6 +167,13 @@ def build_network(spec: Spec, run_dir: RunDir | None) -> Network:
     if workload.assemble is not None:
         return as_network(workload.assemble(students).train())
     return as_network(nn.Sequential(*students).train())
+
+
+def load_trained(network: Network, run_dir: RunDir, plan: TrainPlan, step_done: int) -> None:
+    """Every stage's checkpoint after `step_done` steps into the whole network's layers."""
+    for unit, (start, stop) in enumerate(plan.stages):
+        state = checkpoint.load_block(run_dir.finetune_checkpoints, unit, step_done)
+        network.sequential(start, stop).load_state_dict(state["module"])
 
 
 def teacher_network(spec: Spec) -> nn.Module | None:

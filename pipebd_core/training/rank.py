@@ -43,7 +43,7 @@ from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from pipebd_core.training.deferred import WeightGradients, defer_weight_gradients
 from pipebd_core.training.moved import stage_shares
-from pipebd_core.training.network import Network, build_network, teacher_network
+from pipebd_core.training.network import Network, build_network, load_trained, teacher_network
 from pipebd_core.training.pipeline import Segment, make_schedule, make_stage, timed_waits
 from pipebd_core.training.plan import TrainPlan, finetune_view
 
@@ -202,13 +202,6 @@ class Trainer:
         top1 = top1_accuracy(self.eval_network.model, ctx.spec, ctx.device)
         self.telemetry.write(EvalLine(time=time.time(), rank=ctx.rank, epoch=epoch, step=step_done - 1, top1=top1))
         self.module.train()
-
-
-def load_trained(network: Network, run_dir: RunDir, plan: TrainPlan, step_done: int) -> None:
-    """Every stage's checkpoint after `step_done` steps into the whole network's layers."""
-    for unit, (start, stop) in enumerate(plan.stages):
-        state = checkpoint.load_block(run_dir.finetune_checkpoints, unit, step_done)
-        network.sequential(start, stop).load_state_dict(state["module"])
 
 
 class DDPTrainer(Trainer):
