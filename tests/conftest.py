@@ -50,19 +50,20 @@ def shared_runs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Spec], RunDir]:
-    """Run a spec once per test session, in whichever test process asks first (keyed by the spec's JSON,
-    under a file lock, so the other process waits and reuses it), and return its run directory; the run
-    must succeed. Tests read these runs and never change them."""
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunDir]:
+    """Run a spec once per test session, in whichever test process asks first (keyed by the spec's JSON
+    and `until`, under a file lock, so the other process waits and reuses it), and return its run
+    directory; the run must succeed. Tests read these runs and never change them. `until`: the last
+    phase to run (DISTILL: its students are read from the checkpoints, `checkpointed_students`)."""
     folder = shared_runs_folder(tmp_path_factory)
 
-    def run(spec: Spec) -> RunDir:
-        key = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
+    def run(spec: Spec, until: str | None = None) -> RunDir:
+        key = hashlib.sha256(f"{spec.model_dump_json()} {until}".encode()).hexdigest()[:16]
         done, out = folder / f"{key}.done", folder / key / "run"
         with open(folder / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if the run fails
             if not done.exists():
-                code, run_dir = run_job(spec, out)
+                code, run_dir = run_job(spec, out, until=until)
                 assert code == 0, run_dir.events.read_text()[-3000:]
                 done.touch()
         return RunDir(out)

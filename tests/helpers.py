@@ -19,6 +19,8 @@ from torch import nn
 from pipebd_core import cli
 from pipebd_core.data.batches import global_batch_indices, total_steps
 from pipebd_core.data.datasets import build_dataset
+from pipebd_core.distill import checkpoint
+from pipebd_core.distill.plan import Plan
 from pipebd_core.distill.students import LOSSES, block_loss
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.outcomes import SUCCEEDED
@@ -86,15 +88,26 @@ def tiny_spec(**sections: dict[str, Any]) -> Spec:
     return parse_spec(tiny_document(**sections))
 
 
-def run_job(spec: Spec, out: Path, env: dict[str, str] | None = None) -> tuple[int, RunDir]:
-    """Prepare and run every phase under the supervisor (bounded); 0 when the job succeeded, else 1."""
+def run_job(spec: Spec, out: Path, env: dict[str, str] | None = None, until: str | None = None) -> tuple[int, RunDir]:
+    """Prepare and run every phase (up to `until`) under the supervisor (bounded); 0 when the job
+    succeeded, else 1."""
     run_dir = prepare_run(spec, out)
-    outcome = Supervisor(run_dir, time_limit_s=RUN_TIMEOUT_S, extra_env=env).run()
+    outcome = Supervisor(run_dir, time_limit_s=RUN_TIMEOUT_S, extra_env=env, until=until).run()
     return (0 if outcome.result == SUCCEEDED else 1), run_dir
 
 
 def load_students(run_dir: RunDir) -> dict[str, torch.Tensor]:
+    """The students finalize gathered (student.pt)."""
     return torch.load(run_dir.student, map_location="cpu", weights_only=True)
+
+
+def checkpointed_students(run_dir: RunDir) -> dict[str, torch.Tensor]:
+    """The students as the distill phase left them, read from each block's last checkpoint, under
+    student.pt's keys: what a run stopped after distill (`until=DISTILL`) trained, without a finalize
+    process (its torch import costs a tiny run a third of its time)."""
+    plan = Plan.from_document(run_dir.load_plan())
+    blocks = (checkpoint.load_block(run_dir.checkpoints, b, plan.step_plan.total) for b in range(plan.num_blocks))
+    return {f"blocks.{b}.{key}": value for b, state in enumerate(blocks) for key, value in state["student"].items()}
 
 
 def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], rtol: float = 1e-5) -> None:

@@ -110,8 +110,10 @@ class Supervisor:
         profile_trials: int = launch.PROFILE_TRIALS,
         store_calibration: bool = True,
         node: NodeRole | None = None,
+        until: str | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.until = until  # the last phase to run (a caller that reads the distill checkpoints itself); None: all
         self.watcher = watcher or Watcher()
         self.poll_s, self.kill_grace_s, self.time_limit_s = poll_s, kill_grace_s, time_limit_s
         self.extra_env = extra_env or {}
@@ -138,6 +140,8 @@ class Supervisor:
                 outcome = self._run_phase(record)
                 if outcome.result != SUCCEEDED:
                     return self._end(outcome)
+                if record.name == self.until:
+                    break
             return self._end(Outcome(SUCCEEDED))
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by the CLI; the tree is stopped
             if current is not None and current.state != "ended":
