@@ -24,8 +24,8 @@ from pipebd_core.workloads.workload import workload_module
 
 
 def preload(run_dir: RunDir) -> list[str]:
-    """Import what building this run's workload and data set needs (torchvision, transformers,
-    scikit-learn: about a second of CPU each), so that a warm agent's ranks fork with it imported instead
+    """Import what building this run's workload and data set needs (torchvision, transformers:
+    a second of CPU or more each), so that a warm agent's ranks fork with it imported instead
     of each importing it again. Returns the modules imported. One that fails is left for the ranks to
     import and report, where their errors are written."""
     spec = run_dir.load_spec()

@@ -69,8 +69,8 @@ def _custom(spec: Spec) -> Dataset[Sample]:
     return _Pairs(inner)
 
 
-# The data sets built by a module of their own, imported only when a spec names them (torchvision and
-# scikit-learn cost seconds to import); `build(spec, split)` in each.
+# The data sets built by a module of their own, imported only when a spec names them (torchvision costs
+# a second to import); `build(spec, split)` in each.
 DATASET_MODULES = {
     "digits": "pipebd_core.data.digits",
     "cifar10": "pipebd_core.data.images",

@@ -40,10 +40,12 @@ def diagnose(run_dir: RunDir, phase: str, exit_code: int) -> Termination:
         oom = any(marker in f"{first.type} {first.message}" for marker in OOM_MARKERS)
         return Termination("oom" if oom else "rank_error", first.describe())
     if killed or vanished:
-        who = f"rank {', '.join(map(str, vanished))} left no error report and its peers lost it: " if vanished else ""
-        text = (
-            f"{who}a rank was killed by SIGKILL, most often by the kernel's out-of-memory killer; launcher log:\n{tail}"
-        )
+        cause = "a rank was killed by SIGKILL, most often by the kernel's out-of-memory killer"
+        if vanished:
+            ranks = ", ".join(map(str, vanished))
+            cause = f"rank {ranks} left no error report and its peers lost it: most likely killed (SIGKILL, most often"
+            cause += " by the kernel's out-of-memory killer) or crashed in native code"
+        text = f"{cause}; launcher log:\n{tail}"
         return Termination("rank_killed", text)
     text = f"the {phase} phase exited with code {exit_code} without a rank error report; launcher log:\n{tail}"
     return Termination("exit_code", text)

@@ -3,7 +3,7 @@
 The same command line as `torchrun` and the same elastic agent (`torch.distributed.launcher`, a c10d
 rendezvous, `--max-restarts`, exit codes and error files), with one difference: the agent imports the
 rank module once, with what the run's workload and data set import (`ranks.preload`: torchvision for a
-VGG or MobileNetV2 teacher, transformers, scikit-learn's digits), and forks its ranks from itself,
+VGG or MobileNetV2 teacher, transformers for a decoder), and forks its ranks from itself,
 instead of starting one fresh interpreter per rank that imports torch again. A rank then starts in
 milliseconds rather than the 2-3 s of CPU that importing torch (and torchvision) costs each; that is
 most of a short phase on a CPU node and of a relaunch when a job re-plans.
