@@ -19,7 +19,7 @@ from torch import nn
 from pipebd_core import cli
 from pipebd_core.data.batches import global_batch_indices, total_steps
 from pipebd_core.data.datasets import build_dataset
-from pipebd_core.distill import checkpoint
+from pipebd_core.distill.finalize import StudentBlocks, load_final_students
 from pipebd_core.distill.plan import Plan
 from pipebd_core.distill.students import LOSSES, block_loss
 from pipebd_core.job.launch import prepare_run
@@ -105,9 +105,9 @@ def checkpointed_students(run_dir: RunDir) -> dict[str, torch.Tensor]:
     """The students as the distill phase left them, read from each block's last checkpoint, under
     student.pt's keys: what a run stopped after distill (`until=DISTILL`) trained, without a finalize
     process (its torch import costs a tiny run a third of its time)."""
-    plan = Plan.from_document(run_dir.load_plan())
-    blocks = (checkpoint.load_block(run_dir.checkpoints, b, plan.step_plan.total) for b in range(plan.num_blocks))
-    return {f"blocks.{b}.{key}": value for b, state in enumerate(blocks) for key, value in state["student"].items()}
+    total = Plan.from_document(run_dir.load_plan()).step_plan.total
+    students, _ = load_final_students(run_dir, build_workload(run_dir.load_spec()), total)  # finalize's own gathering
+    return StudentBlocks(students).state_dict()
 
 
 def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], rtol: float = 1e-5) -> None:
