@@ -42,22 +42,11 @@ from sqlmodel import col
 
 from app.core.attempts import record_resume
 from app.core.database import DATABASE_DOWN, persist, session_scope
-from app.core.lifecycle import (
-    ACTIVE,
-    CANCELLED,
-    CANCELLING,
-    FAILED,
-    PAUSED,
-    PAUSING,
-    QUEUED,
-    RUNNING,
-    STARTING,
-    settle,
-    transition,
-)
+from app.core.lifecycle import settle, transition
 from app.core.priority import wake_held
 from app.core.quotas import claim_quota
 from app.core.settings import Settings
+from app.core.states import ACTIVE, CANCELLED, CANCELLING, FAILED, PAUSED, PAUSING, QUEUED, RUNNING, STARTING
 from app.core.sweeps import claim_room
 from app.core.tables import Job, JobEvent, now
 from app.core.webhooks import notify_phases

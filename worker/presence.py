@@ -13,8 +13,8 @@ from sqlalchemy import func
 from sqlmodel import col, select
 
 from app.core.database import session_scope
-from app.core.lifecycle import ACTIVE
 from app.core.settings import Settings
+from app.core.states import ACTIVE
 from app.core.tables import Job, Worker, now
 
 log = logging.getLogger("pipebd.worker")

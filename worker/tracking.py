@@ -32,8 +32,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from app.core.lifecycle import CANCELLED, FAILED, PAUSED, QUEUED, RUNNING, SUCCEEDED
 from app.core.settings import Settings
+from app.core.states import CANCELLED, FAILED, PAUSED, QUEUED, RUNNING, SUCCEEDED
 from pipebd_core.documents.phases import ENDED, TRAINING_PHASES, PhaseRecord
 from pipebd_core.rundir import OUTPUTS, RunDir
 from pipebd_core.tracking.scalars import Scalar, run_scalars

@@ -18,7 +18,7 @@ from sqlalchemy import func
 from sqlmodel import select
 
 from app.core.database import ping, session_scope
-from app.core.lifecycle import QUEUED, RUNNING, STATES
+from app.core.states import QUEUED, RUNNING, STATES
 from app.core.tables import Job, Worker
 
 BROKER_TIMEOUT_S = 3.0

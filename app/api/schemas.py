@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_serializer
 
 from app.api.problems import EXCERPT_CHARS, PROBLEM_JSON
-from app.core.lifecycle import JobState
+from app.core.states import JobState
 from app.core.sweeps import SweepState
 from app.core.tables import iso_utc
 

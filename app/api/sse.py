@@ -22,7 +22,7 @@ import anyio
 from sqlmodel import col, select
 
 from app.core.database import session_scope
-from app.core.lifecycle import AT_REST
+from app.core.states import AT_REST
 from app.core.tables import Job, JobEvent, JobMetric
 
 BATCH = 200  # events read per query

@@ -13,12 +13,13 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from app.api.schemas import iso
-from app.core.lifecycle import STATES
+from app.core.states import STATES
 from app.core.tables import DB_INT_MAX
-from app.core.webhooks import JOB, event_names
+from app.core.webhooks import JOB, SWEEP, event_names
 
-EVENTS = event_names(STATES)  # what a hook may choose: job.<state> for every state, and phase.finished
-Scope = Literal["server", "token", "job"]  # app.core.webhooks.SCOPES; `sweep` comes with sweeps
+EVENTS = event_names(STATES)  # what a hook may choose: job.<state> for every state, phase.finished, sweep.*
+Scope = Literal["server", "token", "job", "sweep"]  # app.core.webhooks.SCOPES
+SCOPE_IDS = {JOB: "job_id", SWEEP: "sweep_id"}  # the scopes that name what they hear, and the field naming it
 DeliveryState = Literal["pending", "succeeded", "failed"]  # app.core.webhooks.DELIVERY_STATES
 
 
@@ -35,15 +36,19 @@ class WebhookCreate(BaseModel):
     events: list[str] = Field(
         min_length=1,
         max_length=len(EVENTS),
-        description="the events it hears: job.<state> (a job moved to that state) and phase.finished",
+        description="the events it hears: job.<state> (a job moved to that state), phase.finished,"
+        " sweep.finished (every job of a sweep ended) and sweep.best_changed (a sweep's best job changed)",
         json_schema_extra={"items": {"type": "string", "enum": list(EVENTS)}, "uniqueItems": True},
     )
     scope: Scope = Field(
         "server",
-        description="whose jobs: `server` every job, `token` the jobs submitted with this request's token,"
-        " `job` the job `job_id`",
+        description="whose jobs: `server` every job and sweep, `token` those submitted with this request's token,"
+        " `job` the job `job_id`, `sweep` the sweep `sweep_id` and its jobs",
     )
     job_id: int | None = Field(None, ge=1, le=DB_INT_MAX, description="for scope `job`: the job (absent otherwise)")
+    sweep_id: int | None = Field(
+        None, ge=1, le=DB_INT_MAX, description="for scope `sweep`: the sweep (absent otherwise)"
+    )
     secret: str = Field(
         min_length=16,
         max_length=200,
@@ -71,11 +76,15 @@ class WebhookCreate(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _job_for_job_scope(self) -> Self:
-        if self.scope == JOB and self.job_id is None:
-            raise ValueError("scope `job` needs `job_id`: the job whose events the hook hears")
-        if self.scope != JOB and self.job_id is not None:
-            raise ValueError(f"`job_id` is for scope `job`; remove it, or set scope to `job` (got {self.scope!r})")
+    def _id_for_its_scope(self) -> Self:
+        for scope, name in SCOPE_IDS.items():
+            given = getattr(self, name) is not None
+            if self.scope == scope and not given:
+                raise ValueError(f"scope `{scope}` needs `{name}`: the {scope} whose events the hook hears")
+            if self.scope != scope and given:
+                raise ValueError(
+                    f"`{name}` is for scope `{scope}`; remove it, or set scope to `{scope}` (got {self.scope!r})"
+                )
         return self
 
 
@@ -93,8 +102,9 @@ class WebhookPublic(BaseModel):
     id: int = Field(description="its id, as in /api/v1/webhooks/{id}")
     url: str = Field(description="where events are POSTed")
     events: list[str] = Field(description="the events it hears")
-    scope: Scope = Field(description="whose jobs: server, token or job")
+    scope: Scope = Field(description="whose jobs: server, token, job or sweep")
     job_id: int | None = Field(description="for scope `job`: the job")
+    sweep_id: int | None = Field(description="for scope `sweep`: the sweep")
     description: str = Field(description="what it is for")
     created_at: float = Field(description="when it was created (ISO 8601, UTC)")
     deliveries: DeliveryCounts = Field(description="its deliveries by state")
@@ -115,8 +125,8 @@ class DeliveryPublic(BaseModel):
 
     id: int = Field(description="its id, also sent as X-PipeBD-Delivery")
     webhook_id: int = Field(description="the webhook")
-    event: str = Field(description="job.<state> or phase.finished")
-    job_id: int | None = Field(description="the job it is about")
+    event: str = Field(description="job.<state>, phase.finished, sweep.finished or sweep.best_changed")
+    job_id: int | None = Field(description="the job it is about (for a sweep's event: the job whose end raised it)")
     state: DeliveryState = Field(description="pending (attempts left), succeeded (answered 2xx) or failed")
     attempts: int = Field(description="attempts made so far")
     max_attempts: int = Field(description="attempts it gets in all (PIPEBD_WEBHOOK_MAX_ATTEMPTS)")

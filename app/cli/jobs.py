@@ -184,7 +184,7 @@ def emitter(args: argparse.Namespace) -> Callable[[dict[str, Any]], None]:
 
 def follow_log(args: argparse.Namespace, reader: LogReader, emit: Callable[[dict[str, Any]], None]) -> str:
     """Emit the log as it grows until the job is at rest and everything it wrote is read; its state."""
-    from app.core.lifecycle import AT_REST  # no worker will write more
+    from app.core.states import AT_REST  # no worker will write more
 
     ending = False
     while True:

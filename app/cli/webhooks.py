@@ -1,7 +1,8 @@
 """`pipebd webhooks`: a server's webhooks from the command line, as `pipebd jobs` does jobs (docs/webhooks.md).
 
 pipebd webhooks list                               every webhook with its deliveries by state
-pipebd webhooks create URL --event E [--event E]   a new one (--scope, --job, --secret or PIPEBD_WEBHOOK_SECRET)
+pipebd webhooks create URL --event E [--event E]   a new one (--scope, --job, --sweep, --secret or
+                                                   PIPEBD_WEBHOOK_SECRET)
 pipebd webhooks delete ID                          remove one (its delivery log goes with it)
 pipebd webhooks deliveries ID [--state S] [--all]  its delivery log, newest first
 
@@ -20,6 +21,8 @@ from app.cli.client import call, get_json, paged
 from app.cli.jobs import handles_refusals
 from app.cli.output import print_json, table
 
+SCOPES = ("server", "token", "job", "sweep")  # app.core.webhooks.SCOPES, without importing the database layer
+
 WEBHOOKS = "/api/v1/webhooks"
 
 
@@ -30,9 +33,15 @@ def add_webhook_commands(commands: Any, add_server_options: Any) -> None:
     listing = actions.add_parser("list", help="every webhook with its deliveries by state")
     create = actions.add_parser("create", help="register a webhook for chosen events")
     create.add_argument("url", help="where each event is POSTed (http:// or https://)")
-    create.add_argument("--event", action="append", required=True, help="job.<state> or phase.finished; repeat")
-    create.add_argument("--scope", default="server", choices=("server", "token", "job"), help="whose jobs")
+    create.add_argument(
+        "--event",
+        action="append",
+        required=True,
+        help="job.<state>, phase.finished, sweep.finished or sweep.best_changed; repeat",
+    )
+    create.add_argument("--scope", default="server", choices=SCOPES, help="whose jobs and sweeps")
     create.add_argument("--job", type=int, dest="job_id", help="for --scope job: the job's id")
+    create.add_argument("--sweep", type=int, dest="sweep_id", help="for --scope sweep: the sweep's id")
     create.add_argument(
         "--secret",
         default=os.environ.get("PIPEBD_WEBHOOK_SECRET"),
@@ -61,7 +70,8 @@ def command_webhooks(args: argparse.Namespace) -> int:
 
 def hook_row(hook: dict[str, Any]) -> list[Any]:
     counts = hook["deliveries"]
-    where = hook["scope"] if hook["job_id"] is None else f"job {hook['job_id']}"
+    named = next(((scope, hook[f"{scope}_id"]) for scope in ("job", "sweep") if hook.get(f"{scope}_id")), None)
+    where = hook["scope"] if named is None else f"{named[0]} {named[1]}"
     events = ",".join(hook["events"])
     return [hook["id"], hook["url"], events, where, counts["pending"], counts["succeeded"], counts["failed"]]
 
@@ -79,7 +89,8 @@ def list_webhooks(args: argparse.Namespace) -> None:
 
 def create_webhook(args: argparse.Namespace) -> None:
     body = {"url": args.url, "events": args.event, "scope": args.scope, "description": args.description}
-    body |= {"secret": args.secret or ""} | ({"job_id": args.job_id} if args.job_id is not None else {})
+    body |= {"secret": args.secret or ""}
+    body |= {name: getattr(args, name) for name in ("job_id", "sweep_id") if getattr(args, name) is not None}
     hook = call("POST", args.server, args.token, WEBHOOKS, json=body).json()
     print_json(hook) if args.json else print(table(HOOK_HEADERS, [hook_row(hook)]))
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from sqlmodel import Session, col, func, select
 
-from app.core.lifecycle import ACTIVE, QUEUED
+from app.core.states import ACTIVE, QUEUED
 from app.core.tables import Job, TenantQuota
 
 

@@ -21,8 +21,8 @@ from sqlalchemy import delete, func
 from sqlmodel import Session, col, select
 
 from app.core.database import session_scope
-from app.core.lifecycle import QUEUED
 from app.core.limits import hold
+from app.core.states import QUEUED
 from app.core.tables import GangSeat, Job, now
 
 GANG_LOCK = "gangs"  # the limit_state row every gang claim holds while it counts and takes seats

@@ -1,4 +1,5 @@
-"""The job lifecycle: states, the table of allowed moves, and the one function that changes a state.
+"""The job lifecycle: the table of allowed moves between the states (app/core/states.py), and the one
+function that changes a state.
 
     queued -> starting -> running -> succeeded | failed | cancelled
                  \\           \\-> cancelling -> cancelled (| failed | succeeded, if it ended first)
@@ -15,7 +16,8 @@ Every change goes through `transition`, a compare-and-set `UPDATE ... WHERE stat
 workers claiming the same job only one wins, and of a pause, a cancel and a job finishing only the
 first move from a given state wins. Each change also appends a `state` event for the job's event
 stream, keeps the job's attempts (app/core/attempts.py) in step, and enqueues the `job.<state>` webhook
-deliveries (app/core/webhooks.py), in the same transaction: a claim opens an attempt, any move off the
+deliveries (app/core/webhooks.py) and a sweep child's end's sweep events (app/core/sweep_events.py), in the
+same transaction: a claim opens an attempt, any move off the
 worker closes it, and a move is notified exactly when it happened.
 """
 
@@ -23,25 +25,30 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 from sqlalchemy import update
 from sqlmodel import Session
 
 from app.core.attempts import close_attempt, open_attempt
+from app.core.states import (
+    ACTIVE,
+    CANCELLED,
+    CANCELLING,
+    FAILED,
+    FINAL,
+    PAUSED,
+    PAUSING,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    SUCCEEDED,
+)
+from app.core.sweep_events import notify_sweep
+from app.core.sweeps import lock_sweep_of
 from app.core.tables import Job, JobEvent, now
 from app.core.webhooks import notify_state
 from pipebd_core.job.outcomes import TERMINATION_REASONS, Result, Termination
-
-JobState = Literal[
-    "queued", "starting", "running", "pausing", "paused", "cancelling", "succeeded", "failed", "cancelled"
-]
-STATES: tuple[str, ...] = get_args(JobState)  # in lifecycle order
-QUEUED, STARTING, RUNNING, PAUSING, PAUSED, CANCELLING, SUCCEEDED, FAILED, CANCELLED = STATES
-FINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})  # ended (failed and cancelled ones may be resumed)
-ACTIVE = frozenset({STARTING, RUNNING, PAUSING, CANCELLING})  # a worker owns the job and may hold processes
-RESUMABLE = frozenset({FAILED, CANCELLED, PAUSED})  # POST .../resume puts these back in the queue
-AT_REST = FINAL | {PAUSED}  # no worker holds it and none will take it: it may be deleted
 
 ALLOWED_MOVES: dict[str, frozenset[str]] = {
     QUEUED: frozenset({STARTING, CANCELLED, FAILED, PAUSED}),
@@ -86,6 +93,8 @@ def transition(
     values: dict[str, Any] = {"state": target, "updated_at": stamp, **fields}
     if target in FINAL:
         values.setdefault("finished_at", stamp)
+    if target in FINAL:  # a child's end decides its sweep's events: its sweep's row first (app/core/sweep_events.py)
+        lock_sweep_of(session, job_id)
     statement = update(Job).where(Job.id == job_id, Job.state.in_(sources)).values(**values)  # type: ignore[attr-defined,arg-type]
     if session.execute(statement).rowcount != 1:  # type: ignore[attr-defined]
         return False
@@ -99,6 +108,8 @@ def transition(
         event["reason"] = note
     session.add(JobEvent(job_id=job_id, kind="state", data=event, time=stamp))
     notify_state(session, job_id, stamp)
+    if target in FINAL:
+        notify_sweep(session, job_id, stamp)
     return True
 
 

@@ -27,7 +27,7 @@ from sqlalchemy import or_, update
 from sqlmodel import Session, col, func, select
 
 from app.core.database import session_scope
-from app.core.lifecycle import ACTIVE, QUEUED
+from app.core.states import ACTIVE, QUEUED
 from app.core.tables import Job, JobAttempt, TenantQuota, now
 
 HOUR_S = 3600.0

@@ -31,8 +31,9 @@ import psutil
 from sqlmodel import col, select
 
 from app.core.database import session_scope
-from app.core.lifecycle import ACTIVE, CANCELLING, PAUSING, QUEUED, RUNNING, settle
+from app.core.lifecycle import settle
 from app.core.priority import wake_held
+from app.core.states import ACTIVE, CANCELLING, PAUSING, QUEUED, RUNNING
 from app.core.tables import Job
 from pipebd_core.job.outcomes import FAILED, SUCCEEDED, Result, Termination
 from pipebd_core.job.phases import job_phases

@@ -23,7 +23,7 @@ from sqlalchemy import or_, update
 from sqlmodel import Session, col, func, select
 
 from app.core.database import session_scope
-from app.core.lifecycle import ACTIVE, CANCELLED, FAILED, PAUSED, QUEUED
+from app.core.states import ACTIVE, CANCELLED, FAILED, PAUSED, QUEUED
 from app.core.tables import Job, Sweep, now
 
 Publish = Callable[[int, str], None]  # (job id, queue): put a job's id on the broker
@@ -48,12 +48,18 @@ def has_room() -> Any:
     return or_(col(Job.sweep_id).is_(None), col(Job.sweep_id).not_in(full))
 
 
-def claim_room(session: Session, job_id: int) -> bool:
-    """Whether the job may be claimed now as far as its sweep goes. Its first statement locks the sweep's row
-    (on SQLite: the database) until the caller's transaction ends, so concurrent claims of one sweep's children
-    count one after the other."""
+def lock_sweep_of(session: Session, job_id: int) -> None:
+    """Lock the row of job `job_id`'s sweep (on SQLite: the database) until the caller's transaction ends; a
+    job of no sweep locks nothing. Whoever touches a child and its sweep in one transaction (a claim, a child's
+    end, a bulk cancel) takes this lock before any child's row, so two of them never wait for each other."""
     sweep_of_job = select(Job.sweep_id).where(Job.id == job_id).scalar_subquery()
     session.execute(update(Sweep).where(col(Sweep.id) == sweep_of_job).values(updated_at=now()))
+
+
+def claim_room(session: Session, job_id: int) -> bool:
+    """Whether the job may be claimed now as far as its sweep goes. Its first statement locks the sweep's row
+    (`lock_sweep_of`), so concurrent claims of one sweep's children count one after the other."""
+    lock_sweep_of(session, job_id)
     bound = session.exec(select(Job.sweep_id, Sweep.max_parallel).join(Sweep).where(Job.id == job_id)).first()
     if bound is None or bound[1] is None:  # not a child, or a sweep without a bound
         return True

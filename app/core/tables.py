@@ -52,6 +52,7 @@ class Sweep(SQLModel, table=True):
     search: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # grid, list or random, as sent
     max_parallel: int | None = None  # children launched at once at most (app/core/sweeps.py); None: no bound
     objective: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # {"metric": ..., "goal": ...}
+    best_job_id: int | None = None  # the best child its last `sweep.best_changed` named (app/core/sweep_events.py)
     created_at: float = Field(default_factory=now)
     updated_at: float = Field(default_factory=now)  # also touched by each claim of a child (its row lock)
 
@@ -228,13 +229,15 @@ class TenantQuota(SQLModel, table=True):
 
 
 class Webhook(SQLModel, table=True):
-    """A receiver of chosen events: every job (`server`), a token's jobs (`token`) or one job (`job`)."""
+    """A receiver of chosen events: every job (`server`), a token's jobs (`token`), one job (`job`) or one sweep
+    and its jobs (`sweep`)."""
 
     id: int | None = Field(default=None, primary_key=True)
     url: str = Field(max_length=2000)
     events: list[str] = Field(sa_column=Column(JSON, nullable=False))  # app.core.webhooks.EVENTS
-    scope: str = Field(max_length=16)  # server | token | job (app.core.webhooks.SCOPES)
+    scope: str = Field(max_length=16)  # server | token | job | sweep (app.core.webhooks.SCOPES)
     job_id: int | None = None  # scope job: the job (no foreign key: deleting the job deletes its hooks)
+    sweep_id: int | None = None  # scope sweep: the sweep (no foreign key, as job_id)
     tenant: str | None = Field(default=None, max_length=64)  # scope token: the token's Job.tenant
     secret: str = Field(max_length=200)  # signs every body (HMAC-SHA256); never shown by the API
     description: str = Field(default="", max_length=200)

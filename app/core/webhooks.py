@@ -4,10 +4,12 @@ that carry it to them.
     job.<state>      a job moved to that state (queued, starting, running, pausing, paused, cancelling,
                      succeeded, failed, cancelled): app/core/lifecycle.py `transition`, and a submission
     phase.finished   a phase of a job ended (succeeded, failed, cancelled or skipped): the worker's watcher
+    sweep.finished       every child of a sweep ended: app/core/sweep_events.py, in the last child's move
+    sweep.best_changed   a child's end made another child the sweep's best by its objective: the same
 
-A hook's scope says whose jobs it hears: `server` (every job), `token` (the jobs submitted with the token
-that created it, `Job.tenant`), `job` (one job). Sweeps will add a `sweep` scope and `sweep.finished` and
-`sweep.best_changed` events: a scope value, a nullable column and two names here.
+A hook's scope says whose jobs it hears: `server` (every job and sweep), `token` (the jobs and sweeps
+submitted with the token that created it, `Job.tenant`), `job` (one job's own events), `sweep` (one sweep's
+events and its children's).
 
 Whoever moves a job calls `notify_state` or `notify_phases` in the transaction of the move: a delivery row
 per interested hook is stored with it, or neither is, so no event is lost and none is sent for a move that
@@ -27,9 +29,11 @@ from app.core.tables import Job, Webhook, WebhookDelivery, iso_utc
 from pipebd_core.documents.phases import ENDED, PhaseRecord
 from pipebd_core.documents.webhook import WebhookJob, WebhookPayload, WebhookPhase
 
-SERVER, TOKEN, JOB = "server", "token", "job"
-SCOPES = (SERVER, TOKEN, JOB)
+SERVER, TOKEN, JOB, SWEEP = "server", "token", "job", "sweep"
+SCOPES = (SERVER, TOKEN, JOB, SWEEP)
 PHASE_FINISHED = "phase.finished"
+SWEEP_FINISHED, SWEEP_BEST_CHANGED = "sweep.finished", "sweep.best_changed"
+SWEEP_EVENTS = (SWEEP_FINISHED, SWEEP_BEST_CHANGED)
 PENDING, SUCCEEDED, FAILED = "pending", "succeeded", "failed"  # a delivery's states
 DELIVERY_STATES = (PENDING, SUCCEEDED, FAILED)
 ERROR_CHARS = 500  # the most of a job's error text (a rank's traceback) a payload carries
@@ -41,16 +45,21 @@ def job_event(state: str) -> str:
 
 
 def event_names(states: Sequence[str]) -> tuple[str, ...]:
-    """Every event a hook may choose, given the job states (app/core/lifecycle.py STATES)."""
-    return (*(job_event(state) for state in states), PHASE_FINISHED)
+    """Every event a hook may choose, given the job states (app/core/states.py STATES)."""
+    return (*(job_event(state) for state in states), PHASE_FINISHED, *SWEEP_EVENTS)
 
 
 def hooks_for(session: Session, event: str, job: Job) -> list[Webhook]:
-    """The hooks that hear `event` about `job`: server-wide ones, the job's own, its submitter token's."""
-    heard = or_(col(Webhook.scope) == SERVER, and_(col(Webhook.scope) == JOB, col(Webhook.job_id) == job.id))
+    """The hooks that hear `event` about `job` (for a sweep's event: about the child whose move raised it):
+    server-wide ones, its submitter token's, its sweep's, and for its own events the job's."""
+    heard: list[Any] = [col(Webhook.scope) == SERVER]
+    if event not in SWEEP_EVENTS:
+        heard.append(and_(col(Webhook.scope) == JOB, col(Webhook.job_id) == job.id))
     if job.tenant is not None:
-        heard = or_(heard, and_(col(Webhook.scope) == TOKEN, col(Webhook.tenant) == job.tenant))
-    hooks = session.exec(select(Webhook).where(heard).order_by(col(Webhook.id))).all()
+        heard.append(and_(col(Webhook.scope) == TOKEN, col(Webhook.tenant) == job.tenant))
+    if job.sweep_id is not None:
+        heard.append(and_(col(Webhook.scope) == SWEEP, col(Webhook.sweep_id) == job.sweep_id))
+    hooks = session.exec(select(Webhook).where(or_(*heard)).order_by(col(Webhook.id))).all()
     return [hook for hook in hooks if event in hook.events]
 
 
@@ -142,6 +151,13 @@ def notify_phases(
         payload = WebhookPayload(event=PHASE_FINISHED, time=stamp, text=text, job=job_snapshot(job), phase=phase)
         count += enqueue(session, job, payload)
     return count
+
+
+def forget_sweep(session: Session, sweep_id: int) -> None:
+    """Delete the hooks scoped to a sweep that is being deleted, with their deliveries."""
+    hooks = select(Webhook.id).where(col(Webhook.scope) == SWEEP, col(Webhook.sweep_id) == sweep_id)
+    session.execute(delete(WebhookDelivery).where(col(WebhookDelivery.webhook_id).in_(hooks)))
+    session.execute(delete(Webhook).where(col(Webhook.scope) == SWEEP, col(Webhook.sweep_id) == sweep_id))
 
 
 def forget_job(session: Session, job_id: int, *, unsent: bool) -> None:

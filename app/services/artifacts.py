@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
 
 from sqlmodel import Session, col, select
 
 from app.core.tables import Job, JobMetric
-from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.phases import DISTILL
-from pipebd_core.documents.summary import Summary
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.rundir import OUTPUTS, STEP_PHASES, Output, RunDir
 
@@ -34,22 +31,6 @@ def file_path(job: Job, name: str) -> Path | None:
         return None
     path = RunDir(Path(job.run_dir)).output(name)
     return path if path.is_file() else None
-
-
-def read_summary(job: Job) -> Summary | None:
-    """The job's summary.json; None until a phase wrote it, or for one an earlier PipeBD wrote (this one
-    cannot read it: the pages and sweeps show none, and the file still downloads)."""
-    path = file_path(job, "summary.json")
-    if path is None:
-        return None
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):  # being replaced, or gone with its run directory
-        return None
-    try:
-        return Summary.from_json(value)
-    except DocumentError:
-        return None
 
 
 def has_metrics(session: Session, job: Job) -> bool:

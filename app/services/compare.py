@@ -17,8 +17,8 @@ from typing import Any
 from sqlmodel import Session, col, func, select
 
 from app.api.problems import EXCERPT_CHARS, excerpt
+from app.core.summaries import read_summary
 from app.core.tables import DB_INT_MAX, EVAL_SEQ, Job, JobMetric
-from app.services.artifacts import read_summary
 from pipebd_core.documents.phases import DISTILL
 
 MAX_IDS = 1000  # ids in one `ids` list at most (a sweep or a filter selects any number)

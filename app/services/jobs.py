@@ -20,10 +20,10 @@ from sqlmodel import Session, col, func, select
 
 from app.api.problems import EXCERPT_CHARS, excerpt
 from app.core.fairshare import Share, Waiting, claim_order, queued, shares
-from app.core.lifecycle import AT_REST, QUEUED
 from app.core.limits import QUEUE, hold
 from app.core.queue import queue_name
 from app.core.quotas import held_tenants, label, quotas
+from app.core.states import AT_REST, QUEUED
 from app.core.sweeps import held_back
 from app.core.tables import DB_INT_MAX, GangSeat, Job, JobAttempt, JobEvent, JobMetric, JobMetricRollup, Worker
 from app.core.webhooks import forget_job, notify_state

@@ -17,9 +17,10 @@ from sqlalchemy import delete, update
 from sqlmodel import Session, col, func, select
 
 from app.api.problems import ApiError
-from app.core.lifecycle import PAUSED, PAUSING, QUEUED, RESUMABLE, request_pause, requeue
+from app.core.lifecycle import request_pause, requeue
 from app.core.queue import enqueue
 from app.core.settings import Settings
+from app.core.states import PAUSED, PAUSING, QUEUED, RESUMABLE
 from app.core.tables import Job, JobEvent
 from app.services.jobs import ConflictError
 from app.services.specs import validate_document

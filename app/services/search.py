@@ -21,10 +21,11 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.core.objectives import Objective
 from pipebd_core.spec import SpecError, set_field
 
 MAX_CHILDREN = 1000  # children of one sweep at most (the server's queue bound applies too)
@@ -32,7 +33,6 @@ PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")  # a d
 PATH_TEXT = "a dotted field path such as `train.lr` (docs/spec.md lists every field)"
 SEARCHES = ("grid", "list", "random")
 Values = Annotated[list[Any], Field(min_length=1)]  # a field's values to search: at least one
-Metric = Literal["final_loss", "student_top1", "finetune_top1", "samples_per_s"]  # app/services/objectives.py
 
 
 class Range(BaseModel):
@@ -63,18 +63,6 @@ class RandomSearch(BaseModel):
     fields: dict[str, Values | Range] = Field(
         min_length=1, description="per dotted field path: a list of values to choose from, or a range"
     )
-
-
-class Objective(BaseModel):
-    """What makes one child better than another: a summary metric, lower or higher."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    metric: Metric = Field(
-        description="final_loss (the mean of the blocks' final losses), student_top1 (the compressed student's"
-        " top-1), finetune_top1 (top-1 after end-to-end training) or samples_per_s (measured throughput)"
-    )
-    goal: Literal["minimize", "maximize"] = Field(description="whether lower or higher is better")
 
 
 class SweepRequest(BaseModel):

@@ -34,14 +34,15 @@ from app.api.auth import tenant_of
 from app.api.limits import client_key
 from app.api.problems import ABSENT, ApiError, field_problem, invalid, summary, where
 from app.core.database import get_engine
-from app.core.lifecycle import FINAL, RESUMABLE, STATES, request_cancel
+from app.core.lifecycle import request_cancel
+from app.core.objectives import Best, best_of, metric_value
 from app.core.queue import enqueue
 from app.core.settings import Settings
+from app.core.states import FINAL, RESUMABLE, STATES
 from app.core.sweeps import SweepState, sweep_state
 from app.core.tables import Job, Sweep
-from app.core.webhooks import notify_state
+from app.core.webhooks import forget_sweep, notify_state
 from app.services.jobs import ConflictError, QueueFull, discard_jobs, new_job, queued_event, take_queue_room
-from app.services.objectives import Best, best_of, metric_value
 from app.services.resume import PAUSABLE, pause_job, resume_job
 from app.services.search import Child, Objective, SearchError, SweepRequest, children, override_loc
 from app.services.specs import check_values, spec_hash, validate_document
@@ -153,6 +154,8 @@ def store_sweep(request: Request, body: SweepRequest, checked: Checked) -> Sweep
                 enqueue(celery, job.id, job.queue)
         except Exception as error:
             discard_jobs(session, job_ids=[job.id for job in jobs if job.id is not None])
+            assert sweep.id is not None
+            forget_sweep(session, sweep.id)  # a hook created for it meanwhile goes with it
             session.execute(delete(Sweep).where(col(Sweep.id) == sweep.id))
             session.commit()
             detail = f"the broker did not accept the sweep's jobs ({type(error).__name__}: {error}); nothing was stored"

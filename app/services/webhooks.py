@@ -12,8 +12,8 @@ from sqlmodel import Session, col, func, select
 
 from app.api.problems import invalid
 from app.api.webhook_schemas import DeliveryCounts, WebhookCreate
-from app.core.tables import Job, Webhook, WebhookDelivery
-from app.core.webhooks import DELIVERY_STATES, JOB, TOKEN
+from app.core.tables import Job, Sweep, Webhook, WebhookDelivery
+from app.core.webhooks import DELIVERY_STATES, JOB, SWEEP, TOKEN
 from app.services.jobs import decode_cursor, encode_cursor
 
 CURSOR_KIND = "delivery"
@@ -31,11 +31,14 @@ def create_webhook(session: Session, *, request: WebhookCreate, tenant: str | No
         )
     if request.scope == JOB and session.get(Job, request.job_id) is None:
         raise invalid(["body", "job_id"], f"job {request.job_id} does not exist (it may have been deleted)")
+    if request.scope == SWEEP and session.get(Sweep, request.sweep_id) is None:
+        raise invalid(["body", "sweep_id"], f"sweep {request.sweep_id} does not exist (GET /api/v1/sweeps lists them)")
     hook = Webhook(
         url=request.url,
         events=request.events,
         scope=request.scope,
         job_id=request.job_id,
+        sweep_id=request.sweep_id,
         tenant=tenant if request.scope == TOKEN else None,
         secret=request.secret,
         description=request.description,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.summaries import read_summary
 from app.core.tables import Job
-from app.services.artifacts import read_summary
 from app.web import queries
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.finetune_plan import FinetunePlanDocument

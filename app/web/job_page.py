@@ -17,7 +17,7 @@ from sqlmodel import Session
 
 from app.api.deps import JobId, SessionDep, SettingsDep
 from app.core.attempts import attempts_of
-from app.core.lifecycle import FINAL, SUCCEEDED
+from app.core.states import FINAL, SUCCEEDED
 from app.core.tables import Job
 from app.services.artifacts import available
 from app.services.jobs import waiting_reason

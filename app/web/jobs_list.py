@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from app.api.deps import SessionDep
-from app.core.lifecycle import STATES
+from app.core.states import STATES
 from app.services.jobs import list_jobs
 from app.web.access import ViewerDep
 from app.web.routing import PageRoute

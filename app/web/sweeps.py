@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse
 from sqlmodel import Session
 
 from app.api.deps import SessionDep, SweepId
-from app.core.lifecycle import CANCELLING, FINAL, RESUMABLE
+from app.core.states import CANCELLING, FINAL, RESUMABLE
 from app.core.tables import Job, Sweep
 from app.services.resume import PAUSABLE
 from app.services.sweeps import SweepView, list_sweeps, sweep_view

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core.lifecycle import PAUSED, PAUSING, QUEUED, RESUMABLE, RUNNING, STARTING
+from app.core.states import PAUSED, PAUSING, QUEUED, RESUMABLE, RUNNING, STARTING
 from app.core.tables import Job
 from app.web.templating import blocks as block_text
 from pipebd_core.documents.calibration import Calibration

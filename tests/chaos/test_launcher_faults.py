@@ -18,8 +18,9 @@ from sqlmodel import Session, select
 
 from app.core.attempts import attempts_of
 from app.core.database import get_engine
-from app.core.lifecycle import PAUSED, QUEUED, request_pause, requeue
+from app.core.lifecycle import request_pause, requeue
 from app.core.settings import Settings
+from app.core.states import PAUSED, QUEUED
 from app.core.tables import JobAttempt, JobMetric
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec

@@ -9,8 +9,8 @@ from __future__ import annotations
 import yaml
 from fastapi.testclient import TestClient
 
-from app.core.lifecycle import FAILED, QUEUED, RUNNING, STARTING
 from app.core.settings import Settings
+from app.core.states import FAILED, QUEUED, RUNNING, STARTING
 from app.core.tables import Job, JobEvent
 from tests.service.factories import broker_messages, count_rows, insert_job, insert_metrics, tiny_job
 

@@ -18,8 +18,9 @@ from sqlalchemy import event
 from sqlmodel import Session
 
 from app.core.database import get_engine, migrate
-from app.core.lifecycle import FAILED, QUEUED, RUNNING, STARTING, transition
+from app.core.lifecycle import transition
 from app.core.settings import Settings
+from app.core.states import FAILED, QUEUED, RUNNING, STARTING
 from app.main import create_app
 from tests.service.conftest import make_settings
 from tests.service.factories import insert_job, insert_metrics

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from app.core.lifecycle import RUNNING
 from app.core.settings import Settings
+from app.core.states import RUNNING
 from app.main import create_app
 from tests.service.conftest import make_settings
 from tests.service.exiting_data import EXIT_CODE

@@ -11,24 +11,9 @@ import pytest
 from sqlmodel import Session, select
 
 from app.core.database import get_engine, migrate
-from app.core.lifecycle import (
-    ALLOWED_MOVES,
-    CANCELLED,
-    CANCELLING,
-    FAILED,
-    FINAL,
-    PAUSED,
-    QUEUED,
-    RUNNING,
-    STARTING,
-    STATES,
-    SUCCEEDED,
-    TransitionError,
-    check_move,
-    request_cancel,
-    transition,
-)
+from app.core.lifecycle import ALLOWED_MOVES, TransitionError, check_move, request_cancel, transition
 from app.core.settings import Settings
+from app.core.states import CANCELLED, CANCELLING, FAILED, FINAL, PAUSED, QUEUED, RUNNING, STARTING, STATES, SUCCEEDED
 from app.core.tables import Job, JobEvent
 from tests.service.factories import insert_job
 

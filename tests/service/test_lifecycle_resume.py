@@ -11,22 +11,9 @@ from sqlmodel import Session
 
 from app.core.attempts import attempts_of, record_resume
 from app.core.database import get_engine, migrate
-from app.core.lifecycle import (
-    CANCELLED,
-    CANCELLING,
-    FAILED,
-    PAUSED,
-    PAUSING,
-    QUEUED,
-    RUNNING,
-    STARTING,
-    SUCCEEDED,
-    request_cancel,
-    request_pause,
-    requeue,
-    transition,
-)
+from app.core.lifecycle import request_cancel, request_pause, requeue, transition
 from app.core.settings import Settings
+from app.core.states import CANCELLED, CANCELLING, FAILED, PAUSED, PAUSING, QUEUED, RUNNING, STARTING, SUCCEEDED
 from tests.service.factories import insert_job, stored
 
 

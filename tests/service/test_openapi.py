@@ -22,9 +22,9 @@ from sqlmodel import Session, col, select
 from app.api import schemas
 from app.core.database import get_engine
 from app.core.downsample import to_point
-from app.core.lifecycle import RUNNING
 from app.core.rollups import RollupBuilder, chart_points
 from app.core.settings import Settings
+from app.core.states import RUNNING
 from app.core.tables import EVAL_SEQ, JobMetric
 from pipebd_core.documents.telemetry import DistillLine, EvalLine
 from pipebd_core.planning.resolve import resolve_plan

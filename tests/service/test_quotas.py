@@ -22,11 +22,12 @@ from sqlmodel import Session, col, func, select
 
 from app.api.auth import fingerprint
 from app.core.database import get_engine, migrate
-from app.core.lifecycle import ACTIVE, RUNNING, STARTING, SUCCEEDED, transition
+from app.core.lifecycle import transition
 from app.core.priority import next_queued, wake_held
 from app.core.queue import queue_name
 from app.core.quotas import HOUR_S, release_budgets
 from app.core.settings import Settings
+from app.core.states import ACTIVE, RUNNING, STARTING, SUCCEEDED
 from app.core.tables import Job, JobAttempt, TenantQuota
 from app.main import create_app
 from app.services.jobs import queue_position, waiting_reason

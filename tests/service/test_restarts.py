@@ -12,8 +12,9 @@ from sqlmodel import Session
 
 from app.core.attempts import attempts_of
 from app.core.database import get_engine, migrate
-from app.core.lifecycle import QUEUED, RUNNING, STARTING, transition
+from app.core.lifecycle import transition
 from app.core.settings import Settings
+from app.core.states import QUEUED, RUNNING, STARTING
 from pipebd_core.job.outcomes import Termination
 from pipebd_core.job.supervisor import Outcome
 from tests.service.factories import insert_job

@@ -1,7 +1,8 @@
 """Service tier: sweeps through the real API on real databases (SQLite and PostgreSQL) and the real SQLite
 broker, no worker: children are created with exactly their overrides, a bad override refuses the whole sweep
 naming it with nothing stored, the bulk operations reach every child, `max_parallel` holds at the claim, and
-the best child is the one with the best objective (summaries written by the test)."""
+the best child is the one with the best objective (summaries written by the test), and a sweep's own
+webhook events: each new best once, its end once, also when its last two children end at once."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from sqlmodel import Session
 
 from app.cli.main import main
 from app.core.database import get_engine
-from app.core.lifecycle import RUNNING, STARTING, SUCCEEDED, transition
+from app.core.lifecycle import request_cancel, transition
 from app.core.priority import next_queued
 from app.core.settings import Settings
+from app.core.states import RUNNING, STARTING, SUCCEEDED
 from app.core.sweeps import claim_room, wake
 from app.core.tables import Job, JobEvent, Sweep
 from app.main import create_app
@@ -42,6 +44,7 @@ from tests.service.live import serve
 from worker.launcher import JobRunner
 
 SWEEPS = "/api/v1/sweeps"
+HOOKS = "/api/v1/webhooks"
 
 
 def with_overrides(document: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -272,3 +275,106 @@ def test_two_claims_in_one_full_sweep_count_one_after_the_other(settings: Settin
         session.commit()
     other.join(timeout=30)
     assert found == {"room": False}
+
+
+def sweep_deliveries(client: TestClient, hook_id: int) -> list[dict[str, Any]]:
+    """A hook's deliveries, oldest first: (event, payload)."""
+    answer = client.get(f"/api/v1/webhooks/{hook_id}/deliveries")
+    assert answer.status_code == 200, answer.text
+    return list(reversed(answer.json()["data"]))
+
+
+def end_child(settings: Settings, job_id: int, loss: float | None) -> None:
+    """A child run to success by its worker (its summary written first, as finalize does), or cancelled."""
+    if loss is not None:
+        write_summary(settings, job_id, Summary(name="tiny", final_loss={0: loss}))
+    with Session(get_engine(settings.database)) as session:
+        if loss is None:
+            assert request_cancel(session, job_id)
+        else:
+            assert transition(session, job_id, STARTING, ["queued"], worker="w")
+            assert transition(session, job_id, RUNNING, [STARTING])
+            assert transition(session, job_id, SUCCEEDED, [RUNNING])
+        session.commit()
+
+
+def test_a_sweep_notifies_each_new_best_and_its_end_once(client: TestClient, settings: Settings) -> None:
+    body = {
+        "spec": tiny_job("notify"),
+        "grid": {"train.lr": [0.01, 0.02, 0.03, 0.04]},
+        "objective": {"metric": "final_loss", "goal": "minimize"},
+    }
+    sweep = client.post(SWEEPS, json=body).json()
+    ids = [job["id"] for job in sweep["jobs"]]
+    hook = {"url": "http://127.0.0.1:9/hook", "secret": "s" * 16}
+    sweep_events = ["sweep.finished", "sweep.best_changed", "job.succeeded"]
+    scoped = client.post(HOOKS, json={**hook, "events": sweep_events, "scope": "sweep", "sweep_id": sweep["id"]})
+    assert scoped.status_code == 201 and scoped.json()["sweep_id"] == sweep["id"], scoped.text
+    server = client.post(HOOKS, json={**hook, "events": ["sweep.finished"]}).json()["id"]
+    own = client.post(HOOKS, json={**hook, "events": ["sweep.finished"], "scope": "job", "job_id": ids[0]}).json()
+    missing = client.post(HOOKS, json={**hook, "events": sweep_events, "scope": "sweep", "sweep_id": sweep["id"] + 1})
+    assert missing.status_code == 422 and missing.json()["errors"][0]["loc"] == ["body", "sweep_id"]
+
+    for job_id, loss in zip(ids, (0.5, 0.7, 0.2, None), strict=True):  # a first best, a worse one, a better one
+        end_child(settings, job_id, loss)
+    events = [(entry["event"], entry["job_id"]) for entry in sweep_deliveries(client, scoped.json()["id"])]
+    assert events == [
+        ("job.succeeded", ids[0]),
+        ("sweep.best_changed", ids[0]),
+        ("job.succeeded", ids[1]),
+        ("job.succeeded", ids[2]),
+        ("sweep.best_changed", ids[2]),
+        ("sweep.finished", ids[3]),
+    ]
+    payloads = [entry["payload"] for entry in sweep_deliveries(client, scoped.json()["id"])]
+    changed = payloads[4]["sweep"]
+    assert changed["best"] == {"job_id": ids[2], "value": pytest.approx(0.2)}
+    assert changed["previous_best"] == {"job_id": ids[0], "value": pytest.approx(0.5)}
+    finished = payloads[5]
+    assert finished["job"] is None and finished["sweep"]["state"] == "cancelled"
+    assert finished["sweep"]["jobs"] == {"succeeded": 3, "cancelled": 1}
+    assert finished["text"] == (
+        f"PipeBD sweep {sweep['id']} (notify): cancelled, 4 jobs (3 succeeded, 1 cancelled);"
+        f" best job {ids[2]} (final_loss 0.2)"
+    )
+    assert [entry["event"] for entry in sweep_deliveries(client, server)] == ["sweep.finished"]
+    assert sweep_deliveries(client, own["id"]) == []  # a job's hook hears that job's events, not its sweep's
+
+    resumed = client.post(f"{SWEEPS}/{sweep['id']}/resume").json()  # the cancelled child again: a second end
+    assert resumed["state"] == "running"
+    end_child(settings, ids[3], 0.9)
+    assert [entry["event"] for entry in sweep_deliveries(client, server)] == ["sweep.finished"] * 2
+
+
+def test_of_two_last_children_ending_at_once_exactly_one_finishes_the_sweep(
+    client: TestClient, settings: Settings
+) -> None:
+    """The second end waits on the sweep's lock until the first commits, then finds every child ended."""
+    sweep = client.post(SWEEPS, json={"spec": tiny_job("race"), "grid": {"train.lr": [0.01, 0.02]}}).json()
+    first, second = (job["id"] for job in sweep["jobs"])
+    hook = {"url": "http://127.0.0.1:9/hook", "secret": "s" * 16, "events": ["sweep.finished"]}
+    hook_id = client.post(HOOKS, json=hook).json()["id"]
+    engine = get_engine(settings.database)
+    for job_id in (first, second):
+        with Session(engine) as session:
+            assert transition(session, job_id, STARTING, ["queued"], worker="w")
+            assert transition(session, job_id, RUNNING, [STARTING])
+            session.commit()
+
+    def end_second() -> None:
+        with Session(engine) as session:
+            assert transition(session, second, SUCCEEDED, [RUNNING])
+            session.commit()
+
+    with Session(engine) as session:
+        assert transition(session, first, SUCCEEDED, [RUNNING])
+        other = threading.Thread(target=end_second)
+        other.start()
+        other.join(timeout=1.0)
+        assert other.is_alive()  # it waits for this end's transaction
+        session.commit()
+    other.join(timeout=30)
+    assert not other.is_alive()
+    assert [(entry["event"], entry["job_id"]) for entry in sweep_deliveries(client, hook_id)] == [
+        ("sweep.finished", second)
+    ]

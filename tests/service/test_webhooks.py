@@ -17,8 +17,9 @@ from fastapi.testclient import TestClient
 
 from app.core.database import session_scope
 from app.core.deliveries import deliver_due, new_client
-from app.core.lifecycle import QUEUED, RUNNING, STARTING, request_cancel, settle, transition
+from app.core.lifecycle import request_cancel, settle, transition
 from app.core.settings import Settings
+from app.core.states import QUEUED, RUNNING, STARTING
 from pipebd_core.documents.webhook import WebhookPayload
 from pipebd_core.job.phases import new_records
 from pipebd_core.rundir import RunDir

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from app.cli.main import build_parser
 from app.cli.remote import sweep_body
+from app.core.objectives import Best, best_of
 from app.core.sweeps import sweep_state
-from app.services.objectives import Best, best_of
 from app.services.search import MAX_CHILDREN, Objective, SearchError, SweepRequest, children
 from pipebd_core.spec import SpecError
 

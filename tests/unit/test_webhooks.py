@@ -6,13 +6,16 @@ from __future__ import annotations
 from typing import get_args
 
 from app.api.webhook_schemas import EVENTS, DeliveryState, Scope
+from app.cli.webhooks import SCOPES as CLI_SCOPES
 from app.core.deliveries import backoff_s, signature
-from app.core.lifecycle import STATES
+from app.core.objectives import Best, Objective
 from app.core.settings import Settings
-from app.core.tables import Job
+from app.core.states import STATES
+from app.core.sweep_events import best_changed_text, finished_text
+from app.core.tables import Job, Sweep
 from app.core.webhooks import DELIVERY_STATES, SCOPES, finished_phases, phase_text, state_text
 from pipebd_core.documents.phases import PhaseRecord
-from pipebd_core.documents.webhook import WebhookJob, WebhookPayload, WebhookPhase
+from pipebd_core.documents.webhook import WebhookBest, WebhookJob, WebhookPayload, WebhookPhase, WebhookSweep
 
 
 def test_the_signature_is_the_hex_hmac_sha256_of_the_body() -> None:
@@ -46,8 +49,8 @@ def test_a_phase_finishes_once_per_run() -> None:
 
 
 def test_the_api_offers_every_state_s_event_and_the_core_s_scopes_and_delivery_states() -> None:
-    assert (*(f"job.{state}" for state in STATES), "phase.finished") == EVENTS
-    assert get_args(Scope) == SCOPES
+    assert (*(f"job.{state}" for state in STATES), "phase.finished", "sweep.finished", "sweep.best_changed") == EVENTS
+    assert get_args(Scope) == SCOPES == CLI_SCOPES
     assert get_args(DeliveryState) == DELIVERY_STATES
 
 
@@ -70,3 +73,37 @@ def test_a_payload_links_its_job_when_the_server_knows_its_address() -> None:
     linked = payload.linked("https://pipebd.example.com/")
     assert linked.job is not None and linked.job.url == "https://pipebd.example.com/jobs/3"
     assert linked.text == "PipeBD job 3 (t): ok https://pipebd.example.com/jobs/3"
+
+
+def test_a_sweep_s_text_names_its_end_and_its_best_and_its_payload_links_the_sweep() -> None:
+    sweep = Sweep(id=4, name="lr", spec={}, search={}, objective={"metric": "final_loss", "goal": "minimize"})
+    counts = {"succeeded": 3, "failed": 1}
+    assert finished_text(sweep, "failed", counts, Best(12, 0.30125)) == (
+        "PipeBD sweep 4 (lr): failed, 4 jobs (3 succeeded, 1 failed); best job 12 (final_loss 0.3013)"
+    )
+    assert finished_text(sweep, "failed", counts, None).endswith("; best none yet")
+    no_objective = Sweep(id=5, name="n", spec={}, search={})
+    assert finished_text(no_objective, "succeeded", {"succeeded": 1}, None) == (
+        "PipeBD sweep 5 (n): succeeded, 1 job (1 succeeded)"
+    )
+    objective = Objective(metric="final_loss", goal="minimize")
+    assert best_changed_text(sweep, Best(12, 0.3), Best(9, 0.5), objective) == (
+        "PipeBD sweep 4 (lr): the best is now job 12 (final_loss 0.3, minimize); before: job 9 (final_loss 0.5)"
+    )
+    assert best_changed_text(sweep, Best(12, 0.3), None, objective).endswith("; before: none")
+
+    shown = WebhookSweep(
+        id=4,
+        name="lr",
+        state="running",
+        jobs={"running": 1},
+        objective="minimize final_loss",
+        best=WebhookBest(job_id=12, value=0.3),
+        previous_best=None,
+        url=None,
+    )
+    payload = WebhookPayload(event="sweep.best_changed", time="2026-12-03T08:00:00Z", text="t", sweep=shown)
+    linked = payload.linked("https://pipebd.example.com")
+    assert linked.sweep is not None and linked.sweep.url == "https://pipebd.example.com/sweeps/4"
+    assert linked.text == "t https://pipebd.example.com/sweeps/4" and linked.job is None
+    assert WebhookPayload.from_json(linked.to_json()) == linked

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.core.lifecycle import FINAL
+from app.core.states import FINAL
 from tests.service.factories import long_job, tiny_job
 from tests.service.workers import wait_for
 from tests.web.browser import DESKTOP, NETWORK_ERROR, PHONE, Watched, pipebd_up, watched_page

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from app.api.deps import PageSize, ReadAccess, SessionDep
 from app.api.problems import ApiError, invalid
 from app.api.schemas import AUTH_ERRORS, ComparePage, CompareRow, LossStat, problem
-from app.core.lifecycle import JobState
+from app.core.states import JobState
 from app.core.tables import DB_INT_MAX, Sweep
 from app.services.compare import SORT_NAMES, CompareError, Comparison, Selection, compare, parse_ids
 

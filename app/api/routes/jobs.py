@@ -12,8 +12,9 @@ from app.api.problems import ApiError, invalid
 from app.api.schemas import AUTH_ERRORS, AttemptPublic, JobDetail, JobPublic, JobsPublic, job_errors, problem
 from app.core.attempts import attempts_of
 from app.core.database import get_engine
-from app.core.lifecycle import JobState, request_cancel, restart_budget
+from app.core.lifecycle import request_cancel, restart_budget
 from app.core.settings import Settings
+from app.core.states import JobState
 from app.core.tables import Job
 from app.services.jobs import ConflictError, delete_job, list_jobs, queue_position, waiting_reason
 from app.services.resume import pause_job, resume_job

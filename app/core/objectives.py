@@ -1,4 +1,6 @@
-"""A sweep's objective: the summary metric of each child, and which child is best so far.
+"""A sweep's objective: what it is (`Objective`, part of `POST /api/v1/sweeps`), the summary metric of each
+child, and which child is best so far. In app/core because a child's end settles its sweep's best
+(app/core/sweep_events.py) in the transaction of its move.
 
 | metric | read from | |
 |---|---|---|
@@ -16,11 +18,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.core.summaries import read_summary
 from app.core.tables import Job
-from app.services.artifacts import read_summary
-from app.services.search import Objective
 from pipebd_core.documents.summary import Summary
+
+Metric = Literal["final_loss", "student_top1", "finetune_top1", "samples_per_s"]
+
+
+class Objective(BaseModel):
+    """What makes one child better than another: a summary metric, lower or higher."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    metric: Metric = Field(
+        description="final_loss (the mean of the blocks' final losses), student_top1 (the compressed student's"
+        " top-1), finetune_top1 (top-1 after end-to-end training) or samples_per_s (measured throughput)"
+    )
+    goal: Literal["minimize", "maximize"] = Field(description="whether lower or higher is better")
 
 
 def final_loss(summary: Summary) -> float | None:
