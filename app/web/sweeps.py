@@ -1,7 +1,7 @@
 """The sweep pages: `/sweeps` lists the sweeps, `/sweeps/{id}` shows one: its state, progress, objective and
-best child, and a table of its children (overrides, state, progress, objective value) with bulk Pause,
-Resume and Cancel buttons. The page's script re-fetches the sweep part (`/sweeps/{id}/partials/sweep`)
-every few seconds while the sweep has not ended.
+best child, its objective over time (app/web/objective_chart.py), and a table of its children (overrides,
+state, progress, objective value) with bulk Pause, Resume and Cancel buttons. The page's script re-fetches
+the sweep part (`/sweeps/{id}/partials/sweep`) every few seconds while the sweep has not ended.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from app.core.tables import Job, Sweep
 from app.services.resume import PAUSABLE
 from app.services.sweeps import SweepView, list_sweeps, sweep_view
 from app.web.access import ViewerDep
+from app.web.objective_chart import objective_chart
 from app.web.routing import PageError, PageRoute
 from app.web.templating import render
 from app.web.views import JobRow, job_row
@@ -72,7 +73,8 @@ def get_page_sweep(session: Session, sweep_id: int) -> Sweep:
 def sweep_context(session: Session, sweep_id: int) -> dict[str, Any]:
     view = sweep_view(session, get_page_sweep(session, sweep_id))
     best = next((job for job in view.children if view.best and job.id == view.best.job_id), None)
-    return {"view": view, "rows": child_rows(view), "best_job": best, "actions": actions(view.children)}
+    rows, chart = child_rows(view), objective_chart(view)
+    return {"view": view, "rows": rows, "best_job": best, "actions": actions(view.children), "chart": chart}
 
 
 @router.get("/sweeps", response_class=HTMLResponse)

@@ -1,6 +1,6 @@
 """Service tier: the sweep pages from the real app on a real SQLite database (TestClient, no browser): the
-children table with each child's overrides and objective value, the best job marked, the bulk buttons for a
-submit token only, and the links from the jobs list and the job page."""
+children table with each child's overrides and objective value, the best job marked, the objective over
+time, the bulk buttons for a submit token only, and the links from the jobs list and the job page."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlmodel import Session
 
+from app.core.database import get_engine
 from app.core.settings import Settings
+from app.core.tables import Job, Sweep
 from app.main import create_app
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from tests.service.conftest import make_settings
@@ -65,3 +68,24 @@ def test_a_read_only_token_sees_the_sweep_without_its_buttons(tmp_path: Path) ->
         web.cookies.set("pipebd_token", READ_TOKEN)
         html = web.get(f"/sweeps/{sweep_id}").text
     assert 'id="child-' in html and "data-sweep=" in html and 'id="cancel-sweep"' not in html
+
+
+def test_the_sweep_page_draws_its_objective_over_time(sqlite_settings: Settings) -> None:
+    objective = {"metric": "finetune_top1", "goal": "maximize"}
+    sweep_id, ids = insert_sweep(sqlite_settings, [{"train.lr": 0.01}, {"train.lr": 0.02}], objective=objective)
+    with TestClient(create_app(sqlite_settings)) as web:
+        assert 'id="objective-chart"' not in web.get(f"/sweeps/{sweep_id}").text  # nothing has ended yet
+        for job_id, top1, minutes in ((ids[0], 0.84, 2.0), (ids[1], 0.61, 5.0)):
+            write_summary(sqlite_settings, job_id, finetuned(top1))
+            with Session(get_engine(sqlite_settings.database)) as session:
+                job = session.get(Job, job_id)
+                sweep = session.get(Sweep, sweep_id)
+                assert job is not None and sweep is not None
+                job.state, job.finished_at = "succeeded", sweep.created_at + minutes * 60
+                session.add(job)
+                session.commit()
+        part = web.get(f"/sweeps/{sweep_id}/partials/sweep").text
+    points = re.findall(r'<circle class="point( leads)?" cx="[\d.]+" cy="[\d.]+" r="4" data-job="(\d+)">', part)
+    assert points == [(" leads", str(ids[0])), ("", str(ids[1]))]
+    assert 'class="best-line" d="M ' in part and "over 5.0 minutes; best 0.84" in part
+    assert f"job #{ids[1]}: finetune_top1 0.61 at 5.0 min</title>" in part
