@@ -5,8 +5,10 @@
 where Debian's PostgreSQL is installed, on a throw-away PostgreSQL (tests/service/services.py). The real
 app serves it over HTTP (uvicorn), and each request below is sent `--requests` times after 3 warm-ups:
 
-  api    GET /api/v1/compare?limit=50&sort=-samples_per_s   (all 500 selected: the diff reads 500 specs)
-  page   GET /compare?name=cmp&sort=-samples_per_s          (the same selection, the dashboard's paged table)
+  api         GET /api/v1/compare?limit=50&sort=-samples_per_s   (all 500 selected: the diff reads 500 specs)
+  page        GET /compare?name=cmp&sort=-samples_per_s          (the same selection, the dashboard's paged table)
+  spec_sort   GET /api/v1/compare?limit=50&sort=spec.train.lr    (sorted in Python over the 500 specs)
+  loss_sort   GET /api/v1/compare?limit=50&sort=final_loss       (reads all 500 jobs' summary.json files)
 
 Printed, and written to benchmarks/records/compare-500.json (`--out`); never asserted.
 
@@ -49,6 +51,8 @@ LRS = (0.01, 0.02, 0.05, 0.1)
 REQUESTS = {
     "api": "/api/v1/compare?limit=50&sort=-samples_per_s",
     "page": "/compare?name=cmp&sort=-samples_per_s",
+    "spec_sort": "/api/v1/compare?limit=50&sort=spec.train.lr",
+    "loss_sort": "/api/v1/compare?limit=50&sort=final_loss",
 }
 OUT = REPO / "benchmarks" / "records" / "compare-500.json"
 
@@ -120,14 +124,18 @@ def measure(database_url: str, label: str, jobs: int, requests: int) -> dict[str
                     "max_ms": round(1000 * max(times), 1),
                     "bytes": len(answer.content),
                 }
-                print(f"{label:10} {name:4} p50 {result[name]['p50_ms']:7.1f} ms  p95 {result[name]['p95_ms']:7.1f} ms")
+                print(f"{label:10} {name:9} p50 {result[name]['p50_ms']:7.1f} ms  p95 {result[name]['p95_ms']:7.1f} ms")
         get_engine(database_url).dispose()
         return result
 
 
 def commit() -> str | None:
+    """git HEAD, with "+dirty" when tracked files differ from it (as pipebd bench records say)."""
     found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False)
-    return found.stdout.strip() or None
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    return (found.stdout.strip() + ("+dirty" if changed.stdout.strip() else "")) or None
 
 
 def main() -> None:

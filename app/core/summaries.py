@@ -18,10 +18,15 @@ SUMMARY = "summary.json"
 def read_summary(job: Job) -> Summary | None:
     """The job's summary.json; None until a phase wrote it, or for one an earlier PipeBD wrote (this one
     cannot read it: the pages and sweeps show none, and the file still downloads)."""
-    if job.run_dir is None:
+    return summary_in(job.run_dir)
+
+
+def summary_in(run_dir: str | None) -> Summary | None:
+    """The summary.json of the run directory `run_dir` (a job's `run_dir` column), as `read_summary`."""
+    if run_dir is None:
         return None
     try:
-        value = json.loads(RunDir(Path(job.run_dir)).output(SUMMARY).read_text())
+        value = json.loads(RunDir(Path(run_dir)).output(SUMMARY).read_text())
     except (OSError, ValueError):  # not written yet, being replaced, or gone with its run directory
         return None
     try:

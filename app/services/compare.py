@@ -5,10 +5,16 @@ Queries per request, whatever the selection's size: one count, one read of the s
 the fields that differ: every spec is flattened to dotted paths), one page of jobs (sorted, offset, limit),
 and one aggregate of the page's telemetry (each block's lowest and highest loss). The final loss per block
 and the top-1 come from each page row's summary.json (files, at most `limit` of them).
+
+A sort on a column of the job table is SQL's. A sort on a spec field (`spec.train.lr`), on the final loss
+(the mean of the blocks' final losses, as a sweep's `final_loss` objective) or on the top-1 is done here,
+over the whole selection: its specs are read anyway, and these sorts read every selected job's summary.json
+(`final_loss`, `top1`), so they cost a file per job (docs/benchmarks.md has the 500-job figures).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,9 +23,11 @@ from typing import Any
 from sqlmodel import Session, col, func, select
 
 from app.api.problems import EXCERPT_CHARS, excerpt
-from app.core.summaries import read_summary
+from app.core.objectives import final_loss
+from app.core.summaries import read_summary, summary_in
 from app.core.tables import DB_INT_MAX, EVAL_SEQ, Job, JobMetric
 from pipebd_core.documents.phases import DISTILL
+from pipebd_core.documents.summary import Summary
 
 MAX_IDS = 1000  # ids in one `ids` list at most (a sweep or a filter selects any number)
 MAX_BLOCKS = 64  # blocks whose loss is summarized at most
@@ -33,7 +41,9 @@ SORTS: dict[str, Any] = {  # what `sort` accepts (`-` before it: descending); ti
     "progress": col(Job.progress),
     "samples_per_s": col(Job.samples_per_s),
 }
-SORT_NAMES = ", ".join(SORTS)
+SPEC_SORT = "spec."  # `spec.<dotted field>`: by that spec field
+SUMMARY_SORTS = ("final_loss", "top1")  # by a value of each job's summary.json
+SORT_NAMES = ", ".join([*SORTS, *SUMMARY_SORTS, "spec.<field> (e.g. spec.train.lr)"])
 
 
 class CompareError(ValueError):
@@ -111,10 +121,41 @@ def parse_ids(text: str) -> list[int]:
 def parse_sort(text: str) -> tuple[str, bool]:
     """(`column`, descending) of `-column`; CompareError listing the columns otherwise."""
     name = text.removeprefix("-")
-    if name not in SORTS:
+    if name not in SORTS and name not in SUMMARY_SORTS and not (name.startswith(SPEC_SORT) and name != SPEC_SORT):
         shown = excerpt(repr(text), EXCERPT_CHARS)
         raise CompareError("sort", f"{shown} is not a sort column; one of {SORT_NAMES}, with `-` for descending", text)
     return name, text.startswith("-")
+
+
+def top1(summary: Summary) -> float | None:
+    """The top-1 a comparison shows: after finetuning, else the compressed student's."""
+    return summary.finetune.top1_after if summary.finetune is not None else summary.student_top1
+
+
+def sort_key(value: Any) -> tuple[int, Any] | None:
+    """An order over spec values of any type: numbers, then text, then the rest (lists, objects) by their JSON;
+    None (absent, or not a finite number) sorts last either way."""
+    if isinstance(value, bool | str):
+        return (1, str(value))
+    if isinstance(value, int | float):
+        return (0, float(value)) if math.isfinite(value) else None
+    return None if value is None else (2, json.dumps(value, sort_keys=True))
+
+
+def computed_order(jobs: list[tuple[int, dict[str, Any], str | None]], name: str, descending: bool) -> list[int]:
+    """The selection's ids sorted by a spec field or a summary value (`jobs`: id, spec, run_dir), as SQL sorts
+    a column: ties and the jobs without a value (last) by id, descending with the sort."""
+    keys: dict[int, tuple[int, Any] | None] = {}
+    for job_id, spec, run_dir in jobs:
+        if name.startswith(SPEC_SORT):
+            keys[job_id] = sort_key(flatten(spec).get(name.removeprefix(SPEC_SORT)))
+        else:
+            summary = summary_in(run_dir)
+            value = None if summary is None else (final_loss(summary) if name == "final_loss" else top1(summary))
+            keys[job_id] = sort_key(value)
+    known = sorted(((key, job_id) for job_id, key in keys.items() if key is not None), reverse=descending)
+    unknown = sorted((job_id for job_id, key in keys.items() if key is None), reverse=descending)
+    return [job_id for _, job_id in known] + unknown
 
 
 def conditions(selection: Selection) -> list[Any]:
@@ -206,13 +247,12 @@ def summary_columns(session: Session, jobs: list[Job]) -> list[Row]:
     for job in jobs:
         loss = ranges.get(job.id or 0, {})
         summary = summaries[job.id]
-        top1 = None
         if summary is not None:
             for block, value in (summary.final_loss or {}).items():
                 if 0 <= block < MAX_BLOCKS:
                     loss.setdefault(str(block), Stat()).final = finite(value)
-            top1 = summary.finetune.top1_after if summary.finetune is not None else summary.student_top1
-        rows.append(Row(job, {}, dict(sorted(loss.items(), key=lambda item: int(item[0]))), finite(top1)))
+        accuracy = None if summary is None else top1(summary)
+        rows.append(Row(job, {}, dict(sorted(loss.items(), key=lambda item: int(item[0]))), finite(accuracy)))
     return rows
 
 
@@ -225,14 +265,29 @@ def compare(
     offset: int = 0,
     all_fields: bool = False,
 ) -> Comparison:
-    """One page of the selection's comparison; CompareError for a bad `sort`."""
+    """One page of the selection's comparison; CompareError for a bad `sort`, or a spec field that no selected
+    job has."""
     where = conditions(selection)
     name, descending = parse_sort(sort)
     total = int(session.exec(select(func.count()).select_from(Job).where(*where)).one())
-    every, differing = differing_fields(session.exec(select(Job.spec).where(*where)).all())
-    order = (SORTS[name].desc() if descending else SORTS[name].asc()).nulls_last()  # one order on every database
-    tie = col(Job.id).desc() if descending else col(Job.id).asc()
-    page = list(session.exec(select(Job).where(*where).order_by(order, tie).offset(offset).limit(limit)).all())
+    selected = [
+        (int(job_id), spec, run_dir)
+        for job_id, spec, run_dir in session.exec(select(Job.id, Job.spec, Job.run_dir).where(*where)).all()
+    ]
+    every, differing = differing_fields(spec for _, spec, _ in selected)
+    if name in SORTS:
+        order = (SORTS[name].desc() if descending else SORTS[name].asc()).nulls_last()  # one order on every database
+        tie = col(Job.id).desc() if descending else col(Job.id).asc()
+        page = list(session.exec(select(Job).where(*where).order_by(order, tie).offset(offset).limit(limit)).all())
+    else:
+        if name.startswith(SPEC_SORT) and name.removeprefix(SPEC_SORT) not in every and selected:
+            shown_name = excerpt(repr(name), EXCERPT_CHARS)
+            raise CompareError(
+                "sort", f"{shown_name} is no field of the selected jobs' specs (docs/spec.md lists them)", sort
+            )
+        ids = computed_order(selected, name, descending)[offset : offset + limit]
+        found = {job.id: job for job in session.exec(select(Job).where(col(Job.id).in_(ids))).all()}
+        page = [found[job_id] for job_id in ids if job_id in found]
     shown = every if all_fields else differing
     rows = summary_columns(session, page)
     for row in rows:

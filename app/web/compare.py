@@ -206,7 +206,7 @@ def compare_page(
     sweep_id: Annotated[int | None, Query(ge=1, le=DB_INT_MAX, description="the children of this sweep")] = None,
     state: Annotated[str | None, Query(max_length=20, description="only jobs in this state")] = None,
     name: Annotated[str | None, Query(max_length=100, description="only jobs whose name contains this")] = None,
-    sort: Annotated[str, Query(max_length=40, description="the sort column, `-` before it: descending")] = "id",
+    sort: Annotated[str, Query(max_length=200, description="the sort column, `-` before it: descending")] = "id",
     offset: Annotated[int, Query(ge=0, le=DB_INT_MAX, description="rows to skip")] = 0,
     all_fields: Annotated[bool, Query(description="every spec field, not only those that differ")] = False,
 ) -> HTMLResponse:

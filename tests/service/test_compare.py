@@ -192,7 +192,10 @@ def test_the_page_shows_more_than_four_jobs_paged_sorted_and_only_what_differs(s
     first = min(stored.states)
     children = sorted((job_id for job_id in stored.states if job_id - first < SWEEP_CHILDREN), reverse=True)
     assert [int(job_id) for job_id in rows] == children[:50]
-    assert re.findall(r'<th scope="col" class="spec-field">([^<]+)</th>', html) == ["name", "train.lr"]
+    assert re.findall(r'<th scope="col" class="spec-field"><a class="sort" href="[^"]+">([^<]+)</a></th>', html) == [
+        "name",
+        "train.lr",
+    ]
     assert "100 jobs, rows 1\N{EN DASH}50" in html and 'rel="next"' in html and 'rel="prev"' not in html
     assert f'href="/compare?sweep_id={stored.sweep_id}&amp;sort=id"' in html  # the Job column sorts ascending next
     following = client.get("/compare", params={"sweep_id": stored.sweep_id, "sort": "-id", "offset": 50}).text
@@ -207,6 +210,28 @@ def test_the_page_shows_more_than_four_jobs_paged_sorted_and_only_what_differs(s
     bad = client.get("/compare", params={"state": "lost"})
     assert bad.status_code == 422 and "is not a job state" in bad.text
     assert client.get("/compare", params={"name": "cmp", "sort": "loss"}).status_code == 422
+
+
+def test_sorts_by_a_spec_field_and_by_summary_values_over_the_whole_selection(stored: Stored) -> None:
+    client = stored.client
+    rows = [row for page in pages(client, "sort=spec.train.lr", 200) for row in page["data"]]
+    by_lr = sorted(stored.states, key=lambda job_id: (LRS[(job_id - min(stored.states)) % len(LRS)], job_id))
+    assert [row["id"] for row in rows] == by_lr  # ascending, ties by id, across pages
+    first = client.get("/api/v1/compare?sort=-spec.train.lr&limit=2").json()["data"]
+    assert [row["fields"]["train.lr"] for row in first] == [LRS[-1]] * 2 and first[0]["id"] > first[1]["id"]
+    better, worse = sorted(stored.states)[10], sorted(stored.states)[11]
+    write_summary(stored.settings, better, Summary(name="b", final_loss={0: 0.2, 1: 0.4}, student_top1=0.9))
+    write_summary(stored.settings, worse, Summary(name="w", final_loss={0: 2.0}))
+    by_loss = client.get("/api/v1/compare?sort=final_loss&limit=4").json()["data"]
+    assert [row["id"] for row in by_loss[:3]] == [better, stored.measured, worse]  # means 0.3, 1.0, 2.0
+    assert by_loss[3]["id"] == min(stored.states)  # the jobs without a summary follow, by id
+    by_top1 = client.get("/api/v1/compare?sort=-top1&limit=2").json()["data"]
+    assert [(row["id"], row["top1"]) for row in by_top1] == [(better, 0.9), (stored.measured, 0.75)]
+    typo = client.get("/api/v1/compare?sort=spec.train.lrr")
+    assert typo.status_code == 422 and "'spec.train.lrr' is no field of the selected jobs' specs" in typo.text
+    page = client.get("/compare", params={"sweep_id": stored.sweep_id, "sort": "spec.train.lr"}).text
+    assert f'href="/compare?sweep_id={stored.sweep_id}&amp;sort=-spec.train.lr"' in page  # descending next
+    assert f'href="/compare?sweep_id={stored.sweep_id}&amp;sort=final_loss"' in page
 
 
 def test_a_name_with_nul_is_refused_on_every_database(stored: Stored) -> None:

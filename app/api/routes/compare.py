@@ -63,7 +63,7 @@ def compare_jobs(
     state: Annotated[JobState | None, Query(description="only jobs in this state")] = None,
     name: Annotated[str | None, Query(max_length=100, description="only jobs whose name contains this")] = None,
     sort: Annotated[
-        str, Query(max_length=40, description=f"the column to sort by, `-` before it for descending: {SORT_NAMES}")
+        str, Query(max_length=200, description=f"the column to sort by, `-` before it for descending: {SORT_NAMES}")
     ] = "id",
     offset: Annotated[int, Query(ge=0, le=DB_INT_MAX, description="rows to skip: a page's `next_offset`")] = 0,
     all_fields: Annotated[
