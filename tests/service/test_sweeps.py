@@ -183,14 +183,19 @@ def test_max_parallel_holds_at_the_claim_and_an_ended_child_wakes_the_next(
         assert claim_room(session, second)
 
 
-def test_the_best_child_has_the_best_objective(client: TestClient, settings: Settings) -> None:
+def four_children_minimizing_loss(client: TestClient, name: str) -> tuple[dict[str, Any], dict[str, Any], list[int]]:
+    """A sweep of four learning rates with the objective `minimize final_loss`: its body, answer, children's ids."""
     body = {
-        "spec": tiny_job("best"),
+        "spec": tiny_job(name),
         "grid": {"train.lr": [0.01, 0.02, 0.03, 0.04]},
         "objective": {"metric": "final_loss", "goal": "minimize"},
     }
     sweep = client.post(SWEEPS, json=body).json()
-    ids = [job["id"] for job in sweep["jobs"]]
+    return body, sweep, [job["id"] for job in sweep["jobs"]]
+
+
+def test_the_best_child_has_the_best_objective(client: TestClient, settings: Settings) -> None:
+    body, sweep, ids = four_children_minimizing_loss(client, "best")
     losses = {
         ids[0]: {0: math.nan},
         ids[1]: {0: 0.9, 1: 0.7},
@@ -299,13 +304,7 @@ def end_child(settings: Settings, job_id: int, loss: float | None) -> None:
 
 
 def test_a_sweep_notifies_each_new_best_and_its_end_once(client: TestClient, settings: Settings) -> None:
-    body = {
-        "spec": tiny_job("notify"),
-        "grid": {"train.lr": [0.01, 0.02, 0.03, 0.04]},
-        "objective": {"metric": "final_loss", "goal": "minimize"},
-    }
-    sweep = client.post(SWEEPS, json=body).json()
-    ids = [job["id"] for job in sweep["jobs"]]
+    _, sweep, ids = four_children_minimizing_loss(client, "notify")
     hook = {"url": "http://127.0.0.1:9/hook", "secret": "s" * 16}
     sweep_events = ["sweep.finished", "sweep.best_changed", "job.succeeded"]
     scoped = client.post(HOOKS, json={**hook, "events": sweep_events, "scope": "sweep", "sweep_id": sweep["id"]})
