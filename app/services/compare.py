@@ -142,7 +142,10 @@ def sort_key(value: Any) -> tuple[int, Any] | None:
     return None if value is None else (2, json.dumps(value, sort_keys=True))
 
 
-def computed_order(jobs: list[tuple[int, dict[str, Any], str | None]], name: str, descending: bool) -> list[int]:
+Selected = list[tuple[int, Mapping[str, Any], str | None]]  # every selected job's id, spec and run directory
+
+
+def computed_order(jobs: Selected, name: str, descending: bool) -> list[int]:
     """The selection's ids sorted by a spec field or a summary value (`jobs`: id, spec, run_dir), as SQL sorts
     a column: ties and the jobs without a value (last) by id, descending with the sort."""
     keys: dict[int, tuple[int, Any] | None] = {}
@@ -270,9 +273,10 @@ def compare(
     where = conditions(selection)
     name, descending = parse_sort(sort)
     total = int(session.exec(select(func.count()).select_from(Job).where(*where)).one())
-    selected = [
-        (int(job_id), spec, run_dir)
+    selected: Selected = [
+        (job_id, spec, run_dir)
         for job_id, spec, run_dir in session.exec(select(Job.id, Job.spec, Job.run_dir).where(*where)).all()
+        if job_id is not None
     ]
     every, differing = differing_fields(spec for _, spec, _ in selected)
     if name in SORTS:
