@@ -9,6 +9,7 @@ Tier: real torchrun processes, no service.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -129,13 +130,17 @@ def test_nodes_that_do_not_share_the_run_directory_fail_at_start(tmp_path: Path)
 
 
 def test_pipebd_run_on_two_nodes_from_the_command_line(tmp_path: Path) -> None:
-    """`pipebd run --nnodes 2 --node-rank K --rdzv-endpoint HOST --rdzv-id ID --out SHARED`, as a batch
-    scheduler would start it on each node; node 1 starts first and waits for node 0's run directory."""
+    """`pipebd run --nnodes 2 --node-rank K --rdzv-endpoint HOST --rdzv-id ID --out SHARED` on each node, as
+    examples/multinode/node.sh starts it under Slurm's `srun` (the SLURM_* variables of a 2-node allocation);
+    node 1 starts first and waits for node 0's run directory."""
     spec, run = write_spec(tmp_path, tiny_document(schedule={"nproc": 1, "mode": "tr"})), tmp_path / "run"
-    common = ["--out", str(run), "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1", "--rdzv-id", "cli-test"]
-    pipebd = [sys.executable, "-m", "pipebd_core.cli", "run"]
-    commands = [[*pipebd, *common, "--node-rank", "1"], [*pipebd, str(spec), *common, "--node-rank", "0"]]
-    nodes = [subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True) for command in commands]
+    slurm = {"SLURM_NNODES": "2", "SLURM_JOB_ID": "4711", "HEAD": "127.0.0.1", "OUT": str(run), "SPEC": str(spec)}
+    common = {**os.environ, **slurm, "PIPEBD": f"{sys.executable} -m pipebd_core.cli"}
+    script = ["bash", str(ROOT / "examples" / "multinode" / "node.sh")]
+    nodes = [
+        subprocess.Popen(script, cwd=ROOT, env={**common, "SLURM_NODEID": rank}, stderr=subprocess.PIPE, text=True)
+        for rank in ("1", "0")
+    ]
     try:
         errors = [node.communicate(timeout=RUN_TIMEOUT_S)[1] for node in nodes]
     finally:
