@@ -47,7 +47,9 @@ def run_reaper(settings: Settings, celery: Celery, stop: threading.Event) -> Non
 
     while not stop.wait(settings.reaper_interval_s):
         try:
-            for job_id in reap_lost_jobs(settings.database, settings.stale_after_s, publish, settings.max_restarts):
+            for job_id in reap_lost_jobs(
+                settings.database, settings.stale_after_s, publish, settings.max_restarts, settings.host_id
+            ):
                 log.warning("job %s: its worker was lost", job_id)
             for job_id in release_budgets(settings.database, publish):
                 log.info("job %s: its tenant's device-hour budget frees again; published", job_id)

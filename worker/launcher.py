@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -56,6 +55,7 @@ from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.phases import PhaseRecord, current
 from pipebd_core.documents.plan import PlanDocument
 from pipebd_core.job.launch import prepare_run
+from pipebd_core.job.nodes import NodeRole
 from pipebd_core.job.supervisor import Outcome, Stop, Supervisor, Watcher
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import SpecError, parse_spec
@@ -186,6 +186,9 @@ class JobWatcher(Watcher):
             self.outage_since = None
         if state == CANCELLING:
             return Stop("cancelled", "user_cancelled")
+        lost = self.runner.lost_node()
+        if lost is not None:
+            return Stop("failed", "node_lost", lost)
         if state is None or state not in ACTIVE:  # deleted, or ended or requeued by the reaper: just stop
             return Stop("failed", "worker_lost", f"the job was ended elsewhere ({state or 'deleted'})")
         if state == PAUSING:
@@ -268,7 +271,7 @@ class JobRunner:
         stamp = now()
         fields: dict[str, Any] = {
             "worker": self.settings.worker_name,
-            "host": socket.gethostname(),
+            "host": self.settings.host_id,
             "worker_pid": os.getpid(),
             "started_at": stamp,
             "heartbeat_at": stamp,
@@ -280,6 +283,14 @@ class JobRunner:
                 and claim_quota(session, self.job_id)
                 and transition(session, self.job_id, STARTING, [QUEUED], **fields)
             )
+
+    def node_role(self) -> NodeRole | None:
+        """This worker's part when the job spans several nodes (worker/gang.py); None: the job is all here."""
+        return None
+
+    def lost_node(self) -> str | None:
+        """Another node of the job that went silent, in words (worker/gang.py); never on one node."""
+        return None
 
     def heartbeat(self, force: bool = False) -> None:
         if force or time.time() - self.last_heartbeat >= self.settings.heartbeat_s:
@@ -326,7 +337,7 @@ class JobRunner:
         return None
 
     def run_phases(self, run_dir: RunDir) -> str:
-        nproc = run_dir.load_spec().schedule.nproc
+        nproc = run_dir.load_spec().schedule.world_size  # every node's ranks write into this run directory
         with session_scope(self.database) as session:
             stored = session.get(Job, self.job_id)
             sweep_id = None if stored is None else stored.sweep_id
@@ -338,6 +349,7 @@ class JobRunner:
             kill_grace_s=self.settings.kill_grace_s,
             time_limit_s=self.settings.job_timeout_s,
             extra_env=self.extra_env,
+            node=self.node_role(),
         )
         state = FAILED  # unless the supervisor returns and the end is recorded
         try:

@@ -30,7 +30,9 @@ def serve() -> int:
     from worker.celery_app import celery_app  # after the settings are final: it reads them at import
     from worker.tasks import publish
 
-    for job_id in reap_lost_jobs(settings.database, settings.stale_after_s, publish, settings.max_restarts):
+    for job_id in reap_lost_jobs(
+        settings.database, settings.stale_after_s, publish, settings.max_restarts, settings.host_id
+    ):
         log.warning("job %s: its worker was lost (found at start-up)", job_id)
     devices = settings.worker_devices or detect_devices()
     queues = queues_for(devices)

@@ -1,5 +1,6 @@
 """Celery tasks: thin. A task is a wake-up carrying a job id; the worker takes the queued job that
-should run first (app/core/priority.py) and hands it to the launcher."""
+should run first (app/core/priority.py) and hands it to the launcher, or, when that job spans several nodes,
+takes a seat in the head gang (worker/gang.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from app.core.settings import get_settings
 from app.core.tables import Job
 from worker.celery_app import celery_app, shutting_down
 from worker.devices import DevicePool, detect_devices
+from worker.gang import NOT_SEATED, take_part
 from worker.launcher import JobRunner
 
 CLAIM_TRIES = 3  # another worker may claim the chosen job first: choose again, this many times
@@ -30,17 +32,26 @@ def publish(job_id: int, queue: str) -> None:
     enqueue(celery_app, job_id, queue)
 
 
-def needed_ranks(job_id: int) -> int | None:
+def publish_later(job_id: int, queue: str, delay_s: float) -> None:
+    """Wake a worker for the job after `delay_s` (a gang that did not complete tries again: worker/gang.py)."""
+    enqueue(celery_app, job_id, queue, countdown=delay_s)
+
+
+def needed(job_id: int) -> tuple[int, int] | None:
+    """The job's ranks on each node and its node count; None once it is deleted."""
     with session_scope(get_settings().database) as session:
         job = session.get(Job, job_id)
-        return None if job is None else job.nproc
+        return None if job is None else (job.nproc, job.nodes)
 
 
 def run(job_id: int) -> str:
-    nproc = needed_ranks(job_id)
-    if nproc is None:
+    sizes = needed(job_id)
+    if sizes is None:
         return "deleted"
+    nproc, nodes = sizes
     with device_pool().take(nproc) as env:
+        if nodes > 1 and not shutting_down.is_set():
+            return take_part(get_settings(), shutting_down, env, publish, publish_later)
         return JobRunner(job_id, get_settings(), shutting_down, env, publish).run()
 
 
@@ -56,7 +67,7 @@ def run_job(job_id: int) -> str:
         if chosen is None:
             return "not claimed"
         outcome = run(chosen)
-        if outcome != "not claimed" or shutting_down.is_set():
+        if outcome not in ("not claimed", NOT_SEATED) or shutting_down.is_set():
             return outcome
         tried.add(chosen)
     return "not claimed"

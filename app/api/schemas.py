@@ -376,7 +376,8 @@ class JobPublic(BaseModel):
         " and paused jobs may be resumed)"
     )
     priority: int = Field(description="Higher runs first; first come first within a priority")
-    nproc: int = Field(description="Ranks the job runs on: one per GPU, or CPU processes")
+    nproc: int = Field(description="Ranks the job runs on each node: one per GPU, or CPU processes")
+    nodes: int = Field(1, description="Machines the job spans (docs/multinode.md): nodes x nproc ranks in all")
     queue: str = Field(description="The broker queue it waits in: workers with at least nproc devices read it")
     created_at: float = Field(description="When it was submitted (ISO 8601, UTC)")
     updated_at: float = Field(description="Its last state or progress change (ISO 8601, UTC)")
@@ -390,10 +391,25 @@ class JobPublic(BaseModel):
         description="Why it ended: user_cancelled, exit_code, rank_error, oom, timeout, worker_lost or launch_error"
     )
     worker: str | None = Field(description="The worker that runs or ran it")
+    host: str | None = Field(None, description="That worker's host id (on several nodes: node 0's)")
     sweep_id: int | None = Field(None, description="The sweep it is a child of (/api/v1/sweeps/{id}); null for none")
 
     @field_serializer("created_at", "updated_at", "started_at", "finished_at")
     def _as_iso(self, value: float | None) -> str | None:
+        return iso(value)
+
+
+class GangSeatPublic(BaseModel):
+    """One host's part in a job on several nodes (docs/multinode.md)."""
+
+    node: int = Field(description="Its node number: 0 runs the phases and hosts the rendezvous")
+    host: str = Field(description="The worker's host id (`pipebd worker --host-id`)")
+    worker: str = Field(description="The worker's name")
+    endpoint: str | None = Field(None, description="Node 0's address, where the other nodes reach it")
+    heartbeat_at: float | None = Field(None, description="The worker's last word while the job runs (ISO 8601, UTC)")
+
+    @field_serializer("heartbeat_at")
+    def _heartbeat_iso(self, value: float | None) -> str | None:
         return iso(value)
 
 
@@ -414,6 +430,10 @@ class JobDetail(JobPublic):
     max_restarts: int = Field(description="Automatic restarts after infrastructure faults it may have in all")
     restarts: int = Field(description="Automatic restarts it has had (a resume starts the count again)")
     attempts: list[AttemptPublic] = Field(default_factory=list, description="Each run of the job, oldest first")
+    gang: list[GangSeatPublic] = Field(
+        default_factory=list,
+        description="A job on several nodes: the hosts seated in its gang now, node 0 first (empty otherwise)",
+    )
     queue_position: int | None = Field(
         None,
         description="For a queued job: how many queued jobs start before it if none ends meanwhile (weighted fair"

@@ -49,6 +49,12 @@ def add_service_commands(commands: Any) -> None:
     worker.add_argument("--devices", type=int, help="devices to advertise (default: GPUs, else CPU cores)")
     worker.add_argument("--slots", type=int, help="jobs at once (default 1)")
     worker.add_argument("--name", help="worker name (default: host name)")
+    worker.add_argument(
+        "--host-id", help="the host this worker stands for in jobs on several nodes (default: host name)"
+    )
+    worker.add_argument(
+        "--node-address", help="the address other nodes reach this host at (default: the host name's address)"
+    )
     worker.add_argument("--data-dir", help="data folder (PIPEBD_DATA_DIR, default .pipebd)")
     worker.set_defaults(handler=command_worker)
 

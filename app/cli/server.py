@@ -30,6 +30,8 @@ def _environment(args: argparse.Namespace) -> None:
         ("devices", "PIPEBD_WORKER_DEVICES"),
         ("slots", "PIPEBD_WORKER_SLOTS"),
         ("name", "PIPEBD_WORKER_NAME"),
+        ("host_id", "PIPEBD_HOST_ID"),
+        ("node_address", "PIPEBD_NODE_ADDRESS"),
     ):
         value = getattr(args, option, None)
         if value is not None:

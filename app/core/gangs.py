@@ -10,12 +10,16 @@ both wait for (no deadlock). The first seat is node 0: it runs the phases and ho
 after its first seat is released whole (`release`: every seat goes, the job stays queued), so an
 incomplete gang never keeps hosts from other jobs longer than that. `waiting_for` says what a queued gang
 waits for (the job page's line).
+
+While the job runs every seated worker `beat`s its seat; node 0 stops the job (node_lost) when another seat
+falls `silent` (its worker or host gone: nothing else would tell, its ranks may live on). When the job leaves
+node 0 the gang is `dissolve`d, so a restart forms a new one; each worker `leave`s by its own seat's id.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from sqlalchemy import delete, func
 from sqlmodel import Session, col, select
@@ -23,7 +27,7 @@ from sqlmodel import Session, col, select
 from app.core.database import session_scope
 from app.core.limits import hold
 from app.core.states import QUEUED
-from app.core.tables import GangSeat, Job, now
+from app.core.tables import GangSeat, Job, JobAttempt, now
 
 GANG_LOCK = "gangs"  # the limit_state row every gang claim holds while it counts and takes seats
 GANG_BOUND_S = 60.0  # how long a seated worker waits for the rest of its gang before the gang is released
@@ -81,15 +85,52 @@ def release(session: Session, job_id: int) -> bool:
     return True
 
 
-def leave(session: Session, job_id: int, host: str) -> None:
-    """The host's part of the job ended: its seat goes (commits)."""
-    session.execute(delete(GangSeat).where(col(GangSeat.job_id) == job_id, col(GangSeat.host) == host))
+def leave(session: Session, seat_id: int | None) -> None:
+    """A worker's part of the job ended: its own seat goes, if the gang still has it (commits)."""
+    session.execute(delete(GangSeat).where(col(GangSeat.id) == seat_id))
     session.commit()
 
 
-def wait_for_gang(database: str, seat: GangSeat, bound_s: float = GANG_BOUND_S) -> list[GangSeat] | None:
+def dissolve(session: Session, job_id: int) -> None:
+    """The job left node 0 (it ended, or goes back to the queue): its whole gang goes (commits)."""
+    session.execute(delete(GangSeat).where(col(GangSeat.job_id) == job_id))
+    session.commit()
+
+
+def beat(session: Session, seat_id: int | None, at: float | None = None) -> bool:
+    """The seated worker is alive (commits); False when the seat is gone (node 0 dissolved the gang)."""
+    seat = session.get(GangSeat, seat_id, populate_existing=True)
+    if seat is None:
+        session.commit()
+        return False
+    seat.heartbeat_at = now() if at is None else at
+    session.add(seat)
+    session.commit()
+    return True
+
+
+def silent(session: Session, job_id: int, stale_after_s: float, at: float | None = None) -> list[GangSeat]:
+    """The other nodes' seats whose worker has said nothing for `stale_after_s` (since it sat down, before
+    its first beat)."""
+    cutoff = (now() if at is None else at) - stale_after_s
+    return [
+        seat
+        for seat in seats(session, job_id)
+        if seat.node != 0 and (seat.heartbeat_at if seat.heartbeat_at is not None else seat.joined_at) < cutoff
+    ]
+
+
+def run_id(session: Session, job_id: int) -> str:
+    """The id every node of the job's current attempt shares (a new one for every attempt)."""
+    number = session.exec(select(func.max(JobAttempt.number)).where(JobAttempt.job_id == job_id)).one() or 0
+    return f"job-{job_id}-attempt-{int(number)}"
+
+
+def wait_for_gang(
+    database: str, seat: GangSeat, bound_s: float = GANG_BOUND_S, stop: Callable[[], bool] = lambda: False
+) -> list[GangSeat] | None:
     """Wait until the seat's gang is complete (its seats, node 0 first); None when the gang was released,
-    by this worker after `bound_s` since its first seat or by another seated worker."""
+    by this worker after `bound_s` since its first seat (or at once when `stop()`), or by another one."""
     while True:
         with session_scope(database) as session:
             job = session.get(Job, seat.job_id)
@@ -98,7 +139,7 @@ def wait_for_gang(database: str, seat: GangSeat, bound_s: float = GANG_BOUND_S) 
                 return None
             if len(gang) >= job.nodes:
                 return gang
-            if now() - gang[0].joined_at > bound_s:
+            if now() - gang[0].joined_at > bound_s or stop():
                 release(session, seat.job_id)
                 return None
         time.sleep(POLL_S)

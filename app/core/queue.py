@@ -56,6 +56,6 @@ def make_celery(settings: Settings) -> Celery:
     return celery
 
 
-def enqueue(celery: Celery, job_id: int, queue: str) -> None:
-    """Publish the job id; raises when the broker cannot take it."""
-    celery.send_task(TASK_NAME, args=[job_id], queue=queue, retry=True, retry_policy=PUBLISH_RETRY)
+def enqueue(celery: Celery, job_id: int, queue: str, countdown: float | None = None) -> None:
+    """Publish the job id (delivered after `countdown` seconds, if given); raises when the broker cannot take it."""
+    celery.send_task(TASK_NAME, args=[job_id], queue=queue, countdown=countdown, retry=True, retry_policy=PUBLISH_RETRY)

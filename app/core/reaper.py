@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 from sqlmodel import col, select
 
+from app.core import gangs
 from app.core.database import session_scope
 from app.core.lifecycle import settle
 from app.core.priority import wake_held
@@ -43,10 +44,10 @@ LOST_MESSAGE = "the worker {worker} stopped sending heartbeats ({age:.0f} s) whi
 DIED_MESSAGE = "the worker {worker} (pid {pid} on this host) died while the job was {state}{phase}"
 
 
-def kill_orphans(job: Job) -> list[int]:
-    """Kill the job's torchrun process group (training or profiling) when it lives on this host; returns
-    the pids found."""
-    if job.pid is None or job.host != socket.gethostname():
+def kill_orphans(job: Job, here: str) -> list[int]:
+    """Kill the job's torchrun process group (training or profiling) when it lives on this host (`here`, its
+    host id); returns the pids found."""
+    if job.pid is None or job.host != here:
         return []
     try:
         leader = psutil.Process(job.pid)
@@ -64,9 +65,9 @@ def kill_orphans(job: Job) -> list[int]:
     return [member.pid for member in members]
 
 
-def worker_alive(job: Job) -> bool:
+def worker_alive(job: Job, here: str) -> bool:
     """Whether the job's worker process still runs (only knowable on its host)."""
-    if job.worker_pid is None or job.host != socket.gethostname():
+    if job.worker_pid is None or job.host != here:
         return False
     try:
         process = psutil.Process(job.worker_pid)
@@ -76,9 +77,9 @@ def worker_alive(job: Job) -> bool:
         return False
 
 
-def visibly_gone(job: Job) -> bool:
+def visibly_gone(job: Job, here: str) -> bool:
     """Whether this host can see that the job's worker process no longer runs."""
-    return job.worker_pid is not None and job.host == socket.gethostname() and not worker_alive(job)
+    return job.worker_pid is not None and job.host == here and not worker_alive(job, here)
 
 
 def completed(job: Job) -> bool:
@@ -102,14 +103,22 @@ Publish = Callable[[int, str], None]  # (job id, queue): put a requeued job's id
 
 
 def reap_lost_jobs(
-    database: str, stale_after_s: float, publish: Publish | None = None, max_restarts: int = 0
+    database: str,
+    stale_after_s: float,
+    publish: Publish | None = None,
+    max_restarts: int = 0,
+    here: str | None = None,
 ) -> list[int]:
     """Settle every launched job whose worker is gone (see above); returns their ids. Without `publish`
-    a lost job is never requeued; `max_restarts` is the budget of jobs whose spec gives none."""
+    a lost job is never requeued; `max_restarts` is the budget of jobs whose spec gives none; `here` is this
+    host's id as workers record it (`PIPEBD_HOST_ID`, default the host name)."""
     cutoff = time.time() - stale_after_s
+    here = here or socket.gethostname()
 
     def lost(job: Job) -> bool:
-        return visibly_gone(job) or ((job.heartbeat_at or job.updated_at) < cutoff and not worker_alive(job))
+        return visibly_gone(job, here) or (
+            (job.heartbeat_at or job.updated_at) < cutoff and not worker_alive(job, here)
+        )
 
     reaped = []
     with session_scope(database) as session:
@@ -121,20 +130,21 @@ def reap_lost_jobs(
             fresh = session.get(Job, job.id)
             if fresh is None or fresh.state not in ACTIVE or not lost(fresh):
                 continue  # it ended or its worker spoke meanwhile
-        kill_orphans(fresh)
-        if settle_lost(database, fresh, publish, max_restarts):
+        kill_orphans(fresh, here)
+        if settle_lost(database, fresh, publish, max_restarts, here):
             reaped.append(job.id)
     return reaped
 
 
-def settle_lost(database: str, job: Job, publish: Publish | None, max_restarts: int) -> bool:
+def settle_lost(database: str, job: Job, publish: Publish | None, max_restarts: int, here: str) -> bool:
     """Record a lost job's end, its processes gone (app/core/lifecycle.py `settle`): succeeded when its run
     completed meanwhile, else the loss of its worker (paused when it was pausing; requeued with restarts left
-    and a broker to publish on; else failed)."""
+    and a broker to publish on; else failed). A job on several nodes loses its gang with node 0's worker: the
+    gang is dissolved, so that a restart forms a new one (app/core/gangs.py)."""
     assert job.id is not None
     age = time.time() - (job.heartbeat_at or job.updated_at)
     phase = f" (phase {job.phase})" if job.phase else ""
-    template = DIED_MESSAGE if visibly_gone(job) else LOST_MESSAGE
+    template = DIED_MESSAGE if visibly_gone(job, here) else LOST_MESSAGE
     message = template.format(worker=job.worker or "?", pid=job.worker_pid, age=age, state=job.state, phase=phase)
     done = job.state in (RUNNING, CANCELLING, PAUSING) and completed(job)
     result: Result = SUCCEEDED if done else FAILED
@@ -143,6 +153,8 @@ def settle_lost(database: str, job: Job, publish: Publish | None, max_restarts: 
         settled = settle(
             session, job.id, result, termination, server_max_restarts=max_restarts, may_requeue=publish is not None
         )
+        if settled is not None:
+            gangs.dissolve(session, job.id)
     if settled is not None and settled.state == QUEUED and publish is not None:
         publish(job.id, settled.queue)
     if settled is not None:

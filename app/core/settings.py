@@ -38,6 +38,11 @@ class Settings(BaseSettings):
     worker_name: str = Field(default_factory=socket.gethostname)  # shown on jobs and heartbeats
     worker_devices: int | None = Field(None, ge=1)  # devices advertised; default: GPUs, else CPU cores
     worker_slots: int = Field(1, ge=1)  # jobs a worker runs at once
+    # Jobs on several nodes (docs/multinode.md): the host a worker stands for in gang claims (one seat per host
+    # in a gang), the address the other nodes reach it at, and how long a seated worker waits for its gang
+    host_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+    node_address: str | None = None  # default: the address the host name resolves to
+    gang_bound_s: float = Field(60.0, gt=0)
     heartbeat_s: float = Field(2.0, gt=0)  # how often a worker says a job is still alive
     stale_after_s: float = Field(30.0, gt=0)  # a running job without heartbeat this long is worker_lost
     reaper_interval_s: float = Field(5.0, gt=0)  # how often the API looks for lost jobs
@@ -92,6 +97,16 @@ class Settings(BaseSettings):
     @property
     def runs(self) -> Path:
         return (self.runs_dir or self.data_dir / "runs").resolve()
+
+    @property
+    def address(self) -> str:
+        """Where the other nodes of a job reach this worker's host (node 0's rendezvous)."""
+        if self.node_address:
+            return self.node_address
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:  # a host name nothing resolves
+            return "127.0.0.1"
 
     @property
     def roots(self) -> list[Path]:

@@ -186,6 +186,7 @@ class GangSeat(SQLModel, table=True):
     node: int  # 0 for the first seat taken: that worker runs the phases and hosts the rendezvous
     joined_at: float = Field(default_factory=now)
     endpoint: str | None = Field(default=None, max_length=300)  # node 0's address for the rendezvous, once known
+    heartbeat_at: float | None = None  # the seated worker's last word while its part runs (node 0 watches them)
 
 
 class Worker(SQLModel, table=True):

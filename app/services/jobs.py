@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
 from app.api.problems import EXCERPT_CHARS, excerpt
+from app.core import gangs
 from app.core.fairshare import Share, Waiting, claim_order, queued, shares
 from app.core.limits import QUEUE, hold
 from app.core.queue import queue_name
@@ -243,6 +244,9 @@ def waiting_reason(session: Session, *, job: Job, stale_after_s: float) -> str |
 
 def waiting_for(session: Session, *, job: Job, stale_after_s: float) -> str:
     """What a queued job at the head of the queue waits for."""
+    gang = gangs.waiting_for(session, job)  # a job on several nodes: the hosts of its gang
+    if gang is not None:
+        return gang
     cutoff = time.time() - stale_after_s
     workers = list(session.exec(select(Worker).where(Worker.last_seen >= cutoff)).all())
     if not workers:

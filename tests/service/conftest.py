@@ -47,12 +47,16 @@ def postgres_url(postgres_service: Service) -> Iterator[str]:
     drop_database(postgres_service.url, url)
 
 
+def xdist_number() -> int:
+    """This test process's number under pytest-xdist (0 without it)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+
+
 @pytest.fixture
 def redis_url(redis_service: Service) -> Iterator[str]:
     if redis_service.url is None:
         pytest.skip(redis_service.reason)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    url = f"{redis_service.url}/{REDIS_TEST_DB + int(worker or 0)}"
+    url = f"{redis_service.url}/{REDIS_TEST_DB + xdist_number()}"
     redis.Redis.from_url(url).flushdb()
     yield url
     redis.Redis.from_url(url).flushdb()

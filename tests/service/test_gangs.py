@@ -102,5 +102,21 @@ def test_node_zero_publishes_the_rendezvous_for_the_others(settings: Settings) -
     ready = gangs.wait_for_gang(settings.database, one, bound_s=5)
     assert ready is not None and ready[0].endpoint == "a:29500" and ready[0].host == "a"
     with Session(get_engine(settings.database)) as session:
-        gangs.leave(session, job.id, "b")
+        gangs.leave(session, one.id)
     assert gang(settings, job.id) == [("a", 0)]
+
+
+def test_node_zero_hears_of_a_silent_seat_and_a_dissolved_gang_stops_the_beats(settings: Settings) -> None:
+    migrate(settings.database)
+    job = insert_job(settings, nodes=3)
+    zero, one, two = take(settings, "a"), take(settings, "b"), take(settings, "c")
+    assert zero is not None and one is not None and two is not None
+    with Session(get_engine(settings.database)) as session:
+        start = one.joined_at
+        assert gangs.beat(session, one.id, at=start + 10) and gangs.beat(session, zero.id, at=start - 100)
+        # node 0's own seat is never "silent"; node 2 never beat: its seat counts from when it sat down
+        assert [seat.host for seat in gangs.silent(session, job.id, 5, at=start + 12)] == ["c"]
+        assert [seat.host for seat in gangs.silent(session, job.id, 5, at=start + 16)] == ["b", "c"]
+        gangs.dissolve(session, job.id)
+        assert gangs.beat(session, one.id) is False  # node 0 ended the job: the follower hears it
+    assert gang(settings, job.id) == []

@@ -9,7 +9,17 @@ from sqlmodel import Session
 
 from app.api.deps import Cursor, JobDep, PageSize, ReadAccess, SessionDep, SettingsDep, SubmitAccess
 from app.api.problems import ApiError, invalid
-from app.api.schemas import AUTH_ERRORS, AttemptPublic, JobDetail, JobPublic, JobsPublic, job_errors, problem
+from app.api.schemas import (
+    AUTH_ERRORS,
+    AttemptPublic,
+    GangSeatPublic,
+    JobDetail,
+    JobPublic,
+    JobsPublic,
+    job_errors,
+    problem,
+)
+from app.core import gangs
 from app.core.attempts import attempts_of
 from app.core.database import get_engine
 from app.core.lifecycle import request_cancel, restart_budget
@@ -61,6 +71,7 @@ def detail_of(session: Session, settings: Settings, job: Job) -> JobDetail:
     return JobDetail(
         **{**job.model_dump(), "phases": job.phases or [], "max_restarts": restart_budget(job, settings.max_restarts)},
         attempts=attempts,
+        gang=[GangSeatPublic(**seat.model_dump()) for seat in gangs.seats(session, job.id)],
         waiting_reason=waiting_reason(session, job=job, stale_after_s=settings.stale_after_s),
         queue_position=queue_position(session, job=job),
     )
