@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,6 +27,13 @@ from tests.helpers import run_job
 # process on 2 cores (the re-plan test's 1,600-step reference took 283 s beside the suite, 44 s alone).
 os.environ["OMP_NUM_THREADS"] = "1"  # the services and CLIs the tests start
 torch.set_num_threads(1)
+
+# Ctrl-C as the tests send it (SIGINT to `pipebd run`, `pipebd up`) must reach the processes they start. A
+# shell without job control starts a background command with SIGINT ignored, and Python then leaves it
+# ignored, in this process and in every process it starts: those tests would hang. Restored here (a
+# handler is reset to the default in a child), so the suite passes however it was started.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

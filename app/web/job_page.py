@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse
 from sqlmodel import Session
 
 from app.api.deps import JobId, SessionDep, SettingsDep
+from app.core import gangs
 from app.core.attempts import attempts_of
 from app.core.states import FINAL, SUCCEEDED
 from app.core.tables import Job
@@ -80,6 +81,7 @@ class JobParts:
             "explanation": explanation,
             "phases": phase_timeline(self.job, replans=self.plan.details.replans if self.plan else ()),
             "attempts": attempts_of(self.session, self.job.id) if self.job.id is not None else [],
+            "gang": gangs.seats(self.session, self.job.id) if self.job.id is not None and self.job.nodes > 1 else [],
         }
 
     @property

@@ -144,6 +144,8 @@ def test_a_cancel_reaches_both_nodes_and_leaves_no_process(cluster: Cluster) -> 
     assert running["gang"][0]["endpoint"] == "127.0.0.1" and running["nodes"] == 2
     run_dir = str(cluster.settings.runs / f"job-{job_id}")
     assert len(rank_processes(run_dir)) >= 4  # both nodes' agents and ranks
+    page = cluster.client.get(f"/jobs/{job_id}").text  # the job page names both nodes' hosts
+    assert all(f'data-node="{seat["node"]}">node {seat["node"]} {seat["host"]}' in page for seat in running["gang"])
     cluster.client.post(f"/api/v1/jobs/{job_id}/cancel")
     wait_for(lambda: cluster.job(job_id)["state"] == "cancelled", 30, "the cancel", cluster.logs)
     wait_for(lambda: rank_processes(run_dir) == [], 20, "both nodes' processes to end", cluster.logs)
