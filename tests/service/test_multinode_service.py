@@ -35,7 +35,9 @@ from tests.service.services import Service, create_database, drop_database
 from tests.service.workers import WorkerProcess, rank_processes, start_worker, wait_for
 
 BOUND_S = 3.0  # how long a seated worker waits for its gang here
-STALE_S = 2.0  # how long node 0 waits on a silent seat (heartbeats every 0.5 s)
+STALE_S = 4.0  # node 0 waits this long on a silent seat (heartbeats every 0.5 s; load delays some by seconds)
+# the API's reaper waits longer than node 0 does, so a silent follower is node 0's to report (node_lost)
+REAPER_STALE_S = 15.0
 ALLOW = "pipebd_core.workloads,tests.service.slow_data"  # the slowed-down data set of the kill test
 JOB_TIMEOUT_S = 180
 TWO_NODES = {"nproc": 1, "nodes": 2}
@@ -85,7 +87,7 @@ def cluster(
         tmp_path_factory.mktemp("multinode"),
         database,
         broker_url=broker,
-        stale_after_s=STALE_S,
+        stale_after_s=REAPER_STALE_S,
         reaper_interval_s=0.5,
         heartbeat_s=0.5,
         factory_allowlist=ALLOW,
