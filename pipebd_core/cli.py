@@ -68,6 +68,10 @@ def add_engine_commands(commands: Any) -> None:
     plan = commands.add_parser("plan", help="rank every plan and predict every mode from the profile")
     add_spec_arguments(plan)
     plan.add_argument("--json", action="store_true", help="print the ranked plans as JSON")
+    what_if = plan.add_argument_group("what if (docs/multinode.md): plan for several nodes from a profile of one")
+    what_if.add_argument("--nodes", type=int, help="nodes of --nproc ranks each (default: the spec's)")
+    what_if.add_argument("--link-gbps", type=float, help="the link between nodes, in Gbit/s")
+    what_if.add_argument("--link-latency-ms", type=float, help="its one-way latency (default: the node's, measured)")
     plan.set_defaults(handler=engine_handler("plan"))
 
     bench = commands.add_parser("bench", help="run modes (or strategies) side by side and report measured ratios")

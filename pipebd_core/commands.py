@@ -28,16 +28,19 @@ from pipebd_core.distill.plan import Plan, PlanError
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.phases import DISTILL, FINETUNE, PLAN, TRAINING_PHASES, PhaseRecord
 from pipebd_core.documents.plan import Replan, stages_line
+from pipebd_core.documents.profile import Profile
 from pipebd_core.job.launch import default_run_dir, prepare_run
 from pipebd_core.job.nodes import NodeError, NodeLink, NodeRole
 from pipebd_core.job.outcomes import CANCELLED, SUCCEEDED
 from pipebd_core.job.profiling import obtain_profile
 from pipebd_core.job.progress import MetricsFollower
 from pipebd_core.job.supervisor import Outcome, Supervisor, Watcher
+from pipebd_core.planning.costmodel import CostModel
 from pipebd_core.planning.planner import search
-from pipebd_core.planning.profiles import ProfileError
+from pipebd_core.planning.profiles import ProfileError, load_cached
 from pipebd_core.planning.resolve import cost_model, mode_plans
 from pipebd_core.planning.simulate import simulate
+from pipebd_core.planning.topology import Topology, stated_link
 from pipebd_core.planning.trust import assess
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import MODES, PARTITIONERS, Spec, SpecError, load_spec
@@ -244,27 +247,72 @@ def command_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def planning_model(spec: Spec, args: argparse.Namespace) -> tuple[CostModel, Profile, str]:
+    """(cost model, profile, the machines in words) for `pipebd plan`: the spec's node from its profile or, on
+    several nodes (`--nodes`, or the spec's), a what-if from a profile of one node with `--nproc` ranks and the
+    link `--link-gbps` between nodes (latency `--link-latency-ms`, default the node's own measured latency);
+    without --link-gbps, a profile a job on those nodes measured (cached), which has the link's figures."""
+    nodes = args.nodes or spec.schedule.nodes
+    if nodes < 1:
+        raise SpecError(f"--nodes {nodes}: a job runs on at least 1 node")
+    spec = spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"nodes": nodes})})
+    if nodes == 1 or args.link_gbps is None:
+        cached = load_cached(spec) if nodes > 1 else None
+        if nodes > 1 and cached is None:
+            raise SpecError(
+                f"--nodes {nodes}: no profile measured across {nodes} nodes is cached, so the link between them"
+                " is unknown; give it, for example --link-gbps 10 (and --link-latency-ms), to predict from a"
+                " profile of one node"
+            )
+        profile = cached or obtain_profile(spec)[0]
+        return cost_model(spec, profile), profile, machines_line(Topology.of(profile), measured=True)
+    one_node = spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"nodes": 1})})
+    profile = obtain_profile(one_node)[0]
+    intra = profile.links.get("intra")
+    latency_s = args.link_latency_ms / 1e3 if args.link_latency_ms is not None else (intra.latency_s if intra else 0.0)
+    try:
+        link = stated_link(args.link_gbps, latency_s)
+    except ValueError as error:
+        raise SpecError(f"--link-gbps: {error}") from None
+    topology = Topology(nodes, spec.schedule.nproc, link)
+    return cost_model(spec, profile, topology), profile, machines_line(topology, measured=False)
+
+
+def machines_line(topology: Topology, measured: bool) -> str:
+    """`2 nodes x 2 ranks, 1.0 Gbit/s and 0.05 ms between nodes (stated)`."""
+    line = f"{topology.nodes} node{'s' if topology.nodes > 1 else ''} x {topology.per_node} ranks"
+    link = topology.inter
+    if topology.nodes > 1 and link is not None:
+        source = "measured" if measured else "stated: a what-if from a profile of one node"
+        line += f", {link.gbit_per_s:.2f} Gbit/s and {link.latency_s * 1e3:.3f} ms between nodes ({source})"
+    return line
+
+
 def command_plan(args: argparse.Namespace) -> int:
     try:
         spec = load_run_spec(args)
-        profile = obtain_profile(spec)[0]
-        model = cost_model(spec, profile)
+        model, profile, machines = planning_model(spec, args)
         result = search(model)
-        modes = {mode: simulate(plan, model)[0] for mode, plan in mode_plans(model).items()}
+        plans = mode_plans(model)
+        modes = {mode: simulate(plan, model)[0] for mode, plan in plans.items()}
     except (SpecError, PlanError, ProfileError) as error:
         return fail(str(error))
+    crossing = [route for route in plans["hybrid"].document().routes if route.crosses_nodes]
     report_ = {
+        "machines": machines,
         "plans": [plan.entry().to_json() for plan in result.plans],
         "plans_considered": result.considered,
         "stages_rejected_for_memory": result.rejected_for_memory,
         "mode_step_s": modes,
         "ideal_step_s": model.ideal_step(),
+        "crossing_routes": [route.to_json() for route in crossing],  # the best plan's sends between nodes
     }
     trust = assess(profile)
     report_["profile_trust"] = trust
     if args.json:
         print(json.dumps(report_, indent=1))
         return 0
+    print(f"machines: {machines}")
     print("profile: " + ("trusted" if trust["trusted"] else ", ".join(trust["flags"]).upper()))
     for message in trust["messages"]:
         print(f"  {message}")
@@ -272,6 +320,9 @@ def command_plan(args: argparse.Namespace) -> int:
     for rank, plan in enumerate(result.plans, start=1):
         stages = stages_line(plan.entry().stages)
         print(f"{rank:3}. {plan.step_s * 1e3:9.2f} ms/step  bottleneck stage {plan.bottleneck}  [{stages}]")
+    if model.topology.nodes > 1:
+        hops = ", ".join(f"rank {r.src} -> {r.dst} at boundary {r.boundary}" for r in crossing) or "none"
+        print(f"the best plan's sends between nodes: {hops}")
     print("predicted ms per global step: " + ", ".join(f"{m} {t * 1e3:.1f}" for m, t in modes.items()))
     print(f"the profile's even split of all the work: {model.ideal_step() * 1e3:.1f} ms (a prediction, not a bound)")
     return 0

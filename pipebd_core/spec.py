@@ -325,11 +325,11 @@ class ScheduleSpec(_Strict):
 
     @model_validator(mode="after")
     def _nodes_fit(self) -> ScheduleSpec:
-        """What a job on several nodes does not do yet (docs/multinode.md): profile, or re-plan mid-run."""
-        if self.nodes > 1 and self.profile:
+        """What a job on several nodes does not do yet (docs/multinode.md): re-plan mid-run."""
+        if self.nodes > 1 and self.replan:
             raise ValueError(
-                f"nodes: {self.nodes} nodes plan from FLOP estimates for now (profiling across nodes is not"
-                " built yet); set profile: false, with a mode other than 'auto'"
+                f"replan: a job on {self.nodes} nodes runs the plan it starts with (re-planning across nodes is"
+                " not built yet); remove replan"
             )
         return self
 
@@ -340,8 +340,8 @@ class ScheduleSpec(_Strict):
 
     @property
     def replans(self) -> bool:
-        """Whether the job re-plans mid-run: `replan`, which defaults to on for auto."""
-        return self.mode == "auto" if self.replan is None else self.replan
+        """Whether the job re-plans mid-run: `replan`, which defaults to on for auto on one node."""
+        return self.mode == "auto" and self.nodes == 1 if self.replan is None else self.replan
 
 
 class Spec(_Strict):

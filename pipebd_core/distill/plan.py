@@ -121,6 +121,12 @@ class Plan:
     shapes: list[list[int]] = field(default_factory=list)  # per-sample shape of x_0 .. x_B
     block_names: list[str] = field(default_factory=list)
     details: PlanDetails = field(default_factory=PlanDetails)  # informational: estimates, predictions, warnings
+    nodes: int = 1  # nproc / nodes consecutive ranks on each node
+
+    def crosses_nodes(self, route: Route) -> bool:
+        """Whether `route` leaves its node (ranks are numbered node by node)."""
+        per_node = self.nproc // self.nodes
+        return route.src // per_node != route.dst // per_node
 
     @property
     def step_plan(self) -> StepPlan:
@@ -157,13 +163,15 @@ class Plan:
             for s in self.stages
         ]
         pairs = zip(self.stages, self.stages[1:], strict=False)
+        routes = [r for a, b in pairs for r in routes_between(a, b)]
         return PlanDocument(
             mode=self.mode,
             nproc=self.nproc,
+            nodes=self.nodes,
             num_blocks=self.num_blocks,
             batch_size=self.batch_size,
             stages=stages,
-            routes=[RouteEntry(**asdict(r)) for a, b in pairs for r in routes_between(a, b)],
+            routes=[RouteEntry(**asdict(r), crosses_nodes=self.crosses_nodes(r)) for r in routes],
             assignment=self.assignment,
             ranks=[RankEntry.model_validate(describe_rank(self, rank)) for rank in range(self.nproc)],
             steps=self.steps.counts() if self.steps else None,
@@ -189,6 +197,7 @@ class Plan:
             shapes=document.shapes,
             block_names=document.block_names,
             details=document.details,
+            nodes=document.nodes,
         )
 
     @classmethod

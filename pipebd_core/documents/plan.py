@@ -52,6 +52,7 @@ class RouteEntry(Part):
     boundary: int
     start: int
     stop: int
+    crosses_nodes: bool = False  # src and dst are on different nodes: the send takes the slower link
 
 
 class RankEntry(Flat):
@@ -178,7 +179,8 @@ class PlanDocument(Flat, Document):
     FLAT = ("steps", "details")
 
     mode: str
-    nproc: int
+    nproc: int  # ranks in all
+    nodes: int = 1  # nproc / nodes ranks on each node, consecutive
     num_blocks: int
     batch_size: int
     stages: list[StageEntry] = []  # pipeline modes

@@ -6,16 +6,17 @@ Per block and per per-replica batch size: the teacher's forward, the student's s
 student, its architecture step (`Timing`s), the bytes the student's backward keeps (and its peak on
 CUDA); per group size k, the student's step as a replicated stage trains it (its BatchNorm normalising
 over the k ranks' shards of the batch, with a collective per layer in its forward and backward) and the
-all-reduce of its gradients; per boundary, the one-way send of its tensor;
-per batch, loading the data. `conditions` say under what load it was measured; `calibration`, once a
-run calibrated it, what training measured.
+all-reduce of its gradients; per boundary, the one-way send of its tensor; per batch, loading the data;
+per link (`intra`: between ranks of one node, `inter`: between nodes, on a profile measured across
+nodes), its one-way send time fitted as latency + bytes / bandwidth. `conditions` say under what load
+it was measured; `calibration`, once a run calibrated it, what training measured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipebd_core.documents.base import Document
 from pipebd_core.documents.calibration import Calibration
@@ -57,6 +58,24 @@ class BlockProfile(BaseModel):
         yield "student_arch", self.student_arch_s
 
 
+class LinkFit(BaseModel):
+    """A link's one-way send of n bytes: latency_s + n / bytes_per_s, fitted to the sends measured on it
+    (`points`: [bytes, seconds]) or stated (a what-if: `pipebd plan --link-gbps`, points empty)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    latency_s: float = Field(ge=0)
+    bytes_per_s: float = Field(gt=0)
+    points: list[tuple[int, float]] = []
+
+    def send_s(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bytes_per_s
+
+    @property
+    def gbit_per_s(self) -> float:
+        return self.bytes_per_s * 8 / 1e9
+
+
 class Conditions(BaseModel):
     """The load a profile was measured under (planning/trust.py judges it)."""
 
@@ -75,7 +94,8 @@ class Profile(Document):
     NAME = "block profile"
     VERSION = 2  # 2: student_group_s, the replicated student step (version 1 profiles are measured again)
 
-    nproc: int
+    nproc: int  # ranks in all (nodes x ranks per node)
+    nodes: int = 1  # the nodes it was measured across (ranks r and s share one when r // per node == s // per node)
     batch_size: int
     batch_sizes: list[int]  # every per-replica batch a plan can give a block, largest first
     device: str
@@ -85,7 +105,8 @@ class Profile(Document):
     boundary_bytes_per_sample: list[int]  # per boundary, as the blocks produce it
     blocks: list[BlockProfile]
     data_s: dict[int, Timing]  # loading a batch
-    p2p_s: list[dict[int, Timing]]  # per boundary, one-way send
+    p2p_s: list[dict[int, Timing]]  # per boundary, one-way send between two ranks of one node
+    links: dict[str, LinkFit] = {}  # "intra" (ranks of one node), "inter" (nodes): absent where not measured
     measured_at: float | None = None  # seconds since the epoch (None: a profile written by hand)
     conditions: Conditions | None = None  # None: a profile written by hand, load unknown
     calibration: Calibration | None = None

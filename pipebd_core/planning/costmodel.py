@@ -9,16 +9,24 @@ it (later stages). With decoupled updates the pipeline runs at the pace of its s
 architecture updates run (nas), one step in `arch_every` repeats the loading, relaying and teacher
 work on a held-out batch and adds the students' architecture step; predictions describe that search
 phase (after the warm-up).
+
+On several nodes (topology.py) a stage's cost depends on where it lies: receiving its input over the link
+between nodes when a producer rank is on another node, its all-reduce as a ring over that link when its
+replicas span nodes. `stage` without a placement is the stage inside one node; `placed` charges the links.
+A group larger than the profile measured (a what-if on more ranks) takes the largest measured all-reduce,
+scaled as a ring's traffic grows, 2 (k - 1) / k.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pipebd_core.distill.plan import longest_first_assignment
 from pipebd_core.documents.profile import BlockProfile, Profile, Timing
+from pipebd_core.planning.topology import Topology, ring_allreduce_s
 
 
 @dataclass(frozen=True)
@@ -98,15 +106,16 @@ class CostModel:
     """Answers "how long, how much memory" for blocks, stages and modes from one profile (calibrated by
     training's measurements when the profile carries them)."""
 
-    def __init__(self, profile: Profile, arch_every: int | None = None) -> None:
+    def __init__(self, profile: Profile, arch_every: int | None = None, topology: Topology | None = None) -> None:
         self.profile = profile
+        self.topology = topology or Topology.of(profile)  # the machines to plan for (default: the profile's)
         self.scales = Scales.of(profile)
         self.arch_every = arch_every
         arch_fraction = 1.0 / arch_every if arch_every else 0.0
         self.arch_fraction = arch_fraction
         self.repeat = 1.0 + arch_fraction  # teacher, loading and relaying run again in each arch round
         self.batch_size = profile.batch_size
-        self.nproc = profile.nproc
+        self.nproc = self.topology.ranks
         self.blocks = profile.blocks
         self.num_blocks = len(self.blocks)
         self.memory_limit = profile.device_memory_bytes
@@ -136,13 +145,29 @@ class CostModel:
     def data(self, batch: int) -> float:
         return at_batch(self.profile.data_s, batch) * self.scales.data
 
-    def p2p(self, boundary: int, batch: int) -> float:
+    def p2p(self, boundary: int, batch: int, crosses: bool = False) -> float:
+        """Receiving `batch` rows at `boundary`: inside a node as profiled, between nodes over the link."""
+        inter = self.topology.inter
+        if crosses and inter is not None:
+            return inter.send_s(self.activation_bytes(boundary, batch))
         return at_batch(self.profile.p2p_s[boundary], batch)
 
-    def allreduce(self, block: int, replicas: int) -> float:
+    def allreduce(self, block: int, replicas: int, spans: bool = False) -> float:
+        """The all-reduce of a block's gradients over `replicas` ranks (`spans`: on more than one node)."""
         if replicas <= 1:
             return 0.0
-        return self.blocks[block].allreduce_s[replicas].median * self.scales.allreduce
+        measured = self.blocks[block].allreduce_s
+        entry = measured.get(replicas)
+        if entry is not None and entry.trials:
+            seconds = entry.median
+        else:  # a larger group than profiled: the largest measured one, scaled as a ring's traffic
+            largest = max((k for k, timing in measured.items() if timing.trials), default=None)
+            traffic = (replicas - 1) / replicas
+            seconds = 0.0 if largest is None else measured[largest].median * traffic * largest / (largest - 1)
+        inter = self.topology.inter
+        if spans and inter is not None:
+            seconds = max(seconds, ring_allreduce_s(self.blocks[block].student_param_bytes, replicas, inter))
+        return seconds * self.scales.allreduce
 
     def activation_bytes(self, boundary: int, batch: int) -> int:
         return batch * self.profile.boundary_bytes_per_sample[boundary]
@@ -166,6 +191,28 @@ class CostModel:
             memory_bytes=self.stage_memory(start, stop, replicas),
             overhead_s=self.repeat * self.task_overhead,
         )
+
+    def placed(self, cost: StageCost, first_rank: int, producer: Sequence[int] = ()) -> StageCost:
+        """`cost` (a stage inside one node) on ranks first_rank.. , fed by `producer`'s ranks: its receive
+        and all-reduce charged by the links they cross."""
+        if self.topology.nodes == 1:
+            return cost
+        ranks = range(first_rank, first_rank + cost.replicas)
+        input_s, allreduce_s = cost.input_s, cost.allreduce_s
+        if cost.start > 0 and self.topology.receive_crosses(producer, ranks, self.batch_size):
+            input_s = self.repeat * self.p2p(cost.start, self.per_replica(cost.replicas), crosses=True)
+        if self.topology.spans(ranks):
+            allreduce_s = sum(self.allreduce(b, cost.replicas, spans=True) for b in range(cost.start, cost.stop))
+        return dataclasses.replace(cost, input_s=input_s, allreduce_s=allreduce_s)
+
+    def placed_stages(self, stages: Sequence[tuple[int, int, int]]) -> list[StageCost]:
+        """Every stage of a plan (blocks [start, stop) on k ranks, ranks given in order) where it lies."""
+        costs, first, producer = [], 0, range(0)
+        for start, stop, replicas in stages:
+            costs.append(self.placed(self.stage(start, stop, replicas), first, producer))
+            producer = range(first, first + replicas)
+            first += replicas
+        return costs
 
     def stage_memory(self, start: int, stop: int, replicas: int) -> int:
         """Process baseline, weights (students x3: parameters, gradients, momentum), the stage's teacher
@@ -196,7 +243,8 @@ class CostModel:
         for block in range(self.num_blocks):
             prefix = sum(self.teacher(b, batch) for b in range(block + 1))
             total += self.repeat * (self.data(batch) + prefix + self.task_overhead)
-            total += self.student_step(block, batch, self.nproc) + self.allreduce(block, self.nproc)
+            spans = self.topology.nodes > 1
+            total += self.student_step(block, batch, self.nproc) + self.allreduce(block, self.nproc, spans)
         return total
 
     def ls_costs(self) -> list[float]:
@@ -216,5 +264,5 @@ class CostModel:
         return max(sum(costs[b] for b in blocks) for blocks in self.ls_assignment())
 
     def pipeline_step(self, stages: list[tuple[int, int, int]]) -> float:
-        """Decoupled updates: the slowest stage sets the pace."""
-        return max(self.stage(start, stop, k).total_s for start, stop, k in stages)
+        """Decoupled updates: the slowest stage (where it lies) sets the pace."""
+        return max(cost.total_s for cost in self.placed_stages(stages))

@@ -8,6 +8,7 @@ on 8 devices plan in milliseconds. Plans with a stage that exceeds device memory
 
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass
 
@@ -58,39 +59,53 @@ Partial = tuple[float, float, tuple[tuple[int, int, int], ...]]  # (step time, t
 
 
 def search(model: CostModel, top_k: int = TOP_K, max_replicas: int | None = None) -> Search:
-    """The `top_k` best plans on `model.nproc` ranks; `max_replicas=1` gives unreplicated (tr) plans."""
+    """The `top_k` best plans on `model.nproc` ranks; `max_replicas=1` gives unreplicated (tr) plans.
+
+    Stages take ranks in order. On one node a stage costs the same wherever it lies; on several (its receive
+    and all-reduce charged by the links they cross: CostModel.placed) the state also keeps the last stage's
+    replica count, which with the ranks used so far says where the next stage's producers are."""
     blocks, nproc = model.num_blocks, model.nproc
     limit = min(max_replicas or nproc, model.batch_size)
+    placed = model.topology.nodes > 1
     costs = {
         (start, end, k): model.stage(start, end, k)
         for end in range(1, blocks + 1)
         for start in range(end)
         for k in range(1, limit + 1)
     }
-    fitting = {key: cost.total_s for key, cost in costs.items() if model.fits(cost)}
-    best: dict[tuple[int, int], list[Partial]] = {(0, 0): [(0.0, 0.0, ())]}
+    fitting = {key for key, cost in costs.items() if model.fits(cost)}
+
+    @functools.cache
+    def stage_s(start: int, end: int, k: int, first: int, previous: int) -> float:
+        return model.placed(costs[(start, end, k)], first, range(first - previous, first)).total_s
+
+    # (blocks covered, ranks used) -> last stage's replicas (0: not tracked, one node) -> K best partial plans
+    best: dict[tuple[int, int], dict[int, list[Partial]]] = {(0, 0): {0: [(0.0, 0.0, ())]}}
     count: dict[tuple[int, int], int] = {(0, 0): 1}
     for end in range(1, blocks + 1):
         for ranks in range(1, nproc + 1):
-            candidates: list[Partial] = []
+            buckets: dict[int, list[Partial]] = {}
             total = 0
             for start in range(end):
                 for k in range(1, min(limit, ranks) + 1):
-                    previous = best.get((start, ranks - k))
-                    stage_s = fitting.get((start, end, k))
-                    if not previous or stage_s is None:
+                    earlier = best.get((start, ranks - k))
+                    if not earlier or (start, end, k) not in fitting:
                         continue
                     total += count[(start, ranks - k)]
                     triple = ((start, end, k),)
-                    candidates.extend(
-                        (max(step, stage_s), work + stage_s * k, stages + triple) for step, work, stages in previous
-                    )
-            if candidates:
-                best[(end, ranks)] = heapq.nsmallest(top_k, candidates)
+                    bucket = buckets.setdefault(k if placed else 0, [])
+                    for previous, partials in earlier.items():
+                        cost = stage_s(start, end, k, ranks - k, previous) if placed else costs[(start, end, k)].total_s
+                        bucket.extend(
+                            (max(step, cost), work + cost * k, stages + triple) for step, work, stages in partials
+                        )
+            if buckets:
+                best[(end, ranks)] = {last: heapq.nsmallest(top_k, bucket) for last, bucket in buckets.items()}
                 count[(end, ranks)] = total
+    finished = [partial for partials in best.get((blocks, nproc), {}).values() for partial in partials]
     plans = [
-        RankedPlan(step, work, tuple(costs[triple] for triple in stages))
-        for step, work, stages in best.get((blocks, nproc), [])
+        RankedPlan(step, work, tuple(model.placed_stages(stages)))
+        for step, work, stages in heapq.nsmallest(top_k, finished)
     ]
     return Search(plans, count.get((blocks, nproc), 0), len(costs) - len(fitting))
 

@@ -4,7 +4,9 @@ Run by the job's `profile` phase as `torchrun ... -m pipebd_core.planning.profil
 reads DIR/spec.json, and each rank measures every block (so all ranks load the node as training
 does); rank 0 pools every rank's trials and writes DIR/profile.json. Per block and per per-replica
 batch size b = ceil(B/k), k = 1..N: teacher forward time, student forward+backward+update time, and
-the bytes the student's backward keeps alive; per boundary, point-to-point time between rank pairs;
+the bytes the student's backward keeps alive; per boundary, point-to-point time between rank pairs of
+one node (and, from those sends, the node's link: latency and bandwidth; across nodes, the link between
+them, from sends between rank 0 and the first rank of the next node at the same sizes);
 per group size k, the student step of each block as a replicated stage runs it (at ceil(B/k) rows, its
 BatchNorm normalising over the group's shards: a collective per layer, forward and backward) and the
 all-reduce time of its gradients; the time to load b samples; the bytes
@@ -43,8 +45,9 @@ from pipebd_core.data.batches import BatchLoader
 from pipebd_core.data.datasets import build_dataset
 from pipebd_core.distill.students import StudentBlock, with_sync_batchnorm
 from pipebd_core.documents.phases import PROFILE
-from pipebd_core.documents.profile import BlockProfile, Conditions, Profile, Timing
+from pipebd_core.documents.profile import BlockProfile, Conditions, LinkFit, Profile, Timing
 from pipebd_core.planning.probe import block_input, probe_workload
+from pipebd_core.planning.topology import fit_link
 from pipebd_core.planning.trust import NOISY_SPREAD
 from pipebd_core.ranks import exit_now, gather_on_rank_zero, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
@@ -170,28 +173,53 @@ def measure_data(spec: Spec, batch_sizes: list[int], trials: int, device: torch.
     return result
 
 
+def ping_pong(buffer: torch.Tensor, peer: int, first: bool) -> None:
+    """One round trip of `buffer` with `peer` (`first`: this rank sends first)."""
+    if first:
+        dist.send(buffer, peer)
+        dist.recv(buffer, peer)
+    else:
+        dist.recv(buffer, peer)
+        dist.send(buffer, peer)
+
+
+def send_pairs(shapes: list[list[int]], batch_sizes: list[int]) -> list[tuple[int, int]]:
+    """(boundary, batch) of every relay a plan can send: the boundaries between blocks, every shard size."""
+    return [(boundary, batch) for boundary in range(1, len(shapes) - 1) for batch in batch_sizes]
+
+
 def measure_p2p(
-    shapes: list[list[int]], batch_sizes: list[int], trials: int, device: torch.device
+    shapes: list[list[int]], batch_sizes: list[int], trials: int, device: torch.device, per_node: int
 ) -> dict[tuple[int, int], Trials]:
-    """One-way time per (boundary, batch): ping-pong between ranks (0,1), (2,3), ... at once."""
+    """One-way time per (boundary, batch): ping-pong between ranks (0,1), (2,3), ... of one node, at once."""
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = rank ^ 1
     result: dict[tuple[int, int], Trials] = {}
-    pairs = [(boundary, batch) for boundary in range(1, len(shapes) - 1) for batch in batch_sizes]
-    for boundary, batch in pairs if peer < world else []:
+    same_node = peer < world and peer // per_node == rank // per_node
+    for boundary, batch in send_pairs(shapes, batch_sizes) if same_node else []:
         buffer = torch.zeros((batch, *shapes[boundary]), device=device)
-
-        def ping_pong(buffer: torch.Tensor = buffer) -> None:
-            if rank % 2 == 0:
-                dist.send(buffer, peer)
-                dist.recv(buffer, peer)
-            else:
-                dist.recv(buffer, peer)
-                dist.send(buffer, peer)
-
-        result[(boundary, batch)] = Trials(timed_once(ping_pong, trials, device)).scaled(0.5)
+        trip = functools.partial(ping_pong, buffer, peer, rank % 2 == 0)
+        result[(boundary, batch)] = Trials(timed_once(trip, trials, device)).scaled(0.5)
     dist.barrier()
     return result
+
+
+def measure_inter_node(
+    shapes: list[list[int]], batch_sizes: list[int], trials: int, device: torch.device, per_node: int
+) -> list[tuple[int, float]]:
+    """(bytes, one-way seconds) of sends between rank 0 and rank `per_node` (the first rank of another node:
+    ranks are numbered node by node), at every relay's size, the other ranks waiting; [] on other ranks."""
+    rank = dist.get_rank()
+    points: list[tuple[int, float]] = []
+    if rank in (0, per_node):
+        peer = per_node if rank == 0 else 0
+        for boundary, batch in send_pairs(shapes, batch_sizes):
+            buffer = torch.zeros((batch, *shapes[boundary]), device=device)
+            trip = functools.partial(ping_pong, buffer, peer, rank == 0)
+            nbytes = buffer.numel() * buffer.element_size()
+            points += [(nbytes, 0.5 * seconds) for seconds in timed_once(trip, trials, device)]
+    dist.barrier()
+    return points if rank == 0 else []
 
 
 def measure_all_reduce(param_counts: list[int], trials: int, device: torch.device) -> dict[tuple[int, int], Trials]:
@@ -314,7 +342,8 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any
     workload = build_workload(spec)
     sample = build_dataset(spec)[0][0]
     probe = probe_workload(workload, sample)
-    batches = profile_batch_sizes(spec.data.batch_size, spec.schedule.nproc)
+    batches = profile_batch_sizes(spec.data.batch_size, spec.schedule.world_size)
+    per_node, nodes = spec.schedule.nproc, spec.schedule.nodes
     blocks: dict[tuple[int, int], dict[str, Any]] = {}
     for index, teacher in enumerate(workload.teacher_blocks):
         teacher.to(device)
@@ -330,7 +359,8 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any
         "batches": batches,
         "blocks": blocks,
         "data": measure_data(spec, batches, trials, device),
-        "p2p": measure_p2p(probe.shapes, batches, trials, device) if distributed else {},
+        "p2p": measure_p2p(probe.shapes, batches, trials, device, per_node) if distributed else {},
+        "inter": measure_inter_node(probe.shapes, batches, trials, device, per_node) if nodes > 1 else [],
         "allreduce": measure_all_reduce(param_counts, trials, device) if distributed else {},
         "replicated": measure_replicated(workload, spec, probe, sample.dtype, trials, device) if distributed else {},
         "param_counts": param_counts,
@@ -352,6 +382,7 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
     first = measurements[0]
     batches: list[int] = first["batches"]
     probe = first["probe"]
+    world = spec.schedule.world_size
 
     def pooled(section: str, key: Any, field: str | None = None) -> Timing:
         found = [m[section][key] for m in measurements if key in m[section]]
@@ -370,30 +401,49 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
             student_peak_bytes=peak_bytes(measurements, index, batches),
             teacher_param_bytes=4 * probe["teacher_params"][index],
             student_param_bytes=4 * probe["student_params"][index],
-            allreduce_s={k: pooled("allreduce", (k, index)) for k in range(2, spec.schedule.nproc + 1)},
-            student_group_s={k: pooled("replicated", (k, index)) for k in range(2, spec.schedule.nproc + 1)},
+            allreduce_s={k: pooled("allreduce", (k, index)) for k in range(2, world + 1)},
+            student_group_s={k: pooled("replicated", (k, index)) for k in range(2, world + 1)},
         )
         for index in range(len(probe["teacher_flops"]))
     ]
     boundaries = range(len(probe["shapes"]))
+    p2p_s = [{b: pooled("p2p", (i, b)) for b in batches} for i in boundaries]
+    boundary_bytes = [
+        first["input_bytes_per_sample"],
+        *(first["blocks"][(index, batches[0])]["output_bytes_per_sample"] for index in range(len(blocks))),
+    ]
     return Profile(
-        nproc=spec.schedule.nproc,
+        nproc=world,
+        nodes=spec.schedule.nodes,
         batch_size=spec.data.batch_size,
         batch_sizes=batches,
         device=device_name(device),
-        device_memory_bytes=device_memory_bytes(device, spec.schedule.nproc),
+        device_memory_bytes=device_memory_bytes(device, spec.schedule.nproc),  # ranks of one node share it
         baseline_bytes=max(m["baseline_bytes"] for m in measurements),
         shapes=probe["shapes"],
-        boundary_bytes_per_sample=[
-            first["input_bytes_per_sample"],
-            *(first["blocks"][(index, batches[0])]["output_bytes_per_sample"] for index in range(len(blocks))),
-        ],
+        boundary_bytes_per_sample=boundary_bytes,
         blocks=blocks,
         data_s={b: pooled("data", b) for b in batches},
-        p2p_s=[{b: pooled("p2p", (i, b)) for b in batches} for i in boundaries],
+        p2p_s=p2p_s,
+        links=links(p2p_s, boundary_bytes, first["inter"]),
         measured_at=time.time(),
         conditions=conditions(measurements),
     )
+
+
+def links(
+    p2p_s: list[dict[int, Timing]], boundary_bytes: list[int], inter: list[tuple[int, float]]
+) -> dict[str, LinkFit]:
+    """The node's link fitted to its measured relays (median per size), and the link between nodes to its
+    sends; a link with too few sizes to fit is left out."""
+    intra = [
+        (batch * boundary_bytes[boundary], timing.median)
+        for boundary, table in enumerate(p2p_s)
+        for batch, timing in table.items()
+        if timing.trials
+    ]
+    fits = {"intra": fit_link(intra), "inter": fit_link(inter)}
+    return {name: fit for name, fit in fits.items() if fit is not None}
 
 
 def conditions(measurements: list[dict[str, Any]]) -> Conditions:

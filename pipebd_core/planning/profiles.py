@@ -51,7 +51,7 @@ _DATA_KEYS = {"dataset", "root", "factory", "options", "image_size", "num_worker
 
 
 def profile_key(spec: Spec) -> str:
-    """What the measurements depend on; the spec's training and schedule fields (but nproc) do not count.
+    """What the measurements depend on; the spec's training and schedule fields (but nproc and nodes) do not count.
     `data.num_workers` does: the profile's data-loading times are measured with that many loader workers."""
     key = {
         "version": FORMAT_VERSION,
@@ -61,6 +61,7 @@ def profile_key(spec: Spec) -> str:
         "batch_size": spec.data.batch_size,
         "device": device_kind(spec),
         "nproc": spec.schedule.nproc,
+        **({"nodes": spec.schedule.nodes} if spec.schedule.nodes > 1 else {}),  # measured across them
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
 

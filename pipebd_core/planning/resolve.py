@@ -33,6 +33,7 @@ from pipebd_core.planning.costmodel import CostModel
 from pipebd_core.planning.planner import best_plan, search
 from pipebd_core.planning.probe import BlockProbe, probe_workload
 from pipebd_core.planning.simulate import simulate
+from pipebd_core.planning.topology import Topology
 from pipebd_core.planning.trust import assess
 from pipebd_core.spec import ScheduleSpec, Spec, StageSpec
 from pipebd_core.workloads.workload import build_workload, search_settings
@@ -67,7 +68,7 @@ def make_plan(
 ) -> Plan:
     """The plan the runtime follows; PlanError says what would work instead."""
     mode, nproc = schedule.mode, schedule.world_size  # every rank of every node
-    plan = Plan(mode, nproc, num_blocks, batch_size)
+    plan = Plan(mode, nproc, num_blocks, batch_size, nodes=schedule.nodes)
     if mode == "dp":
         shard_rows(batch_size, nproc)
     elif mode == "ls":
@@ -91,16 +92,18 @@ def make_plan(
 
 def mode_plans(model: CostModel) -> dict[str, Plan]:
     """The plan each mode would run on this profile (tr needs at least as many blocks as ranks)."""
-    blocks, nproc, batch = model.num_blocks, model.nproc, model.batch_size
-    plans = {"dp": Plan("dp", nproc, blocks, batch), "ls": Plan("ls", nproc, blocks, batch)}
+    blocks, nproc, batch, nodes = model.num_blocks, model.nproc, model.batch_size, model.topology.nodes
+
+    def plan(mode: str, stages: list[tuple[int, int, int]] | None = None) -> Plan:
+        built = build_stages(_specs(stages), nproc, blocks, batch) if stages else []
+        return Plan(mode, nproc, blocks, batch, built, nodes=nodes)
+
+    plans = {"dp": plan("dp"), "ls": plan("ls"), "ir": plan("ir", [(0, blocks, nproc)])}
     plans["ls"].assignment = model.ls_assignment()
-    plans["ir"] = Plan("ir", nproc, blocks, batch, build_stages(_specs([(0, blocks, nproc)]), nproc, blocks, batch))
     if nproc <= blocks:
-        unreplicated = build_stages(_specs(best_plan(model, unreplicated=True).triples()), nproc, blocks, batch)
-        plans["tr"] = Plan("tr", nproc, blocks, batch, unreplicated)
-        plans["tr_dpu"] = Plan("tr_dpu", nproc, blocks, batch, unreplicated)
-    best = build_stages(_specs(best_plan(model).triples()), nproc, blocks, batch)
-    plans["hybrid"] = Plan("hybrid", nproc, blocks, batch, best)
+        unreplicated = best_plan(model, unreplicated=True).triples()
+        plans["tr"], plans["tr_dpu"] = plan("tr", unreplicated), plan("tr_dpu", unreplicated)
+    plans["hybrid"] = plan("hybrid", best_plan(model).triples())
     return plans
 
 
@@ -138,10 +141,11 @@ def step_plan(spec: Spec) -> StepPlan:
     return StepPlan(total, steps_per_epoch(spec, train.count), train, arch, search)
 
 
-def cost_model(spec: Spec, profile: Profile) -> CostModel:
-    """The cost model of `profile`, with the spec's architecture-update rate (nas)."""
+def cost_model(spec: Spec, profile: Profile, topology: Topology | None = None) -> CostModel:
+    """The cost model of `profile`, with the spec's architecture-update rate (nas), for the machines it was
+    measured on or for `topology` (a what-if: `pipebd plan --nodes --link-gbps`)."""
     search = step_plan(spec).search
-    return CostModel(profile, search.every if search else None)
+    return CostModel(profile, search.every if search else None, topology)
 
 
 def resolve_plan(spec: Spec, profile: Profile | None) -> Plan:

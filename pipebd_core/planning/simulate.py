@@ -3,8 +3,10 @@
 Each rank walks through `schedule.rank_tasks` with costs from the cost model: load or receive its
 input (waiting for the producer's send), teacher work per block, send (waiting when two steps of
 sends are still in flight), student work per block, all-reduce (all group members must arrive),
-barrier (tr: all ranks must arrive). The result is Gantt data (rank, kind, block, step, start, end)
-and, by simulating two lengths, the steady-state time per global step without fill and drain.
+barrier (tr: all ranks must arrive). On several nodes a receive from another node and an all-reduce
+over ranks of several nodes are charged by the link between nodes (costmodel.py, topology.py). The
+result is Gantt data (rank, kind, block, step, start, end) and, by simulating two lengths, the
+steady-state time per global step without fill and drain.
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ class Simulation:
             return False
         ready = max(self.sent[key] for key in keys)
         self._add(state, "recv_wait", None, max(0.0, ready - state.clock))
-        self._add(state, "recv", None, self.model.p2p(task.teacher.start, batch))
+        crosses = any(self.model.topology.crosses(route.src, route.dst) for route in task.receive)
+        self._add(state, "recv", None, self.model.p2p(task.teacher.start, batch, crosses))
         for key in keys:
             self.received[key] = state.clock
         return True
@@ -146,7 +149,8 @@ class Simulation:
             return True
         members = self._members(task)
         weights = task.round == "weights"  # architecture gradients are a few numbers per layer
-        cost = sum(self.model.allreduce(block, len(members)) for block in task.train) if weights else 0.0
+        spans = self.model.topology.spans(members)
+        cost = sum(self.model.allreduce(block, len(members), spans) for block in task.train) if weights else 0.0
         return self._collective(state, ("allreduce", task.group), members, cost, "allreduce")
 
     def _barrier(self, state: RankState, task: Task) -> bool:

@@ -132,8 +132,10 @@ def test_nodes_that_do_not_share_the_run_directory_fail_at_start(tmp_path: Path)
 def test_pipebd_run_on_two_nodes_from_the_command_line(tmp_path: Path) -> None:
     """`pipebd run --nnodes 2 --node-rank K --rdzv-endpoint HOST --rdzv-id ID --out SHARED` on each node, as
     examples/multinode/node.sh starts it under Slurm's `srun` (the SLURM_* variables of a 2-node allocation);
-    node 1 starts first and waits for node 0's run directory."""
-    spec, run = write_spec(tmp_path, tiny_document(schedule={"nproc": 1, "mode": "tr"})), tmp_path / "run"
+    node 1 starts first and waits for node 0's run directory. The job profiles across both nodes (the link
+    between them measured into the profile), plans from that profile and marks the sends that cross nodes."""
+    document = tiny_document(schedule={"nproc": 1, "mode": "auto", "profile": True})
+    spec, run = write_spec(tmp_path, document), tmp_path / "run"
     slurm = {"SLURM_NNODES": "2", "SLURM_JOB_ID": "4711", "HEAD": "127.0.0.1", "OUT": str(run), "SPEC": str(spec)}
     common = {**os.environ, **slurm, "PIPEBD": f"{sys.executable} -m pipebd_core.cli"}
     script = ["bash", str(ROOT / "examples" / "multinode" / "node.sh")]
@@ -150,6 +152,13 @@ def test_pipebd_run_on_two_nodes_from_the_command_line(tmp_path: Path) -> None:
     assert [node.returncode for node in nodes] == [0, 0], errors
     run_dir = RunDir(run)
     assert run_dir.load_spec().schedule.nodes == 2 and run_dir.load_plan().nproc == 2
+    profile = run_dir.load_profile()
+    assert (profile.nodes, profile.nproc) == (2, 2) and "intra" not in profile.links  # no two ranks share a node
+    inter = profile.links["inter"]
+    assert len(inter.points) >= 2 * len(profile.batch_sizes) and inter.bytes_per_s > 0
+    plan = run_dir.load_plan()
+    assert plan.nodes == 2 and plan.details.predictions is not None
+    assert all(route.crosses_nodes for route in plan.routes)  # one rank a node: every relay crosses
     assert_same_weights(load_students(run_dir), plain_loop(run_dir.load_spec()))
     started = [event for event in run_dir.read_events() if event["event"] == "rank_started"]
     assert sorted(event["rank"] for event in started) == [0, 1]

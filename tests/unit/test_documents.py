@@ -340,7 +340,7 @@ def test_plan_json_keeps_its_keys_at_the_top_level() -> None:
     assert written["replans"][0]["from"][0]["ranks"] == [0, 1, 2]  # `from`, not the model's from_
     assert "stage" in written["ranks"][0]
     bare = PlanDocument(mode="dp", nproc=2, num_blocks=3, batch_size=8).to_json()
-    assert set(bare) == {"format_version", "mode", "nproc", "num_blocks", "batch_size", "stages", "routes"} | {
+    assert set(bare) == {"format_version", "mode", "nproc", "nodes", "num_blocks", "batch_size", "stages", "routes"} | {
         "assignment",
         "ranks",
         "shapes",
