@@ -56,6 +56,7 @@ def add_engine_commands(commands: Any) -> None:
     nodes.add_argument("--node-rank", type=int, default=0, help="this node: 0 runs the phases, others follow")
     nodes.add_argument("--rdzv-endpoint", metavar="HOST[:PORT]", help="node 0's address (and port) for the rendezvous")
     nodes.add_argument("--rdzv-id", help="the same on every node of one run (a new one for each run)")
+    nodes.add_argument("--local-addr", help="the address the other nodes reach this one at (default: torchrun's guess)")
     run.set_defaults(handler=engine_handler("run"))
 
     profile = commands.add_parser("profile", help="measure every block on this node (cached)")

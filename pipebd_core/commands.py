@@ -175,7 +175,9 @@ def node_role(args: argparse.Namespace) -> NodeRole | None:
         raise SpecError(f"--nnodes {args.nnodes}: a run on several nodes needs {needs}")
     host, _, port = args.rdzv_endpoint.partition(":")
     try:
-        return NodeRole(args.nnodes, args.node_rank, args.rdzv_id, host=host, port=int(port) if port else None)
+        port_number = int(port) if port else None
+        local = getattr(args, "local_addr", None)
+        return NodeRole(args.nnodes, args.node_rank, args.rdzv_id, host=host, port=port_number, local_addr=local)
     except ValueError as error:
         raise SpecError(f"--node-rank, --rdzv-endpoint: {error}") from None
 

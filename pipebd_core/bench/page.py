@@ -9,7 +9,8 @@ A section of docs/benchmarks.md that comes from records sits between two markers
 `regenerate` replaces what is between every pair with the report of the records its opening marker
 names (paths relative to the repository root), leaving the rest of the page as it is: a `pipebd bench`
 record (bench.json) renders as `pipebd bench --report` prints it, a service benchmark's result file
-(`"benchmark": "compare"`, from benchmarks/compare_500.py) as its latency table; `pipebd bench
+(`"benchmark": "compare"`, from benchmarks/compare_500.py) as its latency table, a shaped-link result
+(`"benchmark": "shaped_link"`, benchmarks/shaped_link.py) as its predicted-against-measured table; `pipebd bench
 --update-page docs/benchmarks.md` writes it back, and the suite checks that the page equals its
 regeneration, so no figure of a generated section is ever typed.
 """
@@ -49,6 +50,8 @@ def render_file(path: Path) -> str:
     data = json.loads(path.read_text())
     if isinstance(data, dict) and data.get("benchmark") == "compare":
         return render_compare(data)
+    if isinstance(data, dict) and data.get("benchmark") == "shaped_link":
+        return render_shaped_link(data)
     return render([load_record(path)])
 
 
@@ -66,4 +69,29 @@ def render_compare(record: dict[str, Any]) -> str:
     for key in [key for key, value in first.items() if isinstance(value, dict) and "path" in value]:
         cells = [f"{result[key]['p50_ms']:.1f} / {result[key]['p95_ms']:.1f} ms" for result in results]
         lines.append(f"| `{first[key]['path']}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_shaped_link(record: dict[str, Any]) -> str:
+    """benchmarks/shaped_link.py's result: per mode, a 2-node job's plan predicted against measured on the
+    shaped link, and the what-if's prediction from a profile of one node."""
+    arms = record["arms"]
+    link = arms[0]["link"]
+    lines = [
+        f"Commit `{record['commit']}`; 2 nodes x 1 rank (network namespaces), link shaped to {record['gbit']:g} Gbit/s;"
+        f" the profile measured {link['gbit_per_s']:.3f} Gbit/s and {link['latency_s'] * 1e3:.3f} ms latency"
+        f" ({link['points']} sends).",
+        "",
+        "| mode | plan (stages) | sends between nodes | predicted | measured | error | what-if (one node's profile) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        stages = " \\| ".join(f"{a}-{b - 1} x{k}" for a, b, k in arm["stages"]) or "—"
+        predicted, measured, what_if = arm["predicted_step_s"], arm["measured_step_s"], arm["what_if_step_s"]
+        error = f"{(predicted - measured) / measured:+.0%}" if predicted else "—"
+        shared = " (shared)" if arm["load"]["shared"] else ""
+        lines.append(
+            f"| {arm['mode']} | {stages} | {arm['crossing_routes']} | {predicted * 1e3:.1f} ms |"
+            f" {measured * 1e3:.1f} ms{shared} | {error} | {what_if * 1e3:.1f} ms |"
+        )
     return "\n".join(lines) + "\n"

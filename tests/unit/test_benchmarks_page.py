@@ -24,7 +24,7 @@ def test_the_page_is_its_records_report() -> None:
 
 def test_the_page_shows_only_quiet_records_of_distillation_and_training() -> None:
     files = [ROOT / path for paths in record_paths(PAGE.read_text()) for path in paths]
-    records = [load_record(file) for file in files if json.loads(file.read_text()).get("benchmark") != "compare"]
+    records = [load_record(file) for file in files if "benchmark" not in json.loads(file.read_text())]  # bench.json
     assert {record.phase for record in records} == {"distill", "finetune"}
     shared = [(r.name, arm.name) for r in records for arm in r.arms for run in arm.runs if run.load.shared]
     shared += [(r.name, "T1") for r in records for run in r.bound.runs if run.load.shared]
@@ -38,6 +38,16 @@ def test_the_comparison_benchmark_renders_its_result_file() -> None:
     for result in record["results"]:
         for key in ("api", "page"):
             assert f"{result[key]['p50_ms']:.1f} / {result[key]['p95_ms']:.1f} ms" in text
+
+
+def test_the_shaped_link_benchmark_renders_its_result_file_and_was_measured_alone() -> None:
+    text = PAGE.read_text()
+    assert ["benchmarks/records/shaped-link.json"] in record_paths(text)
+    record = json.loads((ROOT / "benchmarks/records/shaped-link.json").read_text())
+    assert {arm["mode"] for arm in record["arms"]} >= {"auto", "dp"}
+    for arm in record["arms"]:
+        assert not arm["load"]["shared"], f"{arm['mode']} was measured on a busy machine"
+        assert f"| {arm['measured_step_s'] * 1e3:.1f} ms |" in text
 
 
 def test_update_page_rewrites_a_stale_section_and_refuses_a_page_without_one(
