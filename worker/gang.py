@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from app.core import gangs
+from app.core import attempts, gangs
 from app.core.database import session_scope
 from app.core.settings import Settings
 from app.core.states import ACTIVE, CANCELLING, PAUSING, QUEUED, RUNNING, STARTING
@@ -105,6 +105,7 @@ class GangLeader(JobRunner):
             return False
         with session_scope(self.database) as session:
             gangs.publish_endpoint(session, self.job_id, self.settings.address)
+            attempts.record_hosts(session, self.job_id, [seat.host for seat in gangs.seats(session, self.job_id)])
         return True
 
     def run(self) -> str:

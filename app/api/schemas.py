@@ -191,8 +191,10 @@ class LogChunk(BaseModel):
     job_id: int = Field(description="the job")
     phase: str = Field(description="the phase whose log this is: profile, distill, finalize, ...")
     rank: int | None = Field(description="the rank whose log this is; null for the launcher (torchrun) log")
+    node: int | None = Field(None, description="whose launcher log this is: node 0, 1, ...; null for a rank's log")
     file: str = Field(
-        description="the log's path in the run directory: `logs/<phase>/launcher.log` or `.../rank-<r>.log`"
+        description="the log's path in the run directory: `logs/<phase>/launcher.log` (node 0),"
+        " `.../launcher-node-<k>.log` (node k of a job on several nodes) or `.../rank-<r>.log`"
     )
     offset: int = Field(description="byte offset the chunk starts at")
     next_offset: int = Field(description="byte offset after the chunk: the `offset` of the next call")
@@ -359,6 +361,9 @@ class AttemptPublic(BaseModel):
     reason: str | None = Field(description="Why (a termination reason: worker_lost, rank_killed, user_paused, ...)")
     resumed_from: list[int] | None = Field(
         description="Per block, the step it continued from (0: from the start); null when nothing had run before"
+    )
+    hosts: list[str] | None = Field(
+        None, description="The host id of each node it ran on, node 0 first (rank r ran on node r // nproc)"
     )
 
     @field_serializer("started_at", "ended_at")

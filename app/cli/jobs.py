@@ -43,6 +43,19 @@ def handles_refusals(command: Callable[[argparse.Namespace], int]) -> Callable[[
 # --- pipebd jobs --------------------------------------------------------------------------------------
 
 
+def ranks(job: dict[str, Any]) -> str:
+    """A job's ranks as a user counts them: `4`, or `2 x 2` on several nodes (nodes x ranks per node)."""
+    nodes = job.get("nodes", 1)
+    return str(job["nproc"]) if nodes == 1 else f"{nodes} x {job['nproc']}"
+
+
+def hosts_of(job: dict[str, Any]) -> str | None:
+    """The host of each node of a job on several nodes in its newest attempt, node 0 first."""
+    attempts = job.get("attempts") or []
+    hosts = attempts[-1].get("hosts") if attempts else None
+    return ", ".join(hosts) if hosts and job.get("nodes", 1) > 1 else None
+
+
 def job_row(job: dict[str, Any]) -> list[Any]:
     return [
         job["id"],
@@ -50,7 +63,7 @@ def job_row(job: dict[str, Any]) -> list[Any]:
         job["state"],
         job["phase"],
         percent(job["progress"]),
-        job["nproc"],
+        ranks(job),
         job["priority"],
         job["created_at"],
         job["termination_reason"],
@@ -85,7 +98,8 @@ def describe(job: dict[str, Any]) -> str:
                 ("phase", job["phase"] and f"{job['phase']} ({percent(job['phase_progress'])})"),
                 ("progress", percent(job["progress"])),
                 ("samples/s", job["samples_per_s"]),
-                ("ranks", job["nproc"]),
+                ("ranks", ranks(job)),
+                ("hosts", hosts_of(job)),
                 ("mode", summary.get("mode")),
                 ("priority", job["priority"]),
                 ("restarts", f"{job['restarts']} of {job['max_restarts']}"),
@@ -138,7 +152,8 @@ class LogReader:
 
     def read(self) -> dict[str, Any] | None:
         """The next chunk (its text empty at the end of the file so far); None while the job has no logs."""
-        params = {"phase": self.phase, "rank": self.args.rank, "offset": self.offset, "limit": LOG_CHUNK}
+        args = self.args
+        params = {"phase": self.phase, "rank": args.rank, "node": args.node, "offset": self.offset, "limit": LOG_CHUNK}
         try:
             chunk: dict[str, Any] = get_json(
                 self.args.server, self.args.token, f"{JOBS}/{self.args.job_id}/logs", params

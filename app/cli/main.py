@@ -110,6 +110,7 @@ def add_job_commands(commands: Any) -> None:
     logs = parsers["logs"]
     logs.add_argument("--phase", help="the phase whose log to print (default: the newest one so far)")
     logs.add_argument("--rank", type=int, help="a rank's log (default: the launcher's, torchrun)")
+    logs.add_argument("--node", type=int, help="node K's launcher log (a job on several nodes; default: node 0's)")
     logs.add_argument("--follow", action="store_true", help="print the log as it grows, until the job ends")
     logs.set_defaults(handler=command_logs)
     download = parsers["download"]

@@ -2,7 +2,8 @@
 
 The lifecycle (app/core/lifecycle.py) opens one when a worker claims the job (`queued -> starting`) and
 closes it when the job moves off the worker (succeeded, failed, cancelled, paused, or requeued after a
-fault), in the same transaction as the move; the worker adds where each block resumed from.
+fault), in the same transaction as the move; the worker adds where each block resumed from, and node 0 of a
+job on several nodes the host of every node (`rank_hosts` says which host ran each rank).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from sqlmodel import Session, col, func, select
 from app.core.tables import JobAttempt
 
 
-def open_attempt(session: Session, job_id: int, worker: str | None, stamp: float) -> None:
+def open_attempt(session: Session, job_id: int, worker: str | None, host: str | None, stamp: float) -> None:
     number = session.exec(select(func.max(JobAttempt.number)).where(JobAttempt.job_id == job_id)).one() or 0
-    session.add(JobAttempt(job_id=job_id, number=int(number) + 1, worker=worker, started_at=stamp))
+    hosts = None if host is None else [host]
+    session.add(JobAttempt(job_id=job_id, number=int(number) + 1, worker=worker, hosts=hosts, started_at=stamp))
 
 
 def close_attempt(session: Session, job_id: int, outcome: str, reason: str | None, stamp: float) -> None:
@@ -36,6 +38,22 @@ def record_resume(session: Session, job_id: int, steps: list[int]) -> None:
         .values(resumed_from=steps)
     )
     session.execute(statement)
+
+
+def record_hosts(session: Session, job_id: int, hosts: list[str]) -> None:
+    """The host of each node the open attempt runs on, node 0 first (a job on several nodes)."""
+    statement = (
+        update(JobAttempt)
+        .where(col(JobAttempt.job_id) == job_id, col(JobAttempt.ended_at).is_(None))
+        .values(hosts=hosts)
+    )
+    session.execute(statement)
+
+
+def rank_hosts(attempt: JobAttempt | None, nproc: int, world_size: int) -> dict[int, str]:
+    """The host each rank ran on in `attempt` (rank r on node r // nproc); empty when it names none."""
+    hosts = attempt.hosts if attempt is not None and attempt.hosts else []
+    return {rank: hosts[rank // nproc] for rank in range(world_size) if rank // nproc < len(hosts)}
 
 
 def attempts_of(session: Session, job_id: int) -> list[JobAttempt]:

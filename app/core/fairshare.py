@@ -4,8 +4,9 @@ The rule, applied at every claim (app/core/priority.py `next_queued`):
 
 1. each tenant's queued jobs form one line, in priority order, the oldest first within a priority (a
    tenant's own priorities always hold);
-2. a tenant's use is the devices (ranks) its launched jobs hold now, divided by its weight (`tenant_quota`,
-   1 without a row): a free worker takes the head of the line of the tenant using least per unit of weight;
+2. a tenant's use is the devices (ranks, on every node of a job on several) its launched jobs hold now,
+   divided by its weight (`tenant_quota`, 1 without a row): a free worker takes the head of the line of
+   the tenant using least per unit of weight;
 3. on a tie, the line whose head is the oldest job goes first.
 
 So, with every tenant busy, running devices converge to the weights (a tenant with weight 2 holds twice
@@ -38,7 +39,7 @@ class Waiting:
     id: int
     tenant: str | None
     priority: int
-    nproc: int
+    devices: int  # its ranks on every node
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def claim_order(waiting: Iterable[Waiting], shares: dict[str | None, Share], lim
         tenant = min(lines, key=lambda t: (current[t].use, lines[t][0].id))
         job = lines[tenant].popleft()
         order.append(job)
-        current[tenant] = Share(current[tenant].devices + job.nproc, current[tenant].weight)
+        current[tenant] = Share(current[tenant].devices + job.devices, current[tenant].weight)
         if not lines[tenant]:
             del lines[tenant]
     return order
@@ -74,7 +75,8 @@ def claim_order(waiting: Iterable[Waiting], shares: dict[str | None, Share], lim
 
 def shares(session: Session) -> dict[str | None, Share]:
     """Every tenant's devices in use now and weight (tenants with a quota row, or with a launched job)."""
-    running = select(Job.tenant, func.sum(Job.nproc)).where(col(Job.state).in_(sorted(ACTIVE))).group_by(Job.tenant)
+    ranks = func.sum(col(Job.nproc) * col(Job.nodes))
+    running = select(Job.tenant, ranks).where(col(Job.state).in_(sorted(ACTIVE))).group_by(Job.tenant)
     devices: dict[str | None, int] = {tenant: int(total or 0) for tenant, total in session.exec(running).all()}
     weights: dict[str | None, float] = {q.tenant: q.weight for q in session.exec(select(TenantQuota)).all()}
     return {tenant: Share(devices.get(tenant, 0), weights.get(tenant, 1.0)) for tenant in devices.keys() | weights}
@@ -82,9 +84,10 @@ def shares(session: Session) -> dict[str | None, Share]:
 
 def queued(session: Session, *conditions: Any) -> list[Waiting]:
     """The queued jobs that meet `conditions`, as the order sees them."""
-    query = select(Job.id, Job.tenant, Job.priority, Job.nproc).where(Job.state == QUEUED, *conditions)
+    ranks = col(Job.nproc) * col(Job.nodes)
+    query = select(Job.id, Job.tenant, Job.priority, ranks).where(Job.state == QUEUED, *conditions)
     return [
-        Waiting(job_id, tenant, priority, nproc)
-        for job_id, tenant, priority, nproc in session.exec(query).all()
+        Waiting(job_id, tenant, priority, devices)
+        for job_id, tenant, priority, devices in session.exec(query).all()
         if job_id is not None
     ]

@@ -99,7 +99,7 @@ def transition(
     if session.execute(statement).rowcount != 1:  # type: ignore[attr-defined]
         return False
     if target == STARTING:
-        open_attempt(session, job_id, fields.get("worker"), stamp)
+        open_attempt(session, job_id, fields.get("worker"), fields.get("host"), stamp)
     elif target not in ACTIVE:
         outcome = "requeued" if target == QUEUED else target
         close_attempt(session, job_id, outcome, note or fields.get("termination_reason"), stamp)

@@ -36,11 +36,12 @@ Publish = Callable[[int, str], None]  # (job id, queue): put a job's id on the b
 
 @dataclass(frozen=True)
 class Span:
-    """One attempt of a tenant's job: from its claim to its end (None: still running), on `nproc` ranks."""
+    """One attempt of a tenant's job: from its claim to its end (None: still running), on `ranks` ranks (every
+    node's)."""
 
     started_at: float
     ended_at: float | None
-    nproc: int
+    ranks: int
 
 
 def label(tenant: str | None, quota: TenantQuota | None) -> str:
@@ -64,11 +65,11 @@ def running_jobs(session: Session, tenant: str | None) -> int:
 def spans(session: Session, tenant: str, since: float) -> list[Span]:
     """The tenant's attempts that overlap [since, now]."""
     query = (
-        select(JobAttempt.started_at, JobAttempt.ended_at, Job.nproc)
+        select(JobAttempt.started_at, JobAttempt.ended_at, col(Job.nproc) * col(Job.nodes))
         .join(Job, col(Job.id) == col(JobAttempt.job_id))
         .where(Job.tenant == tenant, or_(col(JobAttempt.ended_at).is_(None), col(JobAttempt.ended_at) > since))
     )
-    return [Span(started, ended, nproc) for started, ended, nproc in session.exec(query).all()]
+    return [Span(started, ended, ranks) for started, ended, ranks in session.exec(query).all()]
 
 
 def device_hours(used: list[Span], at: float, window_s: float) -> float:
@@ -77,7 +78,7 @@ def device_hours(used: list[Span], at: float, window_s: float) -> float:
     seconds = 0.0
     for span in used:
         end = at if span.ended_at is None else min(span.ended_at, at)
-        seconds += span.nproc * max(0.0, end - max(span.started_at, start))
+        seconds += span.ranks * max(0.0, end - max(span.started_at, start))
     return seconds / HOUR_S
 
 

@@ -100,6 +100,11 @@ class Job(SQLModel, table=True):
     sweep_overrides: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # {dotted.path: value}
     tenant: str | None = Field(default=None, max_length=64)  # who submitted it: app.api.auth.tenant_of; None: no tokens
 
+    @property
+    def world_size(self) -> int:
+        """Its ranks on every node: rank r runs on node r // nproc."""
+        return self.nproc * self.nodes
+
 
 class JobAttempt(SQLModel, table=True):
     """One run of a job, from a worker's claim to the job leaving that worker (app/core/attempts.py)."""
@@ -116,6 +121,7 @@ class JobAttempt(SQLModel, table=True):
     outcome: str | None = Field(default=None, max_length=20)  # the state the job left this attempt for
     reason: str | None = Field(default=None, max_length=32)  # a termination reason (pipebd_core.job.outcomes)
     resumed_from: list[int] | None = Field(default=None, sa_column=Column(JSON))  # per block: the step it resumed at
+    hosts: list[str] | None = Field(default=None, sa_column=Column(JSON))  # each node's host id, node 0 first
 
 
 EVAL_SEQ = -1  # the `seq` of a finetune evaluation line (top-1 at an epoch's end): not a step, kept apart

@@ -17,7 +17,7 @@ from sqlmodel import Session
 
 from app.api.deps import JobId, SessionDep, SettingsDep
 from app.core import gangs
-from app.core.attempts import attempts_of
+from app.core.attempts import attempts_of, rank_hosts
 from app.core.states import FINAL, SUCCEEDED
 from app.core.tables import Job
 from app.services.artifacts import available
@@ -63,6 +63,14 @@ class JobParts:
         return self._plan
 
     @property
+    def rank_hosts(self) -> dict[int, str]:
+        """The host each rank ran on in the newest attempt of a job on several nodes (empty on one node)."""
+        if self.job.nodes == 1 or self.job.id is None:
+            return {}
+        attempts = attempts_of(self.session, self.job.id)
+        return rank_hosts(attempts[-1] if attempts else None, self.job.nproc, self.job.world_size)
+
+    @property
     def num_blocks(self) -> int | None:
         if self.job.plan_summary:
             return self.job.plan_summary.get("num_blocks")
@@ -95,7 +103,8 @@ class JobParts:
         loads = rank_loads(lines, self.num_blocks or 1)
         memory = {rank: max(line.peak_mem for line in rank_lines) for rank, rank_lines in lines.items()}
         finding = find_bottleneck(loads, self.plan, self.batch_size, ended=self.job.state in FINAL)
-        return {"loads": loads, "finding": finding, "labels": LABELS, "memory": memory}
+        hosts = self.rank_hosts
+        return {"loads": loads, "finding": finding, "labels": LABELS, "memory": memory, "hosts": hosts}
 
     def plan_part(self) -> dict[str, Any]:
         calibration = queries.read_calibration(self.job) if self.plan else None
@@ -153,7 +162,7 @@ class JobParts:
             "id": self.job.id,
             "state": self.job.state,
             "final": self.job.state in FINAL,
-            "nproc": self.job.nproc,
+            "nproc": self.job.world_size,
             "batchSize": self.batch_size,
             "numBlocks": self.num_blocks,
             "startedAt": self.job.started_at,
@@ -195,7 +204,7 @@ def job_page(
     parts = JobParts(session, job, settings.stale_after_s)
     config = {**parts.config(), "canSubmit": viewer.can_submit, "historyPoints": HISTORY_POINTS}
     context: dict[str, Any] = {"job": job, "config": config, "history_points": HISTORY_POINTS, **log_phases(job)}
-    context.update(has_finetune=has_finetune(job), distills=trains_blocks(job))
+    context.update(has_finetune=has_finetune(job), distills=trains_blocks(job), rank_hosts=parts.rank_hosts)
     for name, build in parts.builders().items():
         context[name] = build()
     return render(request, "jobs/detail.html", context)

@@ -27,7 +27,7 @@ ENGINE_EVENTS = 200  # lifecycle lines of events.jsonl shown on a job page, newe
 def recent_lines(session: Session, job: Job, per_rank: int = RECENT_TASKS) -> dict[int, list[DistillLine]]:
     """The newest `per_rank` distillation telemetry lines of each rank, oldest first (one indexed query per rank)."""
     result: dict[int, list[DistillLine]] = {}
-    for rank in range(job.nproc):
+    for rank in range(job.world_size):
         query = (
             select(JobMetric.record)
             .where(JobMetric.job_id == job.id, JobMetric.phase == DISTILL, JobMetric.rank == rank)

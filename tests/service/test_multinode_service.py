@@ -1,12 +1,15 @@
 """Service tier, production shape: jobs on two nodes through the real service (the API, Redis, PostgreSQL and
 two `pipebd worker` processes standing for two hosts, `--host-id host-a` and `host-b`, on loopback).
 
-A 2-node job submitted while only one host's worker runs takes a seat, waits for its gang, and releases it
-after the gang's bound with nothing launched; once the second host's worker starts the gang forms again and the
-job trains exactly the students of the sequential oracle. A cancel of a running 2-node job reaches both nodes
-and leaves no process behind. Node 1's worker SIGKILLed mid-distillation (its ranks live on, unsupervised):
-node 0 hears its seat fall silent, stops the job (node_lost), and once a worker is back on that host the job
-restarts from its checkpoints and ends with the oracle's students, no process left.
+A 2-node x 2-rank job submitted while only one host's worker runs takes a seat, waits for its gang, and
+releases it after the gang's bound with nothing launched; once the second host's worker starts the gang forms
+again and the job trains exactly the students of the sequential oracle, every rank's telemetry and log stored
+and shown with its node's host. A pause of a running 2-node job stops both nodes (nothing left, the gang gone),
+its resume forms a new gang that continues, and a cancel reaches both nodes and leaves no process behind. Node
+1's worker SIGKILLed mid-distillation (its ranks live on, unsupervised): node 0 hears its seat fall silent,
+stops the job (node_lost), and once a worker is back on that host the job restarts from its checkpoints and
+ends with the oracle's students, no process left. Two 2-node jobs submitted at once on three hosts both finish:
+the first holds two hosts, the second waits (its seat released and taken again) until they are free.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,9 @@ STALE_S = 4.0  # node 0 waits this long on a silent seat (heartbeats every 0.5 s
 REAPER_STALE_S = 15.0
 ALLOW = "pipebd_core.workloads,tests.service.slow_data"  # the slowed-down data set of the kill test
 JOB_TIMEOUT_S = 180
+DEVICES = 2  # each host's worker: room for one 2-rank part of a gang job at a time
 TWO_NODES = {"nproc": 1, "nodes": 2}
+TWO_BY_TWO = {"nproc": 2, "nodes": 2}
 
 
 class Cluster:
@@ -58,7 +64,7 @@ class Cluster:
             "PIPEBD_STALE_AFTER_S": str(STALE_S),
             "PIPEBD_FACTORY_ALLOWLIST": ALLOW,
         }
-        self.workers[host] = start_worker(self.settings, f"w-{host}", 1, env)
+        self.workers[host] = start_worker(self.settings, f"w-{host}", DEVICES, env)
         return self.workers[host]
 
     def job(self, job_id: int) -> dict[str, Any]:
@@ -67,6 +73,12 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(f"--- {name}\n{w.output()[-3000:]}" for name, w in self.workers.items())
+
+    def end(self, job_id: int, what: str) -> dict[str, Any]:
+        """The job once it succeeded or failed."""
+        final = lambda: self.job(job_id)["state"] in ("succeeded", "failed") and self.job(job_id)  # noqa: E731
+        result: dict[str, Any] = wait_for(final, JOB_TIMEOUT_S, what, self.logs)
+        return result
 
     def seats(self, job_id: int) -> list[tuple[int | None, str]]:
         with Session(get_engine(self.settings.database)) as session:
@@ -106,7 +118,7 @@ def cluster(
 
 def test_a_gang_waits_for_its_second_host_then_trains_the_oracles_students(cluster: Cluster) -> None:
     cluster.start("host-a")
-    job_id = cluster.client.post("/api/v1/jobs", json=tiny_job("two-nodes", schedule=TWO_NODES)).json()["id"]
+    job_id = cluster.client.post("/api/v1/jobs", json=tiny_job("two-nodes", schedule=TWO_BY_TWO)).json()["id"]
     first = wait_for(lambda: cluster.seats(job_id), 30, "host-a to take a seat", cluster.logs)
     assert [host for _, host in first] == ["host-a"]
     waiting = cluster.job(job_id)["waiting_reason"]
@@ -118,24 +130,31 @@ def test_a_gang_waits_for_its_second_host_then_trains_the_oracles_students(clust
     assert not (cluster.settings.runs / f"job-{job_id}").exists()
 
     cluster.start("host-b")  # the gang forms again (the released seat's worker tries after the bound)
-    done = wait_for(
-        lambda: cluster.job(job_id)["state"] in ("succeeded", "failed") and cluster.job(job_id),
-        JOB_TIMEOUT_S,
-        "the 2-node job to end",
-        cluster.logs,
-    )
+    done = cluster.end(job_id, "the 2-node job to end")
     assert done["state"] == "succeeded", (done["termination_reason"], done["error"], cluster.logs())
     run_dir = RunDir(cluster.settings.runs / f"job-{job_id}")
     plan = run_dir.load_plan().to_json()
-    assert plan["nproc"] == 2  # one rank on each node, one plan over both
-    launcher_logs = sorted(path.name for path in (run_dir.root / "logs" / "distill").glob("launcher*.log"))
-    assert "launcher-node-1.log" in launcher_logs, launcher_logs  # node 1's agent ran its part
+    assert plan["nproc"] == 4  # two ranks on each node, one plan over all four
     assert_same_weights(load_students(run_dir), plain_loop(run_dir.load_spec()))
     assert cluster.seats(job_id) == []  # the gang dissolved with the job's end
-    assert done["host"] in ("host-a", "host-b")  # node 0's host id
+    hosts = done["attempts"][-1]["hosts"]
+    assert sorted(hosts) == ["host-a", "host-b"] and done["host"] == hosts[0]  # node 0's host id first
+    for rank in range(4):  # every node's ranks: their telemetry and logs, through the API and on the page
+        metrics = cluster.client.get(f"/api/v1/jobs/{job_id}/metrics", params={"rank": rank}).json()
+        assert metrics["total"] > 0, (rank, metrics)
+        log = cluster.client.get(f"/api/v1/jobs/{job_id}/logs", params={"rank": rank, "phase": "distill"}).json()
+        assert log["file"] == f"logs/distill/rank-{rank}.log" and log["size"] > 0, log
+    launcher = cluster.client.get(f"/api/v1/jobs/{job_id}/logs", params={"node": 1, "phase": "distill"}).json()
+    assert launcher["file"] == "logs/distill/launcher-node-1.log", launcher  # node 1's torchrun output
+    assert (run_dir.root / launcher["file"]).exists()  # (empty when its agent had nothing to say)
+    assert cluster.client.get(f"/api/v1/jobs/{job_id}/logs", params={"node": 2}).status_code == 422
+    page = cluster.client.get(f"/jobs/{job_id}").text
+    assert f'<option value="3">rank 3 (node 1, {hosts[1]})</option>' in page
+    assert '<option value="node-1">launcher, node 1</option>' in page
+    assert f'<small data-host="{hosts[1]}">node 1 {hosts[1]}</small>' in page  # the per-rank loads name the host
 
 
-def test_a_cancel_reaches_both_nodes_and_leaves_no_process(cluster: Cluster) -> None:
+def test_a_pause_and_a_cancel_reach_both_nodes_and_leave_no_process(cluster: Cluster) -> None:
     for host in ("host-a", "host-b"):
         cluster.start(host)
     job_id = cluster.client.post("/api/v1/jobs", json=long_job(schedule=TWO_NODES)).json()["id"]
@@ -148,6 +167,17 @@ def test_a_cancel_reaches_both_nodes_and_leaves_no_process(cluster: Cluster) -> 
     assert len(rank_processes(run_dir)) >= 4  # both nodes' agents and ranks
     page = cluster.client.get(f"/jobs/{job_id}").text  # the job page names both nodes' hosts
     assert all(f'data-node="{seat["node"]}">node {seat["node"]} {seat["host"]}' in page for seat in running["gang"])
+
+    cluster.client.post(f"/api/v1/jobs/{job_id}/pause")
+    wait_for(lambda: cluster.job(job_id)["state"] == "paused", 30, "the pause", cluster.logs)
+    wait_for(lambda: rank_processes(run_dir) == [], 20, "both nodes' processes to end", cluster.logs)
+    assert cluster.seats(job_id) == [] and cluster.job(job_id)["attempts"][0]["reason"] == "user_paused"
+    before = cluster.client.get(metrics).json()["total"]
+    cluster.client.post(f"/api/v1/jobs/{job_id}/resume")  # a new gang: both nodes again, from the checkpoints
+    grew = lambda: cluster.job(job_id)["state"] == "running" and cluster.client.get(metrics).json()["total"] > before  # noqa: E731
+    wait_for(grew, JOB_TIMEOUT_S, "the resumed job's telemetry", cluster.logs)
+    assert len(cluster.seats(job_id)) == 2 and len(cluster.job(job_id)["attempts"]) == 2
+
     cluster.client.post(f"/api/v1/jobs/{job_id}/cancel")
     wait_for(lambda: cluster.job(job_id)["state"] == "cancelled", 30, "the cancel", cluster.logs)
     wait_for(lambda: rank_processes(run_dir) == [], 20, "both nodes' processes to end", cluster.logs)
@@ -174,14 +204,26 @@ def test_a_lost_node_stops_the_job_which_restarts_from_checkpoints_with_the_orac
     wait_for(lambda: rank_processes(run_dir) == [], 30, "both nodes' ranks to end", cluster.logs)
 
     cluster.start(follower)  # the host is back: a new gang, the job resumes where its blocks left off
-    done = wait_for(
-        lambda: cluster.job(job_id)["state"] in ("succeeded", "failed") and cluster.job(job_id),
-        JOB_TIMEOUT_S,
-        "the restarted job to end",
-        cluster.logs,
-    )
+    done = cluster.end(job_id, "the restarted job to end")
     assert done["state"] == "succeeded", (done["termination_reason"], done["error"], cluster.logs())
     resumed = done["attempts"][-1]["resumed_from"]
     assert resumed is not None and min(resumed) > 0  # from checkpoints, not from the start
     assert_same_weights(load_students(RunDir(Path(run_dir))), plain_loop(RunDir(Path(run_dir)).load_spec()))
     assert rank_processes(run_dir) == []
+
+
+def at(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp)
+
+
+def test_two_gangs_competing_for_three_hosts_both_finish(cluster: Cluster) -> None:
+    for host in ("host-a", "host-b", "host-c"):
+        cluster.start(host)
+    jobs = [cluster.client.post("/api/v1/jobs", json=tiny_job(f"gang-{n}", schedule=TWO_BY_TWO)).json() for n in (1, 2)]
+    ends = [cluster.end(job["id"], f"gang job {job['id']} to end") for job in jobs]
+    assert [end["state"] for end in ends] == ["succeeded", "succeeded"], [(e["error"], cluster.logs()) for e in ends]
+    spans = sorted((at(end["attempts"][-1]["started_at"]), at(end["finished_at"])) for end in ends)
+    (_, first_end), (second_start, _) = spans
+    assert second_start >= first_end, spans  # 4 parts, 3 hosts: the second gang formed once the first was done
+    assert all(len(set(end["attempts"][-1]["hosts"])) == 2 for end in ends)
+    assert all(cluster.seats(job["id"]) == [] for job in jobs)

@@ -22,6 +22,7 @@ from sqlmodel import Session, col, func, select
 
 from app.api.auth import fingerprint
 from app.core.database import get_engine, migrate
+from app.core.fairshare import queued, shares
 from app.core.lifecycle import transition
 from app.core.priority import next_queued, wake_held
 from app.core.queue import queue_name
@@ -124,6 +125,21 @@ def test_a_newcomer_starts_next_and_the_order_is_explained(settings: Settings) -
     assert start_next(settings) == newcomer
 
 
+def test_a_job_on_several_nodes_counts_every_nodes_ranks(settings: Settings) -> None:
+    """A tenant's share counts a gang job's ranks on all its nodes: a's 2 x 2 job outweighs b's 3 ranks, so
+    b's job starts before a's older one."""
+    migrate(settings.database)
+    insert_job(settings, RUNNING, tenant="a", nproc=2, nodes=2, queue=queue_name(2))
+    insert_job(settings, RUNNING, tenant="b", nproc=3, queue=queue_name(3))
+    (a_next,) = add_jobs(settings, "a", [0])
+    gang = insert_job(settings, tenant="a", nproc=1, nodes=3, queue=queue_name(1))
+    (b_next,) = add_jobs(settings, "b", [0])
+    with Session(get_engine(settings.database)) as session:
+        assert {tenant: share.devices for tenant, share in shares(session).items()} == {"a": 4, "b": 3}
+        assert sorted((job.id, job.devices) for job in queued(session)) == [(a_next, 1), (gang.id, 3), (b_next, 1)]
+    assert next_queued(settings.database, 1) == b_next
+
+
 def test_max_running_holds_a_tenants_jobs_queued_with_the_reason(settings: Settings) -> None:
     migrate(settings.database)
     add_quota(settings, "a", max_running=2)
@@ -161,9 +177,10 @@ def test_concurrent_claims_never_exceed_max_running(settings: Settings) -> None:
         assert session.exec(launched).one() == 2
 
 
-def spend(settings: Settings, tenant: str, nproc: int, hours_ago: float, hours: float) -> None:
-    """A finished job of `tenant` whose one attempt ran `hours` on `nproc` ranks, ending `hours_ago`."""
-    job = insert_job(settings, "succeeded", tenant=tenant, nproc=nproc, queue=queue_name(nproc))
+def spend(settings: Settings, tenant: str, nproc: int, hours_ago: float, hours: float, nodes: int = 1) -> None:
+    """A finished job of `tenant` whose one attempt ran `hours` on `nproc` ranks of each of `nodes` nodes,
+    ending `hours_ago`."""
+    job = insert_job(settings, "succeeded", tenant=tenant, nproc=nproc, nodes=nodes, queue=queue_name(nproc))
     end = time.time() - hours_ago * HOUR_S
     with Session(get_engine(settings.database)) as session:
         session.add(JobAttempt(job_id=job.id, number=1, started_at=end - hours * HOUR_S, ended_at=end, outcome="x"))
@@ -180,7 +197,7 @@ def test_a_spent_budget_refuses_submissions_and_holds_queued_jobs_until_the_wind
         set_quota(session, tenant=tenant, name="alice", changes={"device_hours": 1.0})
         session.commit()
     (queued,) = add_jobs(settings, tenant, [0])
-    spend(settings, tenant, nproc=2, hours_ago=1.0, hours=1.0)  # 2 device-hours, leaving the window in 23 h
+    spend(settings, tenant, nproc=1, nodes=2, hours_ago=1.0, hours=1.0)  # 2 device-hours (two nodes' ranks)
     with TestClient(create_app(settings)) as client:
         answer = client.post("/api/v1/jobs", json=tiny_job(), headers={"Authorization": f"Bearer {TOKEN}"})
         mine = client.get("/api/v1/quota", headers={"Authorization": f"Bearer {TOKEN}"}).json()

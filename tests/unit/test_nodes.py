@@ -1,5 +1,6 @@
 """Pure logic of jobs on several nodes: the spec's `nodes` (refusals, the world size the planner sees), the
-torchrun command line of each node, and what the nodes read of each other's files (pipebd_core/job/nodes.py).
+torchrun command line of each node, what the nodes read of each other's files (pipebd_core/job/nodes.py), and
+the host each rank is shown with.
 The real 2-node runs are in tests/ranks/test_multinode.py."""
 
 from __future__ import annotations
@@ -8,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from app.cli.jobs import hosts_of, ranks
+from app.core.attempts import rank_hosts
+from app.core.tables import JobAttempt
 from pipebd_core.distill.plan import PlanError
 from pipebd_core.job.nodes import NodeLink, NodeRole
 from pipebd_core.job.processes import Rendezvous, torchrun_command
@@ -60,3 +64,13 @@ def test_a_node_reads_only_its_attempts_and_its_launchs_ends(tmp_path: Path) -> 
     assert zero.peer_failure() is None
     with pytest.raises(ValueError, match=r"node rank 2 is not in 0\.\.1"):
         NodeRole(2, 2, "x")
+
+
+def test_each_rank_is_shown_with_the_host_of_its_node() -> None:
+    attempt = JobAttempt(job_id=1, number=1, hosts=["host-a", "host-b"])
+    assert rank_hosts(attempt, nproc=2, world_size=4) == {0: "host-a", 1: "host-a", 2: "host-b", 3: "host-b"}
+    assert rank_hosts(JobAttempt(job_id=1, number=1), nproc=2, world_size=4) == {}  # an attempt before hosts
+    assert rank_hosts(None, nproc=1, world_size=2) == {}
+    job = {"nproc": 2, "nodes": 2, "attempts": [{"hosts": ["gpu-01"]}, {"hosts": ["gpu-02", "gpu-01"]}]}
+    assert (ranks(job), hosts_of(job)) == ("2 x 2", "gpu-02, gpu-01")  # `pipebd jobs` and `pipebd show`
+    assert (ranks({"nproc": 3, "nodes": 1}), hosts_of({"nproc": 3, "nodes": 1, "attempts": []})) == ("3", None)

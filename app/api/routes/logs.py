@@ -25,15 +25,16 @@ else:  # an enum in the schema, checked by FastAPI: the phases that write logs (
     LoggedPhase = Literal[tuple(LOGGED_PHASES)]
 
 
-def log_path(run_dir: RunDir, phase: str, rank: int | None) -> Path:
-    return run_dir.launcher_log(phase) if rank is None else run_dir.log(rank, phase)
+def log_path(run_dir: RunDir, phase: str, rank: int | None, node: int = 0) -> Path:
+    """A rank's log, or (rank None) node `node`'s launcher log."""
+    return run_dir.launcher_log(phase, node) if rank is None else run_dir.log(rank, phase)
 
 
-def default_phase(job: Job, run_dir: RunDir, rank: int | None) -> str:
+def default_phase(job: Job, run_dir: RunDir, rank: int | None, node: int = 0) -> str:
     """The newest phase, up to the current one, that has this log; `distill` before any has."""
     names = [entry["name"] for entry in job.phases or []]
     upto = names[: names.index(job.phase) + 1] if job.phase in names else []
-    logged = [name for name in upto if name in LOGGED_PHASES and log_path(run_dir, name, rank).exists()]
+    logged = [name for name in upto if name in LOGGED_PHASES and log_path(run_dir, name, rank, node).exists()]
     return logged[-1] if logged else DISTILL
 
 
@@ -55,19 +56,26 @@ def read_logs(
         LoggedPhase | None,
         Query(description="the phase whose log to read; omitted: the newest one so far with this log"),
     ] = None,
+    node: Annotated[
+        int | None,
+        Query(ge=0, le=DB_INT_MAX, description="with `rank` omitted: node k's launcher log (a job on several nodes)"),
+    ] = None,
     offset: Annotated[
         int, Query(ge=0, le=OFFSET_MAX, description="byte offset to read from (next_offset of the last call)")
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=CHUNK_MAX, description="bytes to read at most")] = 65536,
 ) -> dict[str, Any]:
     """A chunk of a log file; poll again from `next_offset` to follow it."""
-    if rank is not None and rank >= job.nproc:
-        raise invalid(["query", "rank"], f"job {job.id} has ranks 0..{job.nproc - 1}", rank)
+    if rank is not None and rank >= job.world_size:
+        raise invalid(["query", "rank"], f"job {job.id} has ranks 0..{job.world_size - 1}", rank)
+    if node is not None and (rank is not None or node >= job.nodes):
+        why = "give `rank` or `node`, not both" if rank is not None else f"job {job.id} has nodes 0..{job.nodes - 1}"
+        raise invalid(["query", "node"], why, node)
     if job.run_dir is None:
         raise ApiError(404, f"job {job.id} is {job.state} and has no logs yet; they appear once a worker starts it")
     run_dir = RunDir(Path(job.run_dir))
-    phase = phase or default_phase(job, run_dir, rank)
-    path = log_path(run_dir, phase, rank)
+    phase = phase or default_phase(job, run_dir, rank, node or 0)
+    path = log_path(run_dir, phase, rank, node or 0)
     size = path.stat().st_size if path.exists() else 0
     data = b""
     if offset < size:
@@ -78,6 +86,7 @@ def read_logs(
         "job_id": job.id,
         "phase": phase,
         "rank": rank,
+        "node": None if rank is not None else node or 0,
         "file": str(path.relative_to(run_dir.root)),
         "offset": offset,
         "next_offset": offset + len(data),

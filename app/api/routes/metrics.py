@@ -39,10 +39,10 @@ def read_metrics(
     max_points: Annotated[int, Query(ge=2, le=MAX_POINTS_LIMIT, description="points per rank at most")] = 500,
 ) -> dict[str, Any]:
     """Points per rank (loss per block, phase times, samples, peak memory); buckets keep their min and max."""
-    if rank is not None and rank >= job.nproc:
-        raise invalid(["query", "rank"], f"job {job.id} has ranks 0..{job.nproc - 1}", rank)
+    if rank is not None and rank >= job.world_size:
+        raise invalid(["query", "rank"], f"job {job.id} has ranks 0..{job.world_size - 1}", rank)
     assert job.id is not None
-    ranks = [rank] if rank is not None else list(range(job.nproc))
+    ranks = [rank] if rank is not None else list(range(job.world_size))
     if since_step is None:  # whole series: from the rollups where a rank has more than max_points lines
         points, total = chart_points(session, job.id, ranks, max_points, phase)
     else:

@@ -26,9 +26,11 @@ export class LogPanel {
     });
   }
 
+  // "" is node 0's launcher log, "node-K" node K's (a job on several nodes), a number a rank's log.
   url(offset, limit) {
-    const rank = this.select.value === "" ? "" : `&rank=${this.select.value}`;
-    return `/api/v1/jobs/${this.jobId}/logs?phase=${this.phaseSelect.value}&offset=${offset}&limit=${limit}${rank}`;
+    const value = this.select.value;
+    const source = value === "" ? "" : value.startsWith("node-") ? `&node=${value.slice(5)}` : `&rank=${value}`;
+    return `/api/v1/jobs/${this.jobId}/logs?phase=${this.phaseSelect.value}&offset=${offset}&limit=${limit}${source}`;
   }
 
   // A new phase started: show its logs, unless the reader picked a phase to read; a phase of one
@@ -82,7 +84,8 @@ export class LogPanel {
       await this.started();
       return;
     }
-    const shown = this.select.value === "" ? null : Number(this.select.value);
+    const value = this.select.value;
+    const shown = value === "" ? null : value.startsWith("node-") ? undefined : Number(value); // node K: not followed
     if (!this.follow.checked || shown !== rank || this.phaseSelect.value !== phase) return;
     if (this.busy) {
       this.again = true;
