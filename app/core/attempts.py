@@ -20,34 +20,27 @@ def open_attempt(session: Session, job_id: int, worker: str | None, host: str | 
     session.add(JobAttempt(job_id=job_id, number=int(number) + 1, worker=worker, hosts=hosts, started_at=stamp))
 
 
-def close_attempt(session: Session, job_id: int, outcome: str, reason: str | None, stamp: float) -> None:
-    """End the job's open attempt, if it has one (a queued job paused or cancelled has none)."""
+def update_open(session: Session, job_id: int, **values: object) -> None:
+    """Set fields of the job's open attempt."""
     statement = (
-        update(JobAttempt)
-        .where(col(JobAttempt.job_id) == job_id, col(JobAttempt.ended_at).is_(None))
-        .values(ended_at=stamp, outcome=outcome, reason=reason)
+        update(JobAttempt).where(col(JobAttempt.job_id) == job_id, col(JobAttempt.ended_at).is_(None)).values(**values)
     )
     session.execute(statement)
+
+
+def close_attempt(session: Session, job_id: int, outcome: str, reason: str | None, stamp: float) -> None:
+    """End the job's open attempt, if it has one (a queued job paused or cancelled has none)."""
+    update_open(session, job_id, ended_at=stamp, outcome=outcome, reason=reason)
 
 
 def record_resume(session: Session, job_id: int, steps: list[int]) -> None:
     """Where each block of the open attempt resumed from (0: from the start)."""
-    statement = (
-        update(JobAttempt)
-        .where(col(JobAttempt.job_id) == job_id, col(JobAttempt.ended_at).is_(None))
-        .values(resumed_from=steps)
-    )
-    session.execute(statement)
+    update_open(session, job_id, resumed_from=steps)
 
 
 def record_hosts(session: Session, job_id: int, hosts: list[str]) -> None:
     """The host of each node the open attempt runs on, node 0 first (a job on several nodes)."""
-    statement = (
-        update(JobAttempt)
-        .where(col(JobAttempt.job_id) == job_id, col(JobAttempt.ended_at).is_(None))
-        .values(hosts=hosts)
-    )
-    session.execute(statement)
+    update_open(session, job_id, hosts=hosts)
 
 
 def rank_hosts(attempt: JobAttempt | None, nproc: int, world_size: int) -> dict[int, str]:
