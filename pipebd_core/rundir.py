@@ -25,7 +25,7 @@ onto a run directory (a test checks it).
                                        and which ranks stopped early (pipebd_core/job/control.py)
     student.pt                         state_dict of nn.ModuleList `blocks` (keys blocks.<i>.<param>)
     compressed_model.pt                the assembled compressed network (compression workloads)
-    architecture.json                  nas: the chosen candidate of every searchable layer, per block
+    architecture.json                  a search (nas, transformer): the chosen candidate of every searchable layer
     searched_model.pt                  nas: the searched network as a standalone model
     layer_profile.json                 finetune: every layer's F, B, I and W times and bytes (measured or cached)
     finetune_plan.json                 finetune: strategy, stage cuts, micro-batches, every rank's actions
@@ -88,8 +88,8 @@ class Output:
 OUTPUTS: tuple[Output, ...] = (
     Output("student.pt", "application/octet-stream", "trained students: state_dict, keys blocks.<i>.*"),
     Output("compressed_model.pt", "application/octet-stream", "assembled compressed network (torch.load)"),
-    Output("architecture.json", "application/json", "nas: the chosen candidate of every searchable layer"),
-    Output("searched_model.pt", "application/octet-stream", "nas: the searched network, standalone (torch.load)"),
+    Output("architecture.json", "application/json", "a search: the chosen candidate of every searchable layer"),
+    Output("searched_model.pt", "application/octet-stream", "a search: the searched network, standalone (torch.load)"),
     Output("finetuned_model.pt", "application/octet-stream", "finetune: the trained network's state_dict"),
     Output("finetuned_model.pt2", "application/octet-stream", "finetune: the trained network, torch.export"),
     Output("teacher.pt", "application/octet-stream", "kind train: the classifier, torchvision state_dict"),

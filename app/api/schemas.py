@@ -563,6 +563,9 @@ class CompareRow(BaseModel):
     top1: Number | None = Field(
         description="top-1 after end-to-end training, else the compressed student's; null where none was measured"
     )
+    perplexity: Number | None = Field(
+        None, description="a language model's held-out perplexity (the distilled or searched network's); else null"
+    )
 
 
 class ComparePage(BaseModel):

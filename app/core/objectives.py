@@ -7,6 +7,7 @@ child, and which child is best so far. In app/core because a child's end settles
 | `final_loss` | summary.json `final_loss` | the mean of the blocks' losses at their last checkpoint |
 | `student_top1` | summary.json `student_top1` | the compressed student's top-1 (labelled data only) |
 | `finetune_top1` | summary.json `finetune.top1_after` | top-1 after end-to-end training |
+| `perplexity` | summary.json `student_perplexity` | a language model's held-out perplexity, distilled or searched |
 | `samples_per_s` | the job's measured throughput | known while a child runs, so a running child can lead |
 
 A child without the metric yet (queued, still training, no labels), or whose value is not a finite number (a
@@ -26,7 +27,7 @@ from app.core.summaries import read_summary
 from app.core.tables import Job
 from pipebd_core.documents.summary import Summary
 
-Metric = Literal["final_loss", "student_top1", "finetune_top1", "samples_per_s"]
+Metric = Literal["final_loss", "student_top1", "finetune_top1", "perplexity", "samples_per_s"]
 
 
 class Objective(BaseModel):
@@ -36,7 +37,8 @@ class Objective(BaseModel):
 
     metric: Metric = Field(
         description="final_loss (the mean of the blocks' final losses), student_top1 (the compressed student's"
-        " top-1), finetune_top1 (top-1 after end-to-end training) or samples_per_s (measured throughput)"
+        " top-1), finetune_top1 (top-1 after end-to-end training), perplexity (a language model's held-out"
+        " perplexity) or samples_per_s (measured throughput)"
     )
     goal: Literal["minimize", "maximize"] = Field(description="whether lower or higher is better")
 
@@ -54,6 +56,7 @@ FROM_SUMMARY: dict[str, Callable[[Summary], float | None]] = {
     "final_loss": final_loss,
     "student_top1": lambda summary: summary.student_top1,
     "finetune_top1": finetune_top1,
+    "perplexity": lambda summary: summary.student_perplexity,
 }
 
 

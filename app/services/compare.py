@@ -4,19 +4,21 @@ the spec fields that differ across the whole selection, and summary columns for 
 Queries per request, whatever the selection's size: one count, one read of the selection's specs (to find
 the fields that differ: every spec is flattened to dotted paths), one page of jobs (sorted, offset, limit),
 and one aggregate of the page's telemetry (each block's lowest and highest loss). The final loss per block
-and the top-1 come from each page row's summary.json (files, at most `limit` of them).
+the top-1 and a language model's perplexity come from each page row's summary.json (files, at most `limit`
+of them).
 
 A sort on a column of the job table is SQL's. A sort on a spec field (`spec.train.lr`), on the final loss
-(the mean of the blocks' final losses, as a sweep's `final_loss` objective) or on the top-1 is done here,
-over the whole selection: its specs are read anyway, and these sorts read every selected job's summary.json
-(`final_loss`, `top1`), so they cost a file per job (docs/benchmarks.md has the 500-job figures).
+(the mean of the blocks' final losses, as a sweep's `final_loss` objective), the top-1 or the perplexity is
+done here, over the whole selection: its specs are read anyway, and these sorts read every selected job's
+summary.json (`final_loss`, `top1`, `perplexity`), so they cost a file per job (docs/benchmarks.md has the
+500-job figures).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +44,6 @@ SORTS: dict[str, Any] = {  # what `sort` accepts (`-` before it: descending); ti
     "samples_per_s": col(Job.samples_per_s),
 }
 SPEC_SORT = "spec."  # `spec.<dotted field>`: by that spec field
-SUMMARY_SORTS = ("final_loss", "top1")  # by a value of each job's summary.json
-SORT_NAMES = ", ".join([*SORTS, *SUMMARY_SORTS, "spec.<field> (e.g. spec.train.lr)"])
 
 
 class CompareError(ValueError):
@@ -77,6 +77,7 @@ class Row:
     fields: dict[str, Any]  # dotted path -> value, only the columns shown
     loss: dict[str, Stat] = field(default_factory=dict)  # per block (its index as text)
     top1: float | None = None
+    perplexity: float | None = None
 
 
 @dataclass
@@ -132,6 +133,20 @@ def top1(summary: Summary) -> float | None:
     return summary.finetune.top1_after if summary.finetune is not None else summary.student_top1
 
 
+def perplexity(summary: Summary) -> float | None:
+    """A language model's held-out perplexity: the distilled (or searched) network's."""
+    return summary.student_perplexity
+
+
+SUMMARY_VALUES: dict[str, Callable[[Summary], float | None]] = {
+    "final_loss": final_loss,
+    "top1": top1,
+    "perplexity": perplexity,
+}
+SUMMARY_SORTS = tuple(SUMMARY_VALUES)  # by a value of each job's summary.json
+SORT_NAMES = ", ".join([*SORTS, *SUMMARY_SORTS, "spec.<field> (e.g. spec.train.lr)"])
+
+
 def sort_key(value: Any) -> tuple[int, Any] | None:
     """An order over spec values of any type: numbers, then text, then the rest (lists, objects) by their JSON;
     None (absent, or not a finite number) sorts last either way."""
@@ -154,7 +169,7 @@ def computed_order(jobs: Selected, name: str, descending: bool) -> list[int]:
             keys[job_id] = sort_key(flatten(spec).get(name.removeprefix(SPEC_SORT)))
         else:
             summary = summary_in(run_dir)
-            value = None if summary is None else (final_loss(summary) if name == "final_loss" else top1(summary))
+            value = None if summary is None else SUMMARY_VALUES[name](summary)
             keys[job_id] = sort_key(value)
     known = sorted(((key, job_id) for job_id, key in keys.items() if key is not None), reverse=descending)
     unknown = sorted((job_id for job_id, key in keys.items() if key is None), reverse=descending)
@@ -238,8 +253,8 @@ def block_count(job: Job) -> int:
 
 
 def summary_columns(session: Session, jobs: list[Job]) -> list[Row]:
-    """The page's rows with their loss per block (lowest, highest, final) and top-1 (after finetuning, else
-    the compressed student's)."""
+    """The page's rows with their loss per block (lowest, highest, final), top-1 (after finetuning, else the
+    compressed student's) and perplexity."""
     summaries = {job.id: read_summary(job) for job in jobs}
     blocks = max([block_count(job) for job in jobs] + [0])
     for summary in summaries.values():
@@ -255,7 +270,9 @@ def summary_columns(session: Session, jobs: list[Job]) -> list[Row]:
                 if 0 <= block < MAX_BLOCKS:
                     loss.setdefault(str(block), Stat()).final = finite(value)
         accuracy = None if summary is None else top1(summary)
-        rows.append(Row(job, {}, dict(sorted(loss.items(), key=lambda item: int(item[0]))), finite(accuracy)))
+        text = None if summary is None else perplexity(summary)
+        losses = dict(sorted(loss.items(), key=lambda item: int(item[0])))
+        rows.append(Row(job, {}, losses, finite(accuracy), finite(text)))
     return rows
 
 

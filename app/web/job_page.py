@@ -27,6 +27,7 @@ from app.web.access import ViewerDep
 from app.web.analysis import LABELS, find_bottleneck, rank_loads
 from app.web.architecture import MAX_COLUMNS, architecture_view, spaced
 from app.web.finetune import FinetuneView, finetune_view, has_finetune, predicted_schedule, trains_blocks
+from app.web.outcome import OutcomeView, outcome_view
 from app.web.routing import PageError, PageRoute
 from app.web.templating import render
 from app.web.views import job_row, phase_timeline, plan_view
@@ -141,6 +142,9 @@ class JobParts:
         chosen = predictions.simulation.get("chosen") if predictions else None
         return chosen.to_json() if chosen else None
 
+    def outcome(self) -> OutcomeView:
+        return outcome_view(self.job)
+
     def finetune(self) -> FinetuneView:
         return finetune_view(self.job)
 
@@ -153,6 +157,7 @@ class JobParts:
             "artifacts": self.artifacts,
             "events": self.events,
             "architecture": self.architecture,
+            "outcome": self.outcome,
         }
 
     def config(self) -> dict[str, Any]:

@@ -123,9 +123,11 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
     fields: dict[str, Any] = {}
     if workload.derive is not None:
         architecture, searched = workload.derive(students)
-        run_dir.write_json(run_dir.architecture, architecture)
+        run_dir.write_json(run_dir.architecture, architecture.to_json())
         torch.save(searched, run_dir.searched_model)
-        fields["architecture"] = architecture["blocks"]
+        fields["architecture"] = architecture.blocks
+        if spec.data.dataset == "text":  # the searched language model's perplexity, beside its teacher's
+            fields.update(accuracy_report(spec, workload, searched, device))
     if workload.assemble is not None:
         compressed = workload.assemble(students)
         torch.save(compressed, run_dir.compressed_model)

@@ -1,8 +1,9 @@
 """The summary (summary.json): what a job produced, in numbers.
 
 The finalize phase writes it after distillation (pipebd_core/distill/finalize.py): the final loss of
-every block, top-1 of the compressed student and of the teacher where the data set has labels, a NAS
-search's architecture. The evaluate phase (pipebd_core/training/evaluate.py) adds its `finetune`
+every block, top-1 of the compressed student and of the teacher where the data set has labels (or held-out
+perplexity, for a language model), a search's architecture (its blocks, as architecture.json has them). The
+evaluate phase (pipebd_core/training/evaluate.py) adds its `finetune`
 section: top-1 before and after end-to-end training and of the teacher, parameters and FLOPs, and the
 wall time of every phase; a job that only trains has a summary of its name and that section.
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from pipebd_core.documents.architecture import ArchitectureBlock
 from pipebd_core.documents.base import Document
 
 
@@ -26,17 +28,6 @@ class ModelSize(BaseModel):
 
     params: int
     flops: float
-
-
-class ArchitectureBlock(BaseModel):
-    """A search's choice for one block: the candidate chosen in each of its searchable layers."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    block: int
-    layers: list[str]
-    loss: float | None = None  # a transformer search: the chosen candidate's held-out loss
-    params: int | None = None  # and its parameters
 
 
 class FinetuneReport(BaseModel):

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, CandidateResult
 from pipebd_core.planning.budget import choose, smallest_cost
 from pipebd_core.spec import TRANSFORMER_FAMILIES, Spec, SpecError
 from pipebd_core.workloads.candidates import Candidates
@@ -244,12 +245,12 @@ def check_budget(spec: Spec, teacher_params: int, costs: list[list[int]]) -> Non
 
 def _derive(
     spec: Spec, teachers: Sequence[nn.Module], head: nn.Module, teacher_params: int
-) -> Callable[[Sequence[nn.Module]], tuple[dict[str, Any], nn.Module]]:
+) -> Callable[[Sequence[nn.Module]], tuple[Architecture, nn.Module]]:
     """A search's choice: per layer the candidate of lowest loss on held-out sequences, or with
     `workload.budget` the choice of lowest summed loss within it (planning/budget.py); architecture.json
     has every candidate's loss and parameters, and the network of the chosen candidates."""
 
-    def derive(blocks: Sequence[nn.Module]) -> tuple[dict[str, Any], nn.Module]:
+    def derive(blocks: Sequence[nn.Module]) -> tuple[Architecture, nn.Module]:
         students = [block for block in blocks if isinstance(block, Candidates)]
         assert len(students) == len(blocks), "every student block of a transformer search holds candidates"
         losses = held_out_losses(spec, teachers, students)
@@ -261,22 +262,21 @@ def _derive(
         else:
             picks = choose(losses, costs, budget.params * teacher_params).picks
             chosen_by = "lowest summed held-out loss within the budget (mixed-integer program)"
-        architecture: dict[str, Any] = {
-            "blocks": [
-                {"block": i, "layers": [student.names[pick]], "loss": losses[i][pick], "params": costs[i][pick]}
+        architecture = Architecture(
+            blocks=[
+                ArchitectureBlock(block=i, layers=[student.names[pick]], loss=losses[i][pick], params=costs[i][pick])
                 for i, (student, pick) in enumerate(zip(students, picks, strict=True))
             ],
-            "candidates": [
-                {"block": i, "name": name, "loss": loss, "params": cost}
+            candidates=[
+                CandidateResult(block=i, name=name, loss=loss, params=cost)
                 for i, student in enumerate(students)
                 for name, loss, cost in zip(student.names, losses[i], costs[i], strict=True)
             ],
-            "chosen_by": chosen_by,
-            "teacher_params": teacher_params,
-            "reached": {"params": sum(costs[i][pick] for i, pick in enumerate(picks)) / teacher_params},
-        }
-        if budget is not None:
-            architecture["budget"] = budget.model_dump()
+            chosen_by=chosen_by,
+            teacher_params=teacher_params,
+            budget=None if budget is None else budget.model_dump(),
+            reached={"params": sum(costs[i][pick] for i, pick in enumerate(picks)) / teacher_params},
+        )
         chosen = [student.chosen(pick) for student, pick in zip(students, picks, strict=True)]
         return architecture, nn.Sequential(*chosen, head).eval()
 

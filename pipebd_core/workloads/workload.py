@@ -9,11 +9,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
 
+from pipebd_core.documents.architecture import Architecture
 from pipebd_core.spec import Spec
 
 
@@ -42,7 +42,7 @@ class Workload:
     losses: list[str] = field(default_factory=list)  # per block: train.loss (the default) or "soft_ce"
     search: SearchSettings | None = None  # set when the students are supernets with architecture parameters
     # Derives (architecture description, standalone searched network) from trained supernet students.
-    derive: Callable[[Sequence[nn.Module]], tuple[dict[str, Any], nn.Module]] | None = None
+    derive: Callable[[Sequence[nn.Module]], tuple[Architecture, nn.Module]] | None = None
 
     @property
     def num_blocks(self) -> int:

@@ -49,3 +49,6 @@ def test_a_relayed_and_split_search_equals_the_plain_loop(
     assert len(architecture["candidates"]) == 4 * len(SEARCH)
     network = torch.load(run.searched_model, weights_only=False)
     assert network(torch.zeros((2, 8), dtype=torch.long)).shape == (2, 8, 260)
+    summary = run.load_summary()  # the searched network's held-out perplexity, beside its teacher's
+    assert summary.student_perplexity is not None and summary.teacher_perplexity is not None
+    assert 1 < summary.teacher_perplexity and 1 < summary.student_perplexity

@@ -227,6 +227,12 @@ def test_sorts_by_a_spec_field_and_by_summary_values_over_the_whole_selection(st
     assert by_loss[3]["id"] == min(stored.states)  # the jobs without a summary follow, by id
     by_top1 = client.get("/api/v1/compare?sort=-top1&limit=2").json()["data"]
     assert [(row["id"], row["top1"]) for row in by_top1] == [(better, 0.9), (stored.measured, 0.75)]
+    language = sorted(stored.states)[12]  # a language model's summary: perplexity, no top-1
+    write_summary(stored.settings, language, Summary(name="l", student_perplexity=12.5, teacher_perplexity=9.0))
+    by_perplexity = client.get("/api/v1/compare?sort=perplexity&limit=2").json()["data"]
+    assert [(row["id"], row["perplexity"]) for row in by_perplexity] == [(language, 12.5), (min(stored.states), None)]
+    shown = client.get("/compare", params={"ids": f"{language},{better},{worse},{stored.measured},{first[0]['id']}"})
+    assert '<td class="perplexity">12.50</td>' in shown.text and '<td class="perplexity">—</td>' in shown.text
     typo = client.get("/api/v1/compare?sort=spec.train.lrr")
     assert typo.status_code == 422 and "'spec.train.lrr' is no field of the selected jobs' specs" in typo.text
     page = client.get("/compare", params={"sweep_id": stored.sweep_id, "sort": "spec.train.lr"}).text

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import pipebd_core.documents
+from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, CandidateResult
 from pipebd_core.documents.base import Document, DocumentError
 from pipebd_core.documents.bench_record import BenchRecord, ReplanBenchRecord
 from pipebd_core.documents.calibration import BlockCalibration, Calibration, CalibrationSource
@@ -23,7 +24,7 @@ from pipebd_core.documents.layer_profile import LayerBatches, LayerProfile, Laye
 from pipebd_core.documents.phases import PhaseRecord, PhasesRecord
 from pipebd_core.documents.plan import PlanDocument
 from pipebd_core.documents.profile import BlockProfile, Conditions, Profile, Timing
-from pipebd_core.documents.summary import ArchitectureBlock, FinetuneReport, ModelSize, Summary
+from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.documents.telemetry import (
     BlockSeconds,
     DistillLine,
@@ -195,6 +196,17 @@ SAMPLES: list[Document] = [
             phase_s={"distill": 12.5, "finetune": 3.0, "evaluate": None},
         ),
     ),
+    Architecture(
+        blocks=[ArchitectureBlock(block=0, layers=["ffn_1/2"], loss=0.25, params=600)],
+        candidates=[
+            CandidateResult(block=0, name="keep", loss=0.0, params=1000),
+            CandidateResult(block=0, name="ffn_1/2", loss=0.25, params=600),
+        ],
+        chosen_by="lowest summed held-out loss within the budget (mixed-integer program)",
+        teacher_params=1000,
+        budget={"params": 0.6},
+        reached={"params": 0.6},
+    ),
     PLAN_SAMPLE,
     FINETUNE_SAMPLE,
     WebhookPayload(
@@ -330,6 +342,12 @@ def test_a_summary_keeps_the_shape_it_was_written_with(tmp_path: Path) -> None:
     run_dir.write_json(run_dir.summary, {"name": "old", "final_loss": {"0": 0.1}})  # before summaries were versioned
     with pytest.raises(DocumentError, match=r"summary\.json was written without a format version"):
         run_dir.load_summary()
+
+
+def test_a_nas_architecture_json_keeps_its_blocks_alone() -> None:
+    nas = Architecture(blocks=[ArchitectureBlock(block=0, layers=["mbconv_k3_e3", "zero"])])
+    assert nas.to_json() == {"format_version": 1, "blocks": [{"block": 0, "layers": ["mbconv_k3_e3", "zero"]}]}
+    assert Architecture.from_json(nas.to_json()) == nas
 
 
 def test_plan_json_keeps_its_keys_at_the_top_level() -> None:

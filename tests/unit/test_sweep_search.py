@@ -11,9 +11,10 @@ from pydantic import ValidationError
 
 from app.cli.main import build_parser
 from app.cli.remote import sweep_body
-from app.core.objectives import Best, best_of
+from app.core.objectives import FROM_SUMMARY, Best, best_of
 from app.core.sweeps import sweep_state
 from app.services.search import MAX_CHILDREN, Objective, SearchError, SweepRequest, children
+from pipebd_core.documents.summary import Summary
 from pipebd_core.spec import SpecError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-custom.yaml"
@@ -124,3 +125,13 @@ def test_the_best_child_is_the_lowest_or_highest_known_value() -> None:
     assert best_of(values, Objective(metric="final_loss", goal="minimize")) == Best(3, 0.2)  # the older on a tie
     assert best_of(values, Objective(metric="student_top1", goal="maximize")) == Best(9, 0.9)
     assert best_of({1: None}, Objective(metric="final_loss", goal="minimize")) is None
+
+
+def test_each_summary_metric_reads_its_field() -> None:
+    summary = Summary(name="s", final_loss={0: 0.5, 1: 1.5}, student_top1=0.75, student_perplexity=12.5)
+    assert {metric: read(summary) for metric, read in FROM_SUMMARY.items()} == {
+        "final_loss": 1.0,
+        "student_top1": 0.75,
+        "finetune_top1": None,
+        "perplexity": 12.5,
+    }

@@ -280,7 +280,8 @@ def test_a_budgeted_search_picks_the_best_choice_within_it_and_records_what_it_r
     budget = 0.5
     workload = build_workload(spec_of(text_root, config=TINY_LLAMA, replacements=names, budget={"params": budget}))
     assert workload.derive is not None
-    architecture, network = workload.derive(workload.student_blocks)
+    searched, network = workload.derive(workload.student_blocks)
+    architecture = searched.to_json()  # architecture.json as finalize writes it
     candidates = architecture["candidates"]
     per_layer = [[c for c in candidates if c["block"] == b] for b in range(workload.num_blocks)]
     teacher = architecture["teacher_params"]

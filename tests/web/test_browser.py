@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ import pytest
 from app.core.states import FINAL
 from tests.service.factories import long_job, tiny_job
 from tests.service.workers import wait_for
+from tests.transformer_specs import transformer_document, write_text
 from tests.web.browser import DESKTOP, NETWORK_ERROR, PHONE, Watched, pipebd_up, watched_page
 
 pytestmark = pytest.mark.timeout(600)
@@ -29,8 +31,13 @@ JOB_TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with pipebd_up(tmp_path_factory.mktemp("dashboard")) as url:
+def dashboard_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("dashboard")
+
+
+@pytest.fixture(scope="module")
+def service(dashboard_dir: Path) -> Iterator[str]:
+    with pipebd_up(dashboard_dir) as url:
         yield url
 
 
@@ -285,4 +292,47 @@ def test_a_sweep_page_cancels_every_child_and_updates_in_place(browser: Any, ser
         page.wait_for_timeout(300)
         assert watched.overflow() == 0
         watched.screenshot("sweep-390")
+        assert watched.errors == []
+
+
+def test_a_transformer_search_page_shows_each_layers_choice_the_budget_and_perplexity(
+    browser: Any, service: str, dashboard_dir: Path
+) -> None:
+    text = write_text(dashboard_dir / "data" / "datasets" / "text")  # inside the server's data roots
+    document = transformer_document(text, schedule={"nproc": 2})
+    document["name"] = "llama-search"
+    document["workload"].update({"replacements": ["keep", "ffn_1/2", "noop"], "budget": {"params": 0.6}})
+    created = httpx.post(f"{service}/api/v1/jobs", json=document, timeout=60)
+    assert created.status_code == 202, created.text
+    job_id = created.json()["id"]
+    with watched_page(browser, service) as watched:
+        page = watched.page
+        page.goto(f"/jobs/{job_id}")
+        wait_until_ready(watched)
+        page.wait_for_selector("body[data-stream-ended='1']", timeout=JOB_TIMEOUT_S * 1000)
+        assert api_job(service, job_id)["state"] == "succeeded"
+        page.wait_for_selector("#part-outcome #outcome-layers")  # shown without a reload once finalize ran
+        assert page.evaluate("window.__sameDocument") is True
+        architecture = httpx.get(f"{service}/api/v1/jobs/{job_id}/artifacts/architecture.json", timeout=30).json()
+        chosen = [block["layers"][0] for block in architecture["blocks"]]
+        rows = page.locator("#outcome-layers tbody tr")
+        assert [row.get_attribute("data-chosen") for row in rows.all()] == chosen
+        assert page.locator("#outcome-layers td.chosen").count() == 4
+        assert page.locator("#outcome-layers thead th.mono").all_inner_texts() == ["keep", "ffn_1/2", "noop"]
+        reached = architecture["reached"]["params"]
+        assert page.locator("#outcome-reached-params").inner_text() == f"{100 * reached:.1f}%" and reached <= 0.6
+        assert "params at most 60.0% of the teacher's layers" in page.locator("#outcome-budget").inner_text()
+        summary = httpx.get(f"{service}/api/v1/jobs/{job_id}/artifacts/summary.json", timeout=30).json()
+        distilled, teacher = summary["student_perplexity"], summary["teacher_perplexity"]
+        assert f"distilled {distilled:.2f}, teacher {teacher:.2f}" in page.locator("#outcome-perplexity").inner_text()
+        assert page.locator("#artifact-list a", has_text="searched_model.pt").count() == 1
+        watched.screenshot("job-transformer-search-1280")
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(300)
+        assert watched.overflow() == 0
+        watched.screenshot("job-transformer-search-390")
+        page.set_viewport_size(DESKTOP)
+        page.goto("/compare?name=llama-search")  # the paged comparison has a perplexity column for it
+        cell = page.locator(f'tr[data-job="{job_id}"] td.perplexity')
+        assert cell.inner_text() == f"{summary['student_perplexity']:.2f}"
         assert watched.errors == []

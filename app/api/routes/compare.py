@@ -28,6 +28,7 @@ def page_of(comparison: Comparison) -> ComparePage:
             loss={block: LossStat(**vars(stat)) for block, stat in row.loss.items()},
             samples_per_s=row.job.samples_per_s,
             top1=row.top1,
+            perplexity=row.perplexity,
         )
         for row in comparison.rows
     ]

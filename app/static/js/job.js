@@ -60,6 +60,11 @@ const refresh = {
     await part("plan");
     if (document.getElementById("plan-replans")?.dataset.count !== before) await loadPlan().then(drawSchedules);
   }, 5000),
+  // finalize wrote the summary (and a transformer search's architecture.json): the part appears
+  outcome: throttle(async () => {
+    const section = document.getElementById("part-outcome");
+    if (await part("outcome")) section.hidden = section.querySelector("[data-outcome]") === null;
+  }, 1000),
   architecture: throttle(async () => {
     const section = document.getElementById("part-architecture");
     if (await part("architecture")) section.hidden = section.querySelector("table") === null;
@@ -115,6 +120,7 @@ function onPhase(event) {
   refresh.events();
   part("artifacts");
   logs.phaseChanged(event.phase, event.phases?.find((phase) => phase.name === event.phase)?.runs);
+  if (event.phases?.some((phase) => phase.name === "finalize" && phase.outcome === "succeeded")) refresh.outcome();
   const succeeded = (name) => event.phases?.some((phase) => phase.name === name && phase.outcome === "succeeded");
   if (!planned && succeeded("plan")) loadPlan().then(() => { part("plan"); drawSchedules(); });
   if (finetune) {
@@ -143,7 +149,7 @@ async function onEnd() {
   state = "ended";
   for (const chart of Object.values(charts)) chart.emptyText = "No points: the job ended before its ranks reported any.";
   drawCharts();
-  await Promise.all([refreshStatus(), part("bottleneck"), part("events"), part("artifacts"), part("plan"), refresh.finetune()]);
+  await Promise.all([refreshStatus(), part("bottleneck"), part("events"), part("artifacts"), part("plan"), refresh.finetune(), refresh.outcome()]);
   drawSchedules();
   document.body.dataset.streamEnded = "1";
 }

@@ -1,0 +1,92 @@
+"""The job page's outcome part: what a distillation produced, once finalize has run.
+
+The distilled (or searched) network's quality beside its teacher's, from summary.json: held-out perplexity
+for a language model, top-1 where the data set has real labels. For a transformer search, from
+architecture.json: every layer's candidates with their held-out loss and parameters, the chosen one marked,
+how it was chosen, and the budget (a fraction of the teacher's layer parameters) against what the choice
+reached. A NAS search's choice is the architecture part's (app/web/architecture.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.core.summaries import read_summary
+from app.core.tables import Job
+from app.web import queries
+from pipebd_core.documents.architecture import Architecture, CandidateResult
+from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.summary import Summary
+
+
+@dataclass(frozen=True)
+class Quality:
+    """One measure of the distilled network against its teacher's; lower or higher is better by `lower_wins`."""
+
+    what: str  # "Held-out perplexity", "Top-1"
+    student: float | None
+    teacher: float | None
+    lower_wins: bool
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """One layer of a transformer search: its candidates in the table's column order (None: not offered)."""
+
+    block: int
+    cells: list[CandidateResult | None]
+    chosen: str
+
+
+@dataclass
+class OutcomeView:
+    quality: list[Quality] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # the candidates, in the order of workload.replacements
+    layers: list[LayerChoice] = field(default_factory=list)
+    chosen_by: str | None = None
+    budget: dict[str, float] | None = None
+    reached: dict[str, float] | None = None
+    teacher_params: int | None = None
+    chosen_params: int | None = None
+    error: str | None = None  # why architecture.json cannot be shown
+
+    @property
+    def shown(self) -> bool:
+        return bool(self.quality or self.layers or self.error)
+
+
+def quality_of(summary: Summary) -> list[Quality]:
+    """The quality figures the summary has: perplexity for a language model, else top-1 where measured."""
+    if summary.student_perplexity is not None:
+        return [Quality("Held-out perplexity", summary.student_perplexity, summary.teacher_perplexity, True)]
+    if summary.student_top1 is not None:
+        return [Quality("Top-1", summary.student_top1, summary.teacher_top1, False)]
+    return []
+
+
+def layer_choices(architecture: Architecture) -> tuple[list[str], list[LayerChoice]]:
+    """The candidate names (first seen first) and, per block, its candidates in that order and its choice."""
+    candidates = architecture.candidates or []
+    names = list(dict.fromkeys(candidate.name for candidate in candidates))
+    layers = []
+    for block in architecture.blocks:
+        offered = {c.name: c for c in candidates if c.block == block.block}
+        layers.append(LayerChoice(block.block, [offered.get(name) for name in names], block.layers[0]))
+    return names, layers
+
+
+def outcome_view(job: Job) -> OutcomeView:
+    summary = read_summary(job)
+    view = OutcomeView(quality=quality_of(summary) if summary is not None else [])
+    try:
+        architecture = queries.read_document(job, "architecture.json", Architecture)
+    except DocumentError as error:
+        view.error = str(error)
+        return view
+    if architecture is None or architecture.candidates is None:  # not written yet, or a NAS search's
+        return view
+    view.names, view.layers = layer_choices(architecture)
+    view.chosen_by, view.budget, view.reached = architecture.chosen_by, architecture.budget, architecture.reached
+    view.teacher_params = architecture.teacher_params
+    view.chosen_params = sum(block.params or 0 for block in architecture.blocks)
+    return view
