@@ -23,8 +23,10 @@ PARTITIONERS = ("even", "pipedream", "layerpipe", "auto")  # how a pipeline's la
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 TRANSFORMER_FAMILIES = ("llama", "qwen2", "mistral", "gpt2")  # Hugging Face model_type of a transformer teacher
 # transformer replacements of a decoder layer (docs/transformers.md): the layer kept, its FFN narrowed to a
-# fraction, its KV heads mean-pooled to a count, its attention removed, a linear map, nothing
-REPLACEMENT_PATTERN = re.compile(r"^(keep|no_attention|linear|noop|ffn_[1-9]\d*/[1-9]\d*|kv_[1-9]\d*)$")
+# fraction, its KV heads mean-pooled to a count, linear attention, its attention removed, a linear map, nothing
+REPLACEMENT_PATTERN = re.compile(
+    r"^(keep|linear_attention|no_attention|linear|noop|ffn_[1-9]\d*/[1-9]\d*|kv_[1-9]\d*)$"
+)
 
 Mode = Literal["dp", "ls", "ir", "tr", "tr_dpu", "hybrid", "auto"]
 
@@ -52,9 +54,21 @@ def _not_a_fraction(name: str) -> bool:
 
 
 class Budget(_Strict):
-    """A budgeted search's bound: the chosen layers' parameters as a fraction of the teacher layers'."""
+    """A budgeted search's bounds, fractions of the teacher's layers: their parameters, their KV-cache bytes
+    per token (linear attention and attention-free candidates keep none that grows with the sequence)."""
 
-    params: float = Field(gt=0, le=1)
+    params: float | None = Field(default=None, gt=0, le=1)
+    kv_cache: float | None = Field(default=None, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _bounds_something(self) -> Budget:
+        if self.params is None and self.kv_cache is None:
+            raise ValueError("give params, kv_cache or both, each a fraction of the teacher's, e.g. {params: 0.5}")
+        return self
+
+    def fractions(self) -> dict[str, float]:
+        """The bounds given, by cost name."""
+        return self.model_dump(exclude_none=True)
 
 
 class WorkloadSpec(_Strict):
@@ -139,7 +153,7 @@ class WorkloadSpec(_Strict):
         if not value or bad or len(set(value)) != len(value):
             raise ValueError(
                 f"{value!r}: give distinct candidates, each keep, ffn_P/Q (a fraction below 1, e.g. ffn_1/2),"
-                " kv_N (N KV heads), no_attention, linear or noop"
+                " kv_N (N KV heads), linear_attention, no_attention, linear or noop"
                 + (f"; not understood: {', '.join(bad)}" if bad else "")
             )
         if value == ["noop"]:

@@ -5,6 +5,7 @@
 | `keep` | the teacher layer itself | a copy: it reproduces the teacher exactly |
 | `ffn_P/Q` | the layer with an FFN of P/Q of its width | the FFN channels of largest weight norm, kept in order |
 | `kv_N` | the layer with N key/value heads (grouped-query attention) | each new head the mean of the heads it merges |
+| `linear_attention` | the layer with linear attention (LoLCATs' Hedgehog map) | its projections; W = I |
 | `no_attention` | the layer's FFN alone, with its residual | the teacher's FFN and its norm |
 | `linear` | one linear map of the hidden state | the identity |
 | `noop` | nothing: the hidden state passes through | (no weights) |
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from pipebd_core.spec import SpecError
+from pipebd_core.workloads.linear_attention import linearise
 
 GATED_FFN = ("gate_proj", "up_proj", "down_proj")
 
@@ -137,10 +139,14 @@ def build_replacement(
         if attention != "self_attn" or not hasattr(getattr(layer, attention), "k_proj"):
             raise SpecError(
                 f"workload.replacements: {name}: this teacher's attention has no separate KV heads (GPT-2);"
-                " use keep, ffn_P/Q, no_attention, linear or noop"
+                " use keep, ffn_P/Q, linear_attention, no_attention, linear or noop"
             )
         student = copy.deepcopy(layer)
         setattr(student, attention, pool_kv_heads(getattr(layer, attention), int(name.removeprefix("kv_"))))
+        return wrap(student)
+    if name == "linear_attention":
+        student = copy.deepcopy(layer)
+        setattr(student, attention, linearise(getattr(layer, attention)))
         return wrap(student)
     if name == "no_attention":
         return FFNOnly(copy.deepcopy(getattr(layer, norm)), copy.deepcopy(getattr(layer, ffn)))

@@ -21,7 +21,7 @@ from pipebd_core.workloads.workload import build_workload
 from tests.helpers import assert_same_weights, load_students, plain_loop
 from tests.transformer_specs import transformer_document, write_text
 
-SEARCH = ["keep", "ffn_1/4", "kv_1", "no_attention", "linear", "noop"]
+SEARCH = ["keep", "ffn_1/4", "kv_1", "linear_attention", "no_attention", "linear", "noop"]
 # rank 0 relays layers 0-1's output to ranks 1 and 2, which split the 9 rows of layers 2-3 (5 + 4)
 STAGES = [{"start": 0, "stop": 2, "replicas": 1}, {"start": 2, "stop": 4, "replicas": 2}]
 
