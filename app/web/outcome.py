@@ -2,9 +2,10 @@
 
 The distilled (or searched) network's quality beside its teacher's, from summary.json: held-out perplexity
 for a language model, top-1 where the data set has real labels. For a transformer search, from
-architecture.json: every layer's candidates with their held-out loss and parameters, the chosen one marked,
-how it was chosen, and the budget (a fraction of the teacher's layer parameters) against what the choice
-reached. A NAS search's choice is the architecture part's (app/web/architecture.py).
+architecture.json: every layer's candidates with their held-out loss, parameters and KV-cache bytes per token,
+the chosen one marked, how it was chosen, and each cost the choice reached (a fraction of the teacher's
+layers') against its budget where one was set. A NAS search's choice is the architecture part's
+(app/web/architecture.py).
 """
 
 from __future__ import annotations
@@ -38,16 +39,29 @@ class LayerChoice:
     chosen: str
 
 
+COST_UNITS = {"params": "parameters", "kv_cache": "KV-cache bytes per token"}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One cost of the chosen network: what it reached against the teacher's, and its budget if one was set."""
+
+    name: str  # a workload.budget field: params, kv_cache
+    unit: str
+    chosen: int
+    teacher: int
+    reached: float  # chosen / teacher
+    budget: float | None
+
+
 @dataclass
 class OutcomeView:
     quality: list[Quality] = field(default_factory=list)
     names: list[str] = field(default_factory=list)  # the candidates, in the order of workload.replacements
     layers: list[LayerChoice] = field(default_factory=list)
     chosen_by: str | None = None
-    budget: dict[str, float] | None = None
-    reached: dict[str, float] | None = None
-    teacher_params: int | None = None
-    chosen_params: int | None = None
+    costs: list[Cost] = field(default_factory=list)
+    budgeted: bool = False
     error: str | None = None  # why architecture.json cannot be shown
 
     @property
@@ -86,7 +100,20 @@ def outcome_view(job: Job) -> OutcomeView:
     if architecture is None or architecture.candidates is None:  # not written yet, or a NAS search's
         return view
     view.names, view.layers = layer_choices(architecture)
-    view.chosen_by, view.budget, view.reached = architecture.chosen_by, architecture.budget, architecture.reached
-    view.teacher_params = architecture.teacher_params
-    view.chosen_params = sum(block.params or 0 for block in architecture.blocks)
+    view.chosen_by, view.costs = architecture.chosen_by, costs_of(architecture)
+    view.budgeted = bool(architecture.budget)
     return view
+
+
+def costs_of(architecture: Architecture) -> list[Cost]:
+    """Each cost architecture.json reports, in the order it reached them."""
+    budget, blocks = architecture.budget or {}, architecture.blocks
+    totals = {
+        "params": (sum(block.params or 0 for block in blocks), architecture.teacher_params),
+        "kv_cache": (sum(block.kv_cache_bytes or 0 for block in blocks), architecture.teacher_kv_cache_bytes),
+    }
+    return [
+        Cost(name, COST_UNITS[name], totals[name][0], totals[name][1] or 0, fraction, budget.get(name))
+        for name, fraction in (architecture.reached or {}).items()
+        if name in totals and totals[name][1] is not None
+    ]

@@ -2,9 +2,9 @@
 
 The finalize phase writes it after a search (pipebd_core/distill/finalize.py, from the workload's `derive`):
 a NAS search names each block's chosen candidates (workloads/nas.py); a transformer search (workloads/
-transformer.py) also gives every candidate's held-out loss and parameters, how the choice was made, the
-teacher's layer parameters, the budget (fractions of the teacher) and what the choice reached. The job page
-shows it (app/web/outcome.py); the service serves it as it is.
+transformer.py) also gives every candidate's held-out loss, parameters and KV-cache bytes per token, how
+the choice was made, the teacher's layer costs, the budget (fractions of the teacher) and what the choice
+reached. The job page shows it (app/web/outcome.py); the service serves it as it is.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class ArchitectureBlock(BaseModel):
     layers: list[str]
     loss: float | None = None  # a transformer search: the chosen candidate's held-out loss
     params: int | None = None  # and its parameters
+    kv_cache_bytes: int | None = None  # and the bytes it adds to the KV cache per token
 
 
 class CandidateResult(BaseModel):
@@ -36,6 +37,7 @@ class CandidateResult(BaseModel):
     name: str  # its replacement (workloads/replacements.py)
     loss: float  # against its teacher layer's output, teacher-relayed
     params: int
+    kv_cache_bytes: int | None = None  # per token (0: linear attention, or no attention)
 
 
 class Architecture(Document):
@@ -48,6 +50,7 @@ class Architecture(Document):
     candidates: list[CandidateResult] | None = None  # a transformer search: every candidate of every block
     chosen_by: str | None = None  # the rule the choice followed
     teacher_params: int | None = None  # the teacher's layers' parameters (what fractions are of)
+    teacher_kv_cache_bytes: int | None = None  # the teacher's layers' KV-cache bytes per token
     budget: dict[str, float] | None = None  # workload.budget: a fraction of the teacher's, per cost
     reached: dict[str, float] | None = None  # the choice's cost as the same fractions
 

@@ -1,11 +1,11 @@
 """The budgeted choice of a search: one candidate per layer, the lowest total quality loss within a cost budget.
 
 Puzzle's step after blockwise distillation: every layer has alternatives, each with a measured quality
-loss (its held-out block loss) and a cost (parameters); pick one per layer so that the summed cost stays
-within the budget and the summed loss is the smallest. It is a multiple-choice knapsack, solved exactly
-as a mixed-integer program (`scipy.optimize.milp`, HiGHS): a binary x[l, c] per candidate, one per layer,
-costs within the budget. Torch-free, so that a spec check can refuse a budget no choice meets before
-anything launches.
+loss (its held-out block loss) and costs (parameters, KV-cache bytes per token); pick one per layer so that
+every summed cost stays within its budget and the summed loss is the smallest. It is a multiple-choice
+knapsack, solved exactly as a mixed-integer program (`scipy.optimize.milp`, HiGHS): a binary x[l, c] per
+candidate, one per layer, one row of costs per budget. Torch-free, so that a spec check can refuse a
+budget no choice meets before anything launches.
 """
 
 from __future__ import annotations
@@ -33,34 +33,46 @@ def smallest_cost(costs: Sequence[Sequence[float]]) -> float:
     return float(sum(min(layer) for layer in costs))
 
 
-def choose(losses: Sequence[Sequence[float]], costs: Sequence[Sequence[float]], budget: float) -> Choice:
-    """One candidate per layer minimising the summed loss with the summed cost at most `budget`."""
-    if len(losses) != len(costs) or any(len(a) != len(b) or not a for a, b in zip(losses, costs, strict=True)):
-        raise ValueError("losses and costs need one value per candidate of every layer, at least one per layer")
-    if smallest_cost(costs) > budget:
-        raise BudgetError(
-            f"no choice meets the budget: it allows {budget:g}, the cheapest choice costs {smallest_cost(costs):g}"
-        )
+@dataclass(frozen=True)
+class Limit:
+    """One budget: per layer, each candidate's cost, and the most their sum may be."""
+
+    costs: Sequence[Sequence[float]]
+    budget: float
+
+
+def choose(losses: Sequence[Sequence[float]], limits: Sequence[Limit]) -> Choice:
+    """One candidate per layer minimising the summed loss with every limit's summed cost within its budget.
+    A limit that no choice meets alone is refused with its cheapest choice; `cost` is the first limit's."""
+    for limit in limits:
+        costs = limit.costs
+        if len(losses) != len(costs) or any(len(a) != len(b) or not a for a, b in zip(losses, costs, strict=True)):
+            raise ValueError("losses and costs need one value per candidate of every layer, at least one per layer")
+        if smallest_cost(costs) > limit.budget:
+            raise BudgetError(
+                f"no choice meets the budget: it allows {limit.budget:g}, the cheapest choice costs"
+                f" {smallest_cost(costs):g}"
+            )
     sizes = [len(layer) for layer in losses]
     loss = np.concatenate([np.asarray(layer, dtype=float) for layer in losses])
-    cost = np.concatenate([np.asarray(layer, dtype=float) for layer in costs])
     one_per_layer = np.zeros((len(sizes), len(loss)))
     start = 0
     for layer, size in enumerate(sizes):
         one_per_layer[layer, start : start + size] = 1.0
         start += size
-    constraints = [
-        LinearConstraint(one_per_layer, lb=np.ones(len(sizes)), ub=np.ones(len(sizes))),
-        LinearConstraint(cost[np.newaxis, :], lb=-np.inf, ub=budget),
-    ]
+    constraints = [LinearConstraint(one_per_layer, lb=np.ones(len(sizes)), ub=np.ones(len(sizes)))]
+    for limit in limits:
+        cost = np.concatenate([np.asarray(layer, dtype=float) for layer in limit.costs])
+        constraints.append(LinearConstraint(cost[np.newaxis, :], lb=-np.inf, ub=limit.budget))
     # losses of 1e-5 (a block's MSE) sit below the solver's absolute tolerances: solved at unit scale, to optimality
     scale = float(np.abs(loss).max()) or 1.0
     options = {"mip_rel_gap": 0.0}
     result = milp(
         loss / scale, constraints=constraints, integrality=np.ones(len(loss)), bounds=Bounds(0, 1), options=options
     )
-    if result.x is None:  # cannot happen after the check above, unless the solver fails
-        raise BudgetError(f"the solver found no choice within the budget {budget:g}: {result.message}")
+    if result.x is None:  # limits met one at a time may still exclude each other
+        budgets = ", ".join(f"{limit.budget:g}" for limit in limits)
+        raise BudgetError(f"no choice meets every budget at once ({budgets}): {result.message}")
     chosen = np.round(result.x).astype(bool)
     picks, start = [], 0
     for size in sizes:
@@ -68,4 +80,5 @@ def choose(losses: Sequence[Sequence[float]], costs: Sequence[Sequence[float]], 
         start += size
     offsets = np.cumsum([0, *sizes[:-1]])
     flat = [int(offset) + pick for offset, pick in zip(offsets, picks, strict=True)]
-    return Choice(picks, float(loss[flat].sum()), float(cost[flat].sum()))
+    first = limits[0].costs if limits else [[0.0] * size for size in sizes]
+    return Choice(picks, float(loss[flat].sum()), float(sum(first[i][p] for i, p in enumerate(picks))))

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, CandidateResult
-from pipebd_core.planning.budget import choose, smallest_cost
-from pipebd_core.spec import TRANSFORMER_FAMILIES, Spec, SpecError
+from pipebd_core.planning.budget import BudgetError, Limit, choose, smallest_cost
+from pipebd_core.spec import TRANSFORMER_FAMILIES, Budget, Spec, SpecError
 from pipebd_core.workloads.candidates import Candidates
 from pipebd_core.workloads.replacements import build_replacement
 from pipebd_core.workloads.workload import Workload, block_seed
@@ -222,65 +222,124 @@ def _student(parts: ModelParts, index: int, names: Sequence[str]) -> Candidates:
     return Candidates(names, options, parts.embedding if index == 0 else None)
 
 
-def candidate_params(students: Sequence[nn.Module]) -> list[list[int]]:
-    """Per layer, each candidate's parameters (block 0's shared embedding is the teacher's: not counted)."""
-    counts = []
+CHEAPER = {  # what to add when a budget cannot be met
+    "params": "ffn_1/4, no_attention, linear, noop",
+    "kv_cache": "kv_N with fewer KV heads, linear_attention, no_attention, linear, noop",
+}
+
+
+def kv_cache_bytes(block: nn.Module) -> int:
+    """The bytes a block adds to a decoder's KV cache per token: its attention's keys and values, one per KV
+    head; none for linear attention (a state of fixed size) or for a block without attention."""
+    layer = getattr(block, "layer", None)
+    attention = getattr(layer, "self_attn", None) or getattr(layer, "attn", None)
+    if attention is None or hasattr(attention, "query_map"):
+        return 0
+    config = attention.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(attention, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * heads * head_dim * next(attention.parameters()).element_size()
+
+
+def candidate_costs(students: Sequence[nn.Module]) -> dict[str, list[list[int]]]:
+    """Per cost (workload.budget's names), per layer, each candidate's: its parameters (block 0's shared
+    embedding is the teacher's: not counted) and its KV-cache bytes per token."""
+    costs: dict[str, list[list[int]]] = {"params": [], "kv_cache": []}
     for student in students:
         assert isinstance(student, Candidates)
-        counts.append([sum(p.numel() for p in option.parameters()) for option in student.options])
-    return counts
+        costs["params"].append([sum(p.numel() for p in option.parameters()) for option in student.options])
+        costs["kv_cache"].append([kv_cache_bytes(option) for option in student.options])
+    return costs
 
 
-def check_budget(spec: Spec, teacher_params: int, costs: list[list[int]]) -> None:
-    """Refuse, before anything launches, a budget that no choice of one candidate per layer meets."""
+def teacher_costs(teachers: Sequence[nn.Module], teacher_params: int) -> dict[str, int]:
+    """The teacher's layers' costs, which a budget's fractions are of."""
+    blocks = [teacher[-1] if isinstance(teacher, nn.Sequential) else teacher for teacher in teachers]
+    return {"params": teacher_params, "kv_cache": sum(kv_cache_bytes(block) for block in blocks)}
+
+
+def budget_limits(budget: Budget, costs: dict[str, list[list[int]]], teacher: dict[str, int]) -> list[Limit]:
+    """workload.budget as the choice's limits: each fraction given, times the teacher's cost."""
+    return [Limit(costs[name], fraction * teacher[name]) for name, fraction in budget.fractions().items()]
+
+
+def check_budget(spec: Spec, costs: dict[str, list[list[int]]], teacher: dict[str, int]) -> None:
+    """Refuse, before anything launches, a budget that no choice of one candidate per layer meets: each
+    bound alone (naming the smallest fraction the replacements reach), then all of them at once."""
     budget = spec.workload.budget
-    if budget is not None and smallest_cost(costs) > budget.params * teacher_params:
-        reachable = smallest_cost(costs) / teacher_params
+    if budget is None:
+        return
+    for name, fraction in budget.fractions().items():
+        cheapest = smallest_cost(costs[name])
+        if cheapest > fraction * teacher[name]:
+            reachable = cheapest / teacher[name] if teacher[name] else float("inf")
+            raise SpecError(
+                f"workload.budget.{name}: {fraction:g} of the teacher's layers is below what these replacements"
+                f" can reach ({reachable:.3f} with the cheapest candidate of every layer); allow at least"
+                f" {reachable:.3f}, or add cheaper candidates ({CHEAPER[name]})"
+            )
+    try:
+        choose([[0.0] * len(layer) for layer in costs["params"]], budget_limits(budget, costs, teacher))
+    except BudgetError:
         raise SpecError(
-            f"workload.budget.params: {budget.params:g} of the teacher's layers is below what these"
-            f" replacements can reach ({reachable:.3f} with the cheapest candidate of every layer); allow at least"
-            f" {reachable:.3f}, or add cheaper candidates (ffn_1/4, no_attention, linear, noop)"
-        )
+            f"workload.budget: {budget.fractions()} are each reachable, but no one choice of a candidate per layer"
+            " meets them all at once; loosen one of them, or add candidates cheap in both"
+        ) from None
 
 
 def _derive(
-    spec: Spec, teachers: Sequence[nn.Module], head: nn.Module, teacher_params: int
+    spec: Spec, teachers: Sequence[nn.Module], head: nn.Module, teacher: dict[str, int]
 ) -> Callable[[Sequence[nn.Module]], tuple[Architecture, nn.Module]]:
     """A search's choice: per layer the candidate of lowest loss on held-out sequences, or with
     `workload.budget` the choice of lowest summed loss within it (planning/budget.py); architecture.json
-    has every candidate's loss and parameters, and the network of the chosen candidates."""
+    has every candidate's loss and costs, and the network of the chosen candidates."""
 
     def derive(blocks: Sequence[nn.Module]) -> tuple[Architecture, nn.Module]:
         students = [block for block in blocks if isinstance(block, Candidates)]
         assert len(students) == len(blocks), "every student block of a transformer search holds candidates"
         losses = held_out_losses(spec, teachers, students)
-        costs = candidate_params(students)
+        costs = candidate_costs(students)
+        params, kv_cache = costs["params"], costs["kv_cache"]
         budget = spec.workload.budget
         if budget is None:
             picks = [min(range(len(layer)), key=layer.__getitem__) for layer in losses]
             chosen_by = "lowest held-out loss"
         else:
-            picks = choose(losses, costs, budget.params * teacher_params).picks
+            picks = choose(losses, budget_limits(budget, costs, teacher)).picks
             chosen_by = "lowest summed held-out loss within the budget (mixed-integer program)"
         architecture = Architecture(
             blocks=[
-                ArchitectureBlock(block=i, layers=[student.names[pick]], loss=losses[i][pick], params=costs[i][pick])
+                ArchitectureBlock(
+                    block=i,
+                    layers=[student.names[pick]],
+                    loss=losses[i][pick],
+                    params=params[i][pick],
+                    kv_cache_bytes=kv_cache[i][pick],
+                )
                 for i, (student, pick) in enumerate(zip(students, picks, strict=True))
             ],
             candidates=[
-                CandidateResult(block=i, name=name, loss=loss, params=cost)
+                CandidateResult(
+                    block=i, name=name, loss=losses[i][c], params=params[i][c], kv_cache_bytes=kv_cache[i][c]
+                )
                 for i, student in enumerate(students)
-                for name, loss, cost in zip(student.names, losses[i], costs[i], strict=True)
+                for c, name in enumerate(student.names)
             ],
             chosen_by=chosen_by,
-            teacher_params=teacher_params,
-            budget=None if budget is None else budget.model_dump(),
-            reached={"params": sum(costs[i][pick] for i, pick in enumerate(picks)) / teacher_params},
+            teacher_params=teacher["params"],
+            teacher_kv_cache_bytes=teacher["kv_cache"],
+            budget=None if budget is None else budget.fractions(),
+            reached={name: reached(costs[name], picks, teacher[name]) for name in costs},
         )
         chosen = [student.chosen(pick) for student, pick in zip(students, picks, strict=True)]
         return architecture, nn.Sequential(*chosen, head).eval()
 
     return derive
+
+
+def reached(costs: list[list[int]], picks: Sequence[int], teacher: int) -> float:
+    """The chosen candidates' summed cost, as a fraction of the teacher's (0 where the teacher's is 0)."""
+    return sum(layer[pick] for layer, pick in zip(costs, picks, strict=True)) / teacher if teacher else 0.0
 
 
 def held_out_losses(spec: Spec, teachers: Sequence[nn.Module], students: Sequence[Candidates]) -> list[list[float]]:
@@ -309,7 +368,8 @@ def build_transformer_workload(spec: Spec) -> Workload:
     students: list[nn.Module] = [_student(parts, i, names) for i in range(len(parts.layers))]
     head = parts.head.eval().requires_grad_(False)
     teacher_params = sum(p.numel() for layer in parts.layers for p in layer.parameters())
-    check_budget(spec, teacher_params, candidate_params(students))
+    teacher = teacher_costs(teachers, teacher_params)
+    check_budget(spec, candidate_costs(students), teacher)
 
     def assemble(blocks: Sequence[nn.Module]) -> nn.Module:
         return nn.Sequential(*(block.chosen(0) for block in blocks if isinstance(block, Candidates)), head).eval()
@@ -322,5 +382,5 @@ def build_transformer_workload(spec: Spec) -> Workload:
         assemble=None if search else assemble,
         teacher_network=lambda: nn.Sequential(*teachers, head).eval(),
         warnings=warnings,
-        derive=_derive(spec, teachers, head, teacher_params) if search else None,
+        derive=_derive(spec, teachers, head, teacher) if search else None,
     )

@@ -22,6 +22,7 @@ from pipebd_core.distill.finalize import perplexity
 from pipebd_core.distill.students import LOSSES, block_loss
 from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.workloads.candidates import Candidates
+from pipebd_core.workloads.linear_attention import linear_attention_forward
 from pipebd_core.workloads.replacements import ffn_channels
 from pipebd_core.workloads.workload import build_workload
 from tests.transformer_specs import TINY_LLAMA, transformer_document, write_text
@@ -136,6 +137,12 @@ def test_a_folder_without_config_or_weights_is_refused(text_root: Path, tmp_path
         ({"config": {"model_type": "bert"}}, {}, "use one of llama, qwen2, mistral, gpt2"),
         ({"config": TINY_LLAMA, "replacements": ["ffn_2/2"]}, {}, "not understood: ffn_2/2"),
         ({"config": TINY_LLAMA, "replacements": ["noop"]}, {}, "nothing to train"),
+        ({"config": TINY_LLAMA, "replacements": ["keep", "noop"], "budget": {}}, {}, "give params, kv_cache or both"),
+        (
+            {"config": TINY_LLAMA, "replacements": ["keep", "noop"], "budget": {"kv_cache": 1.5}},
+            {},
+            "less than or equal",
+        ),
         ({"config": TINY_LLAMA}, {"dataset": "synthetic"}, "reads token ids"),
     ],
 )
@@ -149,7 +156,7 @@ def test_bad_transformer_specs_are_refused(workload: dict, data: dict, message: 
 @pytest.fixture(scope="module")
 def llama(text_root: Path) -> tuple[Any, list[Candidates]]:
     """The tiny Llama teacher and students holding every replacement."""
-    names = ["keep", "ffn_1/2", "ffn_1/4", "kv_1", "no_attention", "linear", "noop"]
+    names = ["keep", "ffn_1/2", "ffn_1/4", "kv_1", "linear_attention", "no_attention", "linear", "noop"]
     workload = build_workload(spec_of(text_root, config=TINY_LLAMA, replacements=names))
     students = [s for s in workload.student_blocks if isinstance(s, Candidates)]
     assert len(students) == workload.num_blocks and workload.derive is not None and workload.assemble is None
@@ -198,6 +205,40 @@ def test_fewer_kv_heads_are_the_means_of_the_heads_they_merge(llama: tuple[Any, 
     assert student.num_key_value_groups == 4
     x = torch.randn(2, 8, 16)
     assert option(students[1], "kv_1")(x).shape == x.shape
+
+
+def test_linear_attention_keeps_the_teachers_projections_and_attends_causally_through_its_feature_maps(
+    llama: tuple[Any, list[Candidates]],
+) -> None:
+    workload, students = llama
+    teacher = workload.teacher_blocks[2].layer.self_attn
+    student = option(students[2], "linear_attention").layer.self_attn
+    for projection in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert torch.equal(getattr(student, projection).weight, getattr(teacher, projection).weight)
+    assert torch.equal(student.query_map.weight, torch.eye(4).repeat(4, 1, 1))
+    assert student.config._attn_implementation == "pipebd_linear" != teacher.config._attn_implementation
+    with torch.no_grad():
+        student.query_map.weight.add_(0.3 * torch.randn_like(student.query_map.weight))
+    query, key, value = torch.randn(1, 4, 5, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    output, _ = linear_attention_forward(student, query, key, value, None)
+    for head in range(4):  # query head h reads KV head h // 2 (two query heads per KV head)
+        phi_q = hedgehog(query[0, head], student.query_map.weight[head])
+        phi_k = hedgehog(key[0, head // 2], student.key_map.weight[head])
+        for i in range(5):
+            weights = phi_k[: i + 1] @ phi_q[i]
+            expected = (weights / weights.sum()) @ value[0, head // 2, : i + 1]
+            torch.testing.assert_close(output[0, i, head], expected)
+    x = torch.randn(2, 8, 16)
+    later = x.clone()
+    later[:, 5] += 1.0
+    block = option(students[2], "linear_attention")
+    with torch.no_grad():
+        assert torch.equal(block(later)[:, :5], block(x)[:, :5]) and not torch.equal(block(later), block(x))
+
+
+def hedgehog(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """LoLCATs' feature map written out: [softmax(x W), softmax(-x W)]."""
+    return torch.cat(((x @ weight).softmax(-1), (-(x @ weight)).softmax(-1)), dim=-1)
 
 
 def test_the_other_replacements_start_from_the_teacher(llama: tuple[Any, list[Candidates]]) -> None:
@@ -298,6 +339,61 @@ def test_a_budgeted_search_picks_the_best_choice_within_it_and_records_what_it_r
     reached = sum(block["params"] for block in architecture["blocks"]) / teacher
     assert architecture["reached"]["params"] == pytest.approx(reached)
     assert network(ids()).shape == (3, 8, TINY_LLAMA["vocab_size"])
+
+
+def test_a_kv_cache_budget_with_a_parameter_budget_picks_the_best_choice_within_both(text_root: Path) -> None:
+    """KV heads of 4 floats, two per layer: keep and ffn_1/4 cache 64 bytes a token, kv_1 32, linear attention
+    none (and holds more parameters than the teacher layer, its feature maps)."""
+    import itertools
+
+    names = ["keep", "ffn_1/4", "kv_1", "linear_attention"]
+    budget = {"params": 0.9, "kv_cache": 0.4}
+    workload = build_workload(spec_of(text_root, config=TINY_LLAMA, replacements=names, budget=budget))
+    assert workload.derive is not None
+    architecture = workload.derive(workload.student_blocks)[0].to_json()
+    per_layer = [[c for c in architecture["candidates"] if c["block"] == b] for b in range(workload.num_blocks)]
+    assert [c["kv_cache_bytes"] for c in per_layer[1]] == [64, 64, 32, 0]
+    assert architecture["teacher_kv_cache_bytes"] == 4 * 64
+    assert per_layer[1][3]["params"] > per_layer[1][0]["params"] == architecture["teacher_params"] / 4
+    teacher = {"params": architecture["teacher_params"], "kv_cache": architecture["teacher_kv_cache_bytes"]}
+
+    def within(picks: tuple[int, ...]) -> bool:
+        return all(
+            sum(layer[p][cost] for layer, p in zip(per_layer, picks, strict=True)) <= bound * teacher[name]
+            for name, cost, bound in (("params", "params", 0.9), ("kv_cache", "kv_cache_bytes", 0.4))
+        )
+
+    best = min(
+        sum(layer[p]["loss"] for layer, p in zip(per_layer, picks, strict=True))
+        for picks in itertools.product(range(len(names)), repeat=workload.num_blocks)
+        if within(picks)
+    )
+    chosen = tuple(names.index(block["layers"][0]) for block in architecture["blocks"])
+    assert within(chosen) and sum(layer[p]["loss"] for layer, p in zip(per_layer, chosen, strict=True)) == (
+        pytest.approx(best, rel=1e-9, abs=1e-12)
+    )
+    assert architecture["budget"] == budget and architecture["reached"]["kv_cache"] <= 0.4
+    reached = sum(block["kv_cache_bytes"] for block in architecture["blocks"]) / teacher["kv_cache"]
+    assert architecture["reached"]["kv_cache"] == pytest.approx(reached)
+
+
+@pytest.mark.parametrize(
+    ("replacements", "budget", "message"),
+    [
+        (
+            ["keep", "ffn_1/2"],
+            {"kv_cache": 0.5},
+            r"workload.budget.kv_cache: 0.5 .* can reach \(1\.000.*linear_attention",
+        ),
+        (["keep", "ffn_1/2", "linear_attention"], {"params": 0.8, "kv_cache": 0.5}, r"no one choice .* meets them all"),
+    ],
+)
+def test_kv_cache_budgets_no_choice_meets_are_refused_before_launch(
+    replacements: list[str], budget: dict[str, float], message: str, text_root: Path
+) -> None:
+    spec = spec_of(text_root, config=TINY_LLAMA, replacements=replacements, budget=budget)
+    with pytest.raises(SpecError, match=message):
+        build_workload(spec)
 
 
 def test_a_budget_no_choice_meets_is_refused_before_launch_with_the_smallest_reachable(text_root: Path) -> None:

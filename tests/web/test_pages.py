@@ -23,6 +23,7 @@ from app.core.settings import Settings
 from app.core.tables import Job, JobEvent, JobMetric
 from app.main import create_app
 from app.web.new_job import bundled_examples
+from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, CandidateResult
 from pipebd_core.documents.calibration import BlockCalibration, Calibration, CalibrationSource
 from pipebd_core.documents.plan import PlanDocument, Predictions, RankEntry, Replan, StageEntry
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
@@ -572,3 +573,37 @@ def test_job_page_says_how_far_the_profile_is_trusted_what_training_measured_and
     assert step is not None and "Predicted step: <strong>12.00 ms</strong>" in step.group(1)
     assert 'measured: <strong id="plan-measured">12.50 ms</strong> (steps 2–40)' in step.group(1)
     assert "15.00 ms, a prediction, not a bound (this plan is predicted below it" in step.group(1)
+
+
+def test_the_outcome_part_shows_each_budget_and_cost_reached_with_every_candidates_kv_cache(
+    web: TestClient, sqlite_settings: Settings, tmp_path: Path
+) -> None:
+    run = tmp_path / "searched"
+    run.mkdir()
+    candidates = [
+        CandidateResult(block=b, name=name, loss=loss, params=params, kv_cache_bytes=kv)
+        for b in (0, 1)
+        for name, loss, params, kv in (("keep", 0.0, 1000, 64), ("linear_attention", 0.3 + b, 1128, 0))
+    ]
+    architecture = Architecture(
+        blocks=[
+            ArchitectureBlock(block=0, layers=["keep"], loss=0.0, params=1000, kv_cache_bytes=64),
+            ArchitectureBlock(block=1, layers=["linear_attention"], loss=1.3, params=1128, kv_cache_bytes=0),
+        ],
+        candidates=candidates,
+        chosen_by="lowest summed held-out loss within the budget (mixed-integer program)",
+        teacher_params=2000,
+        teacher_kv_cache_bytes=128,
+        budget={"kv_cache": 0.5},
+        reached={"params": 1.064, "kv_cache": 0.5},
+    )
+    (run / Architecture.NAME).write_text(json.dumps(architecture.to_json()))
+    job = insert_submitted(sqlite_settings, "tr", state="succeeded", run_dir=str(run))
+    part = web.get(f"/jobs/{job.id}/partials/outcome").text
+    paragraph = part.split('id="outcome-budget">')[1].split("</p>")[0]
+    budget = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", paragraph))
+    assert "Budget: kv_cache at most 50.0% of the teacher's layers" in budget
+    assert "params 106.4% (2,128 of 2,000 parameters)" in budget
+    assert "kv_cache 50.0% (64 of 128 KV-cache bytes per token)" in budget
+    chosen = re.findall(r'<td class="chosen">([0-9.]+) <small>([0-9,]+) · (\d+) B</small>', part)
+    assert chosen == [("0", "1,000", "64"), ("1.3", "1,128", "0")]
