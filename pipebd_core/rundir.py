@@ -26,7 +26,10 @@ onto a run directory (a test checks it).
     student.pt                         state_dict of nn.ModuleList `blocks` (keys blocks.<i>.<param>)
     compressed_model.pt                the assembled compressed network (compression workloads)
     architecture.json                  a search (nas, transformer): the chosen candidate of every searchable layer
-    searched_model.pt                  nas: the searched network as a standalone model
+    searched_model.pt                  a search: the searched network as a standalone model
+    distilled_state.pt                 transformer: the distilled (compressed or searched) network's state_dict,
+                                       rebuilt from the spec and architecture.json (workloads/transformer.py: rebuild)
+    distilled_model.pt2                transformer: the same network as a torch.export program (token ids in)
     layer_profile.json                 finetune: every layer's F, B, I and W times and bytes (measured or cached)
     finetune_plan.json                 finetune: strategy, stage cuts, micro-batches, every rank's actions
     finetuned_model.pt                 finetune: the trained network's state_dict
@@ -90,6 +93,8 @@ OUTPUTS: tuple[Output, ...] = (
     Output("compressed_model.pt", "application/octet-stream", "assembled compressed network (torch.load)"),
     Output("architecture.json", "application/json", "a search: the chosen candidate of every searchable layer"),
     Output("searched_model.pt", "application/octet-stream", "a search: the searched network, standalone (torch.load)"),
+    Output("distilled_state.pt", "application/octet-stream", "transformer: the distilled network's state_dict"),
+    Output("distilled_model.pt2", "application/octet-stream", "transformer: the distilled network, torch.export"),
     Output("finetuned_model.pt", "application/octet-stream", "finetune: the trained network's state_dict"),
     Output("finetuned_model.pt2", "application/octet-stream", "finetune: the trained network, torch.export"),
     Output("teacher.pt", "application/octet-stream", "kind train: the classifier, torchvision state_dict"),
@@ -183,6 +188,14 @@ class RunDir:
     @property
     def searched_model(self) -> Path:
         return self.output("searched_model.pt")
+
+    @property
+    def distilled_state(self) -> Path:
+        return self.output("distilled_state.pt")
+
+    @property
+    def distilled_export(self) -> Path:
+        return self.output("distilled_model.pt2")
 
     @property
     def layer_profile(self) -> Path:
@@ -289,7 +302,10 @@ class RunDir:
         files = {
             PROFILE: [self.profile],
             PLAN: [self.plan],
-            FINALIZE: [self.student, self.compressed_model, self.architecture, self.searched_model, self.summary],
+            FINALIZE: [
+                *(self.student, self.compressed_model, self.architecture, self.searched_model),
+                *(self.distilled_state, self.distilled_export, self.summary),
+            ],
             PROFILE_FINETUNE: [self.layer_profile],
             PLAN_FINETUNE: [self.finetune_plan],
             EVALUATE: [self.finetuned_model, self.exported_model, self.teacher, self.summary],

@@ -121,17 +121,22 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
     students, losses = load_final_students(run_dir, workload, total_steps)
     torch.save(StudentBlocks(students).state_dict(), run_dir.student)
     fields: dict[str, Any] = {}
+    distilled: nn.Module | None = None  # the searched or compressed network
     if workload.derive is not None:
         architecture, searched = workload.derive(students)
+        distilled = searched
         run_dir.write_json(run_dir.architecture, architecture.to_json())
         torch.save(searched, run_dir.searched_model)
         fields["architecture"] = architecture.blocks
         if spec.data.dataset == "text":  # the searched language model's perplexity, beside its teacher's
             fields.update(accuracy_report(spec, workload, searched, device))
     if workload.assemble is not None:
-        compressed = workload.assemble(students)
+        distilled = compressed = workload.assemble(students)
         torch.save(compressed, run_dir.compressed_model)
         fields.update(accuracy_report(spec, workload, compressed, device))
+    if workload.export is not None and distilled is not None:  # a language model's state_dict and program
+        torch.save(distilled.state_dict(), run_dir.distilled_state)
+        workload.export(distilled, run_dir.distilled_export)
     summary = Summary(
         name=spec.name,
         mode=spec.schedule.mode,

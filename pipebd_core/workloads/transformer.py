@@ -358,6 +358,35 @@ def held_out_losses(spec: Spec, teachers: Sequence[nn.Module], students: Sequenc
     return losses
 
 
+def export_program(network: nn.Module, seq_len: int, path: Path) -> None:
+    """distilled_model.pt2: `torch.export.load(path).module()(ids)` gives the logits of token ids
+    (batch, tokens) of any batch size and length (up to the teacher's positions), without PipeBD."""
+    example = torch.zeros(2, max(seq_len, 2), dtype=torch.long)  # sizes of 1 would be frozen in
+    dynamic = ({0: torch.export.Dim("batch", min=1), 1: torch.export.Dim("tokens", min=2)},)
+    program = torch.export.export(network.cpu().eval(), (example,), dynamic_shapes=dynamic)
+    torch.export.save(program, path)
+
+
+def rebuild(spec: Spec, architecture: Architecture | None = None) -> nn.Module:
+    """The distilled network of a transformer job, built again from its spec and, for a search, the
+    choices of its architecture.json, ready for `load_state_dict(torch.load(distilled_state.pt))`."""
+    workload = build_transformer_workload(spec)
+    students = [block for block in workload.student_blocks if isinstance(block, Candidates)]
+    if architecture is None:
+        if len(spec.workload.replacements) > 1:
+            raise SpecError("a search's network is rebuilt from its architecture.json: pass its choices")
+        chosen = [student.chosen(0) for student in students]
+    else:
+        chosen = [
+            student.chosen(student.names.index(block.layers[0]))
+            for student, block in zip(students, architecture.blocks, strict=True)
+        ]
+    assert workload.teacher_network is not None, "a transformer workload has its teacher network"
+    teacher = workload.teacher_network()
+    assert isinstance(teacher, nn.Sequential), "the teacher network is its blocks, then the head"
+    return nn.Sequential(*chosen, teacher[-1]).eval()
+
+
 def build_transformer_workload(spec: Spec) -> Workload:
     model, warnings = load_teacher(spec)
     check_fits_data(model.config, spec)
@@ -383,4 +412,5 @@ def build_transformer_workload(spec: Spec) -> Workload:
         teacher_network=lambda: nn.Sequential(*teachers, head).eval(),
         warnings=warnings,
         derive=_derive(spec, teachers, head, teacher) if search else None,
+        export=lambda network, path: export_program(network, spec.data.seq_len, path),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -43,6 +44,9 @@ class Workload:
     search: SearchSettings | None = None  # set when the students are supernets with architecture parameters
     # Derives (architecture description, standalone searched network) from trained supernet students.
     derive: Callable[[Sequence[nn.Module]], tuple[Architecture, nn.Module]] | None = None
+    # Exports the distilled (compressed or searched) network to a file, beside its state_dict: a language
+    # model's torch.export program over token ids of any batch and length (workloads/transformer.py).
+    export: Callable[[nn.Module, Path], None] | None = None
 
     @property
     def num_blocks(self) -> int:

@@ -49,6 +49,10 @@ def test_a_relayed_and_split_search_equals_the_plain_loop(
     assert len(architecture["candidates"]) == 4 * len(SEARCH)
     network = torch.load(run.searched_model, weights_only=False)
     assert network(torch.zeros((2, 8), dtype=torch.long)).shape == (2, 8, 260)
+    program = torch.export.load(run.distilled_export).module()  # finalize's export, alone, at another length
+    ids = torch.randint(0, 257, (3, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(program(ids), network(ids))
     summary = run.load_summary()  # the searched network's held-out perplexity, beside its teacher's
     assert summary.student_perplexity is not None and summary.teacher_perplexity is not None
     assert summary.teacher_perplexity > 1 and summary.student_perplexity > 1

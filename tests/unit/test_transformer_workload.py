@@ -405,3 +405,38 @@ def test_a_budget_no_choice_meets_is_refused_before_launch_with_the_smallest_rea
 def test_a_budget_without_a_search_is_refused(text_root: Path) -> None:
     with pytest.raises(SpecError, match="a budget chooses among a transformer search's candidates"):
         spec_of(text_root, config=TINY_LLAMA, replacements=["ffn_1/2"], budget={"params": 0.5})
+
+
+def test_a_searched_network_is_rebuilt_from_its_state_dict_and_choices_and_exported_as_a_program(
+    text_root: Path, tmp_path: Path
+) -> None:
+    """What finalize writes for a transformer job: distilled_state.pt with architecture.json rebuild the
+    network in PipeBD; distilled_model.pt2 runs it alone, at other batch sizes and lengths."""
+    from pipebd_core.documents.architecture import Architecture
+    from pipebd_core.workloads.transformer import rebuild
+
+    names = ["keep", "kv_1", "linear_attention"]  # 64, 32 and 0 KV bytes a token: 76.8 of 256 needs linear ones
+    spec = spec_of(text_root, config=TINY_LLAMA, replacements=names, budget={"kv_cache": 0.3})
+    workload = build_workload(spec)
+    assert workload.derive is not None and workload.export is not None
+    with torch.no_grad():  # trained students differ from their initialisation
+        for student in workload.student_blocks:
+            for parameter in student.parameters():
+                if parameter.requires_grad:
+                    parameter.add_(0.05 * torch.randn_like(parameter))
+    architecture, network = workload.derive(workload.student_blocks)
+    assert [block.layers[0] for block in architecture.blocks].count("linear_attention") >= 2
+    torch.save(network.state_dict(), tmp_path / "distilled_state.pt")
+    workload.export(network, tmp_path / "distilled_model.pt2")
+    written = Architecture.from_json(json.loads(json.dumps(architecture.to_json())))
+    rebuilt = rebuild(spec, written)
+    rebuilt.load_state_dict(torch.load(tmp_path / "distilled_state.pt"))
+    program = torch.export.load(tmp_path / "distilled_model.pt2").module()
+    with torch.no_grad():
+        for shape in ((3, 8), (1, 5)):
+            x = torch.randint(0, 257, shape)
+            expected = network(x)
+            assert torch.equal(rebuilt(x), expected)
+            torch.testing.assert_close(program(x), expected)
+    with pytest.raises(SpecError, match=r"rebuilt from its architecture\.json"):
+        rebuild(spec)
