@@ -232,6 +232,7 @@ def test_plan_logs_and_artifacts_match_their_models(
             "job_id": job.id,
             "phase": "distill",
             "rank": 1,
+            "node": None,  # a rank's log; node k's launcher log is asked for with ?node=k
             "file": "logs/distill/rank-1.log",
             "offset": 1,
             "next_offset": 9,
@@ -241,7 +242,8 @@ def test_plan_logs_and_artifacts_match_their_models(
     )
     assert logs["text"].startswith("\ufffdpochs") and logs["text"].endswith("\ufffd")
     launcher = f"{JOBS}/{job.id}/logs"
-    expected_launcher = {"job_id": job.id, "phase": "distill", "rank": None, "file": "logs/distill/launcher.log"}
+    expected_launcher = {"job_id": job.id, "phase": "distill", "rank": None, "node": 0}
+    expected_launcher["file"] = "logs/distill/launcher.log"
     expected_launcher.update(offset=0, next_offset=0)
     check_body(client, f"{JOBS}/{{job_id}}/logs", launcher, {**expected_launcher, "size": 0, "text": ""})
 
