@@ -42,7 +42,8 @@ def render(records: list[BenchRecord]) -> str:
 def render_record(record: BenchRecord) -> str:
     title = TITLES[record.compares] + (f" ({record.strategy})" if record.strategy else "")
     head = ["arm", "plan", "s/step: median (runs)", "spread", "samples/s", f"vs {record.baseline}", "efficiency"]
-    head += ["predicted s/step", "error", "other cores (runs)"] + (["bubble per rank"] if bubbles(record) else [])
+    head += ["predicted s/step", "error", "peak MiB per rank", "other cores (runs)"]
+    head += ["bubble per rank"] if bubbles(record) else []
     lines = [f"### {record.name}: {title} on {record.nproc} ranks", "", describe(record), ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     baseline = next((arm for arm in record.arms if arm.name == record.baseline), None)
@@ -140,11 +141,18 @@ def arm_row(record: BenchRecord, arm: Arm, baseline: Arm | None) -> str:
         f"{record.bound.ideal_s / arm.step_s:.0%}",
         seconds(predicted) if predicted else "-",
         error,
+        peak_memory(arm.runs),
         loads(arm.runs),
     ]
     if bubbles(record):
         cells.append(bubble(arm.runs))
     return "| " + " | ".join(cells) + " |"
+
+
+def peak_memory(runs: list[ArmRun]) -> str:
+    """Each rank's peak memory, the largest over the runs (on CPU the process's resident set)."""
+    peaks = [max(rank) for rank in zip(*(run.peak_mem_bytes for run in runs), strict=True)]
+    return ", ".join(f"{peak / 2**20:.0f}" for peak in peaks) if peaks else "-"
 
 
 def bubble(runs: list[ArmRun]) -> str:
@@ -157,7 +165,7 @@ def bound_row(record: BenchRecord) -> str:
     bound = Arm(name="bound", runs=record.bound.runs)
     label = "T1: 1 rank, all the work" + (" **shared**" if any(run.load.shared for run in bound.runs) else "")
     cells = [label, plans(bound.runs), measured(bound), spread(bound)]
-    cells += [f"{record.batch_size / bound.step_s:.1f}", "-", "-", "-", "-", loads(bound.runs)]
+    cells += [f"{record.batch_size / bound.step_s:.1f}", "-", "-", "-", "-", peak_memory(bound.runs), loads(bound.runs)]
     cells += [bubble(bound.runs)] if bubbles(record) else []
     return "| " + " | ".join(cells) + " |"
 
