@@ -67,6 +67,9 @@ class LinkFit(BaseModel):
     latency_s: float = Field(ge=0)
     bytes_per_s: float = Field(gt=0)
     points: list[tuple[int, float]] = []
+    # the sends took no longer as they grew (small sends on a fast link): latency_s is their median and
+    # bytes_per_s only a lower bound, the largest send over that median
+    latency_bound: bool = False
 
     def send_s(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bytes_per_s

@@ -10,6 +10,7 @@ all-reduce over a group that spans nodes runs at the pace of a ring over that li
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -61,7 +62,9 @@ class Topology:
 
 def fit_link(points: Sequence[tuple[int, float]]) -> LinkFit | None:
     """latency + bytes / bandwidth through measured (bytes, seconds) sends, by least squares (the latency
-    kept >= 0); None without two distinct sizes, or when time does not grow with bytes."""
+    kept >= 0); None without two distinct sizes. Where time does not grow with bytes (sizes too small for
+    the bandwidth to show, or noise larger than it), the link is latency-bound over these sizes: its median
+    send, with the bandwidth bounded below by the largest send over that median (never a free link)."""
     sizes = {size for size, _ in points}
     if len(sizes) < 2:
         return None
@@ -72,7 +75,11 @@ def fit_link(points: Sequence[tuple[int, float]]) -> LinkFit | None:
     variance = sum((size - mean_x) ** 2 for size, _ in points)
     slope = covariance / variance
     if slope <= 0:
-        return None
+        latency = statistics.median(seconds for _, seconds in points)
+        if latency <= 0:
+            return None
+        kept = [(int(s), float(t)) for s, t in points]
+        return LinkFit(latency_s=latency, bytes_per_s=max(sizes) / latency, points=kept, latency_bound=True)
     latency = mean_y - slope * mean_x
     if latency < 0:  # through the origin instead
         latency, slope = 0.0, sum(size * seconds for size, seconds in points) / sum(size**2 for size, _ in points)

@@ -41,7 +41,9 @@ def test_a_link_fit_recovers_latency_and_bandwidth_from_measured_sends() -> None
     assert fit.latency_s == pytest.approx(40e-6, rel=1e-6) and fit.bytes_per_s == pytest.approx(2e9, rel=1e-6)
     assert fit.gbit_per_s == pytest.approx(16.0) and fit.send_s(10**6) == pytest.approx(40e-6 + 5e-4)
     assert fit_link([(1000, 0.1), (1000, 0.2)]) is None  # one size: nothing to fit
-    assert fit_link([(1000, 0.2), (2000, 0.1)]) is None  # time falling with bytes is no link
+    flat = fit_link([(1000, 0.2), (2000, 0.1), (2000, 0.3)])  # time not growing with bytes: latency-bound
+    assert flat is not None and flat.latency_bound and flat.latency_s == pytest.approx(0.2)
+    assert flat.bytes_per_s == pytest.approx(2000 / 0.2)  # a lower bound, so a crossing is never free
     with pytest.raises(ValueError, match="0 Gbit/s carries nothing"):
         stated_link(0, 0.0)
 
