@@ -245,9 +245,12 @@ class FinetuneSpec(_Strict):
     weight_decay: float = Field(5e-4, ge=0)
     lr_schedule: Literal["cosine", "constant"] = "cosine"
     batch_size: int | None = Field(None, ge=1)  # the global batch; None: data.batch_size
-    loss: Literal["ce", "kd"] = "ce"  # ce: to the labels; kd: alpha x CE + (1 - alpha) x T^2 x KL to the teacher
+    loss: Literal["ce", "kd"] = "ce"  # ce: to the labels; kd: alpha x CE + (1 - alpha) x T^2 x divergence to teacher
     alpha: float = Field(0.5, ge=0, le=1)  # kd: weight of the cross-entropy to the labels
     temperature: float = Field(4.0, gt=0)  # kd: softening of both distributions
+    # kd: the divergence to the teacher, of the softened distributions p (teacher) and q (student): forward
+    # KL(p || q), reverse KL(q || p), or jsd: the Jensen-Shannon mixture, KL to m = (p + q) / 2 from both, halved
+    divergence: Literal["forward", "reverse", "jsd"] = "forward"
     microbatches: int = Field(4, ge=1)  # pipelined strategies split the batch into this many equal parts
     strategy: Literal["ddp", "gpipe", "1f1b", "zb", "auto"] = "auto"  # see docs/finetune.md's table of strategies
     stages: list[int] | None = None  # pipelines: the first layer of each stage, from 0; None: the planner cuts

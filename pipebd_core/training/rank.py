@@ -16,6 +16,7 @@ step every stage saved, with its optimiser state.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -64,16 +65,33 @@ def make_loss(spec: Spec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     assert tune is not None
     if tune.loss == "ce":
         return lambda logits, labels: F.cross_entropy(logits, labels)
-    alpha, temperature = tune.alpha, tune.temperature
+    alpha, temperature, divergence = tune.alpha, tune.temperature, DIVERGENCES[tune.divergence]
 
     def kd(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         teacher, labels = target[:, :-1], target[:, -1].long()
-        soft = F.kl_div(
-            F.log_softmax(logits / temperature, dim=1), F.softmax(teacher / temperature, dim=1), reduction="batchmean"
-        )
+        soft = divergence(F.log_softmax(teacher / temperature, dim=1), F.log_softmax(logits / temperature, dim=1))
         return alpha * F.cross_entropy(logits, labels) + (1 - alpha) * temperature**2 * soft
 
     return kd
+
+
+def kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) of rows of log-probabilities, the mean over the rows."""
+    return F.kl_div(log_q, log_p, reduction="batchmean", log_target=True)
+
+
+def jsd(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """The Jensen-Shannon divergence: (KL(p || m) + KL(q || m)) / 2 with m = (p + q) / 2."""
+    log_m = torch.logsumexp(torch.stack((log_p, log_q)), dim=0) - math.log(2.0)
+    return 0.5 * (kl(log_p, log_m) + kl(log_q, log_m))
+
+
+# finetune.divergence: of the teacher's log-probabilities (first) and the student's (second)
+DIVERGENCES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "forward": kl,
+    "reverse": lambda log_p, log_q: kl(log_q, log_p),
+    "jsd": jsd,
+}
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
