@@ -53,6 +53,11 @@ def _not_a_fraction(name: str) -> bool:
     return int(top) >= int(bottom)
 
 
+def _a_transformer_search(info: ValidationInfo) -> bool:
+    """Whether the workload fields validated so far make a transformer search (two candidates or more)."""
+    return info.data.get("kind") == "transformer" and len(info.data.get("replacements") or []) >= 2
+
+
 class Budget(_Strict):
     """A budgeted search's bounds, fractions of the teacher's layers: their parameters, their KV-cache bytes
     per token (linear attention and attention-free candidates keep none that grows with the sequence)."""
@@ -100,6 +105,10 @@ class WorkloadSpec(_Strict):
     # transformer search only: the chosen network's cost as fractions of the teacher's decoder layers'
     # (docs/transformers.md#the-budgeted-search), e.g. {params: 0.5}
     budget: Budget | None = None
+    # transformer search only: each candidate's measured quality loss, its held-out block loss against its
+    # teacher layer's output, or logits_kl: the KL of the teacher's next-token distribution to the teacher's
+    # with that one layer swapped for the candidate (Puzzle's replace-one-block score), on held-out tokens
+    search_loss: Literal["block", "logits_kl"] = "block"
 
     @model_validator(mode="before")
     @classmethod
@@ -165,10 +174,20 @@ class WorkloadSpec(_Strict):
     def _budget_needs_a_search(cls, value: Budget | None, info: ValidationInfo) -> Budget | None:
         if value is None:
             return value
-        if info.data.get("kind") != "transformer" or len(info.data.get("replacements") or []) < 2:
+        if not _a_transformer_search(info):
             raise ValueError(
                 "a budget chooses among a transformer search's candidates; give kind transformer and at least"
                 " two replacements (e.g. [keep, ffn_1/2, no_attention]), or remove the budget"
+            )
+        return value
+
+    @field_validator("search_loss")
+    @classmethod
+    def _search_loss_needs_a_search(cls, value: str, info: ValidationInfo) -> str:
+        if value != "block" and not _a_transformer_search(info):
+            raise ValueError(
+                f"{value!r} measures a transformer search's candidates; give kind transformer and at least two"
+                " replacements, or remove search_loss"
             )
         return value
 

@@ -23,7 +23,7 @@ class ArchitectureBlock(BaseModel):
 
     block: int
     layers: list[str]
-    loss: float | None = None  # a transformer search: the chosen candidate's held-out loss
+    loss: float | None = None  # a transformer search: the chosen candidate's measured loss (workload.search_loss)
     params: int | None = None  # and its parameters
     kv_cache_bytes: int | None = None  # and the bytes it adds to the KV cache per token
 
@@ -35,7 +35,7 @@ class CandidateResult(BaseModel):
 
     block: int
     name: str  # its replacement (workloads/replacements.py)
-    loss: float  # against its teacher layer's output, teacher-relayed
+    loss: float  # workload.search_loss: against its teacher layer's output (teacher-relayed), or logits_kl
     params: int
     kv_cache_bytes: int | None = None  # per token (0: linear attention, or no attention)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, CandidateResult
@@ -33,6 +34,10 @@ from pipebd_core.workloads.replacements import build_replacement
 from pipebd_core.workloads.workload import Workload, block_seed
 
 DROPOUTS = ("attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
+MEASURES = {  # workload.search_loss: what a candidate's loss in architecture.json is
+    "block": "held-out loss",
+    "logits_kl": "KL of the teacher's logits with the layer swapped in",
+}
 DERIVE_SAMPLES = 16  # held-out sequences on which a search measures every candidate's loss
 _FIELD = "workload.teacher"
 
@@ -297,16 +302,18 @@ def _derive(
     def derive(blocks: Sequence[nn.Module]) -> tuple[Architecture, nn.Module]:
         students = [block for block in blocks if isinstance(block, Candidates)]
         assert len(students) == len(blocks), "every student block of a transformer search holds candidates"
-        losses = held_out_losses(spec, teachers, students)
+        measure = swapped_logits_kl if spec.workload.search_loss == "logits_kl" else held_out_losses
+        losses = measure(spec, teachers, students, head)
         costs = candidate_costs(students)
         params, kv_cache = costs["params"], costs["kv_cache"]
         budget = spec.workload.budget
+        what = MEASURES[spec.workload.search_loss]
         if budget is None:
             picks = [min(range(len(layer)), key=layer.__getitem__) for layer in losses]
-            chosen_by = "lowest held-out loss"
+            chosen_by = f"lowest {what}"
         else:
             picks = choose(losses, budget_limits(budget, costs, teacher)).picks
-            chosen_by = "lowest summed held-out loss within the budget (mixed-integer program)"
+            chosen_by = f"lowest summed {what} within the budget (mixed-integer program)"
         architecture = Architecture(
             blocks=[
                 ArchitectureBlock(
@@ -342,19 +349,52 @@ def reached(costs: list[list[int]], picks: Sequence[int], teacher: int) -> float
     return sum(layer[pick] for layer, pick in zip(costs, picks, strict=True)) / teacher if teacher else 0.0
 
 
-def held_out_losses(spec: Spec, teachers: Sequence[nn.Module], students: Sequence[Candidates]) -> list[list[float]]:
-    """Per layer, each candidate's loss against its teacher layer on held-out sequences (teacher-relayed)."""
+def held_out_ids(spec: Spec) -> torch.Tensor:
+    """The first DERIVE_SAMPLES held-out sequences of token ids, on which a search measures its candidates."""
     from pipebd_core.data.datasets import build_dataset
-    from pipebd_core.distill.students import LOSSES
 
     dataset = build_dataset(spec, "eval")
-    x = torch.stack([dataset[i][0] for i in range(min(DERIVE_SAMPLES, len(dataset)))])  # type: ignore[arg-type]
+    return torch.stack([dataset[i][0] for i in range(min(DERIVE_SAMPLES, len(dataset)))])  # type: ignore[arg-type]
+
+
+def held_out_losses(
+    spec: Spec, teachers: Sequence[nn.Module], students: Sequence[Candidates], _head: nn.Module
+) -> list[list[float]]:
+    """Per layer, each candidate's loss against its teacher layer on held-out sequences (teacher-relayed)."""
+    from pipebd_core.distill.students import LOSSES
+
+    x = held_out_ids(spec)
     losses = []
     with torch.no_grad():
         for teacher, student in zip(teachers, students, strict=True):
             target = teacher(x)
             losses.append(student.candidate_losses(x, target, LOSSES[spec.train.loss]).tolist())
             x = target
+    return losses
+
+
+def swapped_logits_kl(
+    spec: Spec, teachers: Sequence[nn.Module], students: Sequence[Candidates], head: nn.Module
+) -> list[list[float]]:
+    """Per layer, each candidate's KL(teacher || teacher with that layer swapped for the candidate) of the
+    next-token distributions on held-out sequences, the mean over tokens (Puzzle's replace-one-block score)."""
+    x = held_out_ids(spec)
+    inputs = []
+    with torch.no_grad():
+        for teacher in teachers:
+            inputs.append(x)
+            x = teacher(x)
+        log_p = head(x).log_softmax(-1).flatten(0, -2)
+        losses = []
+        for layer, student in enumerate(students):
+            row = []
+            for index in range(len(student.names)):
+                hidden = student.chosen(index)(inputs[layer])
+                for teacher in teachers[layer + 1 :]:
+                    hidden = teacher(hidden)
+                log_q = head(hidden).log_softmax(-1).flatten(0, -2)
+                row.append(float(F.kl_div(log_q, log_p, reduction="batchmean", log_target=True)))
+            losses.append(row)
     return losses
 
 

@@ -8,6 +8,7 @@ teacher's weights; the block losses.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -440,3 +441,40 @@ def test_a_searched_network_is_rebuilt_from_its_state_dict_and_choices_and_expor
             torch.testing.assert_close(program(x), expected)
     with pytest.raises(SpecError, match=r"rebuilt from its architecture\.json"):
         rebuild(spec)
+
+
+def test_a_search_by_logits_kl_scores_each_candidate_swapped_into_the_teacher(text_root: Path) -> None:
+    """workload.search_loss logits_kl: a candidate's loss is KL(teacher || teacher with that layer swapped for
+    it) of the next-token distributions on held-out tokens; the kept layer scores 0, and the choice follows."""
+    from pipebd_core.workloads.transformer import held_out_ids
+
+    names = ["keep", "ffn_1/4", "noop"]
+    spec = spec_of(text_root, config=TINY_LLAMA, replacements=names, search_loss="logits_kl", budget={"params": 0.6})
+    workload = build_workload(spec)
+    assert workload.derive is not None and workload.teacher_network is not None
+    architecture = workload.derive(workload.student_blocks)[0]
+    assert architecture.candidates is not None and architecture.chosen_by is not None
+    assert "KL of the teacher's logits" in architecture.chosen_by
+    teacher = workload.teacher_network()
+    assert isinstance(teacher, nn.Sequential)
+    ids = held_out_ids(spec)
+    with torch.no_grad():
+        log_p = teacher(ids).log_softmax(-1).flatten(0, -2)
+        for candidate in architecture.candidates:
+            student = workload.student_blocks[candidate.block]
+            assert isinstance(student, Candidates)
+            swapped = list(teacher)
+            swapped[candidate.block] = student.chosen(student.names.index(candidate.name))
+            log_q = nn.Sequential(*swapped)(ids).log_softmax(-1).flatten(0, -2)
+            expected = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+            assert candidate.loss == pytest.approx(expected, rel=1e-4, abs=1e-7)
+        kept = {c.block: c.loss for c in architecture.candidates if c.name == "keep"}
+        assert all(loss == pytest.approx(0, abs=1e-9) for loss in kept.values())
+        assert all(c.loss > kept[c.block] for c in architecture.candidates if c.name != "keep"), architecture.candidates
+    layers = [[c for c in architecture.candidates if c.block == block.block] for block in architecture.blocks]
+    limit = 0.6 * (architecture.teacher_params or 0)
+    within = [pick for pick in itertools.product(*layers) if sum(c.params for c in pick) <= limit]
+    best = min(within, key=lambda pick: sum(c.loss for c in pick))  # the brute-force choice on these losses
+    assert [block.layers[-1] for block in architecture.blocks] == [c.name for c in best]
+    with pytest.raises(SpecError, match="'logits_kl' measures a transformer search's candidates"):
+        spec_of(text_root, config=TINY_LLAMA, replacements=["ffn_1/2"], search_loss="logits_kl")
