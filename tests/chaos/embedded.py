@@ -41,6 +41,7 @@ class Up:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # more of the environment of `pipebd up` and its ranks
 
     @property
     def url(self) -> str:
@@ -60,7 +61,7 @@ class Up:
     def start(self) -> None:
         self.starts += 1
         env = {key: value for key, value in os.environ.items() if not key.startswith("PIPEBD_")}
-        env.update({"PIPEBD_CACHE_DIR": os.environ.get("PIPEBD_CACHE_DIR", ""), **UP_ENV})
+        env.update({"PIPEBD_CACHE_DIR": os.environ.get("PIPEBD_CACHE_DIR", ""), **UP_ENV, **self.env})
         env["PYTHONPATH"] = str(REPO)
         command = [
             sys.executable,

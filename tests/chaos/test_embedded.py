@@ -2,7 +2,8 @@
 broker, torchrun): the worker killed with SIGKILL while two jobs distil is started again; one job
 resumes by itself and succeeds, the other (max_restarts 0) fails `worker_lost` and resumes from the
 API; a clean shutdown leaves a queued job queued and requeues the running ones checkpointed, and the
-next start runs them all, the queued job's higher priority first.
+next start runs them all, the queued job's higher priority first. Both jobs are held mid-distillation (their
+samples load slowly while a hold file exists) until the fault has landed, so that neither can finish first.
 Every finished job's students equal those of the uninterrupted run (1e-6), its telemetry
 holds every step once, and no process of the dead worker is left."""
 
@@ -22,6 +23,7 @@ from tests.chaos.embedded import Up, assert_steps_once
 from tests.chaos.jobs import slow_job
 from tests.helpers import assert_same_weights, load_students
 from tests.service.factories import tiny_job
+from tests.service.slow_data import HOLD
 from tests.service.workers import rank_processes, wait_for
 
 TOLERANCE = 1e-6
@@ -36,7 +38,8 @@ def reference(finished_run: Callable[[Spec], RunDir]) -> RunDir:
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    service = Up(tmp_path_factory.mktemp("up"))
+    folder = tmp_path_factory.mktemp("up")
+    service = Up(folder, env={HOLD: str(folder / "hold")})
     service.start()
     yield service
     if service.process is not None and service.process.poll() is None:
@@ -48,6 +51,22 @@ def submit(up: Up, **fields: Any) -> int:
     assert response.status_code == 202, response.text
     job_id: int = response.json()["id"]
     return job_id
+
+
+@pytest.fixture
+def held(up: Up) -> Iterator[Path]:
+    """Every job's samples load slowly until the test removes the returned file (and after the test)."""
+    hold = Path(up.env[HOLD])
+    hold.touch()
+    yield hold
+    hold.unlink(missing_ok=True)
+
+
+def both_distilling(up: Up, first: int, second: int) -> None:
+    """Wait until both jobs are mid-distillation at once."""
+    distilling(up, first)
+    distilling(up, second)
+    assert up.get(f"/api/v1/jobs/{first}")["phase"] == "distill", "the first job left distill before the second got far"
 
 
 def distilling(up: Up, job_id: int) -> dict[str, Any]:
@@ -76,12 +95,12 @@ def assert_like_reference(up: Up, job: dict[str, Any], reference: RunDir) -> Non
 
 
 def test_a_worker_killed_mid_distillation_is_restarted_its_job_resumes_and_one_without_restarts_resumes_by_api(
-    up: Up, reference: RunDir
+    up: Up, reference: RunDir, held: Path
 ) -> None:
     restarted, lost = submit(up), submit(up, max_restarts=0)  # two slots: both distil when the worker dies
-    distilling(up, restarted)
-    distilling(up, lost)
+    both_distilling(up, restarted, lost)
     left = kill_worker(up)
+    held.unlink()
     assert len(left) >= 6, "two torchrun agents and their two ranks each"
     gone = lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in left)  # noqa: E731
     wait_for(gone, 30, "the dead worker's ranks to be killed")
@@ -102,13 +121,15 @@ def test_a_worker_killed_mid_distillation_is_restarted_its_job_resumes_and_one_w
     assert "starting it again" in up.output()
 
 
-def test_a_clean_shutdown_keeps_queued_jobs_queued_and_requeues_the_running_one(up: Up, reference: RunDir) -> None:
+def test_a_clean_shutdown_keeps_queued_jobs_queued_and_requeues_the_running_one(
+    up: Up, reference: RunDir, held: Path
+) -> None:
     running, other = submit(up), submit(up)
-    distilling(up, running)
-    distilling(up, other)
+    both_distilling(up, running, other)
     waiting = submit(up, **tiny_job("waiting"), priority=5)  # both slots are taken
     assert up.get(f"/api/v1/jobs/{waiting}")["state"] == "queued"
     assert up.stop() == 0
+    held.unlink()
     up.start()  # the API answers before the worker takes anything: it imports torch first
     for job_id in (running, other):
         attempt = up.get(f"/api/v1/jobs/{job_id}")["attempts"][0]
