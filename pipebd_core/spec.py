@@ -403,8 +403,12 @@ def workload_problems(spec: Spec) -> list[str]:
         )
     if dataset == "text" and kind != "transformer":
         problems.append(f"data.dataset: 'text' yields token ids for kind 'transformer', not kind {kind!r}")
-    if kind == "transformer" and spec.finetune is not None:
-        problems.append("finetune: end-to-end training of a transformer is not supported yet; remove finetune")
+    tune = spec.finetune
+    if kind == "transformer" and tune is not None and len(spec.workload.replacements) > 1 and tune.init == "scratch":
+        problems.append(
+            "finetune.init: 'scratch' of a transformer search is not supported (its chosen layers start from the"
+            " teacher's weights); use init 'distilled'"
+        )
     return problems
 
 

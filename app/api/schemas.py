@@ -166,7 +166,12 @@ class Evaluation(BaseModel):
 
     epoch: int = Field(description="epochs done when it was measured")
     step: int = Field(description="the last training step before it")
-    top1: Number | None = Field(description="top-1 accuracy, 0 to 1 (null where the data has no labels)")
+    top1: Number | None = Field(
+        description="top-1 accuracy, 0 to 1 (null where the data has no labels, and for a language model)"
+    )
+    perplexity: Number | None = Field(
+        default=None, description="a language model's held-out perplexity (null for a classifier)"
+    )
 
 
 class MetricsPage(BaseModel):
@@ -564,7 +569,9 @@ class CompareRow(BaseModel):
         description="top-1 after end-to-end training, else the compressed student's; null where none was measured"
     )
     perplexity: Number | None = Field(
-        None, description="a language model's held-out perplexity (the distilled or searched network's); else null"
+        None,
+        description="a language model's held-out perplexity, after fine-tuning where it was, else the distilled"
+        " or searched network's; else null",
     )
 
 

@@ -8,6 +8,7 @@ child, and which child is best so far. In app/core because a child's end settles
 | `student_top1` | summary.json `student_top1` | the compressed student's top-1 (labelled data only) |
 | `finetune_top1` | summary.json `finetune.top1_after` | top-1 after end-to-end training |
 | `perplexity` | summary.json `student_perplexity` | a language model's held-out perplexity, distilled or searched |
+| `finetune_perplexity` | summary.json `finetune.perplexity_after` | the same after end-to-end training |
 | `samples_per_s` | the job's measured throughput | known while a child runs, so a running child can lead |
 
 A child without the metric yet (queued, still training, no labels), or whose value is not a finite number (a
@@ -27,7 +28,7 @@ from app.core.summaries import read_summary
 from app.core.tables import Job
 from pipebd_core.documents.summary import Summary
 
-Metric = Literal["final_loss", "student_top1", "finetune_top1", "perplexity", "samples_per_s"]
+Metric = Literal["final_loss", "student_top1", "finetune_top1", "perplexity", "finetune_perplexity", "samples_per_s"]
 
 
 class Objective(BaseModel):
@@ -38,7 +39,8 @@ class Objective(BaseModel):
     metric: Metric = Field(
         description="final_loss (the mean of the blocks' final losses), student_top1 (the compressed student's"
         " top-1), finetune_top1 (top-1 after end-to-end training), perplexity (a language model's held-out"
-        " perplexity) or samples_per_s (measured throughput)"
+        " perplexity, distilled or searched), finetune_perplexity (the same after end-to-end training) or samples_per_s"
+        " (measured throughput)"
     )
     goal: Literal["minimize", "maximize"] = Field(description="whether lower or higher is better")
 
@@ -52,11 +54,16 @@ def finetune_top1(summary: Summary) -> float | None:
     return summary.finetune.top1_after if summary.finetune is not None else None
 
 
+def finetune_perplexity(summary: Summary) -> float | None:
+    return summary.finetune.perplexity_after if summary.finetune is not None else None
+
+
 FROM_SUMMARY: dict[str, Callable[[Summary], float | None]] = {
     "final_loss": final_loss,
     "student_top1": lambda summary: summary.student_top1,
     "finetune_top1": finetune_top1,
     "perplexity": lambda summary: summary.student_perplexity,
+    "finetune_perplexity": finetune_perplexity,
 }
 
 

@@ -134,7 +134,10 @@ def top1(summary: Summary) -> float | None:
 
 
 def perplexity(summary: Summary) -> float | None:
-    """A language model's held-out perplexity: the distilled (or searched) network's."""
+    """A language model's held-out perplexity: after fine-tuning where it was, else the distilled (or
+    searched) network's."""
+    if summary.finetune is not None and summary.finetune.perplexity_after is not None:
+        return summary.finetune.perplexity_after
     return summary.student_perplexity
 
 

@@ -1,7 +1,8 @@
 """The job page's outcome part: what a distillation produced, once finalize has run.
 
 The distilled (or searched) network's quality beside its teacher's, from summary.json: held-out perplexity
-for a language model, top-1 where the data set has real labels. For a transformer search, from
+for a language model (and, once a finetune phase has run, the fine-tuned model's beside it), top-1 where
+the data set has real labels. For a transformer search, from
 architecture.json: every layer's candidates with their held-out loss, parameters and KV-cache bytes per token,
 the chosen one marked, how it was chosen, and each cost the choice reached (a fraction of the teacher's
 layers') against its budget where one was set. A NAS search's choice is the architecture part's
@@ -28,6 +29,7 @@ class Quality:
     student: float | None
     teacher: float | None
     lower_wins: bool
+    finetuned: bool = False  # measured after end-to-end training (the finetune phase), else after distillation
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,12 @@ class OutcomeView:
 def quality_of(summary: Summary) -> list[Quality]:
     """The quality figures the summary has: perplexity for a language model, else top-1 where measured."""
     if summary.student_perplexity is not None:
-        return [Quality("Held-out perplexity", summary.student_perplexity, summary.teacher_perplexity, True)]
+        distilled = Quality("Held-out perplexity", summary.student_perplexity, summary.teacher_perplexity, True)
+        tuned = summary.finetune
+        if tuned is None or tuned.perplexity_after is None:
+            return [distilled]
+        after = Quality("Held-out perplexity", tuned.perplexity_after, tuned.teacher_perplexity, True, finetuned=True)
+        return [distilled, after]
     if summary.student_top1 is not None:
         return [Quality("Top-1", summary.student_top1, summary.teacher_top1, False)]
     return []

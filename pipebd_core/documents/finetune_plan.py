@@ -144,6 +144,7 @@ class FinetunePlanDocument(Flat, Document):
     steps: StepCounts
     shapes: list[list[int]]
     layer_names: list[str]
+    input_dtype: Literal["float32", "int64"] = "float32"  # the data's entering layer 0 (int64: token ids)
     actions: list[list[str]]  # pipelines: per rank, in order (pipebd_core.training.schedules.Action)
     moved: list[int]
     details: FinetuneDetails

@@ -41,6 +41,10 @@ class FinetuneReport(BaseModel):
     student: ModelSize
     teacher_top1: float | None = None  # without a teacher: absent
     teacher: ModelSize | None = None
+    # a language model (workload kind transformer): held-out perplexity instead of top-1
+    perplexity_before: float | None = None
+    perplexity_after: float | None = None
+    teacher_perplexity: float | None = None
     phase_s: dict[str, float | None] = {}  # wall seconds of every phase of the job (None: it did not run)
 
 

@@ -112,7 +112,8 @@ class EvalLine(Document, Position):
 
     phase: Literal["finetune"] = FINETUNE
     eval: Literal[True] = True
-    top1: float | None = None  # None where the data set has no labels
+    top1: float | None = None  # None where the data set has no labels, or for a language model
+    perplexity: float | None = None  # a language model's held-out perplexity (workload kind transformer)
 
     def to_json(self) -> dict[str, Any]:
         return self.line_json()

@@ -65,19 +65,26 @@ def layer_probe(network: Network, sample: torch.Tensor) -> tuple[list[list[int]]
             shapes.append(list(x.shape[1:]))
             flops.append(cost)
     network.model.train()
-    if len(shapes[-1]) != 1:
+    per_token = is_token_ids(sample)  # a language model: logits per token, (sequence, vocabulary)
+    if len(shapes[-1]) != (2 if per_token else 1):
+        what = "per token (sequence, vocabulary)" if per_token else "per class"
         raise SpecError(
             f"workload: the network to fine-tune ends in shape {tuple(shapes[-1])}, not logits; its last layer"
-            " must produce one score per class"
+            f" must produce one score {what}"
         )
     return shapes, flops
+
+
+def is_token_ids(sample: torch.Tensor) -> bool:
+    """Whether a data sample is a sequence of token ids (a language model's), not features."""
+    return not sample.dtype.is_floating_point
 
 
 def check_labels(spec: Spec) -> None:
     """A cross-entropy needs real labels; a custom data set of bare tensors has none (label -1)."""
     dataset = build_dataset(spec)
     count = min(LABEL_CHECK_SAMPLES, len(dataset))  # type: ignore[arg-type]
-    labels = [int(dataset[index][1]) for index in range(count)]
+    labels = [int(torch.as_tensor(dataset[index][1]).min()) for index in range(count)]  # one, or one per token
     if any(label < 0 for label in labels):
         raise SpecError(
             f"finetune.loss: '{spec.finetune.loss if spec.finetune else 'ce'}' trains to the labels, but the"
@@ -242,6 +249,7 @@ def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: LayerProfil
         steps=step_counts(view),
         shapes=shapes,
         layer_names=network.names,
+        input_dtype="int64" if is_token_ids(sample) else "float32",
         actions=lists,
         moved=channels if any(channels) else [],
         details=details,

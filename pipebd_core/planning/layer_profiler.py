@@ -55,12 +55,22 @@ def layer_batches(spec: Spec) -> dict[str, int]:
 
 
 def measure_layer(
-    layer: nn.Module, shape: list[int], batch: int, trials: int, device: torch.device, first: bool
+    layer: nn.Module,
+    shape: list[int],
+    batch: int,
+    trials: int,
+    device: torch.device,
+    first: bool,
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
-    """F, B, I and W of one layer at one batch, as the strategies run them (`first`: its input is the data)."""
+    """F, B, I and W of one layer at one batch, as the strategies run them (`first`: its input is the data,
+    of `dtype`: token ids are zeros, which cost what any ids do)."""
     layer = copy.deepcopy(layer).to(device).train()
     trainable = any(p.requires_grad for p in layer.parameters())
-    x = torch.randn((batch, *shape), device=device, requires_grad=not first)
+    if dtype.is_floating_point:
+        x = torch.randn((batch, *shape), device=device, requires_grad=not first)
+    else:
+        x = torch.zeros((batch, *shape), dtype=dtype, device=device)
     output = layer(x)
     grad = torch.randn_like(output)
 
@@ -167,12 +177,17 @@ def measure_p2p(sizes: list[int], trials: int, device: torch.device) -> dict[int
 
 
 def measure_rank(
-    spec: Spec, network: Network, shapes: list[list[int]], trials: int, device: torch.device
+    spec: Spec,
+    network: Network,
+    shapes: list[list[int]],
+    trials: int,
+    device: torch.device,
+    data_dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
     batches = layer_batches(spec)
     layers = {
         name: [
-            measure_layer(layer, shapes[i], batch, trials, device, first=i == 0)
+            measure_layer(layer, shapes[i], batch, trials, device, i == 0, data_dtype if i == 0 else torch.float32)
             for i, layer in enumerate(network.layers)
         ]
         for name, batch in batches.items()
@@ -254,7 +269,7 @@ def profile_layers(run_dir: RunDir, trials: int) -> None:
         for layer in network.layers:
             x = layer(x)
             shapes.append(list(x.shape[1:]))
-    measured = measure_rank(spec, network, shapes, trials, device)
+    measured = measure_rank(spec, network, shapes, trials, device, sample.dtype)
     gathered = gather_on_rank_zero(measured)
     if gathered is not None:
         run_dir.write_json(run_dir.layer_profile, pool(gathered, spec, device, shapes).to_json())

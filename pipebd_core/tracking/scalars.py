@@ -7,6 +7,7 @@ slash), and each of its points has an integer step and the wall time of the last
                                     block b at that step (a block replicated over ranks reports once each)
     finetune/loss, finetune/train_acc   likewise, over the ranks that compute a loss (a pipeline: the last stage)
     finetune/top1                   rank 0's evaluation after `step` (EvalLine)
+    finetune/perplexity             likewise, a language model's held-out perplexity (workload kind transformer)
     <phase>/samples_per_s           samples taken through the whole network per second, in windows of
                                     wall time (about WINDOWS of them); step: seconds since the phase began
     <phase>/memory_mib/rank_<r>     the rank's memory in use, and .../peak_mib/rank_<r> its peak so far;
@@ -93,6 +94,8 @@ def phase_scalars(phase: str, lines: Iterable[TelemetryLine], num_blocks: int = 
     for evaluation in evals:
         if evaluation.top1 is not None:
             series.add(f"{phase}/top1", evaluation.step, evaluation.top1, evaluation.time)
+        if evaluation.perplexity is not None:
+            series.add(f"{phase}/perplexity", evaluation.step, evaluation.perplexity, evaluation.time)
     for step, value, time in throughput(steps, num_blocks if phase == DISTILL else 1):
         series.add(f"{phase}/samples_per_s", step, value, time)
     return series.scalars()

@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core.data.datasets import build_dataset
-from pipebd_core.distill.finalize import top1_accuracy
+from pipebd_core.distill.finalize import perplexity, top1_accuracy
 from pipebd_core.documents.phases import EVALUATE
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.ranks import exit_now, phase_entry, pick_device
@@ -57,17 +57,25 @@ def run_evaluate(run_dir: RunDir) -> FinetuneReport:
     device = pick_device(spec, 0)
     sample = build_dataset(view)[0][0]
     network = build_network(spec, run_dir)
-    top1_before = top1_accuracy(network.model, view, device)
+    language = spec.workload.kind == "transformer"
+    quality = perplexity if language else top1_accuracy
+    before = quality(network.model, view, device)
     load_trained(network, run_dir, plan, plan.steps.total)
+    after = quality(network.model, view, device)
     report = FinetuneReport(
         strategy=plan.strategy,
-        top1_before=top1_before,
-        top1_after=top1_accuracy(network.model, view, device),
+        top1_before=None if language else before,
+        top1_after=None if language else after,
+        perplexity_before=before if language else None,
+        perplexity_after=after if language else None,
         student=size_of(network.model, sample.to(device)),
     )
     teacher = teacher_network(spec)
     if teacher is not None:
-        report.teacher_top1 = top1_accuracy(teacher, view, device)
+        if language:
+            report.teacher_perplexity = perplexity(teacher, view, device)
+        else:
+            report.teacher_top1 = top1_accuracy(teacher, view, device)
         report.teacher = size_of(teacher.to(device), sample.to(device))
     torch.save(network.model.state_dict(), run_dir.finetuned_model)
     if spec.workload.kind == "train":  # the same bytes: a second name, not a second copy of hundreds of MB
@@ -79,8 +87,11 @@ def run_evaluate(run_dir: RunDir) -> FinetuneReport:
     summary = run_dir.load_summary() if run_dir.summary.exists() else Summary(name=spec.name)
     summary.finetune = report
     run_dir.save_summary(summary)
-    run_dir.append_event("artifacts_written", phase=EVALUATE, top1=report.top1_after)
-    print(f"pipebd: evaluate: top-1 {report.top1_before} before, {report.top1_after} after", flush=True)
+    run_dir.append_event(
+        "artifacts_written", phase=EVALUATE, top1=report.top1_after, perplexity=report.perplexity_after
+    )
+    what = "perplexity" if language else "top-1"
+    print(f"pipebd: evaluate: {what} {before} before, {after} after", flush=True)
     return report
 
 

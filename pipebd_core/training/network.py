@@ -151,6 +151,8 @@ def build_network(spec: Spec, run_dir: RunDir | None) -> Network:
         assert run_dir is not None
         searched: nn.Module = torch.load(run_dir.searched_model, map_location="cpu", weights_only=False)
         return as_network(searched.train())
+    if kind == "transformer" and len(spec.workload.replacements) > 1:
+        return as_network(transformer_search(spec, run_dir if distilled else None).train())
     workload = build_workload(spec)
     students = workload.student_blocks
     if distilled:
@@ -167,6 +169,17 @@ def build_network(spec: Spec, run_dir: RunDir | None) -> Network:
     if workload.assemble is not None:
         return as_network(workload.assemble(students).train())
     return as_network(nn.Sequential(*students).train())
+
+
+def transformer_search(spec: Spec, run_dir: RunDir | None) -> nn.Module:
+    """A transformer search's network to fine-tune: its chosen layers (searched_model.pt), or before the
+    search has run (the preflight's checks) the first candidate of every layer, which has the same shapes."""
+    if run_dir is not None and run_dir.searched_model.exists():
+        searched: nn.Module = torch.load(run_dir.searched_model, map_location="cpu", weights_only=False)
+        return searched
+    from pipebd_core.workloads.transformer import first_candidates
+
+    return first_candidates(spec)
 
 
 def load_trained(network: Network, run_dir: RunDir, plan: TrainPlan, step_done: int) -> None:

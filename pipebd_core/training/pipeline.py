@@ -165,7 +165,7 @@ def make_stage(
 ) -> TimedStage:
     """This rank's stage, with a static example input of one micro-batch (every step has the same shapes)."""
     start, _ = plan.stage_of(rank)
-    example = torch.zeros((plan.microbatch_size, *plan.shapes[start]), device=device)
+    example = plan.example_input(start, plan.microbatch_size, device)
     dw_builder = (lambda: weights.run) if weights is not None else None
     gives, takes = shares
     return TimedStage(

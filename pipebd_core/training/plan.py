@@ -14,7 +14,10 @@ epochs and batch put where the data and step helpers of the engine read them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 from pipebd_core.distill.plan import StepPlan
 from pipebd_core.documents.finetune_plan import FinetuneDetails, FinetunePlanDocument
@@ -52,6 +55,7 @@ class TrainPlan:
     steps: StepPlan
     shapes: list[list[int]]  # per-sample shape entering each layer, then the logits'
     layer_names: list[str]
+    input_dtype: str = "float32"  # the data's, entering layer 0: int64 for token ids (a language model)
     actions: list[list[Action]] = field(default_factory=list)  # pipelines: per rank, in order
     # pipelines: per boundary s -> s+1, how many input channels of stage s's last layer have their delta
     # computed by stage s+1 (LayerPipe's moved share); empty: none anywhere
@@ -65,6 +69,13 @@ class TrainPlan:
     @property
     def microbatch_size(self) -> int:
         return self.batch_size // self.microbatches
+
+    def example_input(self, layer: int, rows: int, device: torch.device) -> torch.Tensor:
+        """Zeros of the shape and dtype entering `layer` for `rows` samples (token ids are the data's)."""
+        import torch  # here: the planner's documents are read where torch is not imported
+
+        dtype = getattr(torch, self.input_dtype) if layer == 0 else torch.float32
+        return torch.zeros((rows, *self.shapes[layer]), dtype=dtype, device=device)
 
     def stage_of(self, rank: int) -> tuple[int, int]:
         return self.stages[rank] if self.pipelined else self.stages[0]
@@ -84,6 +95,7 @@ class TrainPlan:
             steps=self.steps.counts(),
             shapes=self.shapes,
             layer_names=self.layer_names,
+            input_dtype=self.input_dtype,
             actions=[[str(action) for action in actions] for actions in self.actions],
             moved=self.moved,
             details=self.details or FinetuneDetails(layer_flops=[], requested_strategy=self.strategy),
@@ -103,6 +115,7 @@ class TrainPlan:
             steps=StepPlan.from_counts(document.steps),
             shapes=document.shapes,
             layer_names=document.layer_names,
+            input_dtype=document.input_dtype,
             actions=[[Action.parse(text) for text in actions] for actions in document.actions],
             moved=document.moved,
             details=document.details,

@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from pipebd_core.data.batches import labelled_batches
 from pipebd_core.data.datasets import build_dataset
 from pipebd_core.distill import checkpoint
-from pipebd_core.distill.finalize import top1_accuracy
+from pipebd_core.distill.finalize import perplexity, top1_accuracy
 from pipebd_core.distill.plan import shard_rows
 from pipebd_core.distill.runtime import FAULT_ENV, injected_fault_step, learning_rate
 from pipebd_core.distill.students import with_sync_batchnorm
@@ -53,10 +53,17 @@ Batch = tuple[int, torch.Tensor, torch.Tensor]
 
 
 def kd_target(teacher: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The teacher's logits and the label in one tensor (a schedule splits one target tensor by rows)."""
+    """The teacher's logits and the label in one tensor (a schedule splits one target tensor by rows): the
+    label last along the class dimension, per sample or, for a language model, per token."""
     with torch.no_grad():
         logits = teacher(inputs)
-    return torch.cat([logits, labels.unsqueeze(1).to(logits.dtype)], dim=1)
+    return torch.cat([logits, labels.unsqueeze(-1).to(logits.dtype)], dim=-1)
+
+
+def as_rows(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits as (rows, classes) and labels as (rows,): a language model's tokens are its rows, so every
+    loss is the mean over tokens (every sequence has the same length: a shard's mean weighs as its rows)."""
+    return logits.flatten(0, -2), labels.flatten()
 
 
 def make_loss(spec: Spec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -64,15 +71,21 @@ def make_loss(spec: Spec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     tune = spec.finetune
     assert tune is not None
     if tune.loss == "ce":
-        return lambda logits, labels: F.cross_entropy(logits, labels)
+        return lambda logits, labels: F.cross_entropy(*as_rows(logits, labels))
     alpha, temperature, divergence = tune.alpha, tune.temperature, DIVERGENCES[tune.divergence]
 
     def kd(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        teacher, labels = target[:, :-1], target[:, -1].long()
+        logits, labels = as_rows(logits, target[..., -1].long())
+        teacher = target[..., :-1].flatten(0, -2)
         soft = divergence(F.log_softmax(teacher / temperature, dim=1), F.log_softmax(logits / temperature, dim=1))
         return alpha * F.cross_entropy(logits, labels) + (1 - alpha) * temperature**2 * soft
 
     return kd
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Top-1 of a batch (a language model's: of its next tokens)."""
+    return float((logits.argmax(-1) == labels).float().mean())
 
 
 def kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
@@ -217,8 +230,11 @@ class Trainer:
         if self.eval_network is None:
             self.eval_network = build_network(ctx.full_spec, ctx.run_dir)
         load_trained(self.eval_network, ctx.run_dir, ctx.plan, step_done)
-        top1 = top1_accuracy(self.eval_network.model, ctx.spec, ctx.device)
-        self.telemetry.write(EvalLine(time=time.time(), rank=ctx.rank, epoch=epoch, step=step_done - 1, top1=top1))
+        model, language = self.eval_network.model, ctx.spec.workload.kind == "transformer"
+        quality = {"perplexity": perplexity(model, ctx.spec, ctx.device)} if language else {}
+        top1 = None if language else top1_accuracy(model, ctx.spec, ctx.device)
+        line = EvalLine(time=time.time(), rank=ctx.rank, epoch=epoch, step=step_done - 1, top1=top1, **quality)
+        self.telemetry.write(line)
         self.module.train()
 
 
@@ -262,7 +278,7 @@ class DDPTrainer(Trainer):
         spans = self.reduce_spans
         return {
             "loss": float(loss),
-            "acc": float((logits.argmax(1) == labels).float().mean()),
+            "acc": accuracy(logits, labels),
             "samples": len(labels),
             "segments": segments,
             "times": {"optim": optim_end - backward_end},
@@ -339,7 +355,7 @@ class PipelineTrainer(Trainer):
             assert labels is not None
             result.update(
                 loss=float(torch.stack(losses).detach().mean()),
-                acc=float((output.argmax(1) == labels).float().mean()),
+                acc=accuracy(output, labels),
                 samples=len(labels),
             )
         return result

@@ -410,17 +410,24 @@ def export_program(network: nn.Module, seq_len: int, path: Path) -> None:
 def rebuild(spec: Spec, architecture: Architecture | None = None) -> nn.Module:
     """The distilled network of a transformer job, built again from its spec and, for a search, the
     choices of its architecture.json, ready for `load_state_dict(torch.load(distilled_state.pt))`."""
-    workload = build_transformer_workload(spec)
-    students = [block for block in workload.student_blocks if isinstance(block, Candidates)]
     if architecture is None:
         if len(spec.workload.replacements) > 1:
             raise SpecError("a search's network is rebuilt from its architecture.json: pass its choices")
-        chosen = [student.chosen(0) for student in students]
-    else:
-        chosen = [
-            student.chosen(student.names.index(block.layers[0]))
-            for student, block in zip(students, architecture.blocks, strict=True)
-        ]
+        return first_candidates(spec)
+    choices = [block.layers[0] for block in architecture.blocks]
+    return _assembled(spec, lambda layer, student: student.names.index(choices[layer]))
+
+
+def first_candidates(spec: Spec) -> nn.Module:
+    """The network of every layer's first candidate (a search's shapes, before it has chosen)."""
+    return _assembled(spec, lambda layer, student: 0)
+
+
+def _assembled(spec: Spec, pick: Callable[[int, Candidates], int]) -> nn.Module:
+    """The teacher's head after, per layer, the candidate `pick(layer, candidates)` of a fresh workload."""
+    workload = build_transformer_workload(spec)
+    students = [block for block in workload.student_blocks if isinstance(block, Candidates)]
+    chosen = [student.chosen(pick(layer, student)) for layer, student in enumerate(students)]
     assert workload.teacher_network is not None, "a transformer workload has its teacher network"
     teacher = workload.teacher_network()
     assert isinstance(teacher, nn.Sequential), "the teacher network is its blocks, then the head"

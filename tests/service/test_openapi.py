@@ -352,7 +352,7 @@ def test_finetune_telemetry_is_kept_apart_with_its_evaluations(client: TestClien
     assert body["phase"] == "finetune" and body["total"] == 3
     assert [p["loss"] for p in body["points"]] == [{"network": 2.0}, {"network": 1.0}, {"network": 2.0 / 3}]
     assert [p["acc"] for p in body["points"]] == [0.25, 0.5, 0.75] and body["points"][0]["phases"]["W"] == 0.05
-    assert body["evals"] == [{"epoch": 1, "step": 2, "top1": 0.8}]
+    assert body["evals"] == [{"epoch": 1, "step": 2, "top1": 0.8, "perplexity": None}]
     distill = client.get(f"{JOBS}/{job.id}/metrics").json()
     assert distill["total"] == 2 and distill["evals"] == [] and {p["rank"] for p in distill["points"]} == {0}
 

@@ -51,6 +51,18 @@ def test_each_divergence_is_its_definition(divergence: str, seed: int) -> None:
     torch.testing.assert_close(loss(student, target), written_out(student, teacher, labels, divergence))
 
 
+def test_a_language_models_kd_is_the_mean_over_its_tokens() -> None:
+    """Logits (batch, sequence, vocabulary) with a label per token: every token is a row of the definition."""
+    loss = make_loss(digits_spec(loss="kd", alpha=ALPHA, temperature=TEMPERATURE, divergence="forward"))
+    student, teacher, labels = rows(4)  # 6 rows of 5 classes: 2 sequences of 3 tokens
+    target = torch.cat([teacher, labels.unsqueeze(1).float()], dim=1).view(2, 3, 6)
+    expected = written_out(student, teacher, labels, "forward")
+    torch.testing.assert_close(loss(student.view(2, 3, 5), target), expected)
+    cross_entropy = make_loss(digits_spec(loss="ce"))
+    per_token = cross_entropy(student.view(2, 3, 5), labels.view(2, 3))
+    torch.testing.assert_close(per_token, F.cross_entropy(student, labels))
+
+
 def test_the_divergences_differ_and_the_mixture_is_symmetric_and_bounded() -> None:
     student, teacher, labels = rows(3)
     values = {name: written_out(student, teacher, labels, name) for name in ("forward", "reverse", "jsd")}

@@ -14,7 +14,7 @@ from app.cli.remote import sweep_body
 from app.core.objectives import FROM_SUMMARY, Best, best_of
 from app.core.sweeps import sweep_state
 from app.services.search import MAX_CHILDREN, Objective, SearchError, SweepRequest, children
-from pipebd_core.documents.summary import Summary
+from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.spec import SpecError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-custom.yaml"
@@ -134,4 +134,9 @@ def test_each_summary_metric_reads_its_field() -> None:
         "student_top1": 0.75,
         "finetune_top1": None,
         "perplexity": 12.5,
+        "finetune_perplexity": None,
     }
+    summary.finetune = FinetuneReport(
+        strategy="1f1b", top1_before=None, top1_after=None, perplexity_after=9.5, student=ModelSize(params=1, flops=1)
+    )
+    assert FROM_SUMMARY["finetune_perplexity"](summary) == 9.5 and FROM_SUMMARY["perplexity"](summary) == 12.5

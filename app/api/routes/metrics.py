@@ -67,7 +67,7 @@ def read_metrics(
     return {
         "job_id": job.id,
         "phase": phase,
-        "evals": [{"epoch": e.epoch, "step": e.step, "top1": e.top1} for e in evals],
+        "evals": [{"epoch": e.epoch, "step": e.step, "top1": e.top1, "perplexity": e.perplexity} for e in evals],
         "total": total,
         "downsampled": len(points) < total,
         "max_points": max_points,

@@ -1,0 +1,121 @@
+"""The finetune phase of a transformer: a distilled tiny Llama trained end to end with KD on its logits.
+
+Tier: one 2-rank gloo job through the supervisor (tr_dpu distillation, then a zero-bubble pipeline of the
+decoder layers, token ids entering stage 0), against end-to-end training written out here from the same
+distilled weights: per-token KD (alpha x CE + (1 - alpha) x T^2 x KL of the softened teacher and student
+next-token distributions), full batches, SGD with the phase's cosine schedule. The kd loss's algebra on
+(batch, sequence, vocabulary) logits is checked without ranks in tests/unit/test_kd_losses.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipebd_core.data.batches import global_batch_indices, total_steps
+from pipebd_core.data.datasets import build_dataset
+from pipebd_core.distill.finalize import perplexity
+from pipebd_core.job.launch import preflight
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec, SpecError, parse_spec
+from pipebd_core.training.network import build_network, teacher_network
+from pipebd_core.training.plan import finetune_view
+from tests.helpers import assert_same_weights
+from tests.transformer_specs import transformer_document, write_text
+
+ALPHA, TEMPERATURE = 0.4, 2.0
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory) -> Spec:
+    document = transformer_document(write_text(tmp_path_factory.mktemp("text")), schedule={"nproc": 2})
+    document["finetune"] = {
+        "strategy": "zb",
+        "loss": "kd",
+        "alpha": ALPHA,
+        "temperature": TEMPERATURE,
+        "microbatches": 3,
+        "epochs": 1,
+        "max_steps": 3,
+        "lr": 0.05,
+        "profile": False,
+    }
+    return parse_spec(document)
+
+
+def kd_training(spec: Spec, run_dir: RunDir) -> dict[str, torch.Tensor]:
+    """The distilled network of `run_dir` trained end to end with per-token KD, written out."""
+    view = finetune_view(spec)
+    network = build_network(spec, run_dir).model  # the distilled students, embedding and head frozen
+    teacher = teacher_network(spec)
+    assert teacher is not None
+    train = view.train
+    trainable = [p for p in network.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(trainable, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+    dataset = build_dataset(view)
+    steps = total_steps(view, len(dataset))
+    for step in range(steps):
+        batch = [dataset[i] for i in global_batch_indices(view, len(dataset), step)]
+        ids, next_ids = torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])
+        for group in optimizer.param_groups:
+            group["lr"] = train.lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+        optimizer.zero_grad()
+        logits = network(ids)  # (batch, sequence, vocabulary)
+        with torch.no_grad():
+            p = (teacher(ids) / TEMPERATURE).softmax(-1)
+        log_q = (logits / TEMPERATURE).log_softmax(-1)
+        per_token_kl = (p * (p.log() - log_q)).sum(-1)  # (batch, sequence)
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), next_ids.reshape(-1))
+        (ALPHA * ce + (1 - ALPHA) * TEMPERATURE**2 * per_token_kl.mean()).backward()
+        optimizer.step()
+    return network.state_dict()
+
+
+def test_a_pipelined_kd_finetune_trains_what_end_to_end_kd_trains(
+    spec: Spec, finished_run: Callable[[Spec], RunDir]
+) -> None:
+    run_dir = finished_run(spec)
+    plan = run_dir.read_json(run_dir.finetune_plan)
+    assert plan["strategy"] == "zb" and len(plan["stages"]) == 2 and plan["input_dtype"] == "int64"
+    trained = torch.load(run_dir.finetuned_model, map_location="cpu", weights_only=True)
+    expected = kd_training(spec, run_dir)
+    assert_same_weights(trained, expected)
+    distilled = build_network(spec, run_dir).model.state_dict()
+    assert any(not torch.equal(trained[key], value) for key, value in distilled.items())  # it did train
+
+
+def test_evaluate_reports_perplexity_before_and_after_and_the_teachers(
+    spec: Spec, finished_run: Callable[[Spec], RunDir]
+) -> None:
+    run_dir = finished_run(spec)  # the run above: no new launch
+    report = run_dir.load_summary().finetune
+    assert report is not None and report.top1_after is None
+    network = build_network(spec, run_dir).model
+    before = perplexity(network, spec, torch.device("cpu"))
+    network.load_state_dict(torch.load(run_dir.finetuned_model, map_location="cpu", weights_only=True))
+    after = perplexity(network, spec, torch.device("cpu"))
+    teacher = teacher_network(spec)
+    assert teacher is not None
+    assert report.perplexity_before == pytest.approx(before, rel=1e-6) and before != pytest.approx(after, rel=1e-6)
+    assert report.perplexity_after == pytest.approx(after, rel=1e-6)
+    assert report.teacher_perplexity == pytest.approx(perplexity(teacher, spec, torch.device("cpu")), rel=1e-6)
+    lines = [json.loads(line) for line in run_dir.metrics(0, "finetune").read_text().splitlines()]
+    evaluations = [line for line in lines if line.get("eval")]
+    assert evaluations and evaluations[-1]["perplexity"] == pytest.approx(after, rel=1e-6)
+
+
+def test_a_transformer_search_fine_tunes_from_its_distilled_layers_only(spec: Spec) -> None:
+    """Refused before launch: a search started from scratch (its layers come from the teacher's weights)."""
+    document = json.loads(spec.model_dump_json(exclude_none=True))
+    document["workload"]["replacements"] = ["keep", "ffn_1/2"]
+    document["workload"]["budget"] = {"params": 0.9}
+    document["finetune"]["init"] = "scratch"
+    with pytest.raises(SpecError, match=r"finetune\.init: 'scratch' of a transformer search is not supported"):
+        preflight(parse_spec(document))
+    document["finetune"]["init"] = "distilled"
+    preflight(parse_spec(document))  # the first candidates' shapes stand in for the search's until it has run
