@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,27 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
         if any(text in part for part in process.info["cmdline"] or []):
             found.append(process)
     return found
+
+
+def end_to_end_training(
+    spec: Spec, network: nn.Module, loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The finetune phase written out: `network`'s trainable weights, full global batches of the phase's
+    data in order, SGD with its cosine schedule, `loss(inputs, outputs, labels)` per step."""
+    from pipebd_core.training.plan import finetune_view
+
+    view = finetune_view(spec)
+    train = view.train
+    trainable = [p for p in network.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(trainable, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+    dataset = build_dataset(view)
+    steps = total_steps(view, len(dataset))
+    for step in range(steps):
+        batch = [dataset[i] for i in global_batch_indices(view, len(dataset), step)]
+        inputs, labels = torch.stack([x for x, _ in batch]), torch.stack([torch.as_tensor(y) for _, y in batch])
+        for group in optimizer.param_groups:
+            group["lr"] = train.lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+        optimizer.zero_grad()
+        loss(inputs, network(inputs), labels).backward()
+        optimizer.step()
+    return network.state_dict()

@@ -9,7 +9,6 @@ distilled from.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -21,15 +20,12 @@ import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from pipebd_core.data.batches import global_batch_indices, total_steps
-from pipebd_core.data.datasets import build_dataset
 from pipebd_core.job.launch import preflight
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.training.deferred import defer_weight_gradients
 from pipebd_core.training.network import build_network
-from pipebd_core.training.plan import finetune_view
-from tests.helpers import assert_same_weights, run_job
+from tests.helpers import assert_same_weights, end_to_end_training, run_job
 
 
 def e2e_document(strategy: str, nproc: int, **finetune: Any) -> dict[str, Any]:
@@ -54,23 +50,8 @@ def e2e_document(strategy: str, nproc: int, **finetune: Any) -> dict[str, Any]:
 
 def full_batch_training(spec: Spec) -> dict[str, torch.Tensor]:
     """End-to-end training written out: the definition every strategy must meet."""
-    view = finetune_view(spec)
     network = build_network(spec, None).model
-    train = view.train
-    optimizer = torch.optim.SGD(
-        network.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
-    )
-    dataset = build_dataset(view)
-    steps = total_steps(view, len(dataset))
-    for step in range(steps):
-        batch = [dataset[i] for i in global_batch_indices(view, len(dataset), step)]
-        inputs, labels = torch.stack([x for x, _ in batch]), torch.tensor([y for _, y in batch])
-        for group in optimizer.param_groups:
-            group["lr"] = train.lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-        optimizer.zero_grad()
-        F.cross_entropy(network(inputs), labels).backward()
-        optimizer.step()
-    return network.state_dict()
+    return end_to_end_training(spec, network, lambda inputs, logits, labels: F.cross_entropy(logits, labels))
 
 
 def trained(run_dir: RunDir) -> dict[str, torch.Tensor]:

@@ -10,22 +10,18 @@ next-token distributions), full batches, SGD with the phase's cosine schedule. T
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pipebd_core.data.batches import global_batch_indices, total_steps
-from pipebd_core.data.datasets import build_dataset
 from pipebd_core.distill.finalize import perplexity
 from pipebd_core.job.launch import preflight
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.training.network import build_network, teacher_network
-from pipebd_core.training.plan import finetune_view
-from tests.helpers import assert_same_weights
+from tests.helpers import assert_same_weights, end_to_end_training
 from tests.transformer_specs import transformer_document, write_text
 
 ALPHA, TEMPERATURE = 0.4, 2.0
@@ -50,30 +46,19 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> Spec:
 
 def kd_training(spec: Spec, run_dir: RunDir) -> dict[str, torch.Tensor]:
     """The distilled network of `run_dir` trained end to end with per-token KD, written out."""
-    view = finetune_view(spec)
-    network = build_network(spec, run_dir).model  # the distilled students, embedding and head frozen
     teacher = teacher_network(spec)
     assert teacher is not None
-    train = view.train
-    trainable = [p for p in network.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(trainable, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
-    dataset = build_dataset(view)
-    steps = total_steps(view, len(dataset))
-    for step in range(steps):
-        batch = [dataset[i] for i in global_batch_indices(view, len(dataset), step)]
-        ids, next_ids = torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])
-        for group in optimizer.param_groups:
-            group["lr"] = train.lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-        optimizer.zero_grad()
-        logits = network(ids)  # (batch, sequence, vocabulary)
-        with torch.no_grad():
+
+    def kd(ids: torch.Tensor, logits: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():  # logits: (batch, sequence, vocabulary)
             p = (teacher(ids) / TEMPERATURE).softmax(-1)
         log_q = (logits / TEMPERATURE).log_softmax(-1)
         per_token_kl = (p * (p.log() - log_q)).sum(-1)  # (batch, sequence)
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), next_ids.reshape(-1))
-        (ALPHA * ce + (1 - ALPHA) * TEMPERATURE**2 * per_token_kl.mean()).backward()
-        optimizer.step()
-    return network.state_dict()
+        return ALPHA * ce + (1 - ALPHA) * TEMPERATURE**2 * per_token_kl.mean()
+
+    network = build_network(spec, run_dir).model  # the distilled students, embedding and head frozen
+    return end_to_end_training(spec, network, kd)
 
 
 def test_a_pipelined_kd_finetune_trains_what_end_to_end_kd_trains(
