@@ -30,7 +30,11 @@ def preload(run_dir: RunDir) -> list[str]:
     import and report, where their errors are written."""
     spec = run_dir.load_spec()
     loaded = []
-    network = "torchvision.models" if spec.workload.kind == "train" and spec.workload.factory is None else None
+    w = spec.workload
+    if w.kind != "train" or w.factory is not None:
+        network = None
+    else:  # what network_to_train builds: a language model of a config, or a torchvision classifier
+        network = "transformers" if w.config is not None else "torchvision.models"
     for module in (workload_module(spec), network, dataset_module(spec)):
         if module is None:
             continue

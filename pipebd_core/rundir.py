@@ -35,6 +35,8 @@ onto a run directory (a test checks it).
     finetuned_model.pt                 finetune: the trained network's state_dict
     finetuned_model.pt2                finetune: the same network as a torch.export program
     teacher.pt                         kind train: the trained classifier, a torchvision-format state_dict
+    teacher_model/                     kind train of a language model (workload.config): the trained model as a
+                                       Hugging Face model directory (config.json, model.safetensors)
     summary.json                       final losses, accuracies, wall time
 
 `OUTPUTS` lists the top-level files with their media type and meaning: the service offers exactly
@@ -216,6 +218,11 @@ class RunDir:
     @property
     def teacher(self) -> Path:
         return self.output("teacher.pt")
+
+    @property
+    def teacher_model(self) -> Path:
+        """A folder, not a download: the service offers its files through teacher.pt's state_dict only."""
+        return self.root / "teacher_model"
 
     @property
     def checkpoints(self) -> CheckpointFolder:

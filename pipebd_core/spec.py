@@ -78,6 +78,7 @@ class Budget(_Strict):
 
 class WorkloadSpec(_Strict):
     # compression and nas distil students; custom distils a factory's blocks; train trains `teacher` itself
+    # (or, with `config`, a causal language model of that Hugging Face config, from scratch on text)
     # transformer distils a Hugging Face decoder model layer by layer
     kind: Literal["compression", "nas", "custom", "train", "transformer"] = "compression"
     # compression: a torchvision VGG (default vgg16); nas: mobilenet_v2; train: what to train;
@@ -110,10 +111,16 @@ class WorkloadSpec(_Strict):
     # with that one layer swapped for the candidate (Puzzle's replace-one-block score), on held-out tokens
     search_loss: Literal["block", "logits_kl"] = "block"
 
+    @property
+    def language_model(self) -> bool:
+        """Whether the network is a causal language model (token ids in, next-token logits out): a transformer
+        workload's, or the one kind train trains from a config."""
+        return self.kind == "transformer" or (self.kind == "train" and self.config is not None)
+
     @model_validator(mode="before")
     @classmethod
     def _default_teacher(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("kind") == "transformer":
+        if isinstance(data, dict) and (data.get("kind") == "transformer" or data.get("config") is not None):
             return data  # a model directory, or a config: no default
         if isinstance(data, dict) and data.get("teacher", "") == "":  # absent or "": a default; {} stays an error
             data = {**data, "teacher": "mobilenet_v2" if data.get("kind") == "nas" else "vgg16"}
@@ -131,17 +138,28 @@ class WorkloadSpec(_Strict):
             )
         if kind == "nas" and value != "mobilenet_v2":
             raise ValueError(f"{value!r} is not supported for nas; use mobilenet_v2")
-        if kind == "train" and value not in TRAINED_NETWORKS:
-            raise ValueError(f"{value!r} cannot be trained here; use one of " + ", ".join(TRAINED_NETWORKS))
+        if kind == "train" and value and value not in TRAINED_NETWORKS:
+            raise ValueError(
+                f"{value!r} cannot be trained here; use one of " + ", ".join(TRAINED_NETWORKS) + ", or a language"
+                " model's config (config: {model_type: llama, ...})"
+            )
         return value
 
     @field_validator("config")
     @classmethod
     def _config_fits_kind(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
         kind, teacher = info.data.get("kind"), info.data.get("teacher")
-        if kind != "transformer":
+        if kind == "train" and value is not None and teacher:
+            raise ValueError(
+                f"kind 'train' trains either a torchvision classifier (teacher: {teacher!r}) or a language model"
+                " of a config; give one"
+            )
+        if kind not in ("transformer", "train"):
             if value is not None:
-                raise ValueError(f"config builds a transformer teacher; kind {kind!r} has none, remove it")
+                raise ValueError(
+                    f"config builds a transformer (kind 'transformer' distils it, 'train' trains it); kind {kind!r}"
+                    " has none, remove it"
+                )
             return value
         if bool(teacher) == (value is not None):
             raise ValueError(
@@ -401,8 +419,15 @@ def workload_problems(spec: Spec) -> list[str]:
             f"data.dataset: workload kind 'transformer' reads token ids; use 'text' (a folder of .txt/.md/.jsonl"
             f" files) or 'custom', not {dataset!r}"
         )
-    if dataset == "text" and kind != "transformer":
-        problems.append(f"data.dataset: 'text' yields token ids for kind 'transformer', not kind {kind!r}")
+    if kind == "train" and spec.workload.language_model and dataset not in ("text", "custom"):
+        problems.append(
+            f"data.dataset: a language model (workload.config) trains on token ids; use 'text', not {dataset!r}"
+        )
+    if dataset == "text" and not spec.workload.language_model:
+        problems.append(
+            f"data.dataset: 'text' yields token ids for kind 'transformer' (or kind 'train' with a language"
+            f" model's config), not kind {kind!r}"
+        )
     tune = spec.finetune
     if kind == "transformer" and tune is not None and len(spec.workload.replacements) > 1 and tune.init == "scratch":
         problems.append(

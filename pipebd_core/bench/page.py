@@ -10,7 +10,8 @@ A section of docs/benchmarks.md that comes from records sits between two markers
 names (paths relative to the repository root), leaving the rest of the page as it is: a `pipebd bench`
 record (bench.json) renders as `pipebd bench --report` prints it, a service benchmark's result file
 (`"benchmark": "compare"`, from benchmarks/compare_500.py) as its latency table, a shaped-link result
-(`"benchmark": "shaped_link"`, benchmarks/shaped_link.py) as its predicted-against-measured table; `pipebd bench
+(`"benchmark": "shaped_link"`, benchmarks/shaped_link.py) as its predicted-against-measured table, a language
+model result (`"benchmark": "language_model"`, benchmarks/language_model.py) as its perplexity table; `pipebd bench
 --update-page docs/benchmarks.md` writes it back, and the suite checks that the page equals its
 regeneration, so no figure of a generated section is ever typed.
 """
@@ -52,6 +53,8 @@ def render_file(path: Path) -> str:
         return render_compare(data)
     if isinstance(data, dict) and data.get("benchmark") == "shaped_link":
         return render_shaped_link(data)
+    if isinstance(data, dict) and data.get("benchmark") == "language_model":
+        return render_language_model(data)
     return render([load_record(path)])
 
 
@@ -93,5 +96,33 @@ def render_shaped_link(record: dict[str, Any]) -> str:
         lines.append(
             f"| {arm['mode']} | {stages} | {arm['crossing_routes']} | {predicted * 1e3:.1f} ms |"
             f" {measured * 1e3:.1f} ms{shared} | {error} | {what_if * 1e3:.1f} ms |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_language_model(record: dict[str, Any]) -> str:
+    """benchmarks/language_model.py's result: per model, held-out perplexity, decoder-layer costs against the
+    teacher's, forward tokens/s and the steps it trained."""
+    rows = record["rows"]
+    teacher, searched = rows[0], rows[1]
+    reached = ", ".join(f"{name} {value:.1%}" for name, value in searched["reached"].items())
+    jobs = [row["job"] for row in rows if "job" in row]
+    walls = " / ".join(f"{job['wall_s']:.0f} s" for job in jobs)
+    load = "**shared**" if any(job["load"]["shared"] for job in jobs) else "quiet"
+    lines = [
+        f"Commit `{record['commit']}`; budget {searched['budget']}, reached {reached}; layers chosen:"
+        f" {', '.join(searched['chosen'])}. Jobs {walls} (teacher / distillation and fine-tuning / scratch), {load}.",
+        "",
+        "| model | held-out perplexity | decoder-layer parameters | KV cache per token | forward tokens/s |"
+        " steps trained |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        params = f"{row['params']:,} ({row['params'] / teacher['params']:.0%})"
+        kv = f"{row['kv_cache_bytes']} B ({row['kv_cache_bytes'] / teacher['kv_cache_bytes']:.0%})"
+        parts = [f"{row['distill_steps']} blockwise", f"{row['end_to_end_steps']} end to end"]
+        steps = " + ".join(part for part in parts if not part.startswith("0 "))
+        lines.append(
+            f"| {row['model']} | {row['perplexity']:.2f} | {params} | {kv} | {row['tokens_per_s']:,.0f} | {steps} |"
         )
     return "\n".join(lines) + "\n"

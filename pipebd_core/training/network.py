@@ -98,9 +98,13 @@ def as_network(model: nn.Module) -> Network:
 
 
 def network_to_train(spec: Spec) -> nn.Module:
-    """kind train: the factory's network, or the torchvision one named by workload.teacher, seeded as
-    torchvision initialises it."""
+    """kind train: the factory's network, the torchvision one named by workload.teacher, seeded as
+    torchvision initialises it, or the causal language model of workload.config."""
     w, classes, seed = spec.workload, spec.data.num_classes, spec.train.seed
+    if w.config is not None:
+        from pipebd_core.workloads.transformer import language_model_to_train
+
+        return language_model_to_train(spec)
     if w.factory is not None:
         torch.manual_seed(block_seed(seed, "teacher", 0))
         network = call_factory(w.factory, "workload.factory", w.options)

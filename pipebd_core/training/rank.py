@@ -230,7 +230,7 @@ class Trainer:
         if self.eval_network is None:
             self.eval_network = build_network(ctx.full_spec, ctx.run_dir)
         load_trained(self.eval_network, ctx.run_dir, ctx.plan, step_done)
-        model, language = self.eval_network.model, ctx.spec.workload.kind == "transformer"
+        model, language = self.eval_network.model, ctx.spec.workload.language_model
         quality = {"perplexity": perplexity(model, ctx.spec, ctx.device)} if language else {}
         top1 = None if language else top1_accuracy(model, ctx.spec, ctx.device)
         line = EvalLine(time=time.time(), rank=ctx.rank, epoch=epoch, step=step_done - 1, top1=top1, **quality)

@@ -434,6 +434,28 @@ def _assembled(spec: Spec, pick: Callable[[int, Candidates], int]) -> nn.Module:
     return nn.Sequential(*chosen, teacher[-1]).eval()
 
 
+def language_model_to_train(spec: Spec) -> nn.Module:
+    """kind train with a config: the random causal LM of `workload.config` as layers to train end to end
+    (embedding, every decoder layer, final norm and head), seeded as the transformer workload's teacher."""
+    return _trainable(spec)[1]
+
+
+def save_language_model(spec: Spec, state: dict[str, torch.Tensor], folder: Path) -> None:
+    """The trained layers of `language_model_to_train` as a Hugging Face model directory (config.json and
+    safetensors weights) that `workload.teacher` of a transformer job loads."""
+    model, network = _trainable(spec)
+    network.load_state_dict(state)  # the layers are the model's own modules: its weights now
+    model.save_pretrained(str(folder), safe_serialization=True)
+
+
+def _trainable(spec: Spec) -> tuple[Any, nn.Module]:
+    model, _ = load_teacher(spec)  # its warning is a distillation's: here the random model is what trains
+    check_fits_data(model.config, spec)
+    parts = split_model(model)
+    layers = [parts.block(layer) for layer in parts.layers]
+    return model, nn.Sequential(parts.embedding, *layers, parts.head).train()
+
+
 def build_transformer_workload(spec: Spec) -> Workload:
     model, warnings = load_teacher(spec)
     check_fits_data(model.config, spec)

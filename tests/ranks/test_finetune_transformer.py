@@ -1,4 +1,5 @@
-"""The finetune phase of a transformer: a distilled tiny Llama trained end to end with KD on its logits.
+"""The finetune phase of a transformer: a distilled tiny Llama trained end to end with KD on its logits,
+and a tiny Llama trained from scratch here (kind train) as the teacher a transformer job loads.
 
 Tier: one 2-rank gloo job through the supervisor (tr_dpu distillation, then a zero-bubble pipeline of the
 decoder layers, token ids entering stage 0), against end-to-end training written out here from the same
@@ -21,6 +22,7 @@ from pipebd_core.job.launch import preflight
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.training.network import build_network, teacher_network
+from pipebd_core.workloads.transformer import language_model_to_train
 from tests.helpers import assert_same_weights, end_to_end_training
 from tests.transformer_specs import transformer_document, write_text
 
@@ -49,13 +51,14 @@ def kd_training(spec: Spec, run_dir: RunDir) -> dict[str, torch.Tensor]:
     teacher = teacher_network(spec)
     assert teacher is not None
 
-    def kd(ids: torch.Tensor, logits: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():  # logits: (batch, sequence, vocabulary)
+    def kd(ids: torch.Tensor, logits: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:  # logits (B, T, V)
+        with torch.no_grad():
             p = (teacher(ids) / TEMPERATURE).softmax(-1)
         log_q = (logits / TEMPERATURE).log_softmax(-1)
         per_token_kl = (p * (p.log() - log_q)).sum(-1)  # (batch, sequence)
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), next_ids.reshape(-1))
-        return ALPHA * ce + (1 - ALPHA) * TEMPERATURE**2 * per_token_kl.mean()
+        return (
+            ALPHA * next_token_cross_entropy(ids, logits, next_ids) + (1 - ALPHA) * TEMPERATURE**2 * per_token_kl.mean()
+        )
 
     network = build_network(spec, run_dir).model  # the distilled students, embedding and head frozen
     return end_to_end_training(spec, network, kd)
@@ -104,3 +107,34 @@ def test_a_transformer_search_fine_tunes_from_its_distilled_layers_only(spec: Sp
         preflight(parse_spec(document))
     document["finetune"]["init"] = "distilled"
     preflight(parse_spec(document))  # the first candidates' shapes stand in for the search's until it has run
+
+
+def next_token_cross_entropy(ids: torch.Tensor, logits: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), next_ids.reshape(-1))
+
+
+def test_a_language_model_trained_here_is_a_teacher_a_transformer_job_loads(
+    spec: Spec, finished_run: Callable[[Spec], RunDir]
+) -> None:
+    document = json.loads(spec.model_dump_json(exclude_none=True))
+    document["workload"] = {"kind": "train", "config": document["workload"]["config"]}
+    document["finetune"] = {"strategy": "ddp", "epochs": 1, "max_steps": 3, "lr": 0.3, "profile": False}
+    teacher_spec = parse_spec(document)
+    run_dir = finished_run(teacher_spec)
+    trained = torch.load(run_dir.finetuned_model, map_location="cpu", weights_only=True)
+    network = language_model_to_train(teacher_spec)
+    expected = end_to_end_training(teacher_spec, network, next_token_cross_entropy)
+    assert_same_weights(trained, expected)
+    report = run_dir.load_summary().finetune
+    assert report is not None and report.top1_after is None and report.perplexity_after is not None
+    assert report.teacher_perplexity == report.perplexity_after < report.perplexity_before
+    compress = json.loads(spec.model_dump_json(exclude_none=True))
+    compress["workload"] = {"kind": "transformer", "teacher": str(run_dir.teacher_model), "replacements": ["ffn_1/2"]}
+    compress_spec = parse_spec(compress)
+    preflight(compress_spec)  # a model directory of a supported family: config.json and safetensors
+    teacher = teacher_network(compress_spec)
+    assert teacher is not None
+    network.load_state_dict(trained)
+    ids = torch.randint(0, 257, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(teacher(ids), network.eval()(ids))

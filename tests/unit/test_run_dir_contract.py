@@ -28,6 +28,7 @@ FOLDERS = (
     "stop.json",
     "stop_at.json",
     "tensorboard",
+    "teacher_model",
 )
 PATTERN = re.compile(r"^(rank|block|step)-")  # rank-<r>.log, block-<i>/, step-<s>.pt
 NAMES = {output.name for output in OUTPUTS} | set(FOLDERS)

@@ -25,6 +25,7 @@ from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.workloads.candidates import Candidates
 from pipebd_core.workloads.linear_attention import linear_attention_forward
 from pipebd_core.workloads.replacements import ffn_channels
+from pipebd_core.workloads.transformer import language_model_to_train, save_language_model
 from pipebd_core.workloads.workload import build_workload
 from tests.transformer_specs import TINY_LLAMA, transformer_document, write_text
 
@@ -478,3 +479,50 @@ def test_a_search_by_logits_kl_scores_each_candidate_swapped_into_the_teacher(te
     assert [block.layers[-1] for block in architecture.blocks] == [c.name for c in best]
     with pytest.raises(SpecError, match="'logits_kl' measures a transformer search's candidates"):
         spec_of(text_root, config=TINY_LLAMA, replacements=["ffn_1/2"], search_loss="logits_kl")
+
+
+@pytest.mark.parametrize(
+    ("workload", "data", "message"),
+    [
+        ({"kind": "train", "teacher": "vgg11", "config": TINY_LLAMA}, {}, "a language model of a config; give one"),
+        (
+            {"kind": "train", "config": TINY_LLAMA},
+            {"dataset": "digits"},
+            r"trains on token ids; use 'text', not 'digits'",
+        ),
+        (
+            {"kind": "train", "teacher": "vgg11"},
+            {},
+            r"'text' yields token ids for kind 'transformer' \(or kind 'train'",
+        ),
+        ({"kind": "compression", "config": TINY_LLAMA}, {}, "kind 'compression' has none, remove it"),
+    ],
+)
+def test_a_language_model_to_train_needs_a_config_and_text(
+    workload: dict, data: dict, message: str, text_root: Path
+) -> None:
+    document = transformer_document(text_root, data=data)
+    document["workload"] = workload
+    document["finetune"] = {"strategy": "ddp", "profile": False}
+    with pytest.raises(SpecError, match=message):
+        parse_spec(document)
+
+
+def test_a_language_model_trained_from_a_config_is_every_layer_trainable_and_saves_as_a_model_directory(
+    text_root: Path, tmp_path: Path
+) -> None:
+    document = transformer_document(text_root)
+    document["workload"] = {"kind": "train", "config": TINY_LLAMA}
+    document["finetune"] = {"strategy": "ddp", "profile": False}
+    spec = parse_spec(document)
+    network = language_model_to_train(spec)
+    assert len(network) == 6 and all(p.requires_grad for p in network.parameters())  # embedding, 4 layers, head
+    with torch.no_grad():
+        for parameter in network.parameters():
+            parameter.add_(0.01)  # "trained": no longer the random model the config seeds
+    save_language_model(spec, network.state_dict(), tmp_path / "model")
+    loaded = build_workload(spec_of(text_root, teacher=str(tmp_path / "model"))).teacher_network
+    assert loaded is not None
+    ids = torch.randint(0, 257, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded()(ids), network.eval()(ids))
