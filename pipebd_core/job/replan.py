@@ -21,6 +21,7 @@ steps, on the same batches, with the same learning rates, whichever ranks run it
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from pipebd_core.planning.resolve import resolve_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 
+RELAUNCH_ENV = "PIPEBD_RELAUNCH_S"  # seconds a relaunch costs, instead of this launch's measured start-up
 THRESHOLD = 0.2  # measured step this far from the prediction (relative): look for a better plan
 MARGIN = 0.1  # another plan must be predicted this much faster (relative) under the calibrated costs
 
@@ -181,6 +183,8 @@ class DistillMonitor:
         assert self.window is not None
         first_lines = [lines[0].time for lines in self.window.lines.values() if lines]
         relaunch_s = max(first_lines, default=self.launched_at) - self.launched_at
+        if os.environ.get(RELAUNCH_ENV):
+            relaunch_s = float(os.environ[RELAUNCH_ENV])
         done = len(plan.details.replans)
         remaining = plan.total_steps - latest - 1
         assert plan.predictions is not None, "only a plan with predictions is re-planned"
