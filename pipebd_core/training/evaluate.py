@@ -24,7 +24,6 @@ from pipebd_core.documents.phases import EVALUATE
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.ranks import exit_now, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import Spec
 from pipebd_core.training.network import build_network, load_trained, parameters, teacher_network
 from pipebd_core.training.plan import TrainPlan, finetune_view
 from pipebd_core.workloads.flops import count_flops
@@ -45,13 +44,6 @@ def export(model: nn.Module, sample: torch.Tensor, run_dir: RunDir) -> None:
     batch = {0: torch.export.Dim("batch", min=1)}
     program = torch.export.export(model.cpu().eval(), (example,), dynamic_shapes=(batch,))
     torch.export.save(program, run_dir.exported_model)
-
-
-def save_trained_language_model(spec: Spec, model: nn.Module, run_dir: RunDir) -> None:
-    """kind train of a language model: the trained layers as a Hugging Face model directory."""
-    from pipebd_core.workloads.transformer import save_language_model
-
-    save_language_model(spec, model.state_dict(), run_dir.teacher_model)
 
 
 def phase_seconds(run_dir: RunDir) -> dict[str, float | None]:
@@ -90,8 +82,10 @@ def run_evaluate(run_dir: RunDir) -> FinetuneReport:
         run_dir.teacher.unlink(missing_ok=True)
         os.link(run_dir.finetuned_model, run_dir.teacher)
         report.teacher_top1, report.teacher = report.top1_after, report.student
-        if language:
-            save_trained_language_model(spec, network.model, run_dir)
+        if language:  # also as a Hugging Face model directory, which a transformer job takes as its teacher
+            from pipebd_core.workloads.transformer import save_language_model
+
+            save_language_model(spec, network.model.state_dict(), run_dir.teacher_model)
             report.teacher_perplexity = report.perplexity_after
     export(network.model, sample, run_dir)
     report.phase_s = phase_seconds(run_dir)
