@@ -17,11 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 MODES = ("dp", "ls", "ir", "tr", "tr_dpu", "hybrid", "auto")
 COMPRESSION_TEACHERS = ("vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn")
-TRAINED_NETWORKS = (*COMPRESSION_TEACHERS, "mobilenet_v2")  # kind train: torchvision classifiers from scratch
 STRATEGIES = ("ddp", "gpipe", "1f1b", "zb", "auto")
 PARTITIONERS = ("even", "pipedream", "layerpipe", "auto")  # how a pipeline's layers are cut into stages
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 TRANSFORMER_FAMILIES = ("llama", "qwen2", "mistral", "gpt2")  # Hugging Face model_type of a transformer teacher
+VIT_TEACHERS = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")  # torchvision vision transformers
+VIT_FAMILY = "vision_transformer"  # workload.config's model_type of a random torchvision VisionTransformer
+TRAINED_NETWORKS = (*COMPRESSION_TEACHERS, "mobilenet_v2", *VIT_TEACHERS)  # kind train: torchvision classifiers
 # transformer replacements of a decoder layer (docs/transformers.md): the layer kept, its FFN narrowed to a
 # fraction, its KV heads mean-pooled to a count, linear attention, its attention removed, a linear map, nothing
 REPLACEMENT_PATTERN = re.compile(
@@ -79,10 +81,11 @@ class Budget(_Strict):
 class WorkloadSpec(_Strict):
     # compression and nas distil students; custom distils a factory's blocks; train trains `teacher` itself
     # (or, with `config`, a causal language model of that Hugging Face config, from scratch on text)
-    # transformer distils a Hugging Face decoder model layer by layer
+    # transformer distils a Hugging Face decoder model, or a torchvision vision transformer, layer by layer
     kind: Literal["compression", "nas", "custom", "train", "transformer"] = "compression"
     # compression: a torchvision VGG (default vgg16); nas: mobilenet_v2; train: what to train;
-    # transformer: a local Hugging Face model directory (config.json and safetensors), or "" with `config`
+    # transformer: a local Hugging Face model directory (config.json and safetensors), a torchvision vision
+    # transformer (VIT_TEACHERS), or "" with `config`
     teacher: str = ""
     teacher_weights: str | None = None  # torchvision-format state_dict; None = random init (warned)
     granularity: Literal["layer", "stage"] = "layer"  # compression: a block per conv, or per pooling stage
@@ -99,7 +102,8 @@ class WorkloadSpec(_Strict):
     width_mult: float = Field(1.0, gt=0)  # MobileNetV2 width multiplier (teacher and supernet)
     student_norm: Literal["batch", "none"] = "batch"  # batch: BatchNorm in every candidate; none: BN-free
     final_loss: Literal["ce", "mse"] = "ce"  # last block: cross-entropy to the teacher's softmax, or MSE
-    # transformer only: a Hugging Face config (model_type one of TRANSFORMER_FAMILIES) for a random teacher
+    # transformer only: a Hugging Face config (model_type one of TRANSFORMER_FAMILIES) for a random teacher, or
+    # {model_type: vision_transformer, patch_size, num_layers, num_heads, hidden_dim, mlp_dim}: torchvision's
     config: dict[str, Any] | None = Field(None, validate_default=True)
     # transformer only: the candidates of every layer; one is compression, several a search (docs/transformers.md)
     replacements: list[str] = Field(default_factory=lambda: ["ffn_1/2"])
@@ -115,7 +119,17 @@ class WorkloadSpec(_Strict):
     def language_model(self) -> bool:
         """Whether the network is a causal language model (token ids in, next-token logits out): a transformer
         workload's, or the one kind train trains from a config."""
-        return self.kind == "transformer" or (self.kind == "train" and self.config is not None)
+        return (self.kind == "transformer" or (self.kind == "train" and self.config is not None)) and not (
+            self.vision_transformer
+        )
+
+    @property
+    def vision_transformer(self) -> bool:
+        """Whether the teacher (or, for kind train, the network trained) is a torchvision vision transformer
+        (images in, class logits out)."""
+        return self.kind in ("transformer", "train") and (
+            self.teacher in VIT_TEACHERS or (self.config or {}).get("model_type") == VIT_FAMILY
+        )
 
     @model_validator(mode="before")
     @classmethod
@@ -163,13 +177,20 @@ class WorkloadSpec(_Strict):
             return value
         if bool(teacher) == (value is not None):
             raise ValueError(
-                "a transformer teacher is either a model directory (teacher: path) or a random model of a"
-                " family (config: {model_type: llama, ...}); give exactly one"
+                "a transformer teacher is either a model directory or a torchvision vision transformer (teacher:"
+                " path or vit_b_16) or a random model of a family (config: {model_type: llama, ...}); give exactly"
+                " one"
             )
-        if value is not None and value.get("model_type") not in TRANSFORMER_FAMILIES:
+        families = (*TRANSFORMER_FAMILIES, VIT_FAMILY)
+        if value is not None and value.get("model_type") not in families:
             raise ValueError(
-                f"model_type {value.get('model_type')!r} is not supported; use one of "
-                + ", ".join(TRANSFORMER_FAMILIES)
+                f"model_type {value.get('model_type')!r} is not supported; use one of " + ", ".join(families)
+            )
+        vision = teacher in VIT_TEACHERS or (value or {}).get("model_type") == VIT_FAMILY
+        if kind == "transformer" and info.data.get("teacher_weights") is not None and not vision:
+            raise ValueError(
+                "teacher_weights is a torchvision state_dict, for a vision transformer teacher; a Hugging Face"
+                " teacher's weights are its model directory's safetensors (workload.teacher): remove teacher_weights"
             )
         return value
 
@@ -414,16 +435,22 @@ def workload_problems(spec: Spec) -> list[str]:
     """`field.path: reason` for each way the workload and the data set do not fit each other."""
     kind, dataset = spec.workload.kind, spec.data.dataset
     problems = []
-    if kind == "transformer" and dataset not in ("text", "custom"):
+    vision = spec.workload.vision_transformer
+    if kind == "transformer" and not vision and dataset not in ("text", "custom"):
         problems.append(
             f"data.dataset: workload kind 'transformer' reads token ids; use 'text' (a folder of .txt/.md/.jsonl"
             f" files) or 'custom', not {dataset!r}"
+        )
+    if vision and dataset == "text":
+        problems.append(
+            "data.dataset: a vision transformer reads images; use digits, synthetic, cifar10, imagefolder or"
+            " custom, not 'text'"
         )
     if kind == "train" and spec.workload.language_model and dataset not in ("text", "custom"):
         problems.append(
             f"data.dataset: a language model (workload.config) trains on token ids; use 'text', not {dataset!r}"
         )
-    if dataset == "text" and not spec.workload.language_model:
+    if dataset == "text" and not spec.workload.language_model and not vision:
         problems.append(
             f"data.dataset: 'text' yields token ids for kind 'transformer' (or kind 'train' with a language"
             f" model's config), not kind {kind!r}"

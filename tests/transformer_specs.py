@@ -1,4 +1,5 @@
-"""A tiny random Llama teacher on a small text folder: the transformer workload's test specs."""
+"""A tiny random Llama teacher on a small text folder, and a tiny random vision transformer on digits: the
+transformer workload's test specs."""
 
 from __future__ import annotations
 
@@ -33,6 +34,30 @@ def transformer_document(root: Path, **sections: dict[str, Any]) -> dict[str, An
         "name": "tiny-llama",
         "workload": {"kind": "transformer", "config": TINY_LLAMA, "replacements": ["ffn_1/2"]},
         "data": {"dataset": "text", "root": str(root), "seq_len": 8, "batch_size": 9, "eval_samples": 16},
+        "train": {"epochs": 1, "max_steps": 3, "lr": 0.05, "seed": 3},
+        "schedule": {"mode": "tr_dpu", "nproc": 1, "profile": False},
+    }
+    for section, values in sections.items():
+        document[section] = {**document.get(section, {}), **values}
+    return document
+
+
+TINY_VIT = {  # torchvision's VisionTransformer: 16x16 images in 4x4 patches, 17 tokens of 16 features
+    "model_type": "vision_transformer",
+    "patch_size": 4,
+    "num_layers": 4,
+    "num_heads": 4,
+    "hidden_dim": 16,
+    "mlp_dim": 32,
+}
+
+
+def vit_document(**sections: dict[str, Any]) -> dict[str, Any]:
+    """Four encoder layers on scikit-learn's digits at 16x16, batches of 9 (uneven over 2 ranks), 3 steps."""
+    document: dict[str, Any] = {
+        "name": "tiny-vit",
+        "workload": {"kind": "transformer", "config": TINY_VIT, "replacements": ["ffn_1/2"]},
+        "data": {"dataset": "digits", "image_size": 16, "batch_size": 9, "eval_samples": 32},
         "train": {"epochs": 1, "max_steps": 3, "lr": 0.05, "seed": 3},
         "schedule": {"mode": "tr_dpu", "nproc": 1, "profile": False},
     }

@@ -131,7 +131,7 @@ def policy_problems(spec: Spec, settings: Settings) -> list[dict[str, Any]]:
     for loc, value in (
         (["data", "root"], spec.data.root),
         (["workload", "teacher_weights"], spec.workload.teacher_weights),
-        (["workload", "teacher"], spec.workload.teacher if spec.workload.kind == "transformer" else None),
+        (["workload", "teacher"], spec.workload.teacher if spec.workload.language_model else None),
         (["data", "tokenizer"], spec.data.tokenizer),
     ):
         if value and not _under_roots(value, roots):

@@ -128,7 +128,7 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
         run_dir.write_json(run_dir.architecture, architecture.to_json())
         torch.save(searched, run_dir.searched_model)
         fields["architecture"] = architecture.blocks
-        if spec.data.dataset == "text":  # the searched language model's perplexity, beside its teacher's
+        if spec.workload.kind == "transformer":  # the searched network's perplexity or top-1, beside its teacher's
             fields.update(accuracy_report(spec, workload, searched, device))
     if workload.assemble is not None:
         distilled = compressed = workload.assemble(students)

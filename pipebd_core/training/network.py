@@ -4,7 +4,8 @@
                   distilled students (init: distilled), or by freshly initialised ones (init: scratch)
     nas           the searched network from searched_model.pt, or the same architecture re-initialised
                   (init: scratch, DNA's retraining)
-    train         a torchvision classifier (VGG, MobileNetV2) from a seeded initialisation, or the network a
+    train         a torchvision classifier (VGG, MobileNetV2, a vision transformer) from a seeded initialisation,
+                  a causal language model of workload.config, or the network a
                   `workload.factory` returns (built under a fixed seed)
     custom        the workload's student blocks in order (the last one must produce logits)
 
@@ -57,8 +58,8 @@ def layers_of(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]
 
 
 def torchvision_layers(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]] | None:
-    """VGG's and MobileNetV2's layers in the order they run, or None for any other module."""
-    from torchvision.models import VGG, MobileNetV2
+    """VGG's, MobileNetV2's and VisionTransformer's layers in the order they run, or None for any other."""
+    from torchvision.models import VGG, MobileNetV2, VisionTransformer
 
     if isinstance(model, VGG):
         return [
@@ -73,6 +74,15 @@ def torchvision_layers(model: nn.Module, prefix: str) -> list[tuple[str, nn.Modu
             (f"{prefix}pool", nn.AdaptiveAvgPool2d(1)),
             (f"{prefix}flatten", nn.Flatten(1)),
             *layers_of(model.classifier, f"{prefix}classifier."),
+        ]
+    if isinstance(model, VisionTransformer):  # the transformer workload's blocks: embedding, layers, head
+        from pipebd_core.workloads.vision_transformer import split_vit
+
+        parts = split_vit(model)
+        return [
+            (f"{prefix}embedding", parts.embedding),
+            *((f"{prefix}encoder.layers.{i}", layer) for i, layer in enumerate(parts.layers)),
+            (f"{prefix}head", parts.head),
         ]
     return None
 
@@ -101,6 +111,10 @@ def network_to_train(spec: Spec) -> nn.Module:
     """kind train: the factory's network, the torchvision one named by workload.teacher, seeded as
     torchvision initialises it, or the causal language model of workload.config."""
     w, classes, seed = spec.workload, spec.data.num_classes, spec.train.seed
+    if w.vision_transformer:
+        from pipebd_core.workloads.vision_transformer import build_vit
+
+        return build_vit(spec)
     if w.config is not None:
         from pipebd_core.workloads.transformer import language_model_to_train
 

@@ -47,16 +47,33 @@ def linear_attention_forward(
     """Causal linear attention of (batch, heads, tokens, head_dim) tensors: KV heads repeated to the
     query heads, scores phi(q) phi(k)^T masked to j <= i and normalised per query. Returns the output
     as (batch, tokens, heads, head_dim), as Hugging Face's attention functions do, and the weights."""
+    mask = attention_mask if attention_mask is not None and attention_mask.dtype == torch.bool else None
+    output, weights = hedgehog_attention(module, query, key, value, causal=True, mask=mask)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def hedgehog_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    causal: bool,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Linear attention of (batch, heads, tokens, head_dim) tensors with `module`'s query_map and key_map: KV
+    heads repeated to the query heads, scores phi(q) phi(k)^T (masked to j <= i where `causal`, and to
+    `mask`), normalised per query. Returns the output (batch, heads, tokens, head_dim) and the weights."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     query_map, key_map = module.get_submodule("query_map"), module.get_submodule("key_map")
     scores = query_map(query) @ key_map(key).transpose(-1, -2)
-    causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
-    scores = scores.masked_fill(~causal, 0.0)
-    if attention_mask is not None and attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask, 0.0)
+    if causal:
+        lower = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~lower, 0.0)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, 0.0)
     weights = scores / scores.sum(-1, keepdim=True).clamp_min(1e-6)
-    return (weights @ value).transpose(1, 2).contiguous(), weights
+    return weights @ value, weights
 
 
 AttentionInterface.register(IMPLEMENTATION, linear_attention_forward)

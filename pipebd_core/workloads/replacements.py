@@ -12,7 +12,9 @@
 
 Nothing draws random numbers, so every rank builds the same students. Llama, Qwen2 and Mistral layers
 have a gated FFN (`gate_proj`, `up_proj`, `down_proj`) and separate `k_proj`/`v_proj`; GPT-2's FFN is
-`c_fc`/`c_proj` (transposed `Conv1D` weights) and its attention has no grouped KV heads.
+`c_fc`/`c_proj` (transposed `Conv1D` weights) and its attention has no grouped KV heads. A torchvision
+vision transformer's encoder layer has an `MLP` (Linear, GELU, Dropout, Linear, Dropout) and an
+`nn.MultiheadAttention`, which `kv_N` and `linear_attention` replace with vision_transformer.py's attention.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch import nn
 
 from pipebd_core.spec import SpecError
 from pipebd_core.workloads.linear_attention import linearise
+from pipebd_core.workloads.vision_transformer import grouped_attention, linear_attention
 
 GATED_FFN = ("gate_proj", "up_proj", "down_proj")
 
@@ -57,6 +60,10 @@ def ffn_channels(mlp: Any, fraction: float) -> torch.Tensor:
     weight norms, `round(fraction x width)` of them (at least one), in ascending order."""
     if all(hasattr(mlp, name) for name in GATED_FFN):
         scores = mlp.gate_proj.weight.norm(dim=1) * mlp.up_proj.weight.norm(dim=1) * mlp.down_proj.weight.norm(dim=0)
+    elif isinstance(mlp, nn.Sequential):  # torchvision's MLP: Linear, GELU, Dropout, Linear, Dropout
+        up: Any = mlp[0]
+        down: Any = mlp[3]
+        scores = up.weight.norm(dim=1) * down.weight.norm(dim=0)
     else:  # GPT-2: Conv1D weights are (in, out)
         scores = mlp.c_fc.weight.norm(dim=0) * mlp.c_proj.weight.norm(dim=1)
     keep = max(1, round(fraction * scores.numel()))
@@ -82,6 +89,12 @@ def narrow_ffn(mlp: Any, fraction: float) -> nn.Module:
         _rows(mlp.down_proj, index, 1)
         mlp.gate_proj.out_features = mlp.up_proj.out_features = mlp.down_proj.in_features = len(index)
         mlp.intermediate_size = len(index)
+    elif isinstance(mlp, nn.Sequential):
+        up: Any = mlp[0]
+        down: Any = mlp[3]
+        _rows(up, index, 0)
+        _rows(down, index, 1)
+        up.out_features = down.in_features = len(index)
     else:
         _rows(mlp.c_fc, index, 1)
         _rows(mlp.c_proj, index, 0)
@@ -119,14 +132,32 @@ def _parts(layer: nn.Module) -> tuple[str, str, str]:
     """(attention, FFN, FFN norm) attribute names of a decoder layer."""
     if hasattr(layer, "self_attn"):
         return "self_attn", "mlp", "post_attention_layernorm"
+    if hasattr(layer, "self_attention"):  # torchvision's EncoderBlock
+        return "self_attention", "mlp", "ln_2"
     return "attn", "mlp", "ln_2"
+
+
+def swapped_attention(name: str, attention: Any) -> nn.Module:
+    """The attention of a `kv_N` or `linear_attention` candidate, built from the teacher layer's."""
+    if isinstance(attention, nn.MultiheadAttention):  # a torchvision encoder layer's
+        if name == "linear_attention":
+            return linear_attention(attention)
+        return grouped_attention(attention, int(name.removeprefix("kv_")))
+    if name == "linear_attention":
+        return linearise(attention)
+    if not hasattr(attention, "k_proj"):
+        raise SpecError(
+            f"workload.replacements: {name}: this teacher's attention has no separate KV heads (GPT-2);"
+            " use keep, ffn_P/Q, linear_attention, no_attention, linear or noop"
+        )
+    return pool_kv_heads(attention, int(name.removeprefix("kv_")))
 
 
 def build_replacement(
     name: str, layer: nn.Module, hidden_size: int, wrap: Callable[[nn.Module], nn.Module]
 ) -> nn.Module:
-    """The candidate `name` for teacher decoder layer `layer`; `wrap` turns a decoder layer into a block
-    (positions and rotary embeddings recomputed from the sequence)."""
+    """The candidate `name` for teacher layer `layer` (a decoder's or a vision transformer's encoder's);
+    `wrap` turns a layer into a block (a decoder's: positions and rotary embeddings from the sequence)."""
     attention, ffn, norm = _parts(layer)
     if name == "keep":
         return wrap(copy.deepcopy(layer))
@@ -135,18 +166,9 @@ def build_replacement(
         student = copy.deepcopy(layer)
         setattr(student, ffn, narrow_ffn(getattr(layer, ffn), int(top) / int(bottom)))
         return wrap(student)
-    if name.startswith("kv_"):
-        if attention != "self_attn" or not hasattr(getattr(layer, attention), "k_proj"):
-            raise SpecError(
-                f"workload.replacements: {name}: this teacher's attention has no separate KV heads (GPT-2);"
-                " use keep, ffn_P/Q, linear_attention, no_attention, linear or noop"
-            )
+    if name.startswith("kv_") or name == "linear_attention":
         student = copy.deepcopy(layer)
-        setattr(student, attention, pool_kv_heads(getattr(layer, attention), int(name.removeprefix("kv_"))))
-        return wrap(student)
-    if name == "linear_attention":
-        student = copy.deepcopy(layer)
-        setattr(student, attention, linearise(getattr(layer, attention)))
+        setattr(student, attention, swapped_attention(name, getattr(layer, attention)))
         return wrap(student)
     if name == "no_attention":
         return FFNOnly(copy.deepcopy(getattr(layer, norm)), copy.deepcopy(getattr(layer, ffn)))

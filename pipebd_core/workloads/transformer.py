@@ -1,7 +1,8 @@
-"""Transformer workload: distil a Hugging Face decoder language model layer by layer.
+"""Transformer workload: distil a Hugging Face decoder language model, or a vision transformer, layer by layer.
 
 The teacher is a local model directory (config.json and safetensors weights, read with local files
-only and without remote code) or a random model built from `workload.config`. Blocks are its decoder
+only and without remote code) or a random model built from `workload.config`; or a torchvision vision
+transformer (vision_transformer.py: images in, class logits out, the rest as here). Blocks are its decoder
 layers: block 0 embeds the token ids first (its student shares the teacher's frozen embedding), and
 the final norm and the LM head follow the last block (in the assembled network only). A block takes
 and returns hidden states (batch, tokens, hidden): the causal mask, the positions and the rotary
@@ -18,7 +19,6 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from pipebd_core.planning.budget import BudgetError, Limit, choose, smallest_cos
 from pipebd_core.spec import TRANSFORMER_FAMILIES, Budget, Spec, SpecError
 from pipebd_core.workloads.candidates import Candidates
 from pipebd_core.workloads.replacements import build_replacement
+from pipebd_core.workloads.transformer_parts import ModelParts
 from pipebd_core.workloads.workload import Workload, block_seed
 
 DROPOUTS = ("attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
@@ -85,31 +86,21 @@ class LMHead(nn.Module):
         return self.projection(self.norm(hidden))
 
 
-@dataclass
-class ModelParts:
-    """A causal LM cut where blocks begin and end."""
-
-    embedding: TokenEmbedding
-    layers: list[nn.Module]
-    rotary: nn.Module | None
-    head: LMHead
-    hidden_size: int
-
-    def block(self, layer: nn.Module) -> DecoderBlock:
-        return DecoderBlock(layer, copy.deepcopy(self.rotary))
-
-
 def split_model(model: Any) -> ModelParts:
     """The embedding, decoder layers, rotary embedding and head of a supported causal LM."""
     config: Any = model.config
     if config.model_type == "gpt2":
         body: Any = model.transformer
         embedding = TokenEmbedding(body.wte, body.wpe)
-        return ModelParts(embedding, list(body.h), None, LMHead(body.ln_f, model.lm_head), config.hidden_size)
+        head = LMHead(body.ln_f, model.lm_head)
+        return ModelParts(embedding, list(body.h), head, config.hidden_size, lambda layer: DecoderBlock(layer, None))
     body = model.model
     embedding = TokenEmbedding(body.embed_tokens, None)
     head = LMHead(body.norm, model.lm_head)
-    return ModelParts(embedding, list(body.layers), body.rotary_emb, head, config.hidden_size)
+    rotary = body.rotary_emb
+    return ModelParts(
+        embedding, list(body.layers), head, config.hidden_size, lambda layer: DecoderBlock(layer, copy.deepcopy(rotary))
+    )
 
 
 def read_model_config(folder: str) -> dict[str, Any]:
@@ -275,6 +266,11 @@ def check_budget(spec: Spec, costs: dict[str, list[list[int]]], teacher: dict[st
     if budget is None:
         return
     for name, fraction in budget.fractions().items():
+        if teacher[name] == 0:
+            raise SpecError(
+                f"workload.budget.{name}: this teacher's layers have none (a vision transformer's encoder keeps no"
+                " KV cache), so there is nothing to bound; budget params instead"
+            )
         cheapest = smallest_cost(costs[name])
         if cheapest > fraction * teacher[name]:
             reachable = cheapest / teacher[name] if teacher[name] else float("inf")
@@ -456,10 +452,29 @@ def _trainable(spec: Spec) -> tuple[Any, nn.Module]:
     return model, nn.Sequential(parts.embedding, *layers, parts.head).train()
 
 
-def build_transformer_workload(spec: Spec) -> Workload:
+def teacher_parts(spec: Spec) -> tuple[ModelParts, list[str]]:
+    """The teacher cut into its parts (a Hugging Face causal LM's, or a torchvision vision transformer's,
+    vision_transformer.py), and the warnings it comes with."""
+    if spec.workload.vision_transformer:
+        from pipebd_core.workloads.vision_transformer import load_vit, split_vit
+
+        vit, warnings = load_vit(spec)
+        return split_vit(vit), warnings
     model, warnings = load_teacher(spec)
     check_fits_data(model.config, spec)
-    parts = split_model(model)
+    return split_model(model), warnings
+
+
+def _exporter(spec: Spec) -> Callable[[nn.Module, Path], None]:
+    if spec.workload.vision_transformer:
+        from pipebd_core.workloads import vision_transformer
+
+        return lambda network, path: vision_transformer.export_program(network, spec.data.image_size, path)
+    return lambda network, path: export_program(network, spec.data.seq_len, path)
+
+
+def build_transformer_workload(spec: Spec) -> Workload:
+    parts, warnings = teacher_parts(spec)
     names = spec.workload.replacements
     teachers: list[nn.Module] = [parts.block(layer) for layer in parts.layers]
     teachers[0] = nn.Sequential(parts.embedding, teachers[0])
@@ -481,5 +496,5 @@ def build_transformer_workload(spec: Spec) -> Workload:
         teacher_network=lambda: nn.Sequential(*teachers, head).eval(),
         warnings=warnings,
         derive=_derive(spec, teachers, head, teacher) if search else None,
-        export=lambda network, path: export_program(network, spec.data.seq_len, path),
+        export=_exporter(spec),
     )
