@@ -62,15 +62,19 @@ def _a_transformer_search(info: ValidationInfo) -> bool:
 
 class Budget(_Strict):
     """A budgeted search's bounds, fractions of the teacher's layers: their parameters, their KV-cache bytes
-    per token (linear attention and attention-free candidates keep none that grows with the sequence)."""
+    per token (linear attention and attention-free candidates keep none that grows with the sequence), their
+    forward latency as the profile phase measures it on the job's device (at the global batch)."""
 
     params: float | None = Field(default=None, gt=0, le=1)
     kv_cache: float | None = Field(default=None, ge=0, le=1)
+    latency: float | None = Field(default=None, gt=0, le=1)
 
     @model_validator(mode="after")
     def _bounds_something(self) -> Budget:
-        if self.params is None and self.kv_cache is None:
-            raise ValueError("give params, kv_cache or both, each a fraction of the teacher's, e.g. {params: 0.5}")
+        if self.params is None and self.kv_cache is None and self.latency is None:
+            raise ValueError(
+                "give params, kv_cache, latency or several, each a fraction of the teacher's, e.g. {params: 0.5}"
+            )
         return self
 
     def fractions(self) -> dict[str, float]:
@@ -454,6 +458,12 @@ def workload_problems(spec: Spec) -> list[str]:
         problems.append(
             f"data.dataset: 'text' yields token ids for kind 'transformer' (or kind 'train' with a language"
             f" model's config), not kind {kind!r}"
+        )
+    budget = spec.workload.budget
+    if budget is not None and budget.latency is not None and not spec.schedule.profile:
+        problems.append(
+            "workload.budget.latency: the candidates' latency is measured by the profile phase on the job's"
+            " device; set schedule.profile: true, or budget params or kv_cache instead"
         )
     tune = spec.finetune
     if kind == "transformer" and tune is not None and len(spec.workload.replacements) > 1 and tune.init == "scratch":

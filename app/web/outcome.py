@@ -41,19 +41,23 @@ class LayerChoice:
     chosen: str
 
 
-COST_UNITS = {"params": "parameters", "kv_cache": "KV-cache bytes per token"}
+COST_UNITS = {"params": "parameters", "kv_cache": "KV-cache bytes per token", "latency": "ms forward, as profiled"}
 
 
 @dataclass(frozen=True)
 class Cost:
     """One cost of the chosen network: what it reached against the teacher's, and its budget if one was set."""
 
-    name: str  # a workload.budget field: params, kv_cache
+    name: str  # a workload.budget field: params, kv_cache, latency
     unit: str
-    chosen: int
-    teacher: int
+    chosen: float
+    teacher: float
     reached: float  # chosen / teacher
     budget: float | None
+
+    def shown(self, value: float) -> str:
+        """A total as the page prints it: milliseconds for latency (seconds in architecture.json), else a count."""
+        return f"{value * 1e3:,.2f}" if self.name == "latency" else f"{int(value):,}"
 
 
 @dataclass
@@ -115,9 +119,10 @@ def outcome_view(job: Job) -> OutcomeView:
 def costs_of(architecture: Architecture) -> list[Cost]:
     """Each cost architecture.json reports, in the order it reached them."""
     budget, blocks = architecture.budget or {}, architecture.blocks
-    totals = {
+    totals: dict[str, tuple[float, float | None]] = {
         "params": (sum(block.params or 0 for block in blocks), architecture.teacher_params),
         "kv_cache": (sum(block.kv_cache_bytes or 0 for block in blocks), architecture.teacher_kv_cache_bytes),
+        "latency": (sum(block.latency_s or 0.0 for block in blocks), architecture.teacher_latency_s),
     }
     return [
         Cost(name, COST_UNITS[name], totals[name][0], totals[name][1] or 0, fraction, budget.get(name))

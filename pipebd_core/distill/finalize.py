@@ -123,7 +123,8 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
     fields: dict[str, Any] = {}
     distilled: nn.Module | None = None  # the searched or compressed network
     if workload.derive is not None:
-        architecture, searched = workload.derive(students)
+        profile = run_dir.load_profile() if run_dir.profile.exists() else None  # a latency budget's costs
+        architecture, searched = workload.derive(students, profile)
         distilled = searched
         run_dir.write_json(run_dir.architecture, architecture.to_json())
         torch.save(searched, run_dir.searched_model)

@@ -26,6 +26,7 @@ class ArchitectureBlock(BaseModel):
     loss: float | None = None  # a transformer search: the chosen candidate's measured loss (workload.search_loss)
     params: int | None = None  # and its parameters
     kv_cache_bytes: int | None = None  # and the bytes it adds to the KV cache per token
+    latency_s: float | None = None  # and its forward as the profile measured it (a latency budget's cost)
 
 
 class CandidateResult(BaseModel):
@@ -38,6 +39,7 @@ class CandidateResult(BaseModel):
     loss: float  # workload.search_loss: against its teacher layer's output (teacher-relayed), or logits_kl
     params: int
     kv_cache_bytes: int | None = None  # per token (0: linear attention, or no attention)
+    latency_s: float | None = None  # its forward at the global batch on the job's device (profile.json)
 
 
 class Architecture(Document):
@@ -51,6 +53,7 @@ class Architecture(Document):
     chosen_by: str | None = None  # the rule the choice followed
     teacher_params: int | None = None  # the teacher's layers' parameters (what fractions are of)
     teacher_kv_cache_bytes: int | None = None  # the teacher's layers' KV-cache bytes per token
+    teacher_latency_s: float | None = None  # the teacher's layers' summed forward, measured as the candidates'
     budget: dict[str, float] | None = None  # workload.budget: a fraction of the teacher's, per cost
     reached: dict[str, float] | None = None  # the choice's cost as the same fractions
 

@@ -4,11 +4,12 @@ report and `pipebd profile` read it).
 
 Per block and per per-replica batch size: the teacher's forward, the student's step and, for a searched
 student, its architecture step (`Timing`s), the bytes the student's backward keeps (and its peak on
-CUDA); per group size k, the student's step as a replicated stage trains it (its BatchNorm normalising
-over the k ranks' shards of the batch, with a collective per layer in its forward and backward) and the
-all-reduce of its gradients; per boundary, the one-way send of its tensor; per batch, loading the data;
-per link (`intra`: between ranks of one node, `inter`: between nodes, on a profile measured across
-nodes), its one-way send time fitted as latency + bytes / bandwidth. `conditions` say under what load
+CUDA); for a transformer search, at the global batch, every candidate's forward; per group size k, the
+student's step as a replicated stage trains it (its BatchNorm normalising over the k ranks' shards of the
+batch, with a collective per layer in its forward and backward) and the all-reduce of its gradients; per
+boundary, the one-way send of its tensor; per batch, loading the data; per link (`intra`: between ranks of
+one node, `inter`: between nodes, on a profile measured across nodes), its one-way send time fitted as
+latency + bytes / bandwidth. `conditions` say under what load
 it was measured; `calibration`, once a run calibrated it, what training measured.
 """
 
@@ -50,6 +51,11 @@ class BlockProfile(BaseModel):
     # per group size k >= 2: the student step at ceil(B/k) rows with its BatchNorm synchronised over a group
     # of k ranks, every group measuring at once (version 2; empty in a profile written by hand: the plain step)
     student_group_s: dict[int, Timing] = {}
+    # a transformer search (workloads/candidates.py): at the global batch, each candidate's forward in
+    # workload.replacements' order and the teacher layer's alone, on the same input (the embedding of block 0
+    # applied first): what workload.budget.latency bounds; empty where the student is not a search
+    candidate_forward_s: list[Timing] = []
+    layer_forward_s: Timing | None = None
 
     def timings(self) -> Iterator[tuple[str, dict[int, Timing]]]:
         """(what, table) of each timed measurement: teacher, student, student_arch."""

@@ -58,12 +58,16 @@ def check_devices(spec: Spec) -> None:
 def preflight(spec: Spec) -> None:
     """The launch checks that need no profile and no earlier phase: data set, workload, the distillation
     plan (`auto`, which plans from a profile, is checked as `ir`, one of its candidates that runs wherever
-    the batch splits over nproc) and the finetune plan on a freshly initialised network (strategy `auto`
-    as `gpipe` or `ddp`, partitioners that plan from the profile as `pipedream`; a searched
-    network exists only after its search: only its data is checked). Raises SpecError or PlanError
-    naming what to change."""
+    the batch splits over nproc; a latency budget is left to the plan phase) and the finetune plan on a
+    freshly initialised network (strategy `auto` as `gpipe` or `ddp`, partitioners that plan from the
+    profile as `pipedream`; a searched network exists only after its search: only its data is checked).
+    Raises SpecError or PlanError naming what to change."""
     document = spec.model_dump(mode="json")
     document["schedule"]["profile"] = False
+    budget = document["workload"].get("budget")
+    if budget and budget.get("latency") is not None:  # measured by that profile: checked at the plan phase
+        rest = {name: value for name, value in budget.items() if name != "latency" and value is not None}
+        document["workload"]["budget"] = rest or None
     if document["schedule"]["mode"] == "auto":
         document["schedule"].update(mode="ir", stages=None, replan=None)
     tune = document.get("finetune")
@@ -129,6 +133,11 @@ def run_local(run_dir: RunDir, spec: Spec, phase: str) -> None:
         return
     assert phase == PLAN, f"phase {phase!r} does not run locally"
     profile = run_dir.load_profile() if spec.schedule.profile else None
+    budget = spec.workload.budget
+    if budget is not None and budget.latency is not None:  # known once the profile measured the candidates
+        from pipebd_core.workloads.transformer import check_latency_budget
+
+        check_latency_budget(spec, profile)
     run_dir.write_json(run_dir.plan, resolve_plan(spec, profile).to_json())
 
 

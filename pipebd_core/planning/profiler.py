@@ -52,6 +52,7 @@ from pipebd_core.planning.trust import NOISY_SPREAD
 from pipebd_core.ranks import exit_now, gather_on_rank_zero, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
+from pipebd_core.workloads.candidates import Candidates
 from pipebd_core.workloads.workload import Workload, build_workload
 
 WARMUP = 1
@@ -148,9 +149,33 @@ def measure_block(
     }
     if student.supernet is not None:
         result["student_arch"] = timed(functools.partial(student_step, "arch"), trials, device)
+    if isinstance(module, Candidates) and len(module.options) > 1 and batch == spec.data.batch_size:
+        result.update(measure_candidates(module, teacher, x, trials, device))
     if device.type == "cuda":
         result["student_peak_bytes"] = cuda_peak_bytes(functools.partial(student_step, "weights"), device)
     return result
+
+
+def measure_candidates(
+    student: Candidates, teacher: nn.Module, x: torch.Tensor, trials: int, device: torch.device
+) -> dict[str, Any]:
+    """A search's block: each candidate's forward (`candidate<i>`) and the teacher layer's alone (`layer`),
+    all on the hidden state the block's prefix (block 0's embedding) makes of `x`."""
+    layer = teacher[-1] if student.prefix is not None and isinstance(teacher, nn.Sequential) else teacher
+    with torch.no_grad():
+        hidden = student.prepare(x)
+
+    def forward(module: nn.Module) -> Callable[[], Any]:
+        def run() -> None:
+            with torch.no_grad():
+                module(hidden)
+
+        return run
+
+    result: dict[str, Any] = {
+        f"candidate{c}": timed(forward(option), trials, device) for c, option in enumerate(student.options)
+    }
+    return {**result, "candidates": len(student.options), "layer": timed(forward(layer), trials, device)}
 
 
 def cuda_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
@@ -403,6 +428,7 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
             student_param_bytes=4 * probe["student_params"][index],
             allreduce_s={k: pooled("allreduce", (k, index)) for k in range(2, world + 1)},
             student_group_s={k: pooled("replicated", (k, index)) for k in range(2, world + 1)},
+            **candidate_timings(measurements, index, batches[0], pooled),
         )
         for index in range(len(probe["teacher_flops"]))
     ]
@@ -429,6 +455,19 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
         measured_at=time.time(),
         conditions=conditions(measurements),
     )
+
+
+def candidate_timings(
+    measurements: list[dict[str, Any]], index: int, batch: int, pooled: Callable[..., Timing]
+) -> dict[str, Any]:
+    """A search's block: its candidates' and its teacher layer's pooled forward times (none otherwise)."""
+    count = measurements[0]["blocks"][(index, batch)].get("candidates", 0)
+    if not count:
+        return {}
+    return {
+        "candidate_forward_s": [pooled("blocks", (index, batch), f"candidate{c}") for c in range(count)],
+        "layer_forward_s": pooled("blocks", (index, batch), "layer"),
+    }
 
 
 def links(

@@ -20,6 +20,7 @@ from torch import nn
 from torchvision.models import MobileNetV2
 
 from pipebd_core.documents.architecture import Architecture, ArchitectureBlock
+from pipebd_core.documents.profile import Profile
 from pipebd_core.spec import Spec, SpecError
 from pipebd_core.workloads.loading import read_state_dict, uninitialised
 from pipebd_core.workloads.supernet import MixedLayer, SupernetBlock, init_supernet, norm_layer, soft_cross_entropy
@@ -155,7 +156,7 @@ def _last_stride(net: MobileNetV2, shape: torch.Size) -> int:
     return int(shape[2]) // int(y.shape[2])
 
 
-def _derive(blocks: Sequence[nn.Module]) -> tuple[Architecture, nn.Module]:
+def _derive(blocks: Sequence[nn.Module], _profile: Profile | None = None) -> tuple[Architecture, nn.Module]:
     names, modules = [], []
     for block in blocks:
         assert isinstance(block, SupernetBlock)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, CandidateResult
+from pipebd_core.documents.profile import Profile
 from pipebd_core.planning.budget import BudgetError, Limit, choose, smallest_cost
 from pipebd_core.spec import TRANSFORMER_FAMILIES, Budget, Spec, SpecError
 from pipebd_core.workloads.candidates import Candidates
@@ -221,7 +222,9 @@ def _student(parts: ModelParts, index: int, names: Sequence[str]) -> Candidates:
 CHEAPER = {  # what to add when a budget cannot be met
     "params": "ffn_1/4, no_attention, linear, noop",
     "kv_cache": "kv_N with fewer KV heads, linear_attention, no_attention, linear, noop",
+    "latency": "ffn_1/4, no_attention, linear, noop",
 }
+Costs = dict[str, Sequence[Sequence[float]]]  # per cost (workload.budget's names), per layer, per candidate
 
 
 def kv_cache_bytes(block: nn.Module) -> int:
@@ -238,8 +241,8 @@ def kv_cache_bytes(block: nn.Module) -> int:
 
 
 def candidate_costs(students: Sequence[nn.Module]) -> dict[str, list[list[int]]]:
-    """Per cost (workload.budget's names), per layer, each candidate's: its parameters (block 0's shared
-    embedding is the teacher's: not counted) and its KV-cache bytes per token."""
+    """Per cost, per layer, each candidate's: its parameters (block 0's shared embedding is the teacher's:
+    not counted) and its KV-cache bytes per token."""
     costs: dict[str, list[list[int]]] = {"params": [], "kv_cache": []}
     for student in students:
         assert isinstance(student, Candidates)
@@ -248,24 +251,61 @@ def candidate_costs(students: Sequence[nn.Module]) -> dict[str, list[list[int]]]
     return costs
 
 
-def teacher_costs(teachers: Sequence[nn.Module], teacher_params: int) -> dict[str, int]:
+def teacher_layer(block: nn.Module) -> nn.Module:
+    """A teacher block without block 0's embedding: the layer a candidate replaces."""
+    return block[-1] if isinstance(block, nn.Sequential) else block
+
+
+def teacher_costs(teachers: Sequence[nn.Module]) -> dict[str, float]:
     """The teacher's layers' costs, which a budget's fractions are of."""
-    blocks = [teacher[-1] if isinstance(teacher, nn.Sequential) else teacher for teacher in teachers]
-    return {"params": teacher_params, "kv_cache": sum(kv_cache_bytes(block) for block in blocks)}
+    layers = [teacher_layer(teacher) for teacher in teachers]
+    return {
+        "params": sum(p.numel() for layer in layers for p in layer.parameters()),
+        "kv_cache": sum(kv_cache_bytes(layer) for layer in layers),
+    }
 
 
-def budget_limits(budget: Budget, costs: dict[str, list[list[int]]], teacher: dict[str, int]) -> list[Limit]:
-    """workload.budget as the choice's limits: each fraction given, times the teacher's cost."""
-    return [Limit(costs[name], fraction * teacher[name]) for name, fraction in budget.fractions().items()]
+def latency_costs(profile: Profile | None) -> tuple[list[list[float]], float] | None:
+    """Per layer each candidate's forward seconds as the profile phase measured them on the job's device,
+    and the teacher's layers' summed; None where the profile has no such timings."""
+    blocks = profile.blocks if profile is not None else []
+    if not blocks or not all(block.candidate_forward_s and block.layer_forward_s for block in blocks):
+        return None
+    candidates = [[timing.median for timing in block.candidate_forward_s] for block in blocks]
+    return candidates, sum(block.layer_forward_s.median for block in blocks if block.layer_forward_s)
 
 
-def check_budget(spec: Spec, costs: dict[str, list[list[int]]], teacher: dict[str, int]) -> None:
-    """Refuse, before anything launches, a budget that no choice of one candidate per layer meets: each
-    bound alone (naming the smallest fraction the replacements reach), then all of them at once."""
+def search_costs(
+    students: Sequence[nn.Module], teachers: Sequence[nn.Module], profile: Profile | None
+) -> tuple[Costs, dict[str, float]]:
+    """Every cost of every candidate and the teacher's: parameters and KV cache, and where the profile
+    measured them, forward latency."""
+    costs: Costs = dict(candidate_costs(students))
+    teacher = teacher_costs(teachers)
+    measured = latency_costs(profile)
+    if measured is not None:
+        costs["latency"], teacher["latency"] = measured
+    return costs, teacher
+
+
+def budget_limits(budget: Budget, costs: Costs, teacher: dict[str, float]) -> list[Limit]:
+    """workload.budget as the choice's limits: each fraction given, times the teacher's cost (a cost not
+    known yet, latency before the profile, left out)."""
+    return [
+        Limit(costs[name], fraction * teacher[name]) for name, fraction in budget.fractions().items() if name in costs
+    ]
+
+
+def check_budget(spec: Spec, costs: Costs, teacher: dict[str, float]) -> None:
+    """Refuse a budget that no choice of one candidate per layer meets: each bound alone (naming the
+    smallest fraction the replacements reach), then all of them at once. Before launch without latency,
+    at the plan phase with it (check_latency_budget)."""
     budget = spec.workload.budget
     if budget is None:
         return
     for name, fraction in budget.fractions().items():
+        if name not in costs:
+            continue
         if teacher[name] == 0:
             raise SpecError(
                 f"workload.budget.{name}: this teacher's layers have none (a vision transformer's encoder keeps no"
@@ -273,7 +313,7 @@ def check_budget(spec: Spec, costs: dict[str, list[list[int]]], teacher: dict[st
             )
         cheapest = smallest_cost(costs[name])
         if cheapest > fraction * teacher[name]:
-            reachable = cheapest / teacher[name] if teacher[name] else float("inf")
+            reachable = cheapest / teacher[name]
             raise SpecError(
                 f"workload.budget.{name}: {fraction:g} of the teacher's layers is below what these replacements"
                 f" can reach ({reachable:.3f} with the cheapest candidate of every layer); allow at least"
@@ -288,49 +328,62 @@ def check_budget(spec: Spec, costs: dict[str, list[list[int]]], teacher: dict[st
         ) from None
 
 
+def no_timings() -> SpecError:
+    return SpecError(
+        "workload.budget.latency: the profile has no candidate timings (a profile measured before they were"
+        " taken); profile again (pipebd profile SPEC --refresh), or budget params or kv_cache instead"
+    )
+
+
+def check_latency_budget(spec: Spec, profile: Profile | None) -> None:
+    """The plan phase's check of a latency budget, once the profile has measured every candidate: refused,
+    before distillation, where no choice meets it with the rest of the budget."""
+    budget = spec.workload.budget
+    if budget is None or budget.latency is None:
+        return
+    if latency_costs(profile) is None:
+        raise no_timings()
+    workload = build_transformer_workload(spec)
+    check_budget(spec, *search_costs(workload.student_blocks, workload.teacher_blocks, profile))
+
+
 def _derive(
-    spec: Spec, teachers: Sequence[nn.Module], head: nn.Module, teacher: dict[str, int]
-) -> Callable[[Sequence[nn.Module]], tuple[Architecture, nn.Module]]:
+    spec: Spec, teachers: Sequence[nn.Module], head: nn.Module
+) -> Callable[[Sequence[nn.Module], Profile | None], tuple[Architecture, nn.Module]]:
     """A search's choice: per layer the candidate of lowest loss on held-out sequences, or with
     `workload.budget` the choice of lowest summed loss within it (planning/budget.py); architecture.json
     has every candidate's loss and costs, and the network of the chosen candidates."""
 
-    def derive(blocks: Sequence[nn.Module]) -> tuple[Architecture, nn.Module]:
+    def derive(blocks: Sequence[nn.Module], profile: Profile | None) -> tuple[Architecture, nn.Module]:
         students = [block for block in blocks if isinstance(block, Candidates)]
         assert len(students) == len(blocks), "every student block of a transformer search holds candidates"
         measure = swapped_logits_kl if spec.workload.search_loss == "logits_kl" else held_out_losses
         losses = measure(spec, teachers, students, head)
-        costs = candidate_costs(students)
-        params, kv_cache = costs["params"], costs["kv_cache"]
+        costs, teacher = search_costs(students, teachers, profile)
         budget = spec.workload.budget
         what = MEASURES[spec.workload.search_loss]
         if budget is None:
             picks = [min(range(len(layer)), key=layer.__getitem__) for layer in losses]
             chosen_by = f"lowest {what}"
         else:
+            if budget.latency is not None and "latency" not in costs:
+                raise no_timings()
             picks = choose(losses, budget_limits(budget, costs, teacher)).picks
             chosen_by = f"lowest summed {what} within the budget (mixed-integer program)"
         architecture = Architecture(
             blocks=[
-                ArchitectureBlock(
-                    block=i,
-                    layers=[student.names[pick]],
-                    loss=losses[i][pick],
-                    params=params[i][pick],
-                    kv_cache_bytes=kv_cache[i][pick],
-                )
+                ArchitectureBlock(block=i, layers=[student.names[pick]], loss=losses[i][pick], **_costs(costs, i, pick))
                 for i, (student, pick) in enumerate(zip(students, picks, strict=True))
             ],
             candidates=[
-                CandidateResult(
-                    block=i, name=name, loss=losses[i][c], params=params[i][c], kv_cache_bytes=kv_cache[i][c]
-                )
+                CandidateResult(block=i, name=name, loss=losses[i][c], **_costs(costs, i, c))
                 for i, student in enumerate(students)
                 for c, name in enumerate(student.names)
             ],
             chosen_by=chosen_by,
-            teacher_params=teacher["params"],
-            teacher_kv_cache_bytes=teacher["kv_cache"],
+            teacher_params=int(teacher["params"]),
+            teacher_kv_cache_bytes=int(teacher["kv_cache"]),
+            teacher_latency_s=teacher.get("latency"),
             budget=None if budget is None else budget.fractions(),
             reached={name: reached(costs[name], picks, teacher[name]) for name in costs},
         )
@@ -340,7 +393,18 @@ def _derive(
     return derive
 
 
-def reached(costs: list[list[int]], picks: Sequence[int], teacher: int) -> float:
+def _costs(costs: Costs, layer: int, candidate: int) -> dict[str, Any]:
+    """One candidate's costs as architecture.json names them."""
+    found: dict[str, Any] = {
+        "params": int(costs["params"][layer][candidate]),
+        "kv_cache_bytes": int(costs["kv_cache"][layer][candidate]),
+    }
+    if "latency" in costs:
+        found["latency_s"] = costs["latency"][layer][candidate]
+    return found
+
+
+def reached(costs: Sequence[Sequence[float]], picks: Sequence[int], teacher: float) -> float:
     """The chosen candidates' summed cost, as a fraction of the teacher's (0 where the teacher's is 0)."""
     return sum(layer[pick] for layer, pick in zip(costs, picks, strict=True)) / teacher if teacher else 0.0
 
@@ -480,9 +544,7 @@ def build_transformer_workload(spec: Spec) -> Workload:
     teachers[0] = nn.Sequential(parts.embedding, teachers[0])
     students: list[nn.Module] = [_student(parts, i, names) for i in range(len(parts.layers))]
     head = parts.head.eval().requires_grad_(False)
-    teacher_params = sum(p.numel() for layer in parts.layers for p in layer.parameters())
-    teacher = teacher_costs(teachers, teacher_params)
-    check_budget(spec, candidate_costs(students), teacher)
+    check_budget(spec, *search_costs(students, teachers, None))
 
     def assemble(blocks: Sequence[nn.Module]) -> nn.Module:
         return nn.Sequential(*(block.chosen(0) for block in blocks if isinstance(block, Candidates)), head).eval()
@@ -495,6 +557,6 @@ def build_transformer_workload(spec: Spec) -> Workload:
         assemble=None if search else assemble,
         teacher_network=lambda: nn.Sequential(*teachers, head).eval(),
         warnings=warnings,
-        derive=_derive(spec, teachers, head, teacher) if search else None,
+        derive=_derive(spec, teachers, head) if search else None,
         export=_exporter(spec),
     )

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from pipebd_core.documents.architecture import Architecture
+from pipebd_core.documents.profile import Profile
 from pipebd_core.spec import Spec
 
 
@@ -42,8 +43,9 @@ class Workload:
     warnings: list[str] = field(default_factory=list)
     losses: list[str] = field(default_factory=list)  # per block: train.loss (the default) or "soft_ce"
     search: SearchSettings | None = None  # set when the students are supernets with architecture parameters
-    # Derives (architecture description, standalone searched network) from trained supernet students.
-    derive: Callable[[Sequence[nn.Module]], tuple[Architecture, nn.Module]] | None = None
+    # Derives (architecture description, standalone searched network) from trained supernet students (and
+    # the job's profile, where it has one: a transformer search's latency budget reads its timings).
+    derive: Callable[[Sequence[nn.Module], Profile | None], tuple[Architecture, nn.Module]] | None = None
     # Exports the distilled (compressed or searched) network to a file, beside its state_dict: a language
     # model's torch.export program over token ids of any batch and length (workloads/transformer.py).
     export: Callable[[nn.Module, Path], None] | None = None

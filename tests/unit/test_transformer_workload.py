@@ -139,7 +139,7 @@ def test_a_folder_without_config_or_weights_is_refused(text_root: Path, tmp_path
         ({"config": {"model_type": "bert"}}, {}, "use one of llama, qwen2, mistral, gpt2"),
         ({"config": TINY_LLAMA, "replacements": ["ffn_2/2"]}, {}, "not understood: ffn_2/2"),
         ({"config": TINY_LLAMA, "replacements": ["noop"]}, {}, "nothing to train"),
-        ({"config": TINY_LLAMA, "replacements": ["keep", "noop"], "budget": {}}, {}, "give params, kv_cache or both"),
+        ({"config": TINY_LLAMA, "replacements": ["keep", "noop"], "budget": {}}, {}, "give params, kv_cache, lat"),
         (
             {"config": TINY_LLAMA, "replacements": ["keep", "noop"], "budget": {"kv_cache": 1.5}},
             {},
@@ -323,7 +323,7 @@ def test_a_budgeted_search_picks_the_best_choice_within_it_and_records_what_it_r
     budget = 0.5
     workload = build_workload(spec_of(text_root, config=TINY_LLAMA, replacements=names, budget={"params": budget}))
     assert workload.derive is not None
-    searched, network = workload.derive(workload.student_blocks)
+    searched, network = workload.derive(workload.student_blocks, None)
     architecture = searched.to_json()  # architecture.json as finalize writes it
     candidates = architecture["candidates"]
     per_layer = [[c for c in candidates if c["block"] == b] for b in range(workload.num_blocks)]
@@ -352,7 +352,7 @@ def test_a_kv_cache_budget_with_a_parameter_budget_picks_the_best_choice_within_
     budget = {"params": 0.9, "kv_cache": 0.4}
     workload = build_workload(spec_of(text_root, config=TINY_LLAMA, replacements=names, budget=budget))
     assert workload.derive is not None
-    architecture = workload.derive(workload.student_blocks)[0].to_json()
+    architecture = workload.derive(workload.student_blocks, None)[0].to_json()
     per_layer = [[c for c in architecture["candidates"] if c["block"] == b] for b in range(workload.num_blocks)]
     assert [c["kv_cache_bytes"] for c in per_layer[1]] == [64, 64, 32, 0]
     assert architecture["teacher_kv_cache_bytes"] == 4 * 64
@@ -426,7 +426,7 @@ def test_a_searched_network_is_rebuilt_from_its_state_dict_and_choices_and_expor
             for parameter in student.parameters():
                 if parameter.requires_grad:
                     parameter.add_(0.05 * torch.randn_like(parameter))
-    architecture, network = workload.derive(workload.student_blocks)
+    architecture, network = workload.derive(workload.student_blocks, None)
     assert [block.layers[0] for block in architecture.blocks].count("linear_attention") >= 2
     torch.save(network.state_dict(), tmp_path / "distilled_state.pt")
     workload.export(network, tmp_path / "distilled_model.pt2")
@@ -453,7 +453,7 @@ def test_a_search_by_logits_kl_scores_each_candidate_swapped_into_the_teacher(te
     spec = spec_of(text_root, config=TINY_LLAMA, replacements=names, search_loss="logits_kl", budget={"params": 0.6})
     workload = build_workload(spec)
     assert workload.derive is not None and workload.teacher_network is not None
-    architecture = workload.derive(workload.student_blocks)[0]
+    architecture = workload.derive(workload.student_blocks, None)[0]
     assert architecture.candidates is not None and architecture.chosen_by is not None
     assert "KL of the teacher's logits" in architecture.chosen_by
     teacher = workload.teacher_network()
