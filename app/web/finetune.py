@@ -1,5 +1,6 @@
 """The job page's end-to-end training part: what the finetune plan chose (strategy, stages, micro-batches,
-predicted step), the strategies the planner ranked, and top-1 before, after and of the teacher."""
+predicted step), the strategies the planner ranked, and top-1 (a language model's held-out perplexity)
+before, after and of the teacher."""
 
 from __future__ import annotations
 
@@ -12,10 +13,19 @@ from app.web import queries
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.finetune_plan import FinetunePlanDocument
 from pipebd_core.documents.summary import FinetuneReport
+from pipebd_core.spec import WorkloadSpec
 
 
 def has_finetune(job: Job) -> bool:
     return job.spec.get("finetune") is not None or job.spec.get("workload", {}).get("kind") == "train"
+
+
+def language_model(job: Job) -> bool:
+    """Whether the job trains a language model, whose evaluations are held-out perplexity, not top-1."""
+    try:
+        return WorkloadSpec.model_validate(job.spec.get("workload", {})).language_model
+    except ValueError:  # a spec stored before a field it names existed: shown as a classifier's
+        return False
 
 
 def trains_blocks(job: Job) -> bool:

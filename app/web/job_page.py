@@ -26,7 +26,14 @@ from app.web import queries
 from app.web.access import ViewerDep
 from app.web.analysis import LABELS, find_bottleneck, rank_loads
 from app.web.architecture import MAX_COLUMNS, architecture_view, spaced
-from app.web.finetune import FinetuneView, finetune_view, has_finetune, predicted_schedule, trains_blocks
+from app.web.finetune import (
+    FinetuneView,
+    finetune_view,
+    has_finetune,
+    language_model,
+    predicted_schedule,
+    trains_blocks,
+)
 from app.web.outcome import OutcomeView, outcome_view
 from app.web.routing import PageError, PageRoute
 from app.web.templating import render
@@ -177,7 +184,11 @@ class JobParts:
             "hasLogs": self.job.run_dir is not None,
             "recent": [line.to_json() for lines in self.recent.values() for line in lines[-GANTT_LINES:]],
             "canSubmit": False,
-            "finetune": {"enabled": has_finetune(self.job), "predicted": predicted_schedule(self.job)},
+            "finetune": {
+                "enabled": has_finetune(self.job),
+                "predicted": predicted_schedule(self.job),
+                "perplexity": language_model(self.job),
+            },
             "distills": trains_blocks(self.job),
         }
 
@@ -209,7 +220,12 @@ def job_page(
     parts = JobParts(session, job, settings.stale_after_s)
     config = {**parts.config(), "canSubmit": viewer.can_submit, "historyPoints": HISTORY_POINTS}
     context: dict[str, Any] = {"job": job, "config": config, "history_points": HISTORY_POINTS, **log_phases(job)}
-    context.update(has_finetune=has_finetune(job), distills=trains_blocks(job), rank_hosts=parts.rank_hosts)
+    context.update(
+        has_finetune=has_finetune(job),
+        finetune_perplexity=language_model(job),
+        distills=trains_blocks(job),
+        rank_hosts=parts.rank_hosts,
+    )
     for name, build in parts.builders().items():
         context[name] = build()
     return render(request, "jobs/detail.html", context)

@@ -295,13 +295,14 @@ def test_a_sweep_page_cancels_every_child_and_updates_in_place(browser: Any, ser
         assert watched.errors == []
 
 
-def test_a_transformer_search_page_shows_each_layers_choice_the_budget_and_perplexity(
+def test_a_transformer_search_page_shows_each_layers_choice_the_budget_and_perplexity_distilled_and_finetuned(
     browser: Any, service: str, dashboard_dir: Path
 ) -> None:
     text = write_text(dashboard_dir / "data" / "datasets" / "text")  # inside the server's data roots
     document = transformer_document(text, schedule={"nproc": 2})
     document["name"] = "llama-search"
     document["workload"].update({"replacements": ["keep", "ffn_1/2", "noop"], "budget": {"params": 0.6}})
+    document["finetune"] = {"strategy": "ddp", "loss": "kd", "max_steps": 3, "lr": 0.05, "profile": False}
     created = httpx.post(f"{service}/api/v1/jobs", json=document, timeout=60)
     assert created.status_code == 202, created.text
     job_id = created.json()["id"]
@@ -326,13 +327,20 @@ def test_a_transformer_search_page_shows_each_layers_choice_the_budget_and_perpl
         distilled, teacher = summary["student_perplexity"], summary["teacher_perplexity"]
         assert f"distilled {distilled:.2f}, teacher {teacher:.2f}" in page.locator("#outcome-perplexity").inner_text()
         assert page.locator("#artifact-list a", has_text="searched_model.pt").count() == 1
+        tuned = summary["finetune"]  # the fine-tuned language model: perplexity, charted and reported
+        assert page.locator("#chart-ft-acc .u-legend", has_text="eval perplexity").count() == 1
+        assert page.locator("#chart-ft-acc .u-legend", has_text="top-1").count() == 0
+        assert page.locator("#chart-ft-acc .u-legend", has_text="train batch").count() == 0
+        assert int(page.locator("#chart-ft-acc").get_attribute("data-points") or 0) >= 1
+        assert page.locator("#finetune-perplexity").inner_text() == f"{tuned['perplexity_after']:.2f}"
+        assert "perplexity" in page.locator("#chart-ft-acc figcaption").inner_text()
         watched.screenshot("job-transformer-search-1280")
         page.set_viewport_size(PHONE)
         page.wait_for_timeout(300)
         assert watched.overflow() == 0
         watched.screenshot("job-transformer-search-390")
         page.set_viewport_size(DESKTOP)
-        page.goto("/compare?name=llama-search")  # the paged comparison has a perplexity column for it
+        page.goto("/compare?name=llama-search")  # the paged comparison's perplexity column: the fine-tuned one
         cell = page.locator(f'tr[data-job="{job_id}"] td.perplexity')
-        assert cell.inner_text() == f"{summary['student_perplexity']:.2f}"
+        assert cell.inner_text() == f"{tuned['perplexity_after']:.2f}" != f"{distilled:.2f}"
         assert watched.errors == []

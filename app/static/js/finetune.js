@@ -1,5 +1,5 @@
-// The job page's end-to-end training: its loss and accuracy curves (train, and top-1 at each evaluation)
-// and its micro-batch schedule, predicted by the planner next to each rank's latest measured step. History
+// The job page's end-to-end training: its loss and accuracy curves (train, and top-1 at each evaluation;
+// a language model's held-out perplexity at each evaluation instead) and its micro-batch schedule, predicted by the planner next to each rank's latest measured step. History
 // comes from the metrics API (`phase=finetune`), then every `metrics` event of the finetune phase.
 import { LiveChart } from "./charts.js";
 import { drawGantt, showEmpty } from "./gantt.js";
@@ -15,9 +15,10 @@ export function timelineSegments(record) {
 }
 
 export class FinetunePanel {
-  constructor({ jobId, nproc, predicted }) {
+  constructor({ jobId, nproc, predicted, perplexity }) {
     this.api = `/api/v1/jobs/${jobId}`;
     this.nproc = nproc;
+    this.perplexity = Boolean(perplexity);
     this.predicted = predicted ?? [];
     this.loss = new AlignedTable();
     this.accuracy = new AlignedTable();
@@ -25,9 +26,9 @@ export class FinetunePanel {
     this.latest = new Map(); // rank -> its newest line with a timeline
     this.charts = {
       loss: new LiveChart(document.getElementById("chart-ft-loss"), this.loss, { xLabel: "step", yLabel: "loss" }),
-      accuracy: new LiveChart(document.getElementById("chart-ft-acc"), this.accuracy, {
-        xLabel: "step", yLabel: "accuracy", yRange: [0, 1], format: (v) => `${Math.round(v * 100)}%`,
-      }),
+      accuracy: new LiveChart(document.getElementById("chart-ft-acc"), this.accuracy, this.perplexity
+        ? { xLabel: "step", yLabel: "perplexity", format: (v) => v.toFixed(2) }
+        : { xLabel: "step", yLabel: "accuracy", yRange: [0, 1], format: (v) => `${Math.round(v * 100)}%` }),
     };
   }
 
@@ -50,11 +51,18 @@ export class FinetunePanel {
     this.lastSeq.set(point.rank, point.seq ?? 0);
     const loss = point.loss?.network;
     if (loss !== undefined && loss !== null) this.loss.add(point.step, "train loss", loss);
-    if (point.acc !== undefined && point.acc !== null) this.accuracy.add(point.step, "train batch", point.acc);
+    const accuracy = !this.perplexity && point.acc !== undefined && point.acc !== null; // a batch's top-1
+    if (accuracy) this.accuracy.add(point.step, "train batch", point.acc);
   }
 
   addEvaluation(evaluation) {
-    if (evaluation.top1 !== null && evaluation.top1 !== undefined) this.accuracy.add(evaluation.step, "eval top-1", evaluation.top1);
+    if (this.perplexity) {
+      if (evaluation.perplexity !== null && evaluation.perplexity !== undefined) {
+        this.accuracy.add(evaluation.step, "eval perplexity", evaluation.perplexity);
+      }
+    } else if (evaluation.top1 !== null && evaluation.top1 !== undefined) {
+      this.accuracy.add(evaluation.step, "eval top-1", evaluation.top1);
+    }
   }
 
   // Raw telemetry lines from the event stream.

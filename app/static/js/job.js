@@ -42,7 +42,9 @@ const drawCharts = () => {
 
 let logs = null;
 const finetune = config.finetune.enabled
-  ? new FinetunePanel({ jobId: config.id, nproc: config.nproc, predicted: config.finetune.predicted })
+  ? new FinetunePanel({
+    jobId: config.id, nproc: config.nproc, predicted: config.finetune.predicted, perplexity: config.finetune.perplexity,
+  })
   : null;
 const part = (name) => refreshPart(document.getElementById(`part-${name}`), `/jobs/${config.id}/partials/${name}`);
 async function refreshStatus() {
