@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 16, "n_layer": 2, "n_head": 4, "vocab_size": 260, "n_positions": 32}
+
 TINY_LLAMA = {
     "model_type": "llama",
     "hidden_size": 16,

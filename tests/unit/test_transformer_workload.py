@@ -27,9 +27,7 @@ from pipebd_core.workloads.linear_attention import linear_attention_forward
 from pipebd_core.workloads.replacements import ffn_channels
 from pipebd_core.workloads.transformer import language_model_to_train, save_language_model
 from pipebd_core.workloads.workload import build_workload
-from tests.transformer_specs import TINY_LLAMA, transformer_document, write_text
-
-TINY_GPT2 = {"model_type": "gpt2", "n_embd": 16, "n_layer": 2, "n_head": 4, "vocab_size": 260, "n_positions": 32}
+from tests.transformer_specs import TINY_GPT2, TINY_LLAMA, transformer_document, write_text
 
 
 @pytest.fixture(scope="module")
