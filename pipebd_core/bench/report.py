@@ -185,9 +185,26 @@ def bound_line(record: BenchRecord) -> str:
     return line
 
 
+def schedule_of(arm: Arm) -> tuple[str | None, str, bool] | None:
+    """What an arm ran, where every repeat ran the same stages: its strategy, its stages and whether it is
+    `tr` (whose barrier makes the same stages another schedule); None without stages (dp, ls)."""
+    lines = {stages_line(run.stages) for run in arm.runs}
+    if len(lines) != 1 or not arm.runs[0].stages:
+        return None
+    return arm.runs[0].strategy, lines.pop(), arm.name == "tr"
+
+
 def fastest_line(arms: list[Arm]) -> str:
-    """The fastest arm, or the arms whose intervals overlap its own (then no ranking between them)."""
+    """The fastest arm, or the arms whose intervals overlap its own, or that ran the very same schedule
+    (then no ranking between them: their difference is noise)."""
     best = min(arms, key=lambda arm: arm.step_s)
+    schedule = schedule_of(best)
+    same = [arm.name for arm in arms if arm is not best and schedule is not None and schedule_of(arm) == schedule]
+    if same:
+        return (
+            f"Fastest: not ranked; {best.name} ran the same schedule as {', '.join(same)}, so the difference"
+            " between them is noise."
+        )
     tied = [arm.name for arm in arms if arm is not best and overlap(arm, best)]
     if tied:
         return f"Fastest: not ranked; {best.name}'s interval overlaps {', '.join(tied)}'s."

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipebd_core.bench.arms import timed_step_s
-from pipebd_core.bench.report import load_record, render, versus
+from pipebd_core.bench.report import fastest_line, load_record, render, versus
 from pipebd_core.documents.bench_record import Arm, BenchRecord
 from tests.helpers import pipebd_here
 from tests.telemetry_lines import distill_line
@@ -63,6 +63,17 @@ def test_a_comparison_is_ranked_only_when_the_intervals_are_apart() -> None:
     close, apart = scaled(0.95), scaled(0.5)
     assert versus(close, dp) == "overlaps dp"  # 0.039 to 0.043 against 0.041 to 0.045
     assert versus(apart, dp) == "2.00x"
+
+
+def test_arms_that_ran_the_same_schedule_are_never_ranked() -> None:
+    record = BenchRecord.from_json(json.loads(RECORD.read_text()))
+    pipelined = next(arm for arm in record.arms if arm.runs[0].stages)
+    faster = [run.model_copy(update={"measured_step_s": 0.5 * run.measured_step_s}) for run in pipelined.runs]
+    auto = Arm(name="auto", runs=faster)  # the same stages, measured twice as fast: still the same plan
+    said = f"Fastest: not ranked; auto ran the same schedule as {pipelined.name}, so the difference between"
+    assert fastest_line([pipelined, auto]) == said + " them is noise."
+    barrier = Arm(name="tr", runs=pipelined.runs)  # tr's barrier makes the same stages another schedule
+    assert fastest_line([barrier, auto]) == "Fastest: auto, its interval clear of every other arm's."
 
 
 def test_every_mode_is_timed_by_one_rule() -> None:
