@@ -17,6 +17,7 @@ from types import FrameType
 
 from pipebd_core.bench import accuracy as bench_accuracy
 from pipebd_core.bench import finetune as bench_finetune
+from pipebd_core.bench import finetune_accuracy as bench_finetune_accuracy
 from pipebd_core.bench import page as bench_page
 from pipebd_core.bench import replan as bench_replan
 from pipebd_core.bench import report as bench_report
@@ -369,10 +370,11 @@ def command_bench(args: argparse.Namespace) -> int:
     if args.spec is None:
         return fail("give a spec file to benchmark, or --report FILE... to render records")
     finetune = args.phase == "finetune"
-    if args.accuracy and (finetune or args.modes or args.partitioners or args.replan):
+    if args.accuracy and (args.modes or args.partitioners or args.replan):
         return fail(
-            "--accuracy chooses its own plans (every mode's, the planner's top five, five drawn) for distillation;"
-            " give it no --modes, --partitioners or --replan, and no --phase finetune (not measured yet)"
+            "--accuracy chooses its own plans (distillation: every mode's, the planner's top five, five drawn;"
+            " --phase finetune: every strategy on every partitioner's cut); give it no --modes, --partitioners"
+            " or --replan"
         )
     known = bench_finetune.STRATEGIES if finetune else MODES
     partitioners = comma_list(args.partitioners)
@@ -395,7 +397,11 @@ def command_bench(args: argparse.Namespace) -> int:
             )
             report, table = replanned.to_json(), bench_replan.format_table(replanned)
         else:
-            if args.accuracy:
+            if args.accuracy and finetune:
+                record = bench_finetune_accuracy.run_finetune_accuracy_bench(
+                    spec, args.steps, args.repeats, out, keep=args.keep
+                )
+            elif args.accuracy:
                 record = bench_accuracy.run_accuracy_bench(
                     spec, args.steps, args.repeats, out, keep=args.keep, seed=args.seed
                 )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Literal
 
 from pipebd_core.bench.arms import (
     BOUND,
@@ -153,22 +154,50 @@ def run_finetune_bench(
         specs = {name: bench_spec(spec, strategy or "zb", steps, name) for name in partitioners}
     else:
         specs = {name: bench_spec(spec, name, steps) for name in strategies}
-    first = next(iter(specs.values()))
-    profile = obtain_layer_profile(first)  # cached, or measured now: every arm plans from it
-    profile_hash = freeze(profile, out)
-    specs[BOUND] = bound_spec(spec, steps)
+    profile, profile_hash = frozen_layer_profile(next(iter(specs.values())), out)
+    runs = run_with_bound(spec, specs, profile, steps, repeats, out, keep)
+    compares: Literal["strategies", "partitioners"] = "partitioners" if partitioners else "strategies"
+    record = finetune_record(spec, runs, profile, profile_hash, steps, repeats, compares, strategy)
+    (out / RECORD).write_text(record.model_dump_json(indent=1))
+    return record
+
+
+def frozen_layer_profile(first: Spec, out: Path) -> tuple[LayerProfile, str]:
+    """The layer profile every arm plans from (cached, or measured now), frozen into `out`, and its hash."""
+    profile = obtain_layer_profile(first)
+    return profile, freeze(profile, out)
+
+
+def run_with_bound(
+    spec: Spec, specs: dict[str, Spec], profile: LayerProfile, steps: int, repeats: int, out: Path, keep: bool
+) -> dict[str, list[ArmRun]]:
+    """Every arm of `specs`, each planned from `profile`, and the bound, rotated `repeats` times."""
+    arms = {**specs, BOUND: bound_spec(spec, steps)}
 
     def run(name: str, arm: Spec, folder: Path, repeat: int) -> ArmRun:
         return run_arm(arm, None if name == BOUND else profile, folder, repeat)
 
-    runs = rotate(specs, repeats, out, keep, run)
+    return rotate(arms, repeats, out, keep, run)
+
+
+def finetune_record(
+    spec: Spec,
+    runs: dict[str, list[ArmRun]],
+    profile: LayerProfile,
+    profile_hash: str,
+    steps: int,
+    repeats: int,
+    compares: Literal["strategies", "partitioners", "plans"],
+    strategy: str | None = None,
+) -> BenchRecord:
+    """The record of an end-to-end training bench: every arm of `runs` in order, the bound from its BOUND runs."""
     t1 = Arm(name=BOUND, runs=runs[BOUND]).step_s
-    tune = first.finetune
+    tune = spec.finetune
     assert tune is not None, "bench_spec refuses a spec without a finetune section"
-    record = BenchRecord(
+    return BenchRecord(
         phase=FINETUNE,
-        compares="partitioners" if partitioners else "strategies",
-        baseline="pipedream" if partitioners else "ddp",
+        compares=compares,
+        baseline="pipedream" if compares == "partitioners" else "ddp",
         strategy=strategy,
         name=spec.name,
         commit=commit(),
@@ -180,9 +209,7 @@ def run_finetune_bench(
         repeats=repeats,
         timing=TimingRule(warmup_steps=WARMUP_STEPS, timed_steps=steps - WARMUP_STEPS),
         profile_hash=profile_hash,
-        arms=[Arm(name=name, runs=runs[name]) for name in specs if name != BOUND],
+        arms=[Arm(name=name, runs=arm_runs) for name, arm_runs in runs.items() if name != BOUND],
         bound=Bound(t1_s=t1, ideal_s=t1 / spec.schedule.nproc, runs=runs[BOUND], profile_ideal_s=None),
         split_cost=split_cost(profile),
     )
-    (out / RECORD).write_text(record.model_dump_json(indent=1))
-    return record

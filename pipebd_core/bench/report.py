@@ -41,6 +41,8 @@ def render(records: list[BenchRecord]) -> str:
 
 def render_record(record: BenchRecord) -> str:
     title = TITLES[record.compares] + (f" ({record.strategy})" if record.strategy else "")
+    if record.compares == "plans" and record.phase == "finetune":
+        title = "end-to-end training, the planner's predictions checked"
     head = ["arm", "plan", "s/step: median (runs)", "spread", "samples/s", f"vs {record.baseline}", "efficiency"]
     head += ["predicted s/step", "error", "peak MiB per rank", "other cores (runs)"]
     head += ["bubble per rank"] if bubbles(record) else []

@@ -110,7 +110,9 @@ class PlanAccuracy(Part):
 
     arm: str  # the arm that ran it (the first name it was a candidate under)
     also: list[str]  # the other names it was a candidate under (deduplicated: one plan, one arm)
-    source: Literal["mode", "top", "drawn"]  # a mode's own plan, the planner's top five, drawn with the seed
+    # distillation: a mode's own plan, the planner's top five, drawn with the seed; end-to-end training: a
+    # strategy on the spec's partitioner's cut, or a pipelined strategy on another partitioner's
+    source: Literal["mode", "top", "drawn", "strategy", "partition"]
     mode: str  # the schedule it ran (hybrid: explicit stages)
     stages: list[StageSpan]  # empty for dp and ls
     predicted_step_s: float  # from the frozen profile (no calibration)

@@ -1,0 +1,133 @@
+"""End-to-end training's predictions checked out of sample: `pipebd bench SPEC --accuracy --phase finetune`.
+
+The candidate plans: every strategy on the spec's partitioner's cut (ddp, gpipe, 1f1b, zb: `strategy`),
+and every pipelined strategy on each other partitioner's cut (even, pipedream, layerpipe: `partition`).
+Each is planned from the one frozen layer profile before anything runs; two candidates whose plans run
+the same (the same strategy on the same stages; ddp has one) are one arm, the first name it came under
+(the others kept in `also`). The chosen plan is the one `auto` plans from that profile (its strategy and
+cut), a candidate of its own when no other plans it. Every arm then runs in one end-to-end training
+bench (finetune.py: the same frozen profile, rotated repeats, the one timing rule, the measured bound).
+
+The figures are accuracy.py's: MAPE of each plan's prediction (its plan phase's, from the frozen layer
+profile) against the median of its repeats, Kendall's tau-b, the chosen plan's regret. There are no
+calibrated figures: the layer profile is not calibrated from runs, and no run writes a calibration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from pipebd_core.bench.accuracy import figures
+from pipebd_core.bench.arms import RECORD
+from pipebd_core.bench.finetune import (
+    bench_spec,
+    finetune_record,
+    frozen_layer_profile,
+    plan_stages,
+    run_with_bound,
+)
+from pipebd_core.documents.bench_record import Accuracy, Arm, BenchRecord, PlanAccuracy
+from pipebd_core.documents.layer_profile import LayerProfile
+from pipebd_core.planning.finetune import resolve_train_plan
+from pipebd_core.spec import Spec
+from pipebd_core.training.plan import PIPELINED, TrainPlan
+
+PARTITIONS = ("even", "pipedream", "layerpipe")  # the cuts a pipelined strategy is checked on
+AUTO = "auto"
+RULE = "none: the layer profile is not calibrated from runs"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A strategy on a partitioner's cut (None: the spec's own), planned from the frozen profile."""
+
+    name: str
+    source: Literal["strategy", "partition"]  # on the spec's partitioner's cut, or on another's
+    strategy: str
+    partitioner: str | None
+    plan: TrainPlan
+    also: tuple[str, ...] = ()
+
+    def key(self) -> tuple[object, ...]:
+        """What makes two candidates one run: the strategy the plan runs and its stages."""
+        return self.plan.strategy, tuple(self.plan.stages)
+
+    @property
+    def predicted_step_s(self) -> float:
+        predictions = self.plan.details.predictions if self.plan.details is not None else None
+        if predictions is None or predictions.predicted_step_s is None:
+            raise RuntimeError(f"bench --accuracy: {self.name}'s plan has no prediction; its profile was lost")
+        return predictions.predicted_step_s
+
+
+def listed(spec: Spec) -> list[tuple[str, Literal["strategy", "partition"], str, str | None]]:
+    """(name, source, strategy, partitioner) of every candidate, before planning."""
+    tune = spec.finetune
+    assert tune is not None, "bench_spec refuses a spec without a finetune section"
+    own: list[tuple[str, Literal["strategy", "partition"], str, str | None]]
+    own = [(strategy, "strategy", strategy, None) for strategy in ("ddp", *PIPELINED)]
+    other = [p for p in PARTITIONS if p != tune.partitioner]
+    return own + [(f"{s}-{p}", "partition", s, p) for s in PIPELINED for p in other]
+
+
+def plan_candidates(spec: Spec, profile: LayerProfile, steps: int) -> tuple[list[Candidate], str]:
+    """Every candidate planned from `profile`, deduplicated, and the name of the one auto plans."""
+    kept: dict[tuple[object, ...], Candidate] = {}
+    for name, source, strategy, partitioner in listed(spec):
+        plan = resolve_train_plan(bench_spec(spec, strategy, steps, partitioner), None, profile)
+        candidate = Candidate(name, source, strategy, partitioner, plan)
+        first = kept.get(candidate.key())
+        kept[candidate.key()] = candidate if first is None else replace(first, also=(*first.also, name))
+    auto = Candidate(AUTO, "strategy", AUTO, None, resolve_train_plan(bench_spec(spec, AUTO, steps), None, profile))
+    chosen = kept.get(auto.key())
+    if chosen is None:
+        kept[auto.key()] = auto
+        return list(kept.values()), AUTO
+    kept[auto.key()] = replace(chosen, also=(*chosen.also, AUTO))
+    return list(kept.values()), chosen.name
+
+
+def plan_accuracy(candidate: Candidate, arm: Arm) -> PlanAccuracy:
+    return PlanAccuracy(
+        arm=candidate.name,
+        also=list(candidate.also),
+        source=candidate.source,
+        mode=candidate.plan.strategy,
+        stages=plan_stages(candidate.plan),
+        predicted_step_s=candidate.predicted_step_s,
+        measured_step_s=arm.step_s,
+        calibrated_step_s=None,
+        calibrated_from=None,
+    )
+
+
+def accuracy_section(candidates: list[Candidate], arms: dict[str, Arm], chosen: str) -> Accuracy:
+    """The record's `accuracy`: every candidate's prediction against its arm's measurement."""
+    plans = [plan_accuracy(candidate, arms[candidate.name]) for candidate in candidates]
+    alone = figures(plans, {plan.arm: plan.predicted_step_s for plan in plans}, chosen)
+    return Accuracy(
+        seed=0,
+        plans=plans,
+        mape=alone.mape,
+        rank_correlation=alone.rank_correlation,
+        chosen=chosen,
+        chosen_regret=alone.chosen_regret,
+        calibrated=None,
+        rule=RULE,
+    )
+
+
+def run_finetune_accuracy_bench(spec: Spec, steps: int, repeats: int, out: Path, keep: bool = False) -> BenchRecord:
+    """Every candidate plan of end-to-end training as an arm, and the bound, `repeats` times interleaved;
+    the record with its `accuracy` (also written to out/bench.json)."""
+    profile, profile_hash = frozen_layer_profile(bench_spec(spec, AUTO, steps), out)
+    candidates, chosen = plan_candidates(spec, profile, steps)
+    specs = {c.name: bench_spec(spec, c.strategy, steps, c.partitioner) for c in candidates}
+    runs = run_with_bound(spec, specs, profile, steps, repeats, out, keep)
+    record = finetune_record(spec, runs, profile, profile_hash, steps, repeats, "plans")
+    arms = {arm.name: arm for arm in record.arms}
+    record = record.model_copy(update={"accuracy": accuracy_section(candidates, arms, chosen)})
+    (out / RECORD).write_text(record.model_dump_json(indent=1))
+    return record

@@ -1,0 +1,97 @@
+"""tier: pure logic, CPU
+
+`pipebd bench --accuracy --phase finetune`: its candidates (every strategy on the spec's cut, every
+pipelined strategy on each other partitioner's) planned from one layer profile, one arm per distinct run,
+the chosen one what `auto` plans; its figures (MAPE, Kendall's tau, regret) against the arms' medians.
+A real bench of it (the LayerPipe sample network) is on the benchmarks page; running one here would
+take a minute of ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipebd_core.bench.finetune import bench_spec
+from pipebd_core.bench.finetune_accuracy import accuracy_section, listed, plan_candidates
+from pipebd_core.documents.bench_record import Arm, ArmRun, Load, TimingRule
+from pipebd_core.documents.layer_profile import LayerProfile
+from pipebd_core.planning.finetune import resolve_train_plan
+from pipebd_core.spec import Spec, parse_spec
+from tests.fake_profiles import fake_layer_profile
+from tests.helpers import pipebd_here
+from tests.ranks.test_finetune import e2e_document
+
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def spec() -> Spec:
+    return parse_spec(e2e_document("zb", 2))  # 11 layers; the spec's partitioner: pipedream
+
+
+def profile() -> LayerProfile:
+    return fake_layer_profile(layers=11, f=1.0, i=1.0, w=1.0, b=2.0).profile
+
+
+def test_every_candidate_is_planned_once_and_auto_s_plan_is_the_chosen_one(spec: Spec) -> None:
+    candidates, chosen = plan_candidates(spec, profile(), STEPS)
+    names = [name for name, *_ in listed(spec)]
+    assert names == [
+        "ddp",
+        "gpipe",
+        "1f1b",
+        "zb",
+        *(f"{s}-{p}" for s in ("gpipe", "1f1b", "zb") for p in ("even", "layerpipe")),
+    ]
+    given = [name for candidate in candidates for name in (candidate.name, *candidate.also)]
+    assert sorted(given) == sorted([*names, "auto"])  # every name once, auto's among them
+    keys = [candidate.key() for candidate in candidates]
+    assert len(set(keys)) == len(keys)  # one arm per distinct run
+    auto = resolve_train_plan(bench_spec(spec, "auto", STEPS), None, profile())
+    chosen_candidate = next(c for c in candidates if c.name == chosen)
+    assert chosen_candidate.key() == (auto.strategy, tuple(auto.stages)) and "auto" in chosen_candidate.also
+    for candidate in candidates:  # each prediction is its own plan phase's, from the one profile
+        replanned = resolve_train_plan(
+            bench_spec(spec, candidate.strategy, STEPS, candidate.partitioner), None, profile()
+        )
+        assert replanned.details is not None and replanned.details.predictions is not None
+        assert candidate.predicted_step_s == replanned.details.predictions.predicted_step_s
+
+
+def arm(name: str, measured: list[float]) -> Arm:
+    runs = [
+        ArmRun(
+            repeat=repeat,
+            step_s=[step],
+            measured_step_s=step,
+            predicted_step_s=None,
+            profile_hash="h",
+            timing=TimingRule(warmup_steps=2, timed_steps=8),
+            load=Load(wall_s=1.0, other_cores=0.0, shared=False),
+            stages=[],
+            peak_mem_bytes=[0],
+        )
+        for repeat, step in enumerate(measured)
+    ]
+    return Arm(name=name, runs=runs)
+
+
+def test_the_figures_compare_each_prediction_with_its_arms_median(spec: Spec) -> None:
+    candidates, chosen = plan_candidates(spec, profile(), STEPS)
+    predicted = {c.name: c.predicted_step_s for c in candidates}
+    measured = {name: 1.25 * step if name != chosen else 2.0 * step for name, step in predicted.items()}
+    arms = {name: arm(name, [0.9 * step, step, 1.3 * step]) for name, step in measured.items()}  # median: step
+    accuracy = accuracy_section(candidates, arms, chosen)
+    errors = [abs(predicted[n] - measured[n]) / measured[n] for n in predicted]
+    assert accuracy.mape == pytest.approx(sum(errors) / len(errors))
+    assert accuracy.chosen == chosen and accuracy.calibrated is None
+    assert accuracy.chosen_regret == pytest.approx(measured[chosen] / min(measured.values()) - 1)
+    assert [plan.measured_step_s for plan in accuracy.plans] == pytest.approx([measured[c.name] for c in candidates])
+    assert {plan.source for plan in accuracy.plans} <= {"strategy", "partition"}
+
+
+def test_accuracy_takes_no_modes_of_its_own() -> None:
+    code, _, err = pipebd_here(
+        "bench", "examples/layerpipe-sample.yaml", "--phase", "finetune", "--accuracy", "--modes", "zb"
+    )
+    assert code == 2 and "--accuracy chooses its own plans" in err and "every strategy on every partitioner" in err
