@@ -234,9 +234,13 @@ def figures(plans: Sequence[PlanAccuracy], predicted: dict[str, float], chosen: 
     )
 
 
-def accuracy_section(plans: list[PlanAccuracy], seed: int) -> Accuracy:
-    """The record's `accuracy` from every candidate's predictions and measurement."""
-    chosen = next(plan.arm for plan in plans if CHOSEN in (plan.arm, *plan.also))
+def accuracy_section(
+    plans: list[PlanAccuracy], seed: int, chosen: str | None = None, rule: str = CALIBRATION_RULE
+) -> Accuracy:
+    """The record's `accuracy` from every candidate's predictions and measurement; `chosen`: the arm the
+    planner runs (by default the one the planner's first plan is)."""
+    if chosen is None:
+        chosen = next(plan.arm for plan in plans if CHOSEN in (plan.arm, *plan.also))
     alone = figures(plans, {plan.arm: plan.predicted_step_s for plan in plans}, chosen)
     calibrated_s = {plan.arm: plan.calibrated_step_s for plan in plans if plan.calibrated_step_s is not None}
     calibrated = None
@@ -251,7 +255,7 @@ def accuracy_section(plans: list[PlanAccuracy], seed: int) -> Accuracy:
         chosen=chosen,
         chosen_regret=alone.chosen_regret,
         calibrated=calibrated,
-        rule=CALIBRATION_RULE,
+        rule=rule,
     )
 
 

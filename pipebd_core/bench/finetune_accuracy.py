@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from pipebd_core.bench.accuracy import figures
+from pipebd_core.bench import accuracy
 from pipebd_core.bench.arms import RECORD
 from pipebd_core.bench.finetune import (
     bench_spec,
@@ -106,17 +106,7 @@ def plan_accuracy(candidate: Candidate, arm: Arm) -> PlanAccuracy:
 def accuracy_section(candidates: list[Candidate], arms: dict[str, Arm], chosen: str) -> Accuracy:
     """The record's `accuracy`: every candidate's prediction against its arm's measurement."""
     plans = [plan_accuracy(candidate, arms[candidate.name]) for candidate in candidates]
-    alone = figures(plans, {plan.arm: plan.predicted_step_s for plan in plans}, chosen)
-    return Accuracy(
-        seed=0,
-        plans=plans,
-        mape=alone.mape,
-        rank_correlation=alone.rank_correlation,
-        chosen=chosen,
-        chosen_regret=alone.chosen_regret,
-        calibrated=None,
-        rule=RULE,
-    )
+    return accuracy.accuracy_section(plans, seed=0, chosen=chosen, rule=RULE)
 
 
 def run_finetune_accuracy_bench(spec: Spec, steps: int, repeats: int, out: Path, keep: bool = False) -> BenchRecord:

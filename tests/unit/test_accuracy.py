@@ -164,7 +164,7 @@ def test_the_report_renders_the_accuracy_table_from_the_record() -> None:
     assert "#### Predictions checked" not in render([record])  # a record without accuracy has no such table
 
 
-@pytest.mark.parametrize("extra", [["--phase", "finetune"], ["--modes", "dp,auto"], ["--replan"]])
+@pytest.mark.parametrize("extra", [["--modes", "dp,auto"], ["--replan"]])
 def test_accuracy_chooses_its_own_plans_and_refuses_what_it_does_not_measure(extra: list[str]) -> None:
     code, _, err = pipebd_here("bench", "examples/tiny-custom.yaml", "--accuracy", *extra)
     assert code == 2 and "--accuracy chooses its own plans" in err and "give it no --modes" in err
