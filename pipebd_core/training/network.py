@@ -165,10 +165,8 @@ def build_network(spec: Spec, run_dir: RunDir | None) -> Network:
     kind, distilled = spec.workload.kind, spec.finetune.init == "distilled" and run_dir is not None
     if kind == "train":
         return as_network(network_to_train(spec))
-    if kind == "nas" and distilled:
-        assert run_dir is not None
-        searched: nn.Module = torch.load(run_dir.searched_model, map_location="cpu", weights_only=False)
-        return as_network(searched.train())
+    if kind == "nas":
+        return as_network(nas_network(spec, run_dir, distilled).train())
     if kind == "transformer" and len(spec.workload.replacements) > 1:
         return as_network(transformer_search(spec, run_dir if distilled else None).train())
     workload = build_workload(spec)
@@ -176,24 +174,40 @@ def build_network(spec: Spec, run_dir: RunDir | None) -> Network:
     if distilled:
         assert run_dir is not None
         students = distilled_students(spec, run_dir, students)
-    if kind == "nas":  # from scratch: the searched architecture is needed, and it comes from the search
-        if run_dir is None or not run_dir.searched_model.exists():
-            return as_network(nn.Sequential(*students))  # the supernet stands in for the preflight's checks
-        searched = torch.load(run_dir.searched_model, map_location="cpu", weights_only=False)
-        from pipebd_core.workloads.nas import init_mobilenet
-
-        init_mobilenet(searched, seeded(spec.train.seed, "student", 0))
-        return as_network(searched.train())
     if workload.assemble is not None:
         return as_network(workload.assemble(students).train())
     return as_network(nn.Sequential(*students).train())
 
 
+def searched_network(run_dir: RunDir | None) -> nn.Module | None:
+    """A search's chosen network as finalize saved it (searched_model.pt); None before the search has run."""
+    if run_dir is None or not run_dir.searched_model.exists():
+        return None
+    searched: nn.Module = torch.load(run_dir.searched_model, map_location="cpu", weights_only=False)
+    return searched
+
+
+def nas_network(spec: Spec, run_dir: RunDir | None, distilled: bool) -> nn.Module:
+    """A NAS search's network to fine-tune: the searched one with its distilled weights, or re-initialised
+    (init: scratch, DNA's retraining); before the search has run (the preflight's checks) the supernet."""
+    searched = searched_network(run_dir)
+    if searched is None and distilled:
+        assert run_dir is not None
+        raise SpecError(f"finetune.init: 'distilled' needs {run_dir.searched_model}, which the finalize phase writes")
+    if searched is None:
+        return nn.Sequential(*build_workload(spec).student_blocks)  # stands in for the preflight's checks
+    if not distilled:
+        from pipebd_core.workloads.nas import init_mobilenet
+
+        init_mobilenet(searched, seeded(spec.train.seed, "student", 0))
+    return searched
+
+
 def transformer_search(spec: Spec, run_dir: RunDir | None) -> nn.Module:
     """A transformer search's network to fine-tune: its chosen layers (searched_model.pt), or before the
     search has run (the preflight's checks) the first candidate of every layer, which has the same shapes."""
-    if run_dir is not None and run_dir.searched_model.exists():
-        searched: nn.Module = torch.load(run_dir.searched_model, map_location="cpu", weights_only=False)
+    searched = searched_network(run_dir)
+    if searched is not None:
         return searched
     from pipebd_core.workloads.transformer import first_candidates
 
