@@ -38,11 +38,13 @@ def size_of(model: nn.Module, sample: torch.Tensor) -> ModelSize:
 
 
 def export(model: nn.Module, sample: torch.Tensor, run_dir: RunDir) -> None:
-    """finetuned_model.pt2: `torch.export.load(path).module()` runs it, at any batch size, without
-    PipeBD's classes."""
+    """finetuned_model.pt2: `torch.export.load(path).module()` runs it, at any batch size (a language
+    model's also at any sequence length), without PipeBD's classes."""
     example = sample.unsqueeze(0).expand(2, *sample.shape).contiguous().cpu()  # a batch of 1 would be frozen in
-    batch = {0: torch.export.Dim("batch", min=1)}
-    program = torch.export.export(model.cpu().eval(), (example,), dynamic_shapes=(batch,))
+    dims = {0: torch.export.Dim("batch", min=1)}
+    if not sample.is_floating_point() and sample.dim() == 1:  # token ids: sequences of any length too
+        dims[1] = torch.export.Dim("tokens", min=2)
+    program = torch.export.export(model.cpu().eval(), (example,), dynamic_shapes=(dims,))
     torch.export.save(program, run_dir.exported_model)
 
 

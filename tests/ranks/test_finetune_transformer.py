@@ -95,6 +95,10 @@ def test_evaluate_reports_perplexity_before_and_after_and_the_teachers(
     lines = [json.loads(line) for line in run_dir.metrics(0, "finetune").read_text().splitlines()]
     evaluations = [line for line in lines if line.get("eval")]
     assert evaluations and evaluations[-1]["perplexity"] == pytest.approx(after, rel=1e-6)
+    program = torch.export.load(run_dir.exported_model).module()  # token ids of another batch and length
+    ids = torch.randint(0, 257, (3, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(program(ids), network.eval()(ids))
 
 
 def test_a_transformer_search_fine_tunes_from_its_distilled_layers_only(spec: Spec) -> None:
