@@ -360,6 +360,7 @@ def _derive(
         measure = swapped_logits_kl if spec.workload.search_loss == "logits_kl" else held_out_losses
         losses = measure(spec, teachers, students, head)
         costs, teacher = search_costs(students, teachers, profile)
+        shown = {name: layers for name, layers in costs.items() if teacher[name]}  # an encoder has no KV cache
         budget = spec.workload.budget
         what = MEASURES[spec.workload.search_loss]
         if budget is None:
@@ -372,20 +373,20 @@ def _derive(
             chosen_by = f"lowest summed {what} within the budget (mixed-integer program)"
         architecture = Architecture(
             blocks=[
-                ArchitectureBlock(block=i, layers=[student.names[pick]], loss=losses[i][pick], **_costs(costs, i, pick))
+                ArchitectureBlock(block=i, layers=[student.names[pick]], loss=losses[i][pick], **_costs(shown, i, pick))
                 for i, (student, pick) in enumerate(zip(students, picks, strict=True))
             ],
             candidates=[
-                CandidateResult(block=i, name=name, loss=losses[i][c], **_costs(costs, i, c))
+                CandidateResult(block=i, name=name, loss=losses[i][c], **_costs(shown, i, c))
                 for i, student in enumerate(students)
                 for c, name in enumerate(student.names)
             ],
             chosen_by=chosen_by,
             teacher_params=int(teacher["params"]),
-            teacher_kv_cache_bytes=int(teacher["kv_cache"]),
+            teacher_kv_cache_bytes=int(teacher["kv_cache"]) if "kv_cache" in shown else None,
             teacher_latency_s=teacher.get("latency"),
             budget=None if budget is None else budget.fractions(),
-            reached={name: reached(costs[name], picks, teacher[name]) for name in costs},
+            reached={name: reached(layers, picks, teacher[name]) for name, layers in shown.items()},
         )
         chosen = [student.chosen(pick) for student, pick in zip(students, picks, strict=True)]
         return architecture, nn.Sequential(*chosen, head).eval()
@@ -394,11 +395,10 @@ def _derive(
 
 
 def _costs(costs: Costs, layer: int, candidate: int) -> dict[str, Any]:
-    """One candidate's costs as architecture.json names them."""
-    found: dict[str, Any] = {
-        "params": int(costs["params"][layer][candidate]),
-        "kv_cache_bytes": int(costs["kv_cache"][layer][candidate]),
-    }
+    """One candidate's costs as architecture.json names them (those the teacher has)."""
+    found: dict[str, Any] = {"params": int(costs["params"][layer][candidate])}
+    if "kv_cache" in costs:
+        found["kv_cache_bytes"] = int(costs["kv_cache"][layer][candidate])
     if "latency" in costs:
         found["latency_s"] = costs["latency"][layer][candidate]
     return found

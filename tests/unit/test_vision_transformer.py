@@ -238,3 +238,11 @@ def test_teacher_weights_of_a_hugging_face_teacher_are_refused() -> None:
     document["workload"] = {"kind": "transformer", "teacher": "/models/llama", "teacher_weights": "/w.pt"}
     with pytest.raises(SpecError, match=r"teacher_weights is a torchvision state_dict, for a vision transformer"):
         parse_spec(document)
+
+
+def test_a_vit_search_records_parameters_and_no_kv_cache(searched: tuple[Any, list[Candidates]]) -> None:
+    workload, _ = searched
+    architecture = workload.derive(workload.student_blocks, None)[0].to_json()
+    assert set(architecture["reached"]) == {"params"} and "teacher_kv_cache_bytes" not in architecture
+    assert all("kv_cache_bytes" not in c and c["params"] >= 0 for c in architecture["candidates"])
+    assert len(architecture["candidates"]) == 4 * len(SEARCH)
