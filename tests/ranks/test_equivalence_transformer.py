@@ -6,9 +6,10 @@ token) in layerwise scheduling, every rank loading the whole batch of images.
 
 Tier: gloo runs on CPU through torchrun: a 3-rank hybrid plan that relays and splits in one job, a search
 over every replacement with normalised MSE; a 2-rank dp and a 2-rank ls search with cosine and MSE block
-losses. A ViT's hybrid search and fine-tuning are in tests/ranks/test_vision_transformer.py; every mode's
-task order at one rank is checked without ranks in tests/unit/test_schedule.py; the compressed network's
-perplexity in tests/unit/test_transformer_workload.py.
+losses; a 2-rank compression in ir (Llama) and in tr (GPT-2). tr_dpu is hybrid without replicas; auto runs
+the plan it chooses as hybrid. A ViT's hybrid search and fine-tuning are in
+tests/ranks/test_vision_transformer.py; every mode's task order at one rank is checked without ranks in
+tests/unit/test_schedule.py; the compressed network's perplexity in tests/unit/test_transformer_workload.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.workloads.workload import build_workload
 from tests.helpers import assert_same_weights, load_students, plain_loop
-from tests.transformer_specs import TINY_GPT2, TINY_VIT, transformer_document, vit_document, write_text
+from tests.transformer_specs import TINY_GPT2, TINY_LLAMA, TINY_VIT, transformer_document, vit_document, write_text
 
 SEARCH = ["keep", "ffn_1/4", "kv_1", "linear_attention", "no_attention", "linear", "noop"]
 GPT2_SEARCH = ["keep", "ffn_1/2", "linear_attention", "no_attention"]  # GPT-2 has no separate KV heads
@@ -85,3 +86,15 @@ def test_a_layerwise_scheduled_vit_search_equals_the_plain_loop(finished_run: Ca
     plan = run.read_json(run.plan)
     assert plan["mode"] == "ls" and sorted(b for blocks in plan["assignment"] for b in blocks) == [0, 1, 2, 3]
     assert all(plan["assignment"])  # both ranks train blocks
+
+
+@pytest.mark.parametrize(("config", "mode"), [(TINY_LLAMA, "ir"), (TINY_GPT2, "tr")], ids=["llama-ir", "gpt2-tr"])
+def test_a_compression_in_internal_or_teacher_relaying_equals_the_plain_loop(
+    config: dict[str, object], mode: str, text_root: Path, finished_run: Callable[[Spec], RunDir]
+) -> None:
+    document = transformer_document(text_root, schedule={"mode": mode, "nproc": 2})
+    document["workload"]["config"] = config
+    spec = parse_spec(document)
+    run = finished_run(spec)
+    assert_same_weights(load_students(run), plain_loop(spec))
+    assert run.read_json(run.plan)["mode"] == mode
