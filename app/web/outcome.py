@@ -76,7 +76,8 @@ class OutcomeView:
 
 
 def quality_of(summary: Summary) -> list[Quality]:
-    """The quality figures the summary has: perplexity for a language model, else top-1 where measured."""
+    """The quality figures the summary has: perplexity for a language model, else top-1 where measured; each
+    after distillation and, where the finetune phase ran, after it."""
     if summary.student_perplexity is not None:
         distilled = Quality("Held-out perplexity", summary.student_perplexity, summary.teacher_perplexity, True)
         tuned = summary.finetune
@@ -85,7 +86,11 @@ def quality_of(summary: Summary) -> list[Quality]:
         after = Quality("Held-out perplexity", tuned.perplexity_after, tuned.teacher_perplexity, True, finetuned=True)
         return [distilled, after]
     if summary.student_top1 is not None:
-        return [Quality("Top-1", summary.student_top1, summary.teacher_top1, False)]
+        distilled = Quality("Top-1", summary.student_top1, summary.teacher_top1, False)
+        tuned = summary.finetune
+        if tuned is None or tuned.top1_after is None:
+            return [distilled]
+        return [distilled, Quality("Top-1", tuned.top1_after, tuned.teacher_top1, False, finetuned=True)]
     return []
 
 

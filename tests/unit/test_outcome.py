@@ -1,8 +1,9 @@
 """tier: pure logic, CPU
 
 The job page's outcome part (app/web/outcome.py, templates/partials/outcome.html): a language model's
-held-out perplexity after distillation and, where the finetune phase ran, after it, each beside its teacher's;
-a search under a latency budget, its candidates' measured forward and what the choice reached.
+held-out perplexity (a classifier's top-1) after distillation and, where the finetune phase ran, after it,
+each beside its teacher's; a search under a latency budget, its candidates' measured forward and what the
+choice reached.
 """
 
 from __future__ import annotations
@@ -73,3 +74,14 @@ def test_a_latency_budget_shows_each_candidates_forward_and_what_the_choice_reac
     assert "latency 62.5% (2.50 of 4.00 ms forward, as profiled)" in text
     assert "params 60.0% (600 of 1,000 parameters)" in text
     assert '<td class="chosen">0.25 <small>600 · 64 B · 2.500 ms</small>' in html
+
+
+def test_a_classifiers_top1_after_distillation_and_after_finetuning() -> None:
+    summary = Summary(name="vit", student_top1=0.579, teacher_top1=0.858)
+    summary.finetune = FinetuneReport(
+        strategy="zb", top1_before=0.579, top1_after=0.808, teacher_top1=0.858, student=ModelSize(params=1, flops=1.0)
+    )
+    html = rendered(summary)
+    distilled, finetuned = html.index('id="outcome-top1"'), html.index('id="outcome-top1-finetuned"')
+    assert distilled < finetuned and "distilled <strong>57.9%</strong>" in html[:finetuned]
+    assert "fine-tuned <strong>80.8%</strong>" in html[finetuned:] and "teacher 85.8%" in html[finetuned:]
