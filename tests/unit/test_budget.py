@@ -74,3 +74,14 @@ def test_a_budget_below_the_cheapest_choice_is_refused_naming_it() -> None:
 def test_losses_and_costs_of_other_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="one value per candidate"):
         choose([[0.1, 0.2]], [Limit([[1.0]], 5.0)])
+
+
+@pytest.mark.parametrize("unit", [1.0, 1e-4, 1e6], ids=["ones", "seconds-of-latency", "parameters"])
+def test_a_choice_over_the_budget_by_less_than_the_solvers_tolerance_is_never_taken(unit: float) -> None:
+    """Both layers kept cost 2 units, a hair over the budget; the choice must drop one (loss 1), whatever
+    the unit the costs come in (forward seconds of 1e-4 sit below the solver's absolute tolerance)."""
+    losses = [[0.0, 1.0], [0.0, 1.0]]
+    costs = [[unit, 0.0], [unit, 0.0]]
+    budget = 2 * unit * (1 - 1e-9)
+    choice = choose(losses, [Limit(costs, budget)])
+    assert choice.loss == 1.0 and choice.cost <= budget
