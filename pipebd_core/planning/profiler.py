@@ -52,7 +52,7 @@ from pipebd_core.planning.trust import NOISY_SPREAD
 from pipebd_core.ranks import exit_now, gather_on_rank_zero, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
-from pipebd_core.workloads.candidates import Candidates
+from pipebd_core.workloads.candidates import Candidates, replaced_layer
 from pipebd_core.workloads.workload import Workload, build_workload
 
 WARMUP = 1
@@ -161,7 +161,7 @@ def measure_candidates(
 ) -> dict[str, Any]:
     """A search's block: each candidate's forward (`candidate<i>`) and the teacher layer's alone (`layer`),
     all on the hidden state the block's prefix (block 0's embedding) makes of `x`."""
-    layer = teacher[-1] if student.prefix is not None and isinstance(teacher, nn.Sequential) else teacher
+    layer = replaced_layer(teacher)
     with torch.no_grad():
         hidden = student.prepare(x)
 

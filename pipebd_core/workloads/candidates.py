@@ -19,6 +19,11 @@ from torch import nn
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def replaced_layer(teacher: nn.Module) -> nn.Module:
+    """The teacher layer a block's candidates replace: block 0's teacher is (its prefix, the layer)."""
+    return teacher[-1] if isinstance(teacher, nn.Sequential) else teacher
+
+
 class Candidates(nn.Module):
     """Candidates of one block, named; `forward` averages their outputs (only shapes and costs read it)."""
 

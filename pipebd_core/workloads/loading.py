@@ -23,6 +23,16 @@ def uninitialised(factory: Callable[[], M]) -> M:
     return module.to_empty(device="cpu")
 
 
+def linear_from(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """An nn.Linear holding copies of `weight` (out, in) and `bias`, drawing no random numbers."""
+    layer = uninitialised(lambda: nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None))
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias is not None:
+            layer.bias.copy_(bias.detach())
+    return layer
+
+
 def read_state_dict(path: str, field: str) -> dict[str, torch.Tensor]:
     """Load a state_dict file on CPU (memory-mapped when possible, so the head is not read in)."""
     file = Path(path)

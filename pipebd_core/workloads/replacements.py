@@ -28,6 +28,7 @@ from torch import nn
 
 from pipebd_core.spec import SpecError
 from pipebd_core.workloads.linear_attention import linearise
+from pipebd_core.workloads.loading import linear_from
 from pipebd_core.workloads.vision_transformer import grouped_attention, linear_attention
 
 GATED_FFN = ("gate_proj", "up_proj", "down_proj")
@@ -46,13 +47,7 @@ class FFNOnly(nn.Module):
 
 def linear_map(hidden_size: int) -> nn.Linear:
     """A learned linear map of the hidden state, starting as the identity."""
-    with torch.device("meta"):
-        layer = nn.Linear(hidden_size, hidden_size)
-    layer = layer.to_empty(device="cpu")
-    with torch.no_grad():
-        layer.weight.copy_(torch.eye(hidden_size))
-        layer.bias.zero_()
-    return layer
+    return linear_from(torch.eye(hidden_size), torch.zeros(hidden_size))
 
 
 def ffn_channels(mlp: Any, fraction: float) -> torch.Tensor:

@@ -30,7 +30,7 @@ from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, 
 from pipebd_core.documents.profile import Profile
 from pipebd_core.planning.budget import BudgetError, Limit, choose, smallest_cost
 from pipebd_core.spec import TRANSFORMER_FAMILIES, Budget, Spec, SpecError
-from pipebd_core.workloads.candidates import Candidates
+from pipebd_core.workloads.candidates import Candidates, replaced_layer
 from pipebd_core.workloads.replacements import build_replacement
 from pipebd_core.workloads.transformer_parts import ModelParts
 from pipebd_core.workloads.workload import Workload, block_seed
@@ -251,14 +251,9 @@ def candidate_costs(students: Sequence[nn.Module]) -> dict[str, list[list[int]]]
     return costs
 
 
-def teacher_layer(block: nn.Module) -> nn.Module:
-    """A teacher block without block 0's embedding: the layer a candidate replaces."""
-    return block[-1] if isinstance(block, nn.Sequential) else block
-
-
 def teacher_costs(teachers: Sequence[nn.Module]) -> dict[str, float]:
     """The teacher's layers' costs, which a budget's fractions are of."""
-    layers = [teacher_layer(teacher) for teacher in teachers]
+    layers = [replaced_layer(teacher) for teacher in teachers]
     return {
         "params": sum(p.numel() for layer in layers for p in layer.parameters()),
         "kv_cache": sum(kv_cache_bytes(layer) for layer in layers),

@@ -25,7 +25,7 @@ from torch import nn
 
 from pipebd_core.spec import VIT_FAMILY, Spec, SpecError
 from pipebd_core.workloads.linear_attention import HedgehogFeatureMap, hedgehog_attention
-from pipebd_core.workloads.loading import read_state_dict
+from pipebd_core.workloads.loading import linear_from, read_state_dict
 from pipebd_core.workloads.transformer_parts import ModelParts
 from pipebd_core.workloads.workload import block_seed
 
@@ -70,10 +70,10 @@ class VisionAttention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
         weights = attention.in_proj_weight.detach().split(hidden)
         biases = (None,) * 3 if attention.in_proj_bias is None else attention.in_proj_bias.detach().split(hidden)
-        self.q_proj = _linear(weights[0], biases[0])
-        self.k_proj = _linear(*_pooled(weights[1], biases[1], heads, kv_heads))
-        self.v_proj = _linear(*_pooled(weights[2], biases[2], heads, kv_heads))
-        self.out_proj = _linear(attention.out_proj.weight.detach(), attention.out_proj.bias)
+        self.q_proj = linear_from(weights[0], biases[0])
+        self.k_proj = linear_from(*_pooled(weights[1], biases[1], heads, kv_heads))
+        self.v_proj = linear_from(*_pooled(weights[2], biases[2], heads, kv_heads))
+        self.out_proj = linear_from(attention.out_proj.weight.detach(), attention.out_proj.bias)
         if linear:
             self.query_map = HedgehogFeatureMap(heads, self.head_dim)
             self.key_map = HedgehogFeatureMap(heads, self.head_dim)
@@ -92,18 +92,6 @@ class VisionAttention(nn.Module):
                 q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
             )
         return self.out_proj(output.transpose(1, 2).flatten(2)), None
-
-
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
-    """An nn.Linear holding copies of `weight` (out, in) and `bias`, drawing no random numbers."""
-    with torch.device("meta"):
-        layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    layer = layer.to_empty(device="cpu")
-    with torch.no_grad():
-        layer.weight.copy_(weight)
-        if bias is not None:
-            layer.bias.copy_(bias.detach())
-    return layer
 
 
 def _pooled(
