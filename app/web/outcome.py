@@ -78,20 +78,25 @@ class OutcomeView:
 def quality_of(summary: Summary) -> list[Quality]:
     """The quality figures the summary has: perplexity for a language model, else top-1 where measured; each
     after distillation and, where the finetune phase ran, after it."""
+    tuned = summary.finetune
     if summary.student_perplexity is not None:
-        distilled = Quality("Held-out perplexity", summary.student_perplexity, summary.teacher_perplexity, True)
-        tuned = summary.finetune
-        if tuned is None or tuned.perplexity_after is None:
-            return [distilled]
-        after = Quality("Held-out perplexity", tuned.perplexity_after, tuned.teacher_perplexity, True, finetuned=True)
-        return [distilled, after]
-    if summary.student_top1 is not None:
-        distilled = Quality("Top-1", summary.student_top1, summary.teacher_top1, False)
-        tuned = summary.finetune
-        if tuned is None or tuned.top1_after is None:
-            return [distilled]
-        return [distilled, Quality("Top-1", tuned.top1_after, tuned.teacher_top1, False, finetuned=True)]
-    return []
+        what, lower, student, teacher = (
+            "Held-out perplexity",
+            True,
+            summary.student_perplexity,
+            summary.teacher_perplexity,
+        )
+        after = (tuned.perplexity_after, tuned.teacher_perplexity) if tuned is not None else (None, None)
+    elif summary.student_top1 is not None:
+        what, lower = "Top-1", False
+        student, teacher = summary.student_top1, summary.teacher_top1
+        after = (tuned.top1_after, tuned.teacher_top1) if tuned is not None else (None, None)
+    else:
+        return []
+    qualities = [Quality(what, student, teacher, lower)]
+    if after[0] is not None:
+        qualities.append(Quality(what, after[0], after[1], lower, finetuned=True))
+    return qualities
 
 
 def layer_choices(architecture: Architecture) -> tuple[list[str], list[LayerChoice]]:
