@@ -6,14 +6,16 @@ repeat, so the slow drifts of a shared machine spread over every arm. The timing
 and strategy alike: a run's first WARMUP_STEPS global steps are left out; every later step is timed
 from the ranks' own telemetry (each line is written as a task ends: a task took from the end of the
 rank's task before it), a rank's step is the sum of its tasks of that step, and the step's time is
-the slowest rank's. Process start-up never counts.
+the slowest rank's. Process start-up never counts, nor does the first step of an end-to-end training
+epoch: its time holds the previous epoch's checkpoint and evaluation, which no schedule changes and no
+prediction includes.
 """
 
 from __future__ import annotations
 
 import shutil
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -47,15 +49,18 @@ def own_seconds(line: StepLine) -> float:
     return line.elapsed if isinstance(line, FinetuneLine) else sum(line.phases.values())
 
 
-def timed_step_s(metrics: Sequence[Sequence[StepLine]], warmup: int = WARMUP_STEPS) -> dict[int, float]:
-    """Seconds of every global step from `warmup` on, by step, by the module's timing rule."""
+def timed_step_s(
+    metrics: Sequence[Sequence[StepLine]], warmup: int = WARMUP_STEPS, left_out: Collection[int] = ()
+) -> dict[int, float]:
+    """Seconds of every global step from `warmup` on but those `left_out`, by step, by the module's timing
+    rule."""
     slowest: dict[int, float] = {}
     for lines in metrics:
         mine: dict[int, float] = defaultdict(float)
         previous: float | None = None
         for line in lines:
             started = previous if previous is not None else line.time - own_seconds(line)
-            if line.step >= warmup:
+            if line.step >= warmup and line.step not in left_out:
                 mine[line.step] += line.time - started
             previous = line.time
         for step, seconds in mine.items():
@@ -92,12 +97,20 @@ def run_in_own_dir(spec: Spec, out: Path, phases: list[str], profile: tuple[Path
     return Finished(run_dir, load)
 
 
-def timed(metrics: Sequence[Sequence[StepLine]], where: RunDir) -> tuple[list[float], TimingRule]:
-    """The run's timed steps, in order, and the timing they were found with."""
-    steps = timed_step_s(metrics)
+def epoch_starts(per_epoch: int, steps: int) -> list[int]:
+    """The steps that begin an end-to-end training epoch after the first: the timing rule leaves them out."""
+    return list(range(per_epoch, steps, per_epoch))
+
+
+def timed(
+    metrics: Sequence[Sequence[StepLine]], where: RunDir, left_out: Collection[int] = ()
+) -> tuple[list[float], TimingRule]:
+    """The run's timed steps, in order, and the timing they were found with (`left_out`: steps not timed)."""
+    steps = timed_step_s(metrics, left_out=left_out)
     if not steps:
         raise RuntimeError(f"bench: no telemetry past the {WARMUP_STEPS} warm-up steps in {where.root}")
-    return list(steps.values()), TimingRule(warmup_steps=min(steps), timed_steps=len(steps))
+    skipped = sorted(step for step in left_out if min(steps) <= step <= max(steps))
+    return list(steps.values()), TimingRule(warmup_steps=min(steps), timed_steps=len(steps), left_out=skipped)
 
 
 Run = TypeVar("Run", bound=ArmRun)

@@ -26,13 +26,14 @@ from pipebd_core.bench.arms import (
     RECORD,
     WARMUP_STEPS,
     check_steps,
+    epoch_starts,
     freeze,
     rotate,
     run_in_own_dir,
     timed,
 )
 from pipebd_core.bench.conditions import commit, machine
-from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, TimingRule
+from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound
 from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.documents.phases import FINETUNE, PLAN_FINETUNE
 from pipebd_core.documents.plan import StageSpan
@@ -108,9 +109,11 @@ def run_arm(spec: Spec, profile: LayerProfile | None, out: Path, repeat: int) ->
     run_dir = finished.run_dir
     plan = TrainPlan.from_document(run_dir.load_finetune_plan())
     lines = read_lines(run_dir, plan.nproc)
-    steps, timing = timed(lines, run_dir)
+    left_out = epoch_starts(plan.steps.per_epoch, plan.steps.total)
+    steps, timing = timed(lines, run_dir, left_out)
     step = statistics.fmean(steps)
-    steady = [[line for line in records if line.step >= WARMUP_STEPS] for records in lines]
+    timed_steps = set(range(WARMUP_STEPS, plan.steps.total)) - set(left_out)
+    steady = [[line for line in records if line.step in timed_steps] for records in lines]
     per_rank = [{k: statistics.median(r.times[k] for r in records) for k in (*COMPUTE, *WAITING)} for records in steady]
     predictions = plan.details.predictions if plan.details is not None else None
     return ArmRun(
@@ -207,7 +210,7 @@ def finetune_record(
         batch_size=tune.batch_size or spec.data.batch_size,
         steps=steps,
         repeats=repeats,
-        timing=TimingRule(warmup_steps=WARMUP_STEPS, timed_steps=steps - WARMUP_STEPS),
+        timing=runs[BOUND][0].timing,  # every arm's: the same steps, batch and data set
         profile_hash=profile_hash,
         arms=[Arm(name=name, runs=arm_runs) for name, arm_runs in runs.items() if name != BOUND],
         bound=Bound(t1_s=t1, ideal_s=t1 / spec.schedule.nproc, runs=runs[BOUND], profile_ideal_s=None),

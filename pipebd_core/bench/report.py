@@ -110,11 +110,14 @@ def describe(record: BenchRecord) -> str:
     gpus = ", ".join(machine.gpus) if machine.gpus else "no GPU"
     timing = record.timing
     repeats = "1 repeat" if record.repeats == 1 else f"{record.repeats} repeats interleaved"
+    skipped = ", ".join(str(step) for step in timing.left_out)
+    which = "step" if len(timing.left_out) == 1 else "steps"
+    timed = f"{timing.timed_steps} timed" + (f" ({which} {skipped} left out: an epoch's first)" if skipped else "")
     return (
         f"Commit `{record.commit or 'unknown'}`; {machine.cores} x {machine.cpu_model}, {gpus},"
         f" {machine.memory_bytes / 2**30:.0f} GiB, Python {machine.python}, torch {machine.torch}."
         f" Batch {record.batch_size}, {record.steps} steps a run ({timing.warmup_steps} warm-up, then"
-        f" {timing.timed_steps} timed, every arm alike), {repeats}; every arm planned from profile"
+        f" {timed}, every arm alike), {repeats}; every arm planned from profile"
         f" `{record.profile_hash}`. {shared_line(record)}"
     )
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Literal
 
+from pydantic import Field
+
 from pipebd_core.documents.base import Document
 from pipebd_core.documents.parts import Part
 from pipebd_core.documents.plan import StageSpan
@@ -42,10 +44,12 @@ class TimingRule(Part):
     """The rule a run was timed by: its first `warmup_steps` global steps left out, the next `timed_steps`
     measured. A step's time on a rank is the time from the end of the rank's task before it to the end
     of its last task of that step, summed over its tasks of that step; the step's time is the slowest
-    rank's. The same rule for every mode, pipelined or not."""
+    rank's. The same rule for every mode, pipelined or not. `left_out`: steps in that window not timed
+    (the first step of an end-to-end training epoch, whose time holds the checkpoint and evaluation)."""
 
     warmup_steps: int
     timed_steps: int
+    left_out: list[int] = Field(default_factory=list)
 
 
 class Load(Part):

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pipebd_core.bench.arms import timed_step_s
+from pipebd_core.bench.arms import epoch_starts, timed_step_s
 from pipebd_core.bench.report import fastest_line, load_record, render, versus
 from pipebd_core.documents.bench_record import Arm, BenchRecord
 from tests.helpers import pipebd_here
-from tests.telemetry_lines import distill_line
+from tests.telemetry_lines import distill_line, finetune_line
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 RECORD, EXPECTED = FIXTURES / "record.json", FIXTURES / "report.md"
@@ -91,3 +91,13 @@ def test_every_mode_is_timed_by_one_rule() -> None:
     assert timed_step_s(pipeline, warmup=2) == {2: 1.5, 3: 1.5}
     first = [[distill_line(step=0, time=10.0, phases={"teacher": 0.25, "student": 0.5})]]
     assert timed_step_s(first, warmup=0) == {0: pytest.approx(0.75)}  # a rank's first task: from its own start
+
+
+def test_an_epochs_first_step_is_not_timed() -> None:
+    """Epochs of 4 steps: step 4's line comes 1.5 s after step 3's (the checkpoint and evaluation between
+    them); left out, every step timed is 0.5 s."""
+    times = [1.0, 1.5, 2.0, 2.5, 4.0, 4.5, 5.0, 5.5]
+    lines = [[finetune_line(step=s, time=t, elapsed=0.5) for s, t in enumerate(times)]]
+    assert epoch_starts(per_epoch=4, steps=8) == [4]
+    assert timed_step_s(lines, warmup=2) == {2: 0.5, 3: 0.5, 4: 1.5, 5: 0.5, 6: 0.5, 7: 0.5}
+    assert timed_step_s(lines, warmup=2, left_out=epoch_starts(4, 8)) == {2: 0.5, 3: 0.5, 5: 0.5, 6: 0.5, 7: 0.5}
