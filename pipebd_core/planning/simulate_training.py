@@ -7,7 +7,9 @@ tensor between ranks by its size. `simulate_pipeline` replays the per-rank actio
 (training/schedules.py): a rank does its actions in order, each when its input has come (a forward after
 the previous stage's forward of that micro-batch and the send between them; a backward after the next
 stage's backward or, on the last stage, its own forward), so the waits the schedule really has, the
-bubbles, come out of the replay. A moved delta share (planning/partition.py, training/moved.py) is
+bubbles, come out of the replay. A send is handed over only once the receiving rank has posted its
+receive, which the schedules do as the action before it ends: a tensor sent to a busy stage is
+transferred after that stage's action, not during it. A moved delta share (planning/partition.py, training/moved.py) is
 replayed as what it is: the boundary layer's owner does less delta work and the next stage more (each
 piece of the split with its own cost), the weight slice travels with micro-batch 0's activation and each micro-batch's
 partial input gradient with its output gradient. `simulate_ddp` is a forward and a backward of one
@@ -213,7 +215,8 @@ def simulate_pipeline(
                 ready = _ready(action, s, count, done, sends)
                 if ready is None:
                     break
-                start = max(clock[s], ready)
+                sent, transfer = ready
+                start = max(clock[s], sent) + transfer
                 cost = {"F": times[s].f, "B": times[s].b, "I": times[s].i, "W": times[s].w}[action.kind]
                 clock[s] = start + cost
                 done[(action.kind, s, action.microbatch)] = clock[s]
@@ -234,24 +237,29 @@ def simulate_pipeline(
 
 def _ready(
     action: Action, s: int, count: int, done: dict[tuple[str, int, int], float], sends: list[Link]
-) -> float | None:
-    """When `action` of stage `s` can start as far as other stages go, or None while it cannot yet."""
+) -> tuple[float, float] | None:
+    """(when the input of `action` of stage `s` is sent, the seconds its transfer takes), or None while
+    it is not yet sent. A transfer starts once it is sent and the stage has posted its receive, which it
+    does when its previous action ends: a tensor on its way does not arrive while the stage computes
+    (gloo hands a message over only to a posted receive)."""
     m = action.microbatch
     if action.kind == "F":
         if s == 0:
-            return 0.0
+            return 0.0, 0.0
         return _after(done, ("F", s - 1, m), sends[s].forward + (sends[s].weight_slice if m == 0 else 0.0))
     if action.kind in ("B", "I"):
         if s == count - 1:
             return _after(done, ("F", s, m), 0.0)
         upstream = done.get(("B", s + 1, m), done.get(("I", s + 1, m)))
-        return None if upstream is None else upstream + sends[s + 1].backward
+        return None if upstream is None else (upstream, sends[s + 1].backward)
     return _after(done, ("I", s, m), 0.0)
 
 
-def _after(done: dict[tuple[str, int, int], float], key: tuple[str, int, int], delay: float) -> float | None:
+def _after(
+    done: dict[tuple[str, int, int], float], key: tuple[str, int, int], transfer: float
+) -> tuple[float, float] | None:
     end = done.get(key)
-    return None if end is None else end + delay
+    return None if end is None else (end, transfer)
 
 
 def _pipeline_memory(actions: list[Action], times: StageTimes) -> int:

@@ -170,3 +170,22 @@ def test_the_replayed_schedules_have_the_bubbles_of_their_tick_tables() -> None:
     assert min(zb.busy) > min(results["1f1b"].busy)
     gpipe_memory, one_f_one_b_memory = results["gpipe"].memory_bytes[0], results["1f1b"].memory_bytes[0]
     assert gpipe_memory > one_f_one_b_memory  # 1F1B keeps at most S - s micro-batches alive, GPipe all M
+
+
+def test_a_tensor_sent_to_a_busy_stage_is_transferred_once_it_posts_its_receive() -> None:
+    """Two one-layer stages (F 1 s, B 2 s), GPipe over 2 micro-batches, 0.1 s a send: stage 1's second
+    forward input is sent at 2.0 while it computes until 2.1, so it starts at 2.2, not 2.1; stage 0's
+    second gradient is sent at 7.2 while it computes until 7.3, so its backward starts at 7.4."""
+    from pipebd_core.planning.simulate_training import simulate_pipeline
+    from pipebd_core.training.schedules import rank_actions
+    from tests.fake_profiles import fake_layer_profile
+
+    costs = fake_layer_profile(layers=2, f=1.0, i=1.0, w=1.0, b=2.0, p2p_per_byte=0.025)
+    assert costs.p2p(1) == pytest.approx(0.1)
+    result = simulate_pipeline("gpipe", [(0, 1), (1, 2)], rank_actions("gpipe", 2, 2), costs)
+    starts = {(s["rank"], s["kind"], s["microbatch"]): s["start"] for s in result.segments}
+    assert starts[(1, "F", 0)] == pytest.approx(1.1)  # stage 1 idle: the transfer follows the send
+    assert starts[(1, "F", 1)] == pytest.approx(2.2)
+    assert starts[(0, "B", 0)] == pytest.approx(5.3)
+    assert starts[(0, "B", 1)] == pytest.approx(7.4)
+    assert result.step_s == pytest.approx(9.4)
