@@ -21,12 +21,19 @@ from pipebd_core.spec import Spec
 # What ranks may inherit from the launcher's PIPEBD_ variables; the rest (service secrets, database
 # and broker URLs) stays out of the job's processes.
 RANK_VISIBLE = ("PIPEBD_CACHE_DIR", "PIPEBD_INJECT_FAULT")
+# glibc's malloc, left to itself, gives the big buffers of a step's activations and gradients back to the
+# kernel as they are freed (each over its mmap threshold, or trimmed off the heap's top) and takes fresh,
+# zeroed pages for the next step's. Ranks keep what they freed instead: buffers up to 32 MiB (glibc's
+# largest threshold) come from the heap, and the heap is never trimmed below 4 GiB. Measured on the
+# LayerPipe sample network, 2 CPU ranks, three runs each: ddp 209-215 ms a step without, 172-188 ms with;
+# gpipe 316-340 ms without, 283-296 ms with. A launcher's own setting of either variable is kept.
+RANK_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(4 * 2**30)}
 
 
 def rank_environment(spec: Spec, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a job's processes: the launcher's, less service secrets, plus `extra`."""
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("PIPEBD_") or k in RANK_VISIBLE}
-    env = {**inherited, **(extra or {})}
+    env = {**RANK_ALLOCATOR, **inherited, **(extra or {})}
     threads = str(spec.schedule.threads_per_rank)
     env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
