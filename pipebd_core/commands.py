@@ -8,10 +8,12 @@ cancel. The parser is cli.py's (torch-free); this module is imported when one of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -130,13 +132,20 @@ def interrupt_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def supervise(run_dir: RunDir, spec: Spec, node: NodeRole | None = None) -> int:
-    """Run the job's phases with a progress line (node 0's part on several nodes); the outcome as an exit code."""
-    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)  # a kill is a cancel, like Ctrl-C
+@contextlib.contextmanager
+def kill_is_cancel() -> Iterator[None]:
+    """While inside, a SIGTERM is a Ctrl-C: the supervisor running a job cancels it and stops its processes."""
+    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     try:
-        outcome = Supervisor(run_dir, ProgressLine(run_dir, spec), node=node).run()
+        yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def supervise(run_dir: RunDir, spec: Spec, node: NodeRole | None = None) -> int:
+    """Run the job's phases with a progress line (node 0's part on several nodes); the outcome as an exit code."""
+    with kill_is_cancel():
+        outcome = Supervisor(run_dir, ProgressLine(run_dir, spec), node=node).run()
     return report(run_dir, outcome)
 
 
@@ -191,11 +200,8 @@ def command_follow(role: NodeRole, out: Path) -> int:
         NodeLink(run_dir, role).check_shared()  # node 0 writes its token once the run directory is prepared
     except NodeError as error:
         return fail(str(error))
-    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
-    try:
+    with kill_is_cancel():
         outcome = Supervisor(run_dir, node=role).follow()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if outcome.result != SUCCEEDED:
         print(f"pipebd: node {role.node}: {outcome.result} ({outcome.reason}): {outcome.error}", file=sys.stderr)
         return 1
@@ -391,29 +397,35 @@ def command_bench(args: argparse.Namespace) -> int:
     try:
         spec = load_run_spec(args)
         out = Path(args.out) if args.out else default_run_dir(spec, Path("runs") / "bench")
-        if args.replan:
-            replanned = bench_replan.run_replan_bench(
-                spec, args.steps, args.repeats, out, args.load_cores, args.trials, keep=args.keep
-            )
-            report, table = replanned.to_json(), bench_replan.format_table(replanned)
-        else:
-            if args.accuracy and finetune:
-                record = bench_finetune_accuracy.run_finetune_accuracy_bench(
-                    spec, args.steps, args.repeats, out, keep=args.keep
-                )
-            elif args.accuracy:
-                record = bench_accuracy.run_accuracy_bench(
-                    spec, args.steps, args.repeats, out, keep=args.keep, seed=args.seed
-                )
-            elif finetune:
-                record = bench_finetune.run_finetune_bench(
-                    spec, modes, args.steps, args.repeats, out, keep=args.keep, partitioners=partitioners
-                )
-            else:
-                record = run_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep)
-            report, table = record.to_json(), bench_report.render([record])
+        with kill_is_cancel():  # a killed bench stops the arm that runs, as a killed run does
+            report, table = bench_runs(args, spec, out, modes, partitioners)
         print(f"pipebd: benchmark record {out / RECORD}", file=sys.stderr)
     except (SpecError, PlanError, ProfileError, RuntimeError) as error:
         return fail(str(error))
     print(json.dumps(report, indent=1) if args.json else table)
     return 0
+
+
+def bench_runs(
+    args: argparse.Namespace, spec: Spec, out: Path, modes: list[str], partitioners: list[str]
+) -> tuple[object, str]:
+    """The benchmark the arguments ask for, run: its record's JSON and its report."""
+    finetune = args.phase == "finetune"
+    if args.replan:
+        replanned = bench_replan.run_replan_bench(
+            spec, args.steps, args.repeats, out, args.load_cores, args.trials, keep=args.keep
+        )
+        return replanned.to_json(), bench_replan.format_table(replanned)
+    if args.accuracy and finetune:
+        record = bench_finetune_accuracy.run_finetune_accuracy_bench(
+            spec, args.steps, args.repeats, out, keep=args.keep
+        )
+    elif args.accuracy:
+        record = bench_accuracy.run_accuracy_bench(spec, args.steps, args.repeats, out, keep=args.keep, seed=args.seed)
+    elif finetune:
+        record = bench_finetune.run_finetune_bench(
+            spec, modes, args.steps, args.repeats, out, keep=args.keep, partitioners=partitioners
+        )
+    else:
+        record = run_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep)
+    return record.to_json(), bench_report.render([record])

@@ -1,5 +1,5 @@
 """What users see when a job goes wrong once it runs: failing ranks, and a job cancelled from the terminal
-(Ctrl-C, SIGTERM) while it profiles or distils. (Refusals before launch: tests/unit/test_refusals.py.)
+(Ctrl-C, SIGTERM) while it profiles or distils, and a benchmark killed while an arm runs. (Refusals before launch: tests/unit/test_refusals.py.)
 
 Tier: the `pipebd` CLI as a subprocess, with 2-rank gloo runs through torchrun.
 """
@@ -92,3 +92,16 @@ def test_sigterm_while_training_cancels_the_job_and_stops_every_rank(tmp_path: P
     wait_until(lambda: (run / "metrics" / phase / "rank-1.jsonl").exists(), 120, f"the ranks to {phase}")
     process.send_signal(signal.SIGTERM)
     assert_cancelled_in(process, run, phase)
+
+
+def test_sigterm_while_benchmarking_stops_the_arm_that_runs(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    spec = write_spec(tmp_path, tiny_document(schedule={"nproc": 2}, data={"num_samples": 400}))
+    command = [sys.executable, "-m", "pipebd_core.cli", "bench", str(spec), "--modes", "dp", "--steps", "100000"]
+    process = subprocess.Popen([*command, "--out", str(out)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    metrics = out / "dp-0" / "metrics" / "distill" / "rank-1.jsonl"
+    wait_until(metrics.exists, 120, "the dp arm's ranks to distil")
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2 and "bench: dp-0 cancelled in distill" in stderr, stderr
+    assert processes_mentioning(str(out)) == []
