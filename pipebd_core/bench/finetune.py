@@ -130,6 +130,7 @@ def run_arm(spec: Spec, profile: LayerProfile | None, out: Path, repeat: int) ->
         bubble=[sum(times[k] for k in WAITING) / step for times in per_rank],
         stage_s=[sum(times[k] for k in COMPUTE) for times in per_rank],
         predicted_stage_s=predictions.predicted_stage_s if predictions else None,
+        part_s=[{k: times[k] for k in COMPUTE} for times in per_rank],
     )
 
 

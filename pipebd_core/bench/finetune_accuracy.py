@@ -9,8 +9,11 @@ cut), a candidate of its own when no other plans it. Every arm then runs in one 
 bench (finetune.py: the same frozen profile, rotated repeats, the one timing rule, the measured bound).
 
 The figures are accuracy.py's: MAPE of each plan's prediction (its plan phase's, from the frozen layer
-profile) against the median of its repeats, Kendall's tau-b, the chosen plan's regret. There are no
-calibrated figures: the layer profile is not calibrated from runs, and no run writes a calibration.
+profile) against the median of its repeats, Kendall's tau-b, the chosen plan's regret. Calibrated, out of
+sample (accuracy.CALIBRATION_RULE): each plan is predicted again, on its own strategy, stages and moved
+shares, from the frozen layer profile calibrated (planning/layer_calibration.py) by the first repeat of
+the NEXT candidate's run, cyclically, never its own: what each of that run's ranks measured of its
+forwards and backwards against what the profile predicted for them.
 """
 
 from __future__ import annotations
@@ -31,12 +34,12 @@ from pipebd_core.bench.finetune import (
 from pipebd_core.documents.bench_record import Accuracy, Arm, BenchRecord, PlanAccuracy
 from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.planning.finetune import resolve_train_plan
-from pipebd_core.spec import Spec
+from pipebd_core.planning.layer_calibration import calibrated_layer_profile
+from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.training.plan import PIPELINED, TrainPlan
 
 PARTITIONS = ("even", "pipedream", "layerpipe")  # the cuts a pipelined strategy is checked on
 AUTO = "auto"
-RULE = "none: the layer profile is not calibrated from runs"
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,50 @@ def plan_candidates(spec: Spec, profile: LayerProfile, steps: int) -> tuple[list
     return list(kept.values()), chosen.name
 
 
-def plan_accuracy(candidate: Candidate, arm: Arm) -> PlanAccuracy:
+def plan_spec(spec: Spec, plan: TrainPlan, steps: int) -> Spec:
+    """`spec` as a bench arm that runs `plan`'s strategy on its stages and moved shares, whatever a
+    profile would cut."""
+    arm = bench_spec(spec, plan.strategy, steps)
+    if not plan.pipelined:
+        return arm
+    document = arm.model_dump(mode="json")
+    partition = plan.details.partition if plan.details is not None else None
+    moves = {move.boundary: move.share for move in partition.moves} if partition is not None else {}
+    shares = [moves.get(boundary, 0.0) for boundary in range(len(plan.stages) - 1)]
+    document["finetune"].update(
+        stages=[start for start, _ in plan.stages],
+        moved=shares if any(shares) else None,
+        partitioner="pipedream",  # given stages are trained as given
+    )
+    return parse_spec(document)
+
+
+def calibrated_step_s(spec: Spec, candidate: Candidate, profile: LayerProfile, steps: int) -> float:
+    """`candidate`'s plan predicted again from `profile` (a calibrated one)."""
+    return replace(
+        candidate, plan=resolve_train_plan(plan_spec(spec, candidate.plan, steps), None, profile)
+    ).predicted_step_s
+
+
+def calibrated_steps(
+    spec: Spec, candidates: list[Candidate], arms: dict[str, Arm], profile: LayerProfile, steps: int
+) -> dict[str, tuple[float, str]]:
+    """Per candidate, its step predicted from `profile` calibrated on its donor's first run, and the donor."""
+    parts = {c.name: arms[c.name].runs[0].part_s for c in candidates}
+    given = accuracy.donors([c.name for c in candidates], {name for name, part in parts.items() if part})
+    by_name = {c.name: c for c in candidates}
+    result = {}
+    for candidate in candidates:
+        donor = given[candidate.name]
+        donor_parts = parts[donor] if donor is not None else None
+        if donor is None or donor_parts is None:
+            continue
+        calibrated = calibrated_layer_profile(profile, by_name[donor].plan, donor_parts)
+        result[candidate.name] = (calibrated_step_s(spec, candidate, calibrated, steps), donor)
+    return result
+
+
+def plan_accuracy(candidate: Candidate, arm: Arm, calibrated: tuple[float, str] | None) -> PlanAccuracy:
     return PlanAccuracy(
         arm=candidate.name,
         also=list(candidate.also),
@@ -98,15 +144,18 @@ def plan_accuracy(candidate: Candidate, arm: Arm) -> PlanAccuracy:
         stages=plan_stages(candidate.plan),
         predicted_step_s=candidate.predicted_step_s,
         measured_step_s=arm.step_s,
-        calibrated_step_s=None,
-        calibrated_from=None,
+        calibrated_step_s=calibrated[0] if calibrated is not None else None,
+        calibrated_from=calibrated[1] if calibrated is not None else None,
     )
 
 
-def accuracy_section(candidates: list[Candidate], arms: dict[str, Arm], chosen: str) -> Accuracy:
-    """The record's `accuracy`: every candidate's prediction against its arm's measurement."""
-    plans = [plan_accuracy(candidate, arms[candidate.name]) for candidate in candidates]
-    return accuracy.accuracy_section(plans, seed=0, chosen=chosen, rule=RULE)
+def accuracy_section(
+    candidates: list[Candidate], arms: dict[str, Arm], chosen: str, calibrated: dict[str, tuple[float, str]]
+) -> Accuracy:
+    """The record's `accuracy`: every candidate's prediction, alone and calibrated, against its arm's
+    measurement."""
+    plans = [plan_accuracy(c, arms[c.name], calibrated.get(c.name)) for c in candidates]
+    return accuracy.accuracy_section(plans, seed=0, chosen=chosen)
 
 
 def run_finetune_accuracy_bench(spec: Spec, steps: int, repeats: int, out: Path, keep: bool = False) -> BenchRecord:
@@ -118,6 +167,7 @@ def run_finetune_accuracy_bench(spec: Spec, steps: int, repeats: int, out: Path,
     runs = run_with_bound(spec, specs, profile, steps, repeats, out, keep)
     record = finetune_record(spec, runs, profile, profile_hash, steps, repeats, "plans")
     arms = {arm.name: arm for arm in record.arms}
-    record = record.model_copy(update={"accuracy": accuracy_section(candidates, arms, chosen)})
+    calibrated = calibrated_steps(spec, candidates, arms, profile, steps)
+    record = record.model_copy(update={"accuracy": accuracy_section(candidates, arms, chosen, calibrated)})
     (out / RECORD).write_text(record.model_dump_json(indent=1))
     return record

@@ -78,6 +78,7 @@ class ArmRun(Part):
     bubble: list[float] | None = None  # per rank, the share of a timed step it waited (receives, sends, idle)
     stage_s: list[float] | None = None  # per rank, compute seconds a timed step (median)
     predicted_stage_s: list[float] | None = None  # per stage, the plan's prediction
+    part_s: list[dict[str, float]] | None = None  # per rank, median seconds a timed step of F, B, I, W, optim
 
 
 class Arm(Part):

@@ -1,5 +1,6 @@
-"""What users see when a job goes wrong once it runs: failing ranks, and a job cancelled from the terminal
-(Ctrl-C, SIGTERM) while it profiles or distils, and a benchmark killed while an arm runs. (Refusals before launch: tests/unit/test_refusals.py.)
+"""What users see when a job goes wrong once it runs: failing ranks, a job cancelled from the terminal
+(Ctrl-C, SIGTERM) while it profiles or distils, and a benchmark killed while an arm runs. (Refusals before
+launch: tests/unit/test_refusals.py.)
 
 Tier: the `pipebd` CLI as a subprocess, with 2-rank gloo runs through torchrun.
 """
