@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipebd_core.documents.base import Document
 from pipebd_core.documents.profile import Timing
@@ -81,4 +81,7 @@ class LayerProfile(Document):
     layers: list[LayerProfileEntry]
     p2p_s: dict[int, Timing]  # one-way send, by the tensor's size in float32 elements (none without peers)
     allreduce_s: Timing  # the whole network's gradients over all ranks (trials 0: one rank)
+    # per count k of ranks computing at once (1 .. nproc), how much slower each computes than one alone; the
+    # layer times were measured with every rank computing (co_run[-1]). Empty: not measured (no slowdown)
+    co_run: list[float] = Field(default_factory=list)
     measured_at: float | None = None  # seconds since the epoch (None: a profile written by hand)

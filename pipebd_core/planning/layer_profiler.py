@@ -11,7 +11,9 @@ input gradient), of its weight and parameters, its SGD step, and for a layer who
 along its input channels (moved.split_channels) the input-gradient kernel whole (I_kernel) and in two
 channel halves put back together (I_halves): what LayerPipe's move costs beyond the work it moves.
 Between rank pairs, the one-way time of each boundary tensor at the micro-batch size and of each such
-weight (what a moved share sends); over all ranks, the all-reduce of the whole network's gradients.
+weight (what a moved share sends); over all ranks, the all-reduce of the whole network's gradients;
+and the co-run curve: one forward and backward of the whole network at the micro-batch timed on rank 0
+while k ranks run it at once, k = 1 .. N, over its time alone (co_run; the replay shares the node by it).
 Each value: median of the trials after a warm-up, with its spread (p90 - p10) / median.
 """
 
@@ -21,6 +23,7 @@ import argparse
 import copy
 import functools
 import os
+import statistics
 import time
 from typing import Any
 
@@ -176,6 +179,31 @@ def measure_p2p(sizes: list[int], trials: int, device: torch.device) -> dict[int
     return result
 
 
+def measure_co_run(
+    network: Network, sample_shape: list[int], batch: int, trials: int, device: torch.device, dtype: torch.dtype
+) -> list[float]:
+    """Rank 0's seconds of one forward and backward of the whole network at `batch` while k ranks run it at
+    once, for k = 1 .. the world's size (the others wait): how much ranks computing together slow each
+    other down on this node (on a CPU, ranks beyond its cores share them; on GPUs, nothing)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = copy.deepcopy(network.sequential()).to(device).train()
+    if dtype.is_floating_point:
+        x = torch.randn((batch, *sample_shape), device=device)
+    else:
+        x = torch.zeros((batch, *sample_shape), dtype=dtype, device=device)
+
+    def step() -> None:
+        model(x).float().mean().backward()
+
+    seconds = []
+    for running in range(1, world + 1):
+        dist.barrier()
+        samples = timed_once(step, trials, device) if rank < running else [0.0]
+        dist.barrier()
+        seconds.append(statistics.median(samples))
+    return seconds
+
+
 def measure_rank(
     spec: Spec,
     network: Network,
@@ -197,9 +225,12 @@ def measure_rank(
     sizes |= {min(P2P_MAX_ELEMENTS, weight_of(layer).numel()) for layer in network.layers[1:] if split_channels(layer)}
     params = sum(p.numel() for p in network.model.parameters())
     flat = torch.zeros(max(1, params), device=device)
+    microbatch = batches["microbatch"]
+    co_run = measure_co_run(network, shapes[0], microbatch, trials, device, data_dtype) if distributed else []
     return {
         "batches": batches,
         "layers": layers,
+        "co_run": co_run,
         "p2p": measure_p2p(sorted(sizes), trials, device) if distributed else {},
         "allreduce": timed_once(functools.partial(dist.all_reduce, flat), trials, device) if distributed else [],
     }
@@ -236,6 +267,7 @@ def pool(measured: list[dict[str, Any]], spec: Spec, device: torch.device, shape
         )
     p2p = {size: summarise([t for m in measured for t in m["p2p"].get(size, [])]) for size in first["p2p"]}
     allreduce = [t for m in measured for t in m["allreduce"]]
+    alone, *together = first["co_run"] or [1.0]
     return LayerProfile(
         nproc=spec.schedule.nproc,
         batches=LayerBatches(**first["batches"]),
@@ -245,6 +277,7 @@ def pool(measured: list[dict[str, Any]], spec: Spec, device: torch.device, shape
         layers=layers,
         p2p_s=p2p,
         allreduce_s=summarise(allreduce) if allreduce else Timing(median=0.0),
+        co_run=[1.0, *(seconds / alone for seconds in together)],
         measured_at=time.time(),
     )
 

@@ -9,10 +9,14 @@ the previous stage's forward of that micro-batch and the send between them; a ba
 stage's backward or, on the last stage, its own forward), so the waits the schedule really has, the
 bubbles, come out of the replay. A send is handed over only once the receiving rank has posted its
 receive, which the schedules do as the action before it ends: a tensor sent to a busy stage is
-transferred after that stage's action, not during it. A moved delta share (planning/partition.py, training/moved.py) is
-replayed as what it is: the boundary layer's owner does less delta work and the next stage more (each
-piece of the split with its own cost), the weight slice travels with micro-batch 0's activation and each micro-batch's
-partial input gradient with its output gradient. `simulate_ddp` is a forward and a backward of one
+transferred after that stage's action, not during it. Ranks computing at once share the node as the
+profile's co-run curve says: while k ranks compute, each works at 1 / co_run[k - 1] of its speed alone
+(on a CPU node with fewer cores than ranks, 3 ranks on 2 cores each run at about 2/3), and the layer
+times, measured with every rank computing, are that slowdown times the work alone. A moved delta share
+(planning/partition.py, training/moved.py) is replayed as what it is: the boundary layer's owner does
+less delta work and the next stage more (each piece of the split with its own cost), the weight slice
+travels with micro-batch 0's activation and each micro-batch's partial input gradient with its output
+gradient. `simulate_ddp` is a forward and a backward of one
 shard, the gradients' all-reduce and the optimiser step. Both give the step time, each rank's busy
 share and compute seconds, its peak memory estimate and Gantt segments (rank, kind, micro-batch, start,
 end).
@@ -20,6 +24,7 @@ end).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -28,6 +33,7 @@ from pipebd_core.documents.layer_profile import LayerBatch, LayerProfile, TimedP
 from pipebd_core.training.schedules import Action
 
 MEMORY_COPIES = 3  # parameters, their gradients and SGD's momentum
+FINISHED = 1e-12  # seconds of work left below which (relative to the clock) an action has ended
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,14 @@ class TrainCosts:
         self.layers = profile.layers
         self.batches = profile.batches
         self.memory_limit = profile.device_memory_bytes
+
+    def slowdown(self, computing: int) -> float:
+        """How much slower each rank computes while `computing` ranks do than one alone (the profile's
+        measured co-run curve; 1 where it measured none)."""
+        curve = self.profile.co_run
+        if not curve or computing < 1:
+            return 1.0
+        return curve[min(computing, len(curve)) - 1]
 
     def layer(self, index: int, batch: LayerBatch, part: TimedPart) -> float:
         return self.layers[index].at(batch).seconds(part)
@@ -205,34 +219,75 @@ def simulate_pipeline(
     sends = links(costs, stages, moved)
     count = len(stages)
     done: dict[tuple[str, int, int], float] = {}
-    clock, position = [0.0] * count, [0] * count
     segments: list[dict[str, Any]] = []
-    while any(position[s] < len(actions[s]) for s in range(count)):
-        progressed = False
-        for s in range(count):
-            while position[s] < len(actions[s]):
-                action = actions[s][position[s]]
-                ready = _ready(action, s, count, done, sends)
-                if ready is None:
-                    break
-                sent, transfer = ready
-                start = max(clock[s], sent) + transfer
-                cost = {"F": times[s].f, "B": times[s].b, "I": times[s].i, "W": times[s].w}[action.kind]
-                clock[s] = start + cost
-                done[(action.kind, s, action.microbatch)] = clock[s]
-                segments.append(
-                    {"rank": s, "kind": action.kind, "microbatch": action.microbatch, "start": start, "end": clock[s]}
-                )
-                position[s] += 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError(f"the {strategy} action lists deadlock in the replay: {actions}")
+    clock = _replay(strategy, actions, times, sends, costs, done, segments)
     step = max(clock[s] + times[s].optim for s in range(count))
     computed = [sum(seg["end"] - seg["start"] for seg in segments if seg["rank"] == s) for s in range(count)]
     busy = [seconds / step for seconds in computed]
     memory = [_pipeline_memory(actions[s], times[s]) for s in range(count)]
     stage_s = [seconds + times[s].optim for s, seconds in enumerate(computed)]
     return Prediction(strategy, stages, step, busy, memory, segments, stage_s)
+
+
+@dataclass
+class _Running:
+    """An action a rank has taken up: when it begins (its input arrived) and the seconds of work it has left,
+    as one rank computing alone would take them."""
+
+    action: Action
+    begins: float
+    left: float
+
+
+def _replay(
+    strategy: str,
+    actions: list[list[Action]],
+    times: list[StageTimes],
+    sends: list[Link],
+    costs: TrainCosts,
+    done: dict[tuple[str, int, int], float],
+    segments: list[dict[str, Any]],
+) -> list[float]:
+    """Run the action lists to the end, filling `done` (when each action ended) and `segments`; each rank's
+    clock at its last action's end. The ranks computing at a moment share the node: each works at
+    1 / costs.slowdown(k) of its alone speed while k compute, and a profiled time is work done with every
+    rank computing (costs.slowdown(nproc) times its alone seconds)."""
+    count, profiled = len(actions), costs.slowdown(costs.profile.nproc)
+    position, clock = [0] * count, [0.0] * count
+    running: dict[int, _Running] = {}
+    now = 0.0
+    while True:
+        for s in range(count):
+            if s in running or position[s] == len(actions[s]):
+                continue
+            action = actions[s][position[s]]
+            ready = _ready(action, s, count, done, sends)
+            if ready is not None:
+                sent, transfer = ready
+                cost = {"F": times[s].f, "B": times[s].b, "I": times[s].i, "W": times[s].w}[action.kind]
+                running[s] = _Running(action, max(clock[s], sent) + transfer, cost / profiled)
+        if not running:
+            if all(position[s] == len(actions[s]) for s in range(count)):
+                return clock
+            raise RuntimeError(f"the {strategy} action lists deadlock in the replay: {actions}")
+        computing = [s for s, run in running.items() if run.begins <= now]
+        rate = 1.0 / costs.slowdown(len(computing)) if computing else 0.0
+        finishing = min((now + running[s].left / rate for s in computing), default=math.inf)
+        beginning = min((run.begins for run in running.values() if run.begins > now), default=math.inf)
+        later = min(finishing, beginning)
+        for s in computing:
+            running[s].left -= (later - now) * rate
+        now = later
+        for s in computing:
+            run = running[s]
+            if run.left <= FINISHED * max(1.0, now):
+                action = run.action
+                done[(action.kind, s, action.microbatch)] = clock[s] = now
+                segments.append(
+                    {"rank": s, "kind": action.kind, "microbatch": action.microbatch, "start": run.begins, "end": now}
+                )
+                position[s] += 1
+                del running[s]
 
 
 def _ready(

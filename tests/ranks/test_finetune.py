@@ -223,8 +223,11 @@ def test_auto_ranks_every_strategy_from_the_layer_profile_and_trains_the_same(
     assert all(entry["step_s"] > 0 and len(entry["bubble"]) == 2 for entry in ranked)
     assert plan["predicted_step_s"] == ranked[0]["step_s"]
     assert_same_weights(trained(run_dir), reference)
-    layers = run_dir.load_layer_profile().layers
-    assert len(layers) == 11 and all(layer.microbatch.F.median > 0 for layer in layers)
+    profile = run_dir.load_layer_profile()
+    assert len(profile.layers) == 11 and all(layer.microbatch.F.median > 0 for layer in profile.layers)
+    # the co-run curve: one rank alone is 1 by definition; both ranks at once measured, not assumed
+    alone, both = profile.co_run
+    assert alone == 1.0 and both != 1.0 and 0.5 < both < 4.0
 
 
 def test_a_trained_vgg11_is_a_torchvision_teacher_a_compression_job_takes(tmp_path: Path) -> None:

@@ -189,3 +189,26 @@ def test_a_tensor_sent_to_a_busy_stage_is_transferred_once_it_posts_its_receive(
     assert starts[(0, "B", 0)] == pytest.approx(5.3)
     assert starts[(0, "B", 1)] == pytest.approx(7.4)
     assert result.step_s == pytest.approx(9.4)
+
+
+def test_ranks_computing_at_once_share_the_node_as_the_profile_measured() -> None:
+    """Two one-layer stages whose F 1 s and B 2 s were profiled with both ranks computing, on a node where
+    two computing ranks each run at half speed (co_run [1, 2]): alone, F takes 0.5 s and B 1 s. GPipe over
+    2 micro-batches: stage 0's F1 overlaps stage 1's F0 (both 1 s), stage 1's F1 runs alone (0.5 s), its
+    B0 alone (1 s), its B1 beside stage 0's B0 (2 s each), stage 0's B1 alone (1 s): a 6 s step, against
+    the 9 s of ranks that never slow each other."""
+    from pipebd_core.planning.simulate_training import TrainCosts, simulate_pipeline
+    from pipebd_core.training.schedules import rank_actions
+    from tests.fake_profiles import fake_layer_profile
+
+    flat = fake_layer_profile(layers=2, f=1.0, i=1.0, w=1.0, b=2.0)
+    shared = TrainCosts(flat.profile.model_copy(update={"nproc": 2, "co_run": [1.0, 2.0]}))
+    cuts, lists = [(0, 1), (1, 2)], rank_actions("gpipe", 2, 2)
+    result = simulate_pipeline("gpipe", cuts, lists, shared)
+    spans = {(s["rank"], s["kind"], s["microbatch"]): (s["start"], s["end"]) for s in result.segments}
+    assert spans[(0, "F", 0)] == pytest.approx((0.0, 0.5))
+    assert spans[(0, "F", 1)] == pytest.approx((0.5, 1.5)) and spans[(1, "F", 0)] == pytest.approx((0.5, 1.5))
+    assert spans[(1, "F", 1)] == pytest.approx((1.5, 2.0)) and spans[(1, "B", 0)] == pytest.approx((2.0, 3.0))
+    assert spans[(1, "B", 1)] == pytest.approx((3.0, 5.0)) and spans[(0, "B", 0)] == pytest.approx((3.0, 5.0))
+    assert spans[(0, "B", 1)] == pytest.approx((5.0, 6.0)) and result.step_s == pytest.approx(6.0)
+    assert simulate_pipeline("gpipe", cuts, lists, flat).step_s == pytest.approx(9.0)
