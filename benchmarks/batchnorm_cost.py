@@ -38,10 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipebd_core.bench.arms import timed_step_s
 from pipebd_core.bench.distill import read_metrics
-from pipebd_core.distill import batchnorm
 from pipebd_core.distill.plan import Plan
-from pipebd_core.distill.students import LOCAL_BATCHNORM_ENV
 from pipebd_core.job.launch import prepare_run, start_ranks
+from pipebd_core.rank import batchnorm
+from pipebd_core.rank.batchnorm import LOCAL_BATCHNORM_ENV
 from pipebd_core.spec import Spec, load_spec
 from pipebd_core.workloads.workload import build_workload
 

@@ -38,8 +38,8 @@ from app.core.rollups import RollupBuilder  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
 from app.core.tables import Job, JobEvent, JobMetric, JobMetricRollup  # noqa: E402
 from app.main import create_app  # noqa: E402
-from pipebd_core.planning.costmodel import CostModel  # noqa: E402
-from pipebd_core.planning.resolve import mode_plans, predictions  # noqa: E402
+from pipebd_core.planning.distill_costmodel import CostModel  # noqa: E402
+from pipebd_core.planning.distill_planner import mode_plans, predictions  # noqa: E402
 from tests.fake_profiles import fake_profile  # noqa: E402
 from tests.service.factories import tiny_job  # noqa: E402
 from tests.service.live import serve  # noqa: E402

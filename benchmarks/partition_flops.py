@@ -20,10 +20,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipebd_core.planning.partition import PARTITIONER_FUNCTIONS, LayerCost, slowest, stage_work
+from pipebd_core.planning.finetune_partition import PARTITIONER_FUNCTIONS, LayerCost, slowest, stage_work
+from pipebd_core.rank.channels import split_channels
+from pipebd_core.rank.network import Network, as_network, build_network
 from pipebd_core.spec import load_spec
-from pipebd_core.training.moved import split_channels
-from pipebd_core.training.network import Network, as_network, build_network
 from pipebd_core.workloads.flops import count_flops
 from pipebd_core.workloads.layerpipe_sample import make_network
 

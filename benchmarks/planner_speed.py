@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.planning.planner import search
+from pipebd_core.planning.distill_costmodel import CostModel
+from pipebd_core.planning.distill_search import search
 from tests.fake_profiles import fake_profile
 
 

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipebd_core.distill.telemetry import (
+from pipebd_core.documents.telemetry import BlockSeconds, DistillLine
+from pipebd_core.rank.telemetry import (
     PhaseClock,
     TelemetryWriter,
     UtilizationSampler,
@@ -33,7 +34,6 @@ from pipebd_core.distill.telemetry import (
     nvml_utilization_reader,
     peak_memory_bytes,
 )
-from pipebd_core.documents.telemetry import BlockSeconds, DistillLine
 from pipebd_core.workloads.tiny import make_blocks
 
 CPU = torch.device("cpu")

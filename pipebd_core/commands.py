@@ -26,11 +26,11 @@ from pipebd_core.bench import report as bench_report
 from pipebd_core.bench.arms import RECORD
 from pipebd_core.bench.distill import run_bench
 from pipebd_core.cli import comma_list, fail
-from pipebd_core.distill.checkpoint import resume_steps
-from pipebd_core.distill.plan import Plan, PlanError
+from pipebd_core.distill.plan import Plan
 from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.distill_plan import Replan, stages_line
+from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import DISTILL, FINETUNE, PLAN, TRAINING_PHASES, PhaseRecord
-from pipebd_core.documents.plan import Replan, stages_line
 from pipebd_core.documents.profile import Profile
 from pipebd_core.job.launch import default_run_dir, prepare_run
 from pipebd_core.job.nodes import NodeError, NodeLink, NodeRole
@@ -38,13 +38,14 @@ from pipebd_core.job.outcomes import CANCELLED, SUCCEEDED
 from pipebd_core.job.profiling import obtain_profile
 from pipebd_core.job.progress import MetricsFollower
 from pipebd_core.job.supervisor import Outcome, Supervisor, Watcher
-from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.planning.planner import search
+from pipebd_core.planning.distill_costmodel import CostModel
+from pipebd_core.planning.distill_planner import cost_model, mode_plans
+from pipebd_core.planning.distill_search import search
+from pipebd_core.planning.distill_simulate import simulate
 from pipebd_core.planning.profiles import ProfileError, load_cached
-from pipebd_core.planning.resolve import cost_model, mode_plans
-from pipebd_core.planning.simulate import simulate
 from pipebd_core.planning.topology import Topology, stated_link
 from pipebd_core.planning.trust import assess
+from pipebd_core.rank.checkpoint import resume_steps
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import MODES, PARTITIONERS, Spec, SpecError, load_spec
 

@@ -22,7 +22,7 @@ onto a run directory (a test checks it).
     checkpoints/block-<i>/step-<s>.pt  student, optimiser state and step of block i after step s
     checkpoints/finetune/block-<s>/step-<n>.pt   finetune: pipeline stage s (ddp: block-0, the whole network)
     control/stop.json, control/stop_at.json, control/stopped/rank-<r>   a stop request, where the ranks stop,
-                                       and which ranks stopped early (pipebd_core/job/control.py)
+                                       and which ranks stopped early (pipebd_core/distill/control.py)
     student.pt                         state_dict of nn.ModuleList `blocks` (keys blocks.<i>.<param>)
     compressed_model.pt                the assembled compressed network (compression workloads)
     architecture.json                  a search (nas, transformer): the chosen candidate of every searchable layer
@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipebd_core.documents.calibration import Calibration
+from pipebd_core.documents.distill_plan import PlanDocument
 from pipebd_core.documents.errors import RankError
 from pipebd_core.documents.finetune_plan import FinetunePlanDocument
 from pipebd_core.documents.layer_profile import LayerProfile
@@ -68,7 +69,6 @@ from pipebd_core.documents.phases import (
     PhaseRecord,
     PhasesRecord,
 )
-from pipebd_core.documents.plan import PlanDocument
 from pipebd_core.documents.profile import Profile
 from pipebd_core.documents.summary import Summary
 from pipebd_core.documents.telemetry import TelemetryLine, read_line
@@ -234,7 +234,7 @@ class RunDir:
 
     @property
     def control(self) -> Path:
-        """Requests to the running ranks (pipebd_core/job/control.py)."""
+        """Requests to the running ranks (pipebd_core/distill/control.py)."""
         return self.root / "control"
 
     @property

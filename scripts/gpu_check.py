@@ -75,7 +75,7 @@ def sync_batchnorm() -> tuple[bool, str]:
     import torch.distributed as dist
     from torch import nn
 
-    from pipebd_core.distill.students import with_sync_batchnorm
+    from pipebd_core.rank.batchnorm import with_sync_batchnorm
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")

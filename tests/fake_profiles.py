@@ -7,7 +7,7 @@ import math
 
 from pipebd_core.documents.layer_profile import LayerBatches, LayerProfile, LayerProfileEntry, LayerTimes
 from pipebd_core.documents.profile import BlockProfile, Profile, Timing
-from pipebd_core.planning.simulate_training import TrainCosts
+from pipebd_core.planning.finetune_simulate import TrainCosts
 
 
 def fake_profile(

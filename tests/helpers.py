@@ -20,14 +20,15 @@ from torch import nn
 from pipebd_core import cli
 from pipebd_core.data.batches import global_batch_indices, total_steps
 from pipebd_core.data.datasets import build_dataset
-from pipebd_core.distill.finalize import StudentBlocks, load_final_students
+from pipebd_core.distill.finalize import load_final_students
 from pipebd_core.distill.plan import Plan
-from pipebd_core.distill.students import LOSSES, block_loss
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.outcomes import SUCCEEDED
 from pipebd_core.job.supervisor import Supervisor
+from pipebd_core.rank.network import StudentBlocks
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
+from pipebd_core.workloads.losses import LOSSES, block_loss
 from pipebd_core.workloads.tiny import make_blocks
 from pipebd_core.workloads.workload import build_workload
 
@@ -163,7 +164,7 @@ def end_to_end_training(
 ) -> dict[str, torch.Tensor]:
     """The finetune phase written out: `network`'s trainable weights, full global batches of the phase's
     data in order, SGD with its cosine schedule, `loss(inputs, outputs, labels)` per step."""
-    from pipebd_core.training.plan import finetune_view
+    from pipebd_core.rank.network import finetune_view
 
     view = finetune_view(spec)
     train = view.train

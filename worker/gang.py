@@ -171,6 +171,7 @@ class GangFollower:
             time_limit_s=settings.job_timeout_s,
             extra_env=self.extra_env,
             node=role,
+            isolate=True,
         )
         outcome = supervisor.follow()
         log.info("job %s: node %s's part ended %s (%s)", self.job_id, self.seat.node, outcome.result, outcome.reason)

@@ -49,14 +49,16 @@ from app.core.states import ACTIVE, CANCELLED, CANCELLING, FAILED, PAUSED, PAUSI
 from app.core.sweeps import claim_room
 from app.core.tables import Job, JobEvent, now
 from app.core.webhooks import notify_phases
-from pipebd_core.distill.checkpoint import resume_steps
-from pipebd_core.distill.plan import Plan, PlanError
+from pipebd_core.distill.plan import Plan
 from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.distill_plan import PlanDocument
+from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import PhaseRecord, current
-from pipebd_core.documents.plan import PlanDocument
+from pipebd_core.job.isolated import StepDied
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.nodes import NodeRole
 from pipebd_core.job.supervisor import Outcome, Stop, Supervisor, Watcher
+from pipebd_core.rank.checkpoint import resume_steps
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import SpecError, parse_spec
 from worker.streaming import TelemetryStreamer
@@ -322,8 +324,8 @@ class JobRunner:
                 with session_scope(self.database) as session:
                     record_resume(session, self.job_id, resumed_from(run_dir) or [])
             else:
-                run_dir = prepare_run(spec, free_run_dir(self.settings.runs, self.job_id))
-        except (SpecError, PlanError, DocumentError) as error:  # DocumentError: a plan.json an older PipeBD wrote
+                run_dir = prepare_run(spec, free_run_dir(self.settings.runs, self.job_id), isolate=True)
+        except (SpecError, PlanError, DocumentError, StepDied) as error:  # DocumentError: an older PipeBD's plan.json
             move(self.database, self.job_id, FAILED, [STARTING], termination_reason="launch_error", error=str(error))
             return None
         record(self.database, self.job_id, run_dir=str(run_dir.root))
@@ -350,6 +352,7 @@ class JobRunner:
             time_limit_s=self.settings.job_timeout_s,
             extra_env=self.extra_env,
             node=self.node_role(),
+            isolate=True,  # this process lives on: it never builds a network or loads a data set itself
         )
         state = FAILED  # unless the supervisor returns and the end is recorded
         try:

@@ -8,7 +8,7 @@ Each model describes exactly the body its route builds today, so declaring it ch
   and `merge` make them (a raw telemetry line has `count` 1; a bucket or rollup stands for `count`
   lines). Rollups stored before `cur_mem` and `gpu_util` existed lack those two keys, and the route
   leaves them out (`response_model_exclude_unset`) rather than adding nulls.
-- `Plan`: `GET /jobs/{id}/plan`, the engine's plan.json as written (`pipebd_core.documents.plan.PlanDocument`:
+- `Plan`: `GET /jobs/{id}/plan`, the engine's plan.json as written (`pipebd_core.documents.distill_plan.PlanDocument`:
   the schedule and its details, with its `format_version`). Every model of the plan allows extra keys, so a key
   written by another engine version is passed through, never dropped; optional keys that a plan lacks
   stay absent (`response_model_exclude_unset`).

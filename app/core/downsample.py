@@ -15,7 +15,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from pipebd_core.distill.plan import even_ranges
+from pipebd_core.data.streams import even_ranges
 from pipebd_core.documents.telemetry import DistillLine, StepLine
 
 Point = dict[str, Any]

@@ -192,7 +192,7 @@ def serve(idle_s: float) -> None:
     """The helper's side: load the engine, then answer specs until stdin closes or stays quiet for `idle_s`."""
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # what a workload factory prints must not break the protocol
-    from pipebd_core.distill.plan import PlanError
+    from pipebd_core.documents.errors import PlanError
     from pipebd_core.job.launch import preflight
     from pipebd_core.spec import SpecError, parse_spec
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from app.web.templating import blocks as block_text
 from app.web.templating import millis
-from pipebd_core.documents.plan import PlanDocument
+from pipebd_core.documents.distill_plan import PlanDocument
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.rundir import STEP_PHASES
 

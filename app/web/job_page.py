@@ -39,8 +39,8 @@ from app.web.routing import PageError, PageRoute
 from app.web.templating import render
 from app.web.views import job_row, phase_timeline, plan_view
 from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.distill_plan import PlanDocument
 from pipebd_core.documents.phases import DISTILL, FINETUNE
-from pipebd_core.documents.plan import PlanDocument
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.job.outcomes import TERMINATION_REASONS
 from pipebd_core.job.phases import PHASE_KINDS

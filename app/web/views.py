@@ -13,8 +13,8 @@ from app.core.states import PAUSED, PAUSING, QUEUED, RESUMABLE, RUNNING, STARTIN
 from app.core.tables import Job
 from app.web.templating import blocks as block_text
 from pipebd_core.documents.calibration import Calibration
+from pipebd_core.documents.distill_plan import PlanDocument, Replan, StageSpan
 from pipebd_core.documents.phases import DISTILL
-from pipebd_core.documents.plan import PlanDocument, Replan, StageSpan
 
 CANCELLABLE = (QUEUED, STARTING, RUNNING, PAUSING, PAUSED)
 PAUSABLE = (QUEUED, STARTING, RUNNING)

@@ -39,11 +39,11 @@ from pipebd_core.bench.distill import bench_record, bench_spec, frozen_profile, 
 from pipebd_core.distill.plan import Plan
 from pipebd_core.documents.bench_record import Accuracy, AccuracyFigures, Arm, BenchRecord, PlanAccuracy
 from pipebd_core.documents.calibration import Calibration
-from pipebd_core.documents.plan import StageSpan
+from pipebd_core.documents.distill_plan import StageSpan
 from pipebd_core.documents.profile import Profile
-from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.planning.planner import search
-from pipebd_core.planning.resolve import cost_model, mode_plans, timeline
+from pipebd_core.planning.distill_costmodel import CostModel
+from pipebd_core.planning.distill_planner import cost_model, mode_plans, timeline
+from pipebd_core.planning.distill_search import search
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 

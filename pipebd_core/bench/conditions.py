@@ -17,7 +17,7 @@ import psutil
 import torch
 
 from pipebd_core.documents.bench_record import SHARED_CORES, Load, Machine
-from pipebd_core.planning.profiler import CpuWindow
+from pipebd_core.profile.blocks import CpuWindow
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 

@@ -26,24 +26,15 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from pipebd_core.bench.arms import (
-    BOUND,
-    RECORD,
-    WARMUP_STEPS,
-    check_steps,
-    freeze,
-    rotate,
-    run_in_own_dir,
-    timed,
-)
+from pipebd_core.bench.arms import BOUND, RECORD, WARMUP_STEPS, check_steps, freeze, rotate, run_in_own_dir, timed
 from pipebd_core.bench.conditions import commit, machine
 from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, TimingRule
+from pipebd_core.documents.distill_plan import StageSpan
 from pipebd_core.documents.phases import DISTILL, PLAN
-from pipebd_core.documents.plan import StageSpan
 from pipebd_core.documents.profile import Profile
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.job.profiling import obtain_profile
-from pipebd_core.planning.resolve import cost_model, step_plan
+from pipebd_core.planning.distill_planner import cost_model, step_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
 

@@ -34,14 +34,14 @@ from pipebd_core.bench.arms import (
 )
 from pipebd_core.bench.conditions import commit, machine
 from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound
+from pipebd_core.documents.distill_plan import StageSpan
 from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.documents.phases import FINETUNE, PLAN_FINETUNE
-from pipebd_core.documents.plan import StageSpan
 from pipebd_core.documents.telemetry import FinetuneLine
+from pipebd_core.finetune.plan import PIPELINED, TrainPlan
 from pipebd_core.job.profiling import obtain_layer_profile
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
-from pipebd_core.training.plan import PIPELINED, TrainPlan
 
 STRATEGIES = ("ddp", "gpipe", "1f1b", "zb", "auto")
 COMPUTE = ("F", "B", "I", "W", "optim")

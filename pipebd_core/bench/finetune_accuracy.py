@@ -11,7 +11,7 @@ bench (finetune.py: the same frozen profile, rotated repeats, the one timing rul
 The figures are accuracy.py's: MAPE of each plan's prediction (its plan phase's, from the frozen layer
 profile) against the median of its repeats, Kendall's tau-b, the chosen plan's regret. Calibrated, out of
 sample (accuracy.CALIBRATION_RULE): each plan is predicted again, on its own strategy, stages and moved
-shares, from the frozen layer profile calibrated (planning/layer_calibration.py) by the first repeat of
+shares, from the frozen layer profile calibrated (planning/finetune_calibration.py) by the first repeat of
 the NEXT candidate's run, cyclically, never its own: what each of that run's ranks measured of its
 forwards and backwards against what the profile predicted for them.
 """
@@ -24,19 +24,13 @@ from typing import Literal
 
 from pipebd_core.bench import accuracy
 from pipebd_core.bench.arms import RECORD
-from pipebd_core.bench.finetune import (
-    bench_spec,
-    finetune_record,
-    frozen_layer_profile,
-    plan_stages,
-    run_with_bound,
-)
+from pipebd_core.bench.finetune import bench_spec, finetune_record, frozen_layer_profile, plan_stages, run_with_bound
 from pipebd_core.documents.bench_record import Accuracy, Arm, BenchRecord, PlanAccuracy
 from pipebd_core.documents.layer_profile import LayerProfile
-from pipebd_core.planning.finetune import resolve_train_plan
-from pipebd_core.planning.layer_calibration import calibrated_layer_profile
+from pipebd_core.finetune.plan import PIPELINED, TrainPlan
+from pipebd_core.planning.finetune_calibration import calibrated_layer_profile
+from pipebd_core.planning.finetune_planner import resolve_train_plan
 from pipebd_core.spec import Spec, parse_spec
-from pipebd_core.training.plan import PIPELINED, TrainPlan
 
 PARTITIONS = ("even", "pipedream", "layerpipe")  # the cuts a pipelined strategy is checked on
 AUTO = "auto"

@@ -31,8 +31,8 @@ from pipebd_core.bench.conditions import LoadMeter, commit, machine
 from pipebd_core.bench.distill import bench_spec
 from pipebd_core.bench.loadgen import busy_cores
 from pipebd_core.documents.bench_record import ProfileUsed, ReplanBenchRecord, ReplanRun, ReplanVariant
+from pipebd_core.documents.distill_plan import StageSpan
 from pipebd_core.documents.phases import DISTILL
-from pipebd_core.documents.plan import StageSpan
 from pipebd_core.documents.profile import Profile
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.job.launch import prepare_run

@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 
 from pipebd_core.documents.bench_record import Accuracy, AccuracyFigures, Arm, ArmRun, BenchRecord, PlanAccuracy
-from pipebd_core.documents.plan import StageSpan, stages_line
+from pipebd_core.documents.distill_plan import StageSpan, stages_line
 
 TITLES = {
     "modes": "distillation",

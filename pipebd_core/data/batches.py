@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pipebd_core.data.datasets import Sample, mix_seed
-from pipebd_core.distill.plan import Stream
+from pipebd_core.data.streams import Stream
 from pipebd_core.spec import Spec, SpecError
 
 

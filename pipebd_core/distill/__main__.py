@@ -18,12 +18,12 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core.data.datasets import build_dataset
-from pipebd_core.distill import checkpoint
 from pipebd_core.distill.plan import Plan, describe_rank
 from pipebd_core.distill.runtime import RankContext, Trainer
 from pipebd_core.distill.schedule import rank_tasks
 from pipebd_core.documents.phases import DISTILL
-from pipebd_core.ranks import exit_now, join_process_group, phase_entry, pick_device
+from pipebd_core.rank import checkpoint
+from pipebd_core.rank.process import exit_now, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.workloads.workload import build_workload
 

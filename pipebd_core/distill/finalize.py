@@ -9,36 +9,23 @@ succeeded, so every block's final checkpoint is there; a missing one is an error
 from __future__ import annotations
 
 import argparse
-import math
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from pipebd_core.data.batches import iterate_eval_batches
-from pipebd_core.data.datasets import build_dataset
-from pipebd_core.distill import checkpoint
 from pipebd_core.distill.plan import Plan
 from pipebd_core.documents.phases import FINALIZE
 from pipebd_core.documents.summary import Summary
-from pipebd_core.ranks import exit_now, phase_entry, pick_device
+from pipebd_core.rank import checkpoint
+from pipebd_core.rank.metrics import perplexity, top1_accuracy
+from pipebd_core.rank.network import StudentBlocks
+from pipebd_core.rank.process import exit_now, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from pipebd_core.workloads.workload import Workload, build_workload
-
-EVAL_BATCH = 64
-
-
-class StudentBlocks(nn.Module):
-    """The container whose state_dict is student.pt: keys `blocks.<i>.<param>`."""
-
-    def __init__(self, blocks: list[nn.Module]) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
 
 
 def check_final_checkpoints(run_dir: RunDir, num_blocks: int, total_steps: int) -> None:
@@ -60,41 +47,6 @@ def load_final_students(run_dir: RunDir, workload: Workload, total_steps: int) -
         students.append(student.cpu().eval())
         losses.append(state.get("loss"))
     return students, losses
-
-
-def eval_outputs(model: nn.Module, spec: Spec, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(the model's outputs, labels) in order over the first `data.eval_samples` samples of the eval split."""
-    dataset = build_dataset(spec, split="eval")
-    model.to(device).eval()
-    with torch.no_grad():
-        for inputs, labels in iterate_eval_batches(spec, dataset, EVAL_BATCH):
-            yield model(inputs.to(device)).cpu(), labels
-
-
-def top1_accuracy(model: nn.Module, spec: Spec, device: torch.device) -> float | None:
-    """Top-1 accuracy on the eval split, or None when the data set has no labels."""
-    if spec.data.eval_samples == 0:
-        return None
-    correct = seen = 0
-    for outputs, labels in eval_outputs(model, spec, device):
-        if int(labels.min()) < 0:
-            return None
-        correct += int((outputs.argmax(dim=1) == labels).sum())
-        seen += len(labels)
-        if seen >= spec.data.eval_samples:
-            break
-    return correct / seen if seen else None
-
-
-def perplexity(model: nn.Module, spec: Spec, device: torch.device) -> float | None:
-    """exp of the mean next-token cross-entropy over the first `data.eval_samples` held-out sequences."""
-    if spec.data.eval_samples == 0:
-        return None
-    total, tokens = 0.0, 0
-    for logits, labels in eval_outputs(model, spec, device):
-        total += float(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum"))
-        tokens += labels.numel()
-    return math.exp(total / tokens) if tokens else None
 
 
 def accuracy_report(spec: Spec, workload: Workload, compressed: nn.Module, device: torch.device) -> dict[str, Any]:

@@ -11,70 +11,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipebd_core.documents.parts import StepCounts
-from pipebd_core.documents.plan import PlanDetails, PlanDocument, RankEntry, RouteEntry, StageEntry
+from pipebd_core.data.streams import StepPlan, shard_rows
+from pipebd_core.documents.distill_plan import PlanDetails, PlanDocument, RankEntry, RouteEntry, StageEntry
+from pipebd_core.documents.errors import PlanError
 from pipebd_core.spec import StageSpec
 
 PIPELINE_MODES = ("ir", "tr", "tr_dpu", "hybrid", "auto")
-
-
-class PlanError(ValueError):
-    """A plan that cannot run; the message quotes the numbers that disagree and what would work."""
-
-
-@dataclass(frozen=True)
-class Stream:
-    """A range of sample indices with its own seeded batch order: training batches, or held-out ones."""
-
-    name: str  # "train", or "arch" for the batches of architecture updates (nas)
-    first: int  # first sample index of the range
-    count: int  # samples in the range
-
-
-@dataclass(frozen=True)
-class SearchSchedule:
-    """When architecture updates run (nas): after each `every`-th weight step from step `from_step`."""
-
-    from_step: int
-    every: int
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """How a spec's data turns into optimiser steps: counts, the sample streams, the architecture updates."""
-
-    total: int  # optimiser steps per block in the whole run
-    per_epoch: int
-    train: Stream
-    arch: Stream | None = None  # nas: the held-out batches of architecture updates
-    search: SearchSchedule | None = None
-
-    def stream(self, round_: str) -> Stream | None:
-        return self.train if round_ == "weights" else self.arch
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "total_steps": self.total,
-            "steps_per_epoch": self.per_epoch,
-            "num_samples": self.train.count,
-            "streams": {"weights": asdict(self.train), "arch": asdict(self.arch) if self.arch else None},
-            "search": asdict(self.search) if self.search else None,
-        }
-
-    def counts(self) -> StepCounts:
-        """The step counts as the plan documents write them."""
-        return StepCounts.model_validate(self.to_json())
-
-    @classmethod
-    def from_counts(cls, counts: StepCounts) -> StepPlan:
-        arch, search = counts.streams.arch, counts.search
-        return cls(
-            total=counts.total_steps,
-            per_epoch=counts.steps_per_epoch,
-            train=Stream(**counts.streams.weights.model_dump()),
-            arch=Stream(**arch.model_dump()) if arch else None,
-            search=SearchSchedule(**search.model_dump()) if search else None,
-        )
 
 
 @dataclass(frozen=True)
@@ -206,28 +148,6 @@ class Plan:
         return cls.from_document(PlanDocument.from_json(data))
 
 
-def shard_rows(batch_size: int, replicas: int) -> list[tuple[int, int]]:
-    """Split `batch_size` rows into `replicas` contiguous shards differing by at most one row."""
-    if replicas > batch_size:
-        raise PlanError(
-            f"a batch of {batch_size} rows cannot be split over {replicas} replicas (a shard would be empty);"
-            f" use at most {batch_size} replicas or a batch of at least {replicas}"
-        )
-    return even_ranges(batch_size, replicas)
-
-
-def even_ranges(length: int, parts: int) -> list[tuple[int, int]]:
-    """`parts` consecutive [start, stop) ranges covering `length` items, sizes differing by at most one
-    (the larger ones first)."""
-    base, extra = divmod(length, parts)
-    bounds, start = [], 0
-    for index in range(parts):
-        stop = start + base + (1 if index < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
 def routes_between(
     producer: Stage, consumer: Stage, only_src: int | None = None, only_dst: int | None = None
 ) -> list[Route]:
@@ -272,43 +192,6 @@ def build_stages(specs: list[StageSpec], nproc: int, num_blocks: int, batch_size
         stages.append(Stage(spec.start, spec.stop, ranks, tuple(shard_rows(batch_size, spec.replicas))))
         next_rank += spec.replicas
     return stages
-
-
-def balanced_partition(costs: list[float], parts: int) -> list[tuple[int, int]]:
-    """Split blocks into `parts` contiguous ranges minimising the largest range cost (exact DP)."""
-    count = len(costs)
-    if parts > count:
-        raise PlanError(f"{parts} stages need at least {parts} blocks, the workload has {count}")
-    prefix = [0.0]
-    for cost in costs:
-        prefix.append(prefix[-1] + cost)
-    inf = float("inf")
-    best = [[inf] * (count + 1) for _ in range(parts + 1)]
-    cut = [[0] * (count + 1) for _ in range(parts + 1)]
-    best[0][0] = 0.0
-    for k in range(1, parts + 1):
-        for end in range(k, count + 1):
-            for start in range(k - 1, end):
-                value = max(best[k - 1][start], prefix[end] - prefix[start])
-                if value < best[k][end]:
-                    best[k][end], cut[k][end] = value, start
-    ranges, end = [], count
-    for k in range(parts, 0, -1):
-        start = cut[k][end]
-        ranges.append((start, end))
-        end = start
-    return ranges[::-1]
-
-
-def longest_first_assignment(costs: list[float], nproc: int) -> list[list[int]]:
-    """Layerwise scheduling: each block, longest first, onto the least-loaded rank (ties: lowest rank)."""
-    loads = [0.0] * nproc
-    assignment: list[list[int]] = [[] for _ in range(nproc)]
-    for block in sorted(range(len(costs)), key=lambda b: (-costs[b], b)):
-        rank = min(range(nproc), key=lambda r: (loads[r], r))
-        loads[rank] += costs[block]
-        assignment[rank].append(block)
-    return [sorted(blocks) for blocks in assignment]
 
 
 def describe_rank(plan: Plan, rank: int) -> dict[str, Any]:

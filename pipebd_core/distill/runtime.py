@@ -7,8 +7,6 @@ outputs, combine gradients where the rows were split, optionally wait at a barri
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,12 +17,18 @@ import torch
 import torch.distributed as dist
 
 from pipebd_core.data.batches import BatchLoader
-from pipebd_core.distill import checkpoint
+from pipebd_core.data.streams import StepPlan
 from pipebd_core.distill.comm import PendingReceive, Relay, make_groups, resolve_group
-from pipebd_core.distill.plan import Plan, StepPlan
+from pipebd_core.distill.control import StopWatch, mark_stopped
+from pipebd_core.distill.plan import Plan
 from pipebd_core.distill.schedule import WORLD, Task, arch_update_index, count_tasks, rank_tasks
-from pipebd_core.distill.students import StudentBlock, with_sync_batchnorm
-from pipebd_core.distill.telemetry import (
+from pipebd_core.documents.telemetry import BlockSeconds, DistillLine
+from pipebd_core.rank import checkpoint
+from pipebd_core.rank.batchnorm import with_sync_batchnorm
+from pipebd_core.rank.faults import FAULT_ENV, injected_fault_step
+from pipebd_core.rank.learning_rate import learning_rate
+from pipebd_core.rank.students import StudentBlock
+from pipebd_core.rank.telemetry import (
     PhaseClock,
     TelemetryWriter,
     UtilizationSampler,
@@ -32,19 +36,9 @@ from pipebd_core.distill.telemetry import (
     nvml_utilization_reader,
     peak_memory_bytes,
 )
-from pipebd_core.documents.telemetry import BlockSeconds, DistillLine
-from pipebd_core.job.control import StopWatch, mark_stopped
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from pipebd_core.workloads.workload import Workload
-
-FAULT_ENV = "PIPEBD_INJECT_FAULT"  # "RANK:STEP": that rank raises before that step (failure tests)
-
-
-def injected_fault_step(rank: int) -> int | None:
-    """The step at which this rank must fail, when a test asked for it through FAULT_ENV."""
-    target, _, step = os.environ.get(FAULT_ENV, "").partition(":")
-    return int(step) if target and int(target) == rank else None
 
 
 @dataclass
@@ -68,12 +62,6 @@ class RankContext:
     @property
     def steps_per_epoch(self) -> int:
         return self.steps.per_epoch
-
-
-def learning_rate(spec: Spec, step: int, total_steps: int) -> float:
-    if spec.train.lr_schedule == "constant":
-        return spec.train.lr
-    return spec.train.lr * 0.5 * (1.0 + math.cos(math.pi * step / total_steps))
 
 
 def with_next(tasks: Iterator[Task]) -> Iterator[tuple[Task, Task | None]]:

@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from pipebd_core.distill.plan import Plan, Route, SearchSchedule, shard_rows
+from pipebd_core.data.streams import SearchSchedule, shard_rows
+from pipebd_core.distill.plan import Plan, Route
 
 WORLD = -1  # gradient group id meaning "all ranks"
 

@@ -23,8 +23,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from pipebd_core.documents.base import Document
+from pipebd_core.documents.distill_plan import StageSpan
 from pipebd_core.documents.parts import Part
-from pipebd_core.documents.plan import StageSpan
 
 SHARED_CORES = 0.15  # other processes using more cores than this during an arm: the arm is shared
 

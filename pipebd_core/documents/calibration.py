@@ -1,6 +1,6 @@
 """Calibration (calibration.json, and `calibration` in a cached block profile): the block times training
 measured, next to what the profile said, as ratios the cost model applies (pipebd_core/planning/
-calibration.py computes it; the cost model, re-planning and the job page read it)."""
+planning/distill_calibration.py computes it; the cost model, re-planning and the job page read it)."""
 
 from __future__ import annotations
 

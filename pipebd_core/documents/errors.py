@@ -21,3 +21,7 @@ class RankError(Document):
     def describe(self) -> str:
         """The text a user reads: which rank failed how, then its traceback."""
         return f"rank {self.rank} failed: {self.type}: {self.message}\n{self.traceback}"
+
+
+class PlanError(ValueError):
+    """A plan that cannot run; the message quotes the numbers that disagree and what would work."""

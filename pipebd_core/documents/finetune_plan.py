@@ -1,7 +1,7 @@
 """The finetune plan (finetune_plan.json): what the finetune phase's ranks follow, and why.
 
-`FinetunePlanDocument` is the file as written (pipebd_core.training.plan.TrainPlan is its runtime form,
-pipebd_core.planning.finetune writes it): the strategy, each rank's stage of layers, the micro-batches,
+`FinetunePlanDocument` is the file as written (pipebd_core.finetune.plan.TrainPlan is its runtime form,
+pipebd_core.planning.finetune_planner writes it): the strategy, each rank's stage of layers, the micro-batches,
 every rank's action list, the moved channels, the step counts and the shapes, and `FinetuneDetails`,
 the informational part: each layer's FLOPs, the strategy asked for, and with a layer profile the ranked
 `StrategyEntry`s and the chosen strategy's `FinetunePredictions`; for a pipeline, the `PartitionEntry`
@@ -22,7 +22,7 @@ Strategy = Literal["ddp", "gpipe", "1f1b", "zb"]
 
 
 class TrainSegment(Part):
-    """One span of a replayed training step on one rank (pipebd_core.planning.simulate_training)."""
+    """One span of a replayed training step on one rank (pipebd_core.planning.finetune_simulate)."""
 
     rank: int
     kind: str  # F, B, I, W, allreduce
@@ -93,7 +93,7 @@ class PartitionCandidate(Part):
 
 
 class PartitionEntry(Flat):
-    """The pipeline's cut as the job page shows it (pipebd_core.planning.stage_cuts.partition_details)."""
+    """The pipeline's cut as the job page shows it (pipebd_core.planning.finetune_search.partition_details)."""
 
     model_config = ConfigDict(extra="forbid")
     OMIT_NONE = ("target_s", "alpha_rounds", "candidates")
@@ -145,6 +145,6 @@ class FinetunePlanDocument(Flat, Document):
     shapes: list[list[int]]
     layer_names: list[str]
     input_dtype: Literal["float32", "int64"] = "float32"  # the data's entering layer 0 (int64: token ids)
-    actions: list[list[str]]  # pipelines: per rank, in order (pipebd_core.training.schedules.Action)
+    actions: list[list[str]]  # pipelines: per rank, in order (pipebd_core.finetune.schedules.Action)
     moved: list[int]
     details: FinetuneDetails

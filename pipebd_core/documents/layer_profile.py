@@ -1,6 +1,6 @@
 """The layer profile (layer_profile.json and the layer profile cache's entries): every layer of the
-network end-to-end training trains, measured on the job's ranks (pipebd_core/planning/layer_profiler.py
-writes it; the finetune cost model, planning/simulate_training.py, reads it).
+network end-to-end training trains, measured on the job's ranks (pipebd_core/profile/layers.py
+writes it; the finetune cost model, planning/finetune_simulate.py, reads it).
 
 Per layer, at one micro-batch and at the largest DDP shard: forward (F), whole backward (B),
 input-gradient backward (I), the weight-gradient pass (W), the SGD step, and for a layer whose delta

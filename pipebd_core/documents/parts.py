@@ -87,7 +87,7 @@ def _json_keys(model: type[BaseModel]) -> set[str]:
 
 
 class StreamEntry(Part):
-    """A range of sample indices with its own seeded batch order (pipebd_core.distill.plan.Stream)."""
+    """A range of sample indices with its own seeded batch order (pipebd_core.data.streams.Stream)."""
 
     name: str
     first: int
@@ -107,7 +107,7 @@ class SearchEntry(Part):
 
 
 class StepCounts(Part):
-    """How a spec's data turns into optimiser steps (pipebd_core.distill.plan.StepPlan), written flat."""
+    """How a spec's data turns into optimiser steps (pipebd_core.data.streams.StepPlan), written flat."""
 
     total_steps: int
     steps_per_epoch: int

@@ -46,7 +46,7 @@ class PhaseRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     name: str
-    runs: Runs  # torchrun: one process per rank; process: one process; local: in the supervising process
+    runs: Runs  # torchrun: a process per rank; process: one process; local: a forked child (job/isolated.py)
     state: PhaseState = PENDING
     outcome: PhaseOutcome | None = None  # once ended
     reason: str | None = None  # a termination reason (pipebd_core/job/outcomes.py), or why it was skipped

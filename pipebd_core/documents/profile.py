@@ -1,5 +1,5 @@
 """The block profile (profile.json and the profile cache's entries): every block measured on the
-devices a job uses (pipebd_core/planning/profiler.py writes it; the cost model, the planner, the trust
+devices a job uses (pipebd_core/profile/blocks.py writes it; the cost model, the planner, the trust
 report and `pipebd profile` read it).
 
 Per block and per per-replica batch size: the teacher's forward, the student's step and, for a searched

@@ -3,7 +3,7 @@
 The finalize phase writes it after distillation (pipebd_core/distill/finalize.py): the final loss of
 every block, top-1 of the compressed student and of the teacher where the data set has labels (or held-out
 perplexity, for a language model), a search's architecture (its blocks, as architecture.json has them). The
-evaluate phase (pipebd_core/training/evaluate.py) adds its `finetune`
+evaluate phase (pipebd_core/finetune/evaluate.py) adds its `finetune`
 section: top-1 before and after end-to-end training and of the teacher, parameters and FLOPs, and the
 wall time of every phase; a job that only trains has a summary of its name and that section.
 

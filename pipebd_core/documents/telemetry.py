@@ -16,6 +16,8 @@ before lines were versioned: DocumentError, like every other document.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -84,13 +86,13 @@ class DistillLine(Document, StepCounts):
 
 
 class FinetuneLine(Document, StepCounts):
-    """One end-to-end training step of one rank (pipebd_core/training/rank.py)."""
+    """One end-to-end training step of one rank (pipebd_core/finetune/rank.py)."""
 
     NAME = "finetune telemetry line"
     VERSION = 1
 
     phase: Literal["finetune"] = FINETUNE
-    times: dict[str, float]  # seconds per action (training/rank.py's TIMES), adding up to the step
+    times: dict[str, float]  # seconds per action (finetune/rank.py's TIMES), adding up to the step
     elapsed: float  # the step's seconds
     loss: float | None = None  # of what the rank saw: the whole network (DDP), the last stage (a pipeline)
     acc: float | None = None  # train accuracy, where the loss is
@@ -98,7 +100,7 @@ class FinetuneLine(Document, StepCounts):
     allreduce_span: float | None = None  # DDP: seconds from the first gradient bucket's all-reduce to the last
     w_calls: int | None = None  # a pipeline: deferred weight-gradient computations run (zero-bubble)
     moved_combined: int | None = None  # a pipeline: micro-batches whose moved delta share this rank combined
-    moved_computed: int | None = None  # ... and computed (training/moved.py)
+    moved_computed: int | None = None  # ... and computed (finetune/moved.py)
 
     def to_json(self) -> dict[str, Any]:
         return self.line_json()
@@ -150,3 +152,23 @@ def step_line(phase: str, data: object) -> StepLine:
     if isinstance(line, EvalLine):
         raise DocumentError(f"a {phase} step's telemetry line was wanted, not an evaluation: {data}")
     return line
+
+
+@dataclass
+class FileTail:
+    """Reads the complete lines appended to one file since the last call."""
+
+    path: Path
+    offset: int = 0
+    partial: bytes = b""
+
+    def read_new(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        self.offset += len(data)
+        data = self.partial + data
+        *lines, self.partial = data.split(b"\n")
+        return [line.decode("utf-8", "replace") for line in lines if line]

@@ -3,9 +3,9 @@
 `prepare_run` does every check that can fail before a process starts (spec, devices, data set,
 workload, a plan without a profile), so a bad job never leaves half a run behind it; it writes
 spec.json and phases.json. The supervisor (supervisor.py) then runs the phases; this module says how
-to start each: `skip_reason` (a cached profile), `run_local` (the plan phase), `start_phase` (the
-torchrun or single process of the others, in a session of its own so the whole tree can be signalled
-at once) and `complete` (a measured profile goes into the cache).
+to start each: `skip_reason` (a cached profile), `run_local` (the plan phases; a worker's in a child
+process), `start_phase` (the torchrun or single process of the others, in a session of its own so the
+whole tree can be signalled at once) and `complete` (a measured profile goes into the cache).
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ from pathlib import Path
 
 import torch
 
-from pipebd_core.distill.plan import PlanError
+from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import PLAN, PLAN_FINETUNE, PROFILE, PROFILE_FINETUNE
+from pipebd_core.job.isolated import in_child
 from pipebd_core.job.phases import PHASE_KINDS, job_phases, new_records
 from pipebd_core.job.processes import Rendezvous, rank_environment, torchrun_command
 from pipebd_core.planning import profiles
-from pipebd_core.planning.finetune import check_labels, resolve_train_plan
-from pipebd_core.planning.resolve import resolve_plan
+from pipebd_core.planning.distill_planner import resolve_plan
+from pipebd_core.planning.finetune_planner import check_labels, resolve_train_plan
+from pipebd_core.rank.network import finetune_view
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
-from pipebd_core.training.plan import finetune_view
 
 PROFILE_TRIALS = 5  # timed trials per profiled measurement
 
@@ -90,11 +91,16 @@ def preflight(spec: Spec) -> None:
         ) from None
 
 
-def prepare_run(spec: Spec, out: Path | None = None, phases: list[str] | None = None) -> RunDir:
+def prepare_run(spec: Spec, out: Path | None = None, phases: list[str] | None = None, isolate: bool = False) -> RunDir:
     """Validate everything, then create the run directory with spec.json and phases.json (the job's
-    phases, or just `phases`: the finetune benchmark runs only the end-to-end training's)."""
+    phases, or just `phases`: the finetune benchmark runs only the end-to-end training's). `isolate`: the
+    preflight, which builds the workload and the data set, runs in a child process (isolated.py), as a
+    long-lived worker needs; a one-shot command runs it here."""
     check_devices(spec)
-    preflight(spec)
+    if isolate:
+        in_child(preflight, spec)
+    else:
+        preflight(spec)
     root = out if out is not None else default_run_dir(spec)
     run_dir = RunDir(root)
     if run_dir.spec.exists():
@@ -124,9 +130,17 @@ def skip_reason(run_dir: RunDir, spec: Spec, phase: str, refresh: bool = False) 
     return profiles.describe_cached(cached, profiles.cache_path(spec, architecture, layers))
 
 
-def run_local(run_dir: RunDir, spec: Spec, phase: str) -> None:
-    """The phases that run in the supervising process: `plan` writes plan.json, `plan_finetune`
-    finetune_plan.json."""
+def run_local(run_dir: RunDir, spec: Spec, phase: str, isolate: bool = False) -> None:
+    """The phases the supervisor runs without ranks: `plan` writes plan.json, `plan_finetune`
+    finetune_plan.json. `isolate`: in a child process (isolated.py), as a long-lived worker needs."""
+    if isolate:
+        in_child(plan_step, run_dir, spec, phase)
+    else:
+        plan_step(run_dir, spec, phase)
+
+
+def plan_step(run_dir: RunDir, spec: Spec, phase: str) -> None:
+    """What `run_local` runs in its child: the phase's planner, which builds the workload or network."""
     if phase == PLAN_FINETUNE:
         measured = run_dir.load_layer_profile() if run_dir.layer_profile.exists() else None
         run_dir.write_json(run_dir.finetune_plan, resolve_train_plan(spec, run_dir, measured).to_json())

@@ -1,14 +1,15 @@
 """A job is a sequence of phases: what each one runs, what it writes, and the record of how it went.
 
-    profile    torchrun of pipebd_core.planning.profiler: every block measured on the job's ranks;
+    profile    torchrun of pipebd_core.profile.blocks: every block measured on the job's ranks;
                skipped when a cached profile fits (the cached one is copied to profile.json)
-    plan       a local step: resolve the plan from the profile (or FLOP estimates) into plan.json
+    plan       a local step (a forked child of the supervisor): resolve the plan from the profile (or FLOP
+               estimates) into plan.json
     distill    torchrun of pipebd_core: the ranks train every student block (checkpoints, telemetry)
     finalize   one process: gather the students, assemble, evaluate, write the artifacts
-    profile_finetune  torchrun of pipebd_core.planning.layer_profiler: every layer's F, B, I, W measured;
+    profile_finetune  torchrun of pipebd_core.profile.layers: every layer's F, B, I, W measured;
                skipped when a cached layer profile fits
-    plan_finetune  a local step: the end-to-end training's strategy, stage cuts and actions per rank
-    finetune   torchrun of pipebd_core.training: the whole network trained on labelled data
+    plan_finetune  a local step (a forked child): the end-to-end training's strategy, stage cuts and actions per rank
+    finetune   torchrun of pipebd_core.finetune: the whole network trained on labelled data
     evaluate   one process: top-1 before and after, the trained network saved and exported
 
 `phases.json` holds one `PhaseRecord` per phase (pipebd_core/documents/phases.py, which names the phases),
@@ -41,7 +42,7 @@ from pipebd_core.spec import Spec
 @dataclass(frozen=True)
 class PhaseKind:
     name: str
-    runs: Runs  # torchrun: one process per rank; process: one process; local: in the supervising process
+    runs: Runs  # torchrun: a process per rank; process: one process; local: a forked child (job/isolated.py)
     module: str | None  # the module its processes run (`python -m`)
     weight: float  # its share of a job's progress bar, relative to the others
     description: str
@@ -51,7 +52,7 @@ PHASE_KINDS: dict[str, PhaseKind] = {
     PROFILE: PhaseKind(
         PROFILE,
         "torchrun",
-        "pipebd_core.planning.profiler",
+        "pipebd_core.profile.blocks",
         0.1,
         "measure every block on the job's ranks (skipped when a cached profile fits)",
     ),
@@ -73,7 +74,7 @@ PHASE_KINDS: dict[str, PhaseKind] = {
     PROFILE_FINETUNE: PhaseKind(
         PROFILE_FINETUNE,
         "torchrun",
-        "pipebd_core.planning.layer_profiler",
+        "pipebd_core.profile.layers",
         0.1,
         "measure every layer of the network to train (skipped when a cached layer profile fits)",
     ),
@@ -81,14 +82,14 @@ PHASE_KINDS: dict[str, PhaseKind] = {
     FINETUNE: PhaseKind(
         FINETUNE,
         "torchrun",
-        "pipebd_core.training",
+        "pipebd_core.finetune",
         1.0,
         "train the whole network end to end on labelled data",
     ),
     EVALUATE: PhaseKind(
         EVALUATE,
         "process",
-        "pipebd_core.training.evaluate",
+        "pipebd_core.finetune.evaluate",
         0.05,
         "measure top-1 before and after, save and export the trained network",
     ),

@@ -10,32 +10,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.phases import DISTILL
-from pipebd_core.documents.telemetry import DistillLine, EvalLine, StepLine, TelemetryLine, read_line
+from pipebd_core.documents.telemetry import DistillLine, EvalLine, FileTail, StepLine, TelemetryLine, read_line
 from pipebd_core.rundir import RunDir
-
-
-@dataclass
-class FileTail:
-    """Reads the complete lines appended to one file since the last call."""
-
-    path: Path
-    offset: int = 0
-    partial: bytes = b""
-
-    def read_new(self) -> list[str]:
-        if not self.path.exists():
-            return []
-        with self.path.open("rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read()
-        self.offset += len(data)
-        data = self.partial + data
-        *lines, self.partial = data.split(b"\n")
-        return [line.decode("utf-8", "replace") for line in lines if line]
 
 
 @dataclass(frozen=True)

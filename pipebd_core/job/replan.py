@@ -1,7 +1,7 @@
 """Watching a distill phase as it runs: calibration from its telemetry, and re-planning mid-run.
 
 The supervisor gives the distill phase's process a `DistillMonitor` and ticks it on every poll. Once
-every rank has a steady window of steps (calibration.py), and again at each epoch boundary, the
+every rank has a steady window of steps (planning/distill_calibration.py), and again at each epoch boundary, the
 monitor calibrates: writes calibration.json and puts the calibration into the cached profile, so the
 next job of this workload plans on what training measured (unless the supervisor was told not to:
 a benchmark's arms leave the cache alone, so no arm plans from another's calibration); event `calibrated`.
@@ -26,20 +26,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pipebd_core.documents.plan import PlanDocument, Replan
+from pipebd_core.distill.control import request_stop, stop_step
+from pipebd_core.documents.distill_plan import PlanDocument, Replan
 from pipebd_core.documents.profile import Profile
-from pipebd_core.job.control import request_stop, stop_step
 from pipebd_core.planning import profiles
-from pipebd_core.planning.calibration import (
-    Window,
-    calibrate,
-    group_sizes,
-    measured_step_s,
-    steps_covered,
-)
-from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.planning.planner import best_plan
-from pipebd_core.planning.resolve import resolve_plan
+from pipebd_core.planning.distill_calibration import Window, calibrate, group_sizes, measured_step_s, steps_covered
+from pipebd_core.planning.distill_costmodel import CostModel
+from pipebd_core.planning.distill_planner import resolve_plan
+from pipebd_core.planning.distill_search import best_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 

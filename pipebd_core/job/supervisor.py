@@ -27,13 +27,14 @@ import subprocess
 import time
 from dataclasses import dataclass, replace
 
-from pipebd_core.distill.plan import PlanError
+from pipebd_core.distill.control import PAUSE, clear_stop, request_stop, stopped_early
 from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.distill_plan import Replan
+from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import DISTILL, TRAINING_PHASES, PhaseOutcome, PhaseRecord
-from pipebd_core.documents.plan import Replan
 from pipebd_core.job import launch
-from pipebd_core.job.control import PAUSE, clear_stop, request_stop, stopped_early
 from pipebd_core.job.diagnosis import diagnose
+from pipebd_core.job.isolated import StepDied
 from pipebd_core.job.nodes import NodeError, NodeLink, NodeRole
 from pipebd_core.job.outcomes import CANCELLED, FAILED, SKIPPED, SUCCEEDED, Result, Termination
 from pipebd_core.job.processes import Rendezvous, stop_process_tree
@@ -111,8 +112,10 @@ class Supervisor:
         store_calibration: bool = True,
         node: NodeRole | None = None,
         until: str | None = None,
+        isolate: bool = False,
     ) -> None:
         self.run_dir = run_dir
+        self.isolate = isolate  # the plan phases in a child process (a long-lived worker's supervisor)
         self.until = until  # the last phase to run (a caller that reads the distill checkpoints itself); None: all
         self.watcher = watcher or Watcher()
         self.poll_s, self.kill_grace_s, self.time_limit_s = poll_s, kill_grace_s, time_limit_s
@@ -203,8 +206,8 @@ class Supervisor:
 
     def _run_local(self, phase: str) -> Outcome:
         try:
-            launch.run_local(self.run_dir, self.spec, phase)
-        except (SpecError, PlanError, ProfileError, DocumentError, OSError) as error:
+            launch.run_local(self.run_dir, self.spec, phase, isolate=self.isolate)
+        except (SpecError, PlanError, ProfileError, DocumentError, OSError, StepDied) as error:
             return Outcome(FAILED, Termination("launch_error", f"{phase}: {error}"), phase=phase)
         return Outcome(SUCCEEDED)
 

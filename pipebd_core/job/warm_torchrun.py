@@ -29,7 +29,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
-from pipebd_core.ranks import exit_now, preload
+from pipebd_core.rank.process import exit_now, preload
 from pipebd_core.rundir import RunDir
 
 # What torch's agent handles itself and a rank must not inherit: (signal, a fresh interpreter's handler).

@@ -3,8 +3,8 @@ keyed by what the measurements depend on (workload, data and its loader workers,
 kind and count; for layers also the micro-batches and, for a searched network, its architecture), so
 planning again is instant.
 
-Measuring is a phase (`profile`: pipebd_core.planning.profiler, `profile_finetune`:
-pipebd_core.planning.layer_profiler, under the supervisor); this module names, reads and writes the
+Measuring is a phase (`profile`: pipebd_core.profile.blocks, `profile_finetune`:
+pipebd_core.profile.layers, under the supervisor); this module names, reads and writes the
 cached results. An entry this PipeBD cannot read (written before profiles had a format version, or
 of another one) is a cache miss: the profile phase measures again and replaces it.
 """

@@ -10,11 +10,10 @@ all-reduce over a group that spans nodes runs at the pace of a ring over that li
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pipebd_core.distill.plan import even_ranges
+from pipebd_core.data.streams import even_ranges
 from pipebd_core.documents.profile import LinkFit, Profile
 
 
@@ -58,32 +57,6 @@ class Topology:
             for src, (a_start, a_stop) in sent
             for dst, (b_start, b_stop) in taken
         )
-
-
-def fit_link(points: Sequence[tuple[int, float]]) -> LinkFit | None:
-    """latency + bytes / bandwidth through measured (bytes, seconds) sends, by least squares (the latency
-    kept >= 0); None without two distinct sizes. Where time does not grow with bytes (sizes too small for
-    the bandwidth to show, or noise larger than it), the link is latency-bound over these sizes: its median
-    send, with the bandwidth bounded below by the largest send over that median (never a free link)."""
-    sizes = {size for size, _ in points}
-    if len(sizes) < 2:
-        return None
-    count = len(points)
-    mean_x = sum(size for size, _ in points) / count
-    mean_y = sum(seconds for _, seconds in points) / count
-    covariance = sum((size - mean_x) * (seconds - mean_y) for size, seconds in points)
-    variance = sum((size - mean_x) ** 2 for size, _ in points)
-    slope = covariance / variance
-    if slope <= 0:
-        latency = statistics.median(seconds for _, seconds in points)
-        if latency <= 0:
-            return None
-        kept = [(int(s), float(t)) for s, t in points]
-        return LinkFit(latency_s=latency, bytes_per_s=max(sizes) / latency, points=kept, latency_bound=True)
-    latency = mean_y - slope * mean_x
-    if latency < 0:  # through the origin instead
-        latency, slope = 0.0, sum(size * seconds for size, seconds in points) / sum(size**2 for size, _ in points)
-    return LinkFit(latency_s=latency, bytes_per_s=1.0 / slope, points=[(int(s), float(t)) for s, t in points])
 
 
 def stated_link(gbit_per_s: float, latency_s: float) -> LinkFit:

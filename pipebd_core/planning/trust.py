@@ -4,7 +4,7 @@
 A profile is `noisy` when some measurement's trials still disagree after the profiler took it again
 (the measurement is named, with its spread), `busy` when other processes used a good part of the node
 while it was measured (or shared a rank's GPU), `stale` when it is old. A profile that training has
-calibrated (calibration.py) says so, and from which run.
+calibrated (distill_calibration.py) says so, and from which run.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from pipebd_core.documents.profile import Profile, Timing
+from pipebd_core.profile.measure import NOISY_SPREAD
 
-NOISY_SPREAD = 0.5  # (p90 - p10) / median of a measurement's trials above this: they disagree
 BUSY_CORES = 0.5  # other processes using more CPU than this (in cores) while profiling: a busy node
 STALE_AFTER_S = 7 * 24 * 3600.0
 

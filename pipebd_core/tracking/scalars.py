@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pipebd_core.distill.plan import even_ranges
+from pipebd_core.data.streams import even_ranges
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.telemetry import DistillLine, EvalLine, StepLine, TelemetryLine, read_line
 from pipebd_core.job.progress import PhaseSize

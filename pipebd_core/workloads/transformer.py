@@ -28,8 +28,8 @@ from torch import nn
 
 from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, CandidateResult
 from pipebd_core.documents.profile import Profile
-from pipebd_core.planning.budget import BudgetError, Limit, choose, smallest_cost
 from pipebd_core.spec import TRANSFORMER_FAMILIES, Budget, Spec, SpecError
+from pipebd_core.workloads.budget import BudgetError, Limit, choose, smallest_cost
 from pipebd_core.workloads.candidates import Candidates, replaced_layer
 from pipebd_core.workloads.replacements import build_replacement
 from pipebd_core.workloads.transformer_parts import ModelParts
@@ -346,7 +346,7 @@ def _derive(
     spec: Spec, teachers: Sequence[nn.Module], head: nn.Module
 ) -> Callable[[Sequence[nn.Module], Profile | None], tuple[Architecture, nn.Module]]:
     """A search's choice: per layer the candidate of lowest loss on held-out sequences, or with
-    `workload.budget` the choice of lowest summed loss within it (planning/budget.py); architecture.json
+    `workload.budget` the choice of lowest summed loss within it (workloads/budget.py); architecture.json
     has every candidate's loss and costs, and the network of the chosen candidates."""
 
     def derive(blocks: Sequence[nn.Module], profile: Profile | None) -> tuple[Architecture, nn.Module]:
@@ -416,7 +416,7 @@ def held_out_losses(
     spec: Spec, teachers: Sequence[nn.Module], students: Sequence[Candidates], _head: nn.Module
 ) -> list[list[float]]:
     """Per layer, each candidate's loss against its teacher layer on held-out sequences (teacher-relayed)."""
-    from pipebd_core.distill.students import LOSSES
+    from pipebd_core.workloads.losses import LOSSES
 
     x = held_out_ids(spec)
     losses = []

@@ -1,4 +1,4 @@
-"""Cross-rank BatchNorm (pipebd_core/distill/batchnorm.py) equals one nn.BatchNorm on the concatenated batch.
+"""Cross-rank BatchNorm (pipebd_core/rank/batchnorm.py) equals one nn.BatchNorm on the concatenated batch.
 
 Tier: real gloo process groups. One spawn of 2 ranks and one of 3 run every case of their world size
 (torch.multiprocessing) and save what each rank computed; the oracle, one nn.BatchNorm on the whole
@@ -21,8 +21,14 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from pipebd_core.distill.batchnorm import CrossRankBatchNorm, combine_moments, convert, shard_moments
-from pipebd_core.distill.students import LOCAL_BATCHNORM_ENV, with_sync_batchnorm
+from pipebd_core.rank.batchnorm import (
+    LOCAL_BATCHNORM_ENV,
+    CrossRankBatchNorm,
+    combine_moments,
+    convert,
+    shard_moments,
+    with_sync_batchnorm,
+)
 
 TOLERANCE = 1e-6  # relative to the largest magnitude of the expected tensor
 

@@ -17,7 +17,7 @@ from pipebd_core.bench.distill import BOUND_MODE, run_bench
 from pipebd_core.documents.bench_record import SHARED_CORES, BenchRecord
 from pipebd_core.documents.profile import Profile
 from pipebd_core.planning import profiles
-from pipebd_core.planning.resolve import cost_model, timeline
+from pipebd_core.planning.distill_planner import cost_model, timeline
 from pipebd_core.rundir import RunDir
 from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_spec

@@ -70,7 +70,7 @@ def test_ctrl_c_while_profiling_cancels_the_job_and_stops_the_profiler(tmp_path:
 
     data = {"dataset": "custom", "factory": SLOW_DATA, "options": {"delay_s": 1.0}, "batch_size": 4}
     process, run = start_pipebd(tmp_path, tiny_document(schedule={"nproc": 2, "profile": True}, data=data))
-    profiler = "pipebd_core.planning.profiler"
+    profiler = "pipebd_core.profile.blocks"
 
     def profilers_of_this_run() -> int:  # another test's profiler may run beside it
         return sum(str(run) in " ".join(p.info["cmdline"] or []) for p in processes_mentioning(profiler))

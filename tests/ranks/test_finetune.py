@@ -21,10 +21,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from pipebd_core.job.launch import preflight
+from pipebd_core.rank.deferred import defer_weight_gradients
+from pipebd_core.rank.network import build_network
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
-from pipebd_core.training.deferred import defer_weight_gradients
-from pipebd_core.training.network import build_network
 from tests.helpers import assert_same_weights, end_to_end_training, run_job
 
 

@@ -17,11 +17,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipebd_core.distill.finalize import perplexity
 from pipebd_core.job.launch import preflight
+from pipebd_core.rank.metrics import perplexity
+from pipebd_core.rank.network import build_network, teacher_network
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
-from pipebd_core.training.network import build_network, teacher_network
 from pipebd_core.workloads.transformer import language_model_to_train
 from tests.helpers import assert_same_weights, end_to_end_training
 from tests.transformer_specs import transformer_document, write_text

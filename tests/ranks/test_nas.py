@@ -20,9 +20,9 @@ import torchvision
 
 from pipebd_core.data.batches import stream_batch_indices
 from pipebd_core.data.datasets import build_dataset
-from pipebd_core.distill.plan import StepPlan
+from pipebd_core.data.streams import StepPlan
 from pipebd_core.distill.schedule import arch_update_index
-from pipebd_core.planning.resolve import step_plan
+from pipebd_core.planning.distill_planner import step_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.workloads.supernet import BinaryGates, MixedLayer, SupernetBlock, soft_cross_entropy

@@ -19,20 +19,22 @@ from typing import Any
 import pytest
 import torch
 
-from pipebd_core.distill.plan import Plan, SearchSchedule
+from pipebd_core.data.streams import SearchSchedule
+from pipebd_core.distill.control import StopWatch, request_stop, stop_step
+from pipebd_core.distill.plan import Plan
 from pipebd_core.distill.schedule import rank_tasks
-from pipebd_core.documents.plan import Replan, StageEntry
+from pipebd_core.documents.distill_plan import Replan, StageEntry
 from pipebd_core.documents.profile import Conditions, Profile
 from pipebd_core.documents.telemetry import BlockSeconds, DistillLine
-from pipebd_core.job.control import StopWatch, request_stop, stop_step
 from pipebd_core.job.replan import RELAUNCH_ENV, decide
 from pipebd_core.planning import profiles
-from pipebd_core.planning.calibration import calibrate
-from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.planning.profiler import MAX_REMEASURES, conditions, spread_of, timed
-from pipebd_core.planning.resolve import resolve_plan
-from pipebd_core.planning.simulate import simulate
-from pipebd_core.planning.trust import NOISY_SPREAD, assess
+from pipebd_core.planning.distill_calibration import calibrate
+from pipebd_core.planning.distill_costmodel import CostModel
+from pipebd_core.planning.distill_planner import resolve_plan
+from pipebd_core.planning.distill_simulate import simulate
+from pipebd_core.planning.trust import assess
+from pipebd_core.profile.blocks import MAX_REMEASURES, conditions, spread_of, timed
+from pipebd_core.profile.measure import NOISY_SPREAD
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from tests.fake_profiles import fake_profile

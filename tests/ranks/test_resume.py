@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipebd_core.distill.checkpoint import resume_steps, saved_steps
+from pipebd_core.rank.checkpoint import resume_steps, saved_steps
 from pipebd_core.rundir import CheckpointFolder
 from tests.helpers import assert_same_weights, load_students, pipebd, plain_loop, run_job, tiny_spec
 
@@ -38,7 +38,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path: Path, mode:
 
 
 def test_pipelined_modes_resume_every_block_from_one_common_step(tmp_path: Path) -> None:
-    from pipebd_core.distill.checkpoint import save_block
+    from pipebd_core.rank.checkpoint import save_block
 
     folder = CheckpointFolder(tmp_path)
     for block, steps in enumerate([[4, 8], [4, 8], [4]]):
@@ -50,7 +50,7 @@ def test_pipelined_modes_resume_every_block_from_one_common_step(tmp_path: Path)
 
 
 def test_pruning_keeps_the_step_the_slowest_block_needs(tmp_path: Path) -> None:
-    from pipebd_core.distill.checkpoint import save_block
+    from pipebd_core.rank.checkpoint import save_block
 
     folder = CheckpointFolder(tmp_path)
     for step in range(1, 9):  # an upstream stage with checkpoint_every 1 runs ahead of block 1
@@ -65,15 +65,15 @@ def test_pruning_keeps_the_step_the_slowest_block_needs(tmp_path: Path) -> None:
 
 
 def test_every_epoch_is_checkpointed_whatever_the_interval() -> None:
-    from pipebd_core.distill.checkpoint import should_checkpoint
+    from pipebd_core.rank.checkpoint import should_checkpoint
 
     saved = [step for step in range(1, 13) if should_checkpoint(step, 4, 12, every=5)]
     assert saved == [4, 5, 8, 10, 12]
 
 
 def test_finalize_names_the_blocks_without_a_final_checkpoint(tmp_path: Path) -> None:
-    from pipebd_core.distill.checkpoint import save_block
     from pipebd_core.distill.finalize import check_final_checkpoints
+    from pipebd_core.rank.checkpoint import save_block
     from pipebd_core.rundir import RunDir
 
     run_dir = RunDir(tmp_path)

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipebd_core.distill.telemetry import (
+from pipebd_core.documents.phases import FINETUNE
+from pipebd_core.documents.telemetry import DistillLine, EvalLine, read_line
+from pipebd_core.rank.telemetry import (
     PHASES,
     PhaseClock,
     TelemetryWriter,
@@ -24,8 +26,6 @@ from pipebd_core.distill.telemetry import (
     nvml_index,
     nvml_utilization_reader,
 )
-from pipebd_core.documents.phases import FINETUNE
-from pipebd_core.documents.telemetry import DistillLine, EvalLine, read_line
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from tests.helpers import tiny_spec

@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipebd_core.rank.network import build_network, network_to_train, teacher_network
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
-from pipebd_core.training.network import build_network, network_to_train, teacher_network
 from tests.helpers import assert_same_weights, end_to_end_training, load_students, plain_loop
 from tests.transformer_specs import TINY_VIT, vit_document
 

@@ -27,7 +27,7 @@ from app.core.settings import Settings
 from app.core.states import RUNNING
 from app.core.tables import EVAL_SEQ, JobMetric
 from pipebd_core.documents.telemetry import DistillLine, EvalLine
-from pipebd_core.planning.resolve import resolve_plan
+from pipebd_core.planning.distill_planner import resolve_plan
 from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_spec
 from tests.service.factories import insert_job, insert_metrics

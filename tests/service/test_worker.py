@@ -154,7 +154,7 @@ def start_two_slot_worker(settings: Settings, name: str) -> WorkerProcess:
 
 def profiler_processes(run_dir: str) -> list[psutil.Process]:
     """The job's profiling torchrun and ranks: they name its run directory on their command line."""
-    return [p for p in rank_processes(run_dir) if "pipebd_core.planning.profiler" in " ".join(p.info["cmdline"] or [])]
+    return [p for p in rank_processes(run_dir) if "pipebd_core.profile.blocks" in " ".join(p.info["cmdline"] or [])]
 
 
 def wait_profiling(client: TestClient, job_id: int, run_dir: str, worker: WorkerProcess) -> list[psutil.Process]:

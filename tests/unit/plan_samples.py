@@ -3,19 +3,7 @@ profiled pipeline's finetune_plan.json with moved channels."""
 
 from __future__ import annotations
 
-from pipebd_core.documents.finetune_plan import (
-    FinetuneDetails,
-    FinetunePlanDocument,
-    FinetunePredictions,
-    Move,
-    PartitionCandidate,
-    PartitionEntry,
-    StageWork,
-    StrategyEntry,
-    TrainSegment,
-)
-from pipebd_core.documents.parts import SearchEntry, StepCounts, StreamEntry, Streams
-from pipebd_core.documents.plan import (
+from pipebd_core.documents.distill_plan import (
     Estimates,
     PlanDetails,
     PlanDocument,
@@ -30,6 +18,18 @@ from pipebd_core.documents.plan import (
     StageSpan,
     Timeline,
 )
+from pipebd_core.documents.finetune_plan import (
+    FinetuneDetails,
+    FinetunePlanDocument,
+    FinetunePredictions,
+    Move,
+    PartitionCandidate,
+    PartitionEntry,
+    StageWork,
+    StrategyEntry,
+    TrainSegment,
+)
+from pipebd_core.documents.parts import SearchEntry, StepCounts, StreamEntry, Streams
 
 FIRST = StageEntry(start=0, stop=1, replicas=2, ranks=[0, 1], rows=[(0, 4), (4, 8)])
 SECOND = StageEntry(start=1, stop=3, replicas=1, ranks=[2], rows=[(0, 8)])

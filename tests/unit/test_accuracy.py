@@ -23,8 +23,8 @@ from pipebd_core.bench.accuracy import (
 )
 from pipebd_core.bench.report import render
 from pipebd_core.documents.bench_record import BenchRecord, PlanAccuracy
-from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.planning.planner import search
+from pipebd_core.planning.distill_costmodel import CostModel
+from pipebd_core.planning.distill_search import search
 from tests.fake_profiles import fake_profile
 from tests.helpers import pipebd_here, tiny_spec
 

@@ -1,6 +1,6 @@
 """tier: pure logic
 
-The budgeted choice of a search (pipebd_core/planning/budget.py): one candidate per layer, the lowest
+The budgeted choice of a search (pipebd_core/workloads/budget.py): one candidate per layer, the lowest
 summed loss within one cost budget or two at once, against brute force over every choice of small random instances; a
 budget no choice meets is refused with the cheapest reachable cost.
 """
@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from pipebd_core.planning.budget import BudgetError, Limit, choose, smallest_cost
+from pipebd_core.workloads.budget import BudgetError, Limit, choose, smallest_cost
 
 
 def brute_force(losses: list[list[float]], limits: list[Limit]) -> float | None:

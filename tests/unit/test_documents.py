@@ -19,10 +19,10 @@ from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, 
 from pipebd_core.documents.base import Document, DocumentError
 from pipebd_core.documents.bench_record import BenchRecord, ReplanBenchRecord
 from pipebd_core.documents.calibration import BlockCalibration, Calibration, CalibrationSource
+from pipebd_core.documents.distill_plan import PlanDocument
 from pipebd_core.documents.errors import RankError
 from pipebd_core.documents.layer_profile import LayerBatches, LayerProfile, LayerProfileEntry, LayerTimes
 from pipebd_core.documents.phases import PhaseRecord, PhasesRecord
-from pipebd_core.documents.plan import PlanDocument
 from pipebd_core.documents.profile import BlockProfile, Conditions, Profile, Timing
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.documents.telemetry import (

@@ -21,8 +21,8 @@ from pipebd_core.bench.finetune_accuracy import (
 )
 from pipebd_core.documents.bench_record import Arm, ArmRun, Load, TimingRule
 from pipebd_core.documents.layer_profile import LayerProfile
-from pipebd_core.planning.finetune import resolve_train_plan
-from pipebd_core.planning.layer_calibration import calibrated_layer_profile, predicted_parts
+from pipebd_core.planning.finetune_calibration import calibrated_layer_profile, predicted_parts
+from pipebd_core.planning.finetune_planner import resolve_train_plan
 from pipebd_core.spec import Spec, parse_spec
 from tests.fake_profiles import fake_layer_profile
 from tests.helpers import pipebd_here

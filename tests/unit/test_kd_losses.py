@@ -1,6 +1,6 @@
 """tier: pure logic, CPU
 
-The finetune phase's kd loss (pipebd_core/training/rank.py): alpha x CE + (1 - alpha) x T^2 x a divergence
+The finetune phase's kd loss (pipebd_core/finetune/rank.py): alpha x CE + (1 - alpha) x T^2 x a divergence
 of the softened teacher and student distributions, `finetune.divergence` forward KL, reverse KL or the
 Jensen-Shannon mixture, each against its definition written out.
 """
@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipebd_core.finetune.rank import make_loss
 from pipebd_core.spec import Spec, SpecError, load_spec
-from pipebd_core.training.rank import make_loss
 from tests.helpers import ROOT
 
 ALPHA, TEMPERATURE = 0.3, 2.0

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pipebd_core.documents.profile import Profile
-from pipebd_core.planning.profiler import measure_rank, pool
+from pipebd_core.profile.blocks import measure_rank, pool
 from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.workloads.transformer import check_latency_budget
 from pipebd_core.workloads.workload import build_workload

@@ -12,10 +12,10 @@ import pytest
 from app.cli.jobs import hosts_of, ranks
 from app.core.attempts import rank_hosts
 from app.core.tables import JobAttempt
-from pipebd_core.distill.plan import PlanError
+from pipebd_core.documents.errors import PlanError
 from pipebd_core.job.nodes import NodeLink, NodeRole
 from pipebd_core.job.processes import Rendezvous, torchrun_command
-from pipebd_core.planning.resolve import resolve_plan
+from pipebd_core.planning.distill_planner import resolve_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import SpecError, parse_spec
 from tests.helpers import tiny_document

@@ -9,11 +9,19 @@ import random
 import pytest
 import torch
 
-from pipebd_core.planning.partition import LayerCost, Partition, even, layerpipe, pipedream, slowest, stage_work
-from pipebd_core.planning.simulate_training import links, moved_times, simulate_pipeline
-from pipebd_core.training.moved import split_channels
-from pipebd_core.training.network import as_network
-from pipebd_core.training.schedules import rank_actions
+from pipebd_core.finetune.schedules import rank_actions
+from pipebd_core.planning.finetune_partition import (
+    LayerCost,
+    Partition,
+    even,
+    layerpipe,
+    pipedream,
+    slowest,
+    stage_work,
+)
+from pipebd_core.planning.finetune_simulate import links, moved_times, simulate_pipeline
+from pipebd_core.rank.channels import split_channels
+from pipebd_core.rank.network import as_network
 from pipebd_core.workloads.flops import count_flops
 from pipebd_core.workloads.layerpipe_sample import make_network
 from tests.fake_profiles import fake_layer_profile

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipebd_core.distill.plan import (
-    PlanError,
-    Route,
-    balanced_partition,
-    build_stages,
-    longest_first_assignment,
-    routes_between,
-    shard_rows,
-)
-from pipebd_core.planning.probe import BlockProbe
-from pipebd_core.planning.resolve import make_plan
+from pipebd_core.data.streams import shard_rows
+from pipebd_core.distill.plan import Route, build_stages, routes_between
+from pipebd_core.documents.errors import PlanError
+from pipebd_core.planning.balance import balanced_partition, longest_first_assignment
+from pipebd_core.planning.distill_planner import make_plan
 from pipebd_core.spec import ScheduleSpec, StageSpec
+from pipebd_core.workloads.probe import BlockProbe
 
 
 def flops(teacher: list[float]) -> BlockProbe:

@@ -6,11 +6,12 @@ import itertools
 
 import pytest
 
-from pipebd_core.distill.plan import Plan, PlanError, build_stages
-from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.planning.planner import best_plan, search
-from pipebd_core.planning.resolve import mode_plans
-from pipebd_core.planning.simulate import simulate
+from pipebd_core.distill.plan import Plan, build_stages
+from pipebd_core.documents.errors import PlanError
+from pipebd_core.planning.distill_costmodel import CostModel
+from pipebd_core.planning.distill_planner import mode_plans
+from pipebd_core.planning.distill_search import best_plan, search
+from pipebd_core.planning.distill_simulate import simulate
 from pipebd_core.spec import StageSpec
 from tests.fake_profiles import fake_profile
 
@@ -152,8 +153,8 @@ def test_uneven_shards_between_profiled_sizes_are_costed_by_scaling() -> None:
 
 
 def test_the_replayed_schedules_have_the_bubbles_of_their_tick_tables() -> None:
-    from pipebd_core.planning.simulate_training import simulate_pipeline
-    from pipebd_core.training.schedules import rank_actions
+    from pipebd_core.finetune.schedules import rank_actions
+    from pipebd_core.planning.finetune_simulate import simulate_pipeline
     from tests.fake_profiles import fake_layer_profile
 
     stages, microbatches = 3, 4
@@ -176,8 +177,8 @@ def test_a_tensor_sent_to_a_busy_stage_is_transferred_once_it_posts_its_receive(
     """Two one-layer stages (F 1 s, B 2 s), GPipe over 2 micro-batches, 0.1 s a send: stage 1's second
     forward input is sent at 2.0 while it computes until 2.1, so it starts at 2.2, not 2.1; stage 0's
     second gradient is sent at 7.2 while it computes until 7.3, so its backward starts at 7.4."""
-    from pipebd_core.planning.simulate_training import simulate_pipeline
-    from pipebd_core.training.schedules import rank_actions
+    from pipebd_core.finetune.schedules import rank_actions
+    from pipebd_core.planning.finetune_simulate import simulate_pipeline
     from tests.fake_profiles import fake_layer_profile
 
     costs = fake_layer_profile(layers=2, f=1.0, i=1.0, w=1.0, b=2.0, p2p_per_byte=0.025)
@@ -197,8 +198,8 @@ def test_ranks_computing_at_once_share_the_node_as_the_profile_measured() -> Non
     2 micro-batches: stage 0's F1 overlaps stage 1's F0 (both 1 s), stage 1's F1 runs alone (0.5 s), its
     B0 alone (1 s), its B1 beside stage 0's B0 (2 s each), stage 0's B1 alone (1 s): a 6 s step, against
     the 9 s of ranks that never slow each other."""
-    from pipebd_core.planning.simulate_training import TrainCosts, simulate_pipeline
-    from pipebd_core.training.schedules import rank_actions
+    from pipebd_core.finetune.schedules import rank_actions
+    from pipebd_core.planning.finetune_simulate import TrainCosts, simulate_pipeline
     from tests.fake_profiles import fake_layer_profile
 
     flat = fake_layer_profile(layers=2, f=1.0, i=1.0, w=1.0, b=2.0)

@@ -15,7 +15,7 @@ from pipebd_core.documents.telemetry import to_line
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.replan import DistillMonitor
 from pipebd_core.planning import profiles
-from pipebd_core.planning.resolve import resolve_plan
+from pipebd_core.planning.distill_planner import resolve_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from tests.fake_profiles import fake_profile

@@ -9,11 +9,11 @@ import pytest
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.profile import Profile
 from pipebd_core.documents.telemetry import BlockSeconds
-from pipebd_core.planning.calibration import calibrate
-from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.planning.planner import best_plan
-from pipebd_core.planning.resolve import mode_plans
-from pipebd_core.planning.simulate import simulate
+from pipebd_core.planning.distill_calibration import calibrate
+from pipebd_core.planning.distill_costmodel import CostModel
+from pipebd_core.planning.distill_planner import mode_plans
+from pipebd_core.planning.distill_search import best_plan
+from pipebd_core.planning.distill_simulate import simulate
 from tests.fake_profiles import fake_profile
 from tests.telemetry_lines import distill_line
 

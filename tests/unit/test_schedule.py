@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pipebd_core.distill.plan import Plan
 from pipebd_core.distill.schedule import WORLD, count_tasks, rank_tasks
-from pipebd_core.planning.probe import BlockProbe
-from pipebd_core.planning.resolve import make_plan
+from pipebd_core.planning.distill_planner import make_plan
 from pipebd_core.spec import ScheduleSpec, StageSpec
+from pipebd_core.workloads.probe import BlockProbe
 
 ESTIMATES = BlockProbe([], [1.0] * 4, [0.0] * 4, [0] * 4, [0] * 4)  # equal blocks; tasks cost 1, 2, 3, 4
 

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipebd_core.distill.students import FlatGradients, StudentBlock, with_sync_batchnorm
+from pipebd_core.rank.batchnorm import with_sync_batchnorm
+from pipebd_core.rank.students import FlatGradients, StudentBlock
 from pipebd_core.spec import parse_spec
 from pipebd_core.workloads.workload import build_workload
 from tests.ranks.test_nas import nas_document

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pipebd_core.distill.telemetry import TelemetryWriter
 from pipebd_core.documents.phases import FINETUNE
 from pipebd_core.documents.telemetry import EvalLine
 from pipebd_core.job.progress import MetricsFollower
+from pipebd_core.rank.telemetry import TelemetryWriter
 from pipebd_core.rundir import RunDir
 from tests.telemetry_lines import distill_line, finetune_line
 from tests.unit.plan_samples import FINETUNE_SAMPLE, PLAN_SAMPLE

@@ -13,11 +13,12 @@ import pytest
 from pipebd_core.cli import main
 from pipebd_core.distill.plan import Plan, build_stages
 from pipebd_core.documents.profile import LinkFit, Profile
-from pipebd_core.planning.costmodel import CostModel
-from pipebd_core.planning.planner import best_plan, search
+from pipebd_core.planning.distill_costmodel import CostModel
+from pipebd_core.planning.distill_search import best_plan, search
+from pipebd_core.planning.distill_simulate import simulate
 from pipebd_core.planning.profiles import CACHE_ENV, store
-from pipebd_core.planning.simulate import simulate
-from pipebd_core.planning.topology import Topology, fit_link, ring_allreduce_s, stated_link
+from pipebd_core.planning.topology import Topology, ring_allreduce_s, stated_link
+from pipebd_core.profile.measure import fit_link
 from pipebd_core.spec import StageSpec, parse_spec
 from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_document

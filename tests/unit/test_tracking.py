@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pipebd_core.distill.telemetry import TelemetryWriter
 from pipebd_core.documents.phases import DISTILL, FINETUNE
 from pipebd_core.documents.telemetry import EvalLine
+from pipebd_core.rank.telemetry import TelemetryWriter
 from pipebd_core.rundir import RunDir
 from pipebd_core.tracking.scalars import MIB, Scalar, phase_scalars, thinned
 from pipebd_core.tracking.tensorboard import write_phase

@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from pipebd_core.data.datasets import build_dataset
-from pipebd_core.distill.finalize import perplexity
-from pipebd_core.distill.students import LOSSES, block_loss
+from pipebd_core.rank.metrics import perplexity
 from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.workloads.candidates import Candidates
 from pipebd_core.workloads.linear_attention import linear_attention_forward
+from pipebd_core.workloads.losses import LOSSES, block_loss
 from pipebd_core.workloads.replacements import ffn_channels
 from pipebd_core.workloads.transformer import language_model_to_train, save_language_model
 from pipebd_core.workloads.workload import build_workload

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.models.vision_transformer import VisionTransformer, interpolate_embeddings
 
+from pipebd_core.rank.network import as_network, network_to_train
 from pipebd_core.spec import Spec, SpecError, parse_spec
-from pipebd_core.training.network import as_network, network_to_train
 from pipebd_core.workloads.candidates import Candidates
 from pipebd_core.workloads.replacements import ffn_channels
 from pipebd_core.workloads.vision_transformer import build_vit

@@ -14,7 +14,7 @@ import pytest
 
 from pipebd_core.data.datasets import DATASET_MODULES
 from pipebd_core.job import warm_torchrun
-from pipebd_core.ranks import preload
+from pipebd_core.rank.process import preload
 from pipebd_core.rundir import RunDir
 from tests.helpers import tiny_document
 

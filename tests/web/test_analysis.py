@@ -21,7 +21,7 @@ from app.web.architecture import block_history, candidate_names, spaced
 from app.web.compare import Compared, with_speedups
 from app.web.templating import blocks, duration, size
 from app.web.views import chosen_mode, job_row, mode_text, plan_text, plan_view, stages_text
-from pipebd_core.documents.plan import PlanDocument, StageSpan
+from pipebd_core.documents.distill_plan import PlanDocument, StageSpan
 from pipebd_core.documents.telemetry import DistillLine
 from tests.telemetry_lines import distill_line
 

@@ -25,7 +25,7 @@ from app.main import create_app
 from app.web.new_job import bundled_examples
 from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, CandidateResult
 from pipebd_core.documents.calibration import BlockCalibration, Calibration, CalibrationSource
-from pipebd_core.documents.plan import PlanDocument, Predictions, RankEntry, Replan, StageEntry
+from pipebd_core.documents.distill_plan import PlanDocument, Predictions, RankEntry, Replan, StageEntry
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.rundir import RunDir

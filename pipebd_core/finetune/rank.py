@@ -1,0 +1,416 @@
+"""A rank of the finetune phase: the whole network trained end to end, by DDP or as one pipeline stage.
+
+Every strategy trains on the same global batches (the engine's seeded batch order over the training
+split) with the same SGD and learning-rate schedule, and the loss is scaled so that the gradient is
+that of the whole batch's mean loss: a DDP rank weights its shard's mean by its share times the world
+size (DDP then averages), a pipeline's micro-batches are equal and the schedule averages them.
+
+Per step each rank writes one telemetry line (metrics/finetune/rank-<r>.jsonl): loss and train
+accuracy of what it saw (the last stage, for pipelines), time in F, B or I and W, send, receive wait,
+all-reduce, optimiser and idle, the step's timeline of micro-batch actions, memory, and how many
+micro-batches' moved delta shares (moved.py) it has combined or computed. At the end of each
+epoch every stage is checkpointed (checkpoints/finetune/block-<stage>/), and every `eval_every` epochs
+rank 0 evaluates top-1 of the whole network from those checkpoints; `--resume` continues from the last
+step every stage saved, with its optimiser state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from pipebd_core.data.batches import labelled_batches
+from pipebd_core.data.datasets import build_dataset
+from pipebd_core.data.streams import shard_rows
+from pipebd_core.documents.phases import FINETUNE
+from pipebd_core.documents.telemetry import EvalLine, FinetuneLine
+from pipebd_core.finetune.moved import stage_shares
+from pipebd_core.finetune.pipeline import Segment, make_schedule, make_stage, timed_waits
+from pipebd_core.finetune.plan import TrainPlan
+from pipebd_core.rank import checkpoint
+from pipebd_core.rank.batchnorm import with_sync_batchnorm
+from pipebd_core.rank.deferred import WeightGradients, defer_weight_gradients
+from pipebd_core.rank.faults import FAULT_ENV, injected_fault_step
+from pipebd_core.rank.learning_rate import learning_rate
+from pipebd_core.rank.metrics import perplexity, top1_accuracy
+from pipebd_core.rank.network import Network, build_network, finetune_view, teacher_network
+from pipebd_core.rank.process import join_process_group, pick_device
+from pipebd_core.rank.telemetry import TelemetryWriter, current_memory_bytes, peak_memory_bytes
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec
+
+TIMES = ("F", "B", "I", "W", "send", "recv_wait", "optim", "idle")  # seconds per step, adding up to it
+Batch = tuple[int, torch.Tensor, torch.Tensor]
+
+
+def kd_target(teacher: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The teacher's logits and the label in one tensor (a schedule splits one target tensor by rows): the
+    label last along the class dimension, per sample or, for a language model, per token."""
+    with torch.no_grad():
+        logits = teacher(inputs)
+    return torch.cat([logits, labels.unsqueeze(-1).to(logits.dtype)], dim=-1)
+
+
+def as_rows(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits as (rows, classes) and labels as (rows,): a language model's tokens are its rows, so every
+    loss is the mean over tokens (every sequence has the same length: a shard's mean weighs as its rows)."""
+    return logits.flatten(0, -2), labels.flatten()
+
+
+def make_loss(spec: Spec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The mean loss of a batch of logits: cross-entropy to the labels, or the kd mixture."""
+    tune = spec.finetune
+    assert tune is not None
+    if tune.loss == "ce":
+        return lambda logits, labels: F.cross_entropy(*as_rows(logits, labels))
+    alpha, temperature, divergence = tune.alpha, tune.temperature, DIVERGENCES[tune.divergence]
+
+    def kd(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits, labels = as_rows(logits, target[..., -1].long())
+        teacher = target[..., :-1].flatten(0, -2)
+        soft = divergence(F.log_softmax(teacher / temperature, dim=1), F.log_softmax(logits / temperature, dim=1))
+        return alpha * F.cross_entropy(logits, labels) + (1 - alpha) * temperature**2 * soft
+
+    return kd
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Top-1 of a batch (a language model's: of its next tokens)."""
+    return float((logits.argmax(-1) == labels).float().mean())
+
+
+def kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) of rows of log-probabilities, the mean over the rows."""
+    return F.kl_div(log_q, log_p, reduction="batchmean", log_target=True)
+
+
+def jsd(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """The Jensen-Shannon divergence: (KL(p || m) + KL(q || m)) / 2 with m = (p + q) / 2."""
+    log_m = torch.logsumexp(torch.stack((log_p, log_q)), dim=0) - math.log(2.0)
+    return 0.5 * (kl(log_p, log_m) + kl(log_q, log_m))
+
+
+# finetune.divergence: of the teacher's log-probabilities (first) and the student's (second)
+DIVERGENCES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "forward": kl,
+    "reverse": lambda log_p, log_q: kl(log_q, log_p),
+    "jsd": jsd,
+}
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """Dropout's randomness per step and rank, so a resumed run draws what an uninterrupted one did."""
+    return (seed * 1_000_003 + step * 1009 + rank) % (2**31 - 1)
+
+
+@dataclass
+class Context:
+    rank: int
+    world: int
+    spec: Spec  # the finetune view (finetune_view): train.* and data.batch_size are the finetune phase's
+    full_spec: Spec  # the spec as submitted: what builds the network
+    plan: TrainPlan
+    run_dir: RunDir
+    device: torch.device
+    network: Network
+    start_step: int
+    teacher: nn.Module | None
+    losses: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.losses = make_loss(self.spec)
+
+    def target(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return labels if self.teacher is None else kd_target(self.teacher, inputs, labels)
+
+    def batches(self, rows: tuple[int, int]) -> Iterator[Batch]:
+        steps = range(self.start_step, self.plan.steps.total)
+        dataset = build_dataset(self.spec)
+        return labelled_batches(self.spec, dataset, rows, steps, self.device, self.plan.steps.train)
+
+
+class Trainer:
+    """What every strategy shares: the optimiser, the step loop, telemetry, checkpoints and evaluation."""
+
+    def __init__(self, ctx: Context, module: nn.Module, unit: int | None) -> None:
+        self.ctx, self.module = ctx, module.to(ctx.device).train()
+        self.unit = unit  # the checkpoint unit this rank writes (its stage, or 0 for DDP's rank 0), or None
+        train = ctx.spec.train
+        # a stage of parameter-free layers (one that takes a moved delta share can be) has nothing to update:
+        # an empty placeholder keeps its optimiser, steps and checkpoints like every other stage's
+        parameters = list(module.parameters()) or [nn.Parameter(torch.zeros(0, device=ctx.device))]
+        self.optimizer = torch.optim.SGD(
+            parameters, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
+        )
+        self.telemetry = TelemetryWriter(ctx.run_dir.metrics(ctx.rank, FINETUNE))
+        self.eval_network: Network | None = None
+        self.fault_step = injected_fault_step(ctx.rank)
+
+    def restore(self, unit: int) -> None:
+        if self.ctx.start_step == 0:
+            return
+        state = checkpoint.load_block(self.ctx.run_dir.finetune_checkpoints, unit, self.ctx.start_step)
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def run(self) -> None:
+        ctx, total = self.ctx, self.ctx.plan.steps.total
+        try:
+            for done, step in enumerate(range(ctx.start_step, total), start=1):
+                if step == self.fault_step:
+                    raise RuntimeError(f"injected fault on rank {ctx.rank} at finetune step {step} ({FAULT_ENV})")
+                torch.manual_seed(step_seed(ctx.spec.train.seed, step, ctx.rank))
+                lr = learning_rate(ctx.spec, step, total)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                started = time.perf_counter()
+                result = self.step(step)
+                self.record(step, result, started, done, total - ctx.start_step)
+                self.epoch_end(step + 1)
+        finally:
+            self.telemetry.close()
+
+    def step(self, step: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def record(self, step: int, result: dict[str, Any], started: float, done: int, total: int) -> None:
+        elapsed = time.perf_counter() - started
+        times = dict.fromkeys(TIMES, 0.0)
+        for segment in result.pop("segments"):
+            times[segment.kind] += segment.end - segment.start
+        times.update(result.pop("times"))
+        times["idle"] = max(0.0, elapsed - sum(times.values()))
+        memory = current_memory_bytes(self.ctx.device)
+        line = FinetuneLine(
+            time=time.time(),
+            rank=self.ctx.rank,
+            epoch=step // self.ctx.plan.steps.per_epoch,
+            step=step,
+            times=times,
+            elapsed=elapsed,
+            peak_mem=max(peak_memory_bytes(self.ctx.device), memory),
+            cur_mem=memory,
+            done=done,
+            total=total,
+            skipped=self.ctx.start_step,
+            **result,
+        )
+        self.telemetry.write(line)
+
+    def epoch_end(self, step_done: int) -> None:
+        """Checkpoint at each epoch's end (and the last step); evaluate every `eval_every` epochs."""
+        ctx = self.ctx
+        per_epoch, total = ctx.plan.steps.per_epoch, ctx.plan.steps.total
+        if step_done % per_epoch and step_done != total:
+            return
+        if self.unit is not None:
+            state = {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+            checkpoint.save_block(ctx.run_dir.finetune_checkpoints, self.unit, step_done, state, len(ctx.plan.stages))
+            ctx.run_dir.append_event("checkpoint", phase=FINETUNE, rank=ctx.rank, step=step_done)
+        epoch = -(-step_done // per_epoch)
+        assert ctx.spec.finetune is not None
+        if epoch % ctx.spec.finetune.eval_every and step_done != total:
+            return
+        if dist.is_initialized():
+            dist.barrier()  # every stage's checkpoint of this step is on disk
+        if ctx.rank == 0:
+            self.evaluate(step_done, epoch)
+
+    def evaluate(self, step_done: int, epoch: int) -> None:
+        ctx = self.ctx
+        if self.eval_network is None:
+            self.eval_network = build_network(ctx.full_spec, ctx.run_dir)
+        load_trained(self.eval_network, ctx.run_dir, ctx.plan, step_done)
+        model, language = self.eval_network.model, ctx.spec.workload.language_model
+        quality = {"perplexity": perplexity(model, ctx.spec, ctx.device)} if language else {}
+        top1 = None if language else top1_accuracy(model, ctx.spec, ctx.device)
+        line = EvalLine(time=time.time(), rank=ctx.rank, epoch=epoch, step=step_done - 1, top1=top1, **quality)
+        self.telemetry.write(line)
+        self.module.train()
+
+
+class DDPTrainer(Trainer):
+    """The whole network on every rank; each loads its shard of the batch; DDP all-reduces gradients.
+    BatchNorm layers normalise over the whole batch (the cross-rank BatchNorm, or SyncBatchNorm on GPUs,
+    in a group of their own so their exchanges never interleave with DDP's buckets), so ddp trains what
+    full-batch training trains."""
+
+    def __init__(self, ctx: Context) -> None:
+        module: nn.Module = ctx.network.sequential()
+        if ctx.world > 1:
+            norms = dist.new_group(list(range(ctx.world)))
+            assert isinstance(norms, dist.ProcessGroup), "every rank is a member of the world's group"
+            module = with_sync_batchnorm(module, norms, ctx.device)
+        super().__init__(ctx, module, 0 if ctx.rank == 0 else None)
+        self.restore(0)
+        self.rows = shard_rows(ctx.plan.batch_size, ctx.world)[ctx.rank]
+        self.scale = (self.rows[1] - self.rows[0]) / ctx.plan.batch_size * ctx.world
+        self.reduce_spans: list[Segment] = []
+        self.model: nn.Module = self.module
+        if ctx.world > 1:
+            self.model = DistributedDataParallel(self.module, broadcast_buffers=False)
+            self.model.register_comm_hook(self.reduce_spans, timed_all_reduce)
+        self.loader = ctx.batches(self.rows)
+
+    def step(self, step: int) -> dict[str, Any]:
+        key, inputs, labels = next(self.loader)
+        assert key == step, f"the loader is at step {key}, the trainer at {step}"
+        self.reduce_spans.clear()
+        start = time.perf_counter()
+        logits = self.model(inputs)
+        loss = self.ctx.losses(logits, self.ctx.target(inputs, labels))
+        forward_end = time.perf_counter()
+        (loss * self.scale).backward()
+        backward_end = time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        optim_end = time.perf_counter()
+        segments = [Segment("F", 0, start, forward_end), Segment("B", 0, forward_end, backward_end)]
+        spans = self.reduce_spans
+        return {
+            "loss": float(loss),
+            "acc": accuracy(logits, labels),
+            "samples": len(labels),
+            "segments": segments,
+            "times": {"optim": optim_end - backward_end},
+            # the gradient buckets' all-reduce runs during the backward (B waits for its end): its span
+            "allreduce_span": (max(s.end for s in spans) - min(s.start for s in spans)) if spans else 0.0,
+            "timeline": [s.to_json() for s in rebased(segments + spans, start)],
+        }
+
+
+def timed_all_reduce(spans, bucket):
+    """DDP's average of one gradient bucket, recording when it started and when it was done. (DDP reads
+    this hook's annotations and refuses any but its own classes, which postponed annotations are not.)"""
+    started = time.perf_counter()
+    tensor = bucket.buffer().div_(dist.get_world_size())
+    future = dist.all_reduce(tensor, async_op=True).get_future()
+
+    def done(result: torch.futures.Future[Any]) -> torch.Tensor:
+        spans.append(Segment("allreduce", None, started, time.perf_counter()))
+        value: torch.Tensor = result.value()[0]
+        return value
+
+    return future.then(done)
+
+
+def rebased(segments: list[Segment], start: float) -> list[Segment]:
+    return [Segment(s.kind, s.microbatch, s.start - start, s.end - start) for s in segments]
+
+
+class PipelineTrainer(Trainer):
+    """One stage of contiguous layers; the schedule runs the plan's actions over equal micro-batches."""
+
+    def __init__(self, ctx: Context) -> None:
+        start, stop = ctx.plan.stage_of(ctx.rank)
+        super().__init__(ctx, ctx.network.sequential(start, stop), ctx.rank)
+        self.restore(ctx.rank)
+        self.first, self.last = ctx.rank == 0, ctx.rank == ctx.world - 1
+        self.weights: WeightGradients | None = (
+            defer_weight_gradients(self.module) if ctx.plan.strategy == "zb" else None
+        )
+        self.shares = stage_shares(ctx.plan, ctx.rank, ctx.network.layers, ctx.device, self.weights)
+        self.stage = make_stage(ctx.plan, ctx.rank, self.module, ctx.device, self.weights, self.shares)
+        self.schedule = make_schedule(ctx.plan, self.stage, ctx.losses)
+        loads = self.first or self.last
+        self.loader = ctx.batches((0, ctx.plan.batch_size)) if loads else None
+
+    def step(self, step: int) -> dict[str, Any]:
+        stage, inputs, labels = self.stage, None, None
+        if self.loader is not None:
+            key, inputs, labels = next(self.loader)
+            assert key == step, f"the loader is at step {key}, the trainer at {step}"
+        stage.segments.clear()
+        start = time.perf_counter()
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.first else ()
+        kwargs: dict[str, Any] = {}
+        if self.last:
+            assert inputs is not None and labels is not None
+            kwargs = {"target": self.ctx.target(inputs, labels), "losses": losses}
+        with timed_waits(stage):
+            output = self.schedule.step(*args, **kwargs)
+        if self.weights is not None:
+            self.weights.run()  # nothing is left once every W ran; kept for schedules that end on an I
+        optim_start = time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        result: dict[str, Any] = {
+            "segments": list(stage.segments),
+            "times": {"optim": time.perf_counter() - optim_start},
+            "timeline": [s.to_json() for s in rebased(stage.segments, start)],
+            "w_calls": self.weights.calls if self.weights is not None else 0,
+            **self.moved_counts(),
+        }
+        if self.last:
+            assert labels is not None
+            result.update(
+                loss=float(torch.stack(losses).detach().mean()),
+                acc=accuracy(output, labels),
+                samples=len(labels),
+            )
+        return result
+
+    def moved_counts(self) -> dict[str, int]:
+        """Micro-batches so far whose moved delta share this rank combined (as the owner of the boundary
+        layer) and computed (as the next stage): how the tests see that a move ran."""
+        gives, takes = self.shares
+        return {
+            "moved_combined": gives.combined if gives is not None else 0,
+            "moved_computed": takes.computed if takes is not None else 0,
+        }
+
+
+def build_context(run_dir: RunDir, rank: int, world: int, device: torch.device) -> Context:
+    spec = run_dir.load_spec()
+    plan = TrainPlan.from_document(run_dir.load_finetune_plan())
+    starts = checkpoint.resume_steps(run_dir.finetune_checkpoints, len(plan.stages), common=True)
+    teacher = teacher_network(spec) if spec.finetune is not None and spec.finetune.loss == "kd" else None
+    return Context(
+        rank=rank,
+        world=world,
+        spec=finetune_view(spec),
+        full_spec=spec,
+        plan=plan,
+        run_dir=run_dir,
+        device=device,
+        network=build_network(spec, run_dir),
+        start_step=starts[0],
+        teacher=teacher.to(device) if teacher is not None else None,
+    )
+
+
+def run_rank(run_dir: RunDir) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    spec = run_dir.load_spec()
+    device = pick_device(spec, int(os.environ.get("LOCAL_RANK", "0")))
+    pipelined = TrainPlan.from_document(run_dir.load_finetune_plan()).pipelined
+    join_process_group(spec, device, world, alone_too=pipelined)
+    ctx = build_context(run_dir, rank, world, device)
+    plan = ctx.plan
+    role = f"layers {plan.stage_of(rank)}" if plan.pipelined else f"rows {shard_rows(plan.batch_size, world)[rank]}"
+    print(f"pipebd: finetune rank {rank} of {world} on {device}: {ctx.plan.strategy}, {role}", flush=True)
+    run_dir.append_event("rank_started", phase=FINETUNE, rank=rank, start_step=ctx.start_step)
+    trainer: Trainer = PipelineTrainer(ctx) if ctx.plan.pipelined else DDPTrainer(ctx)
+    trainer.run()
+    run_dir.append_event("rank_finished", phase=FINETUNE, rank=rank)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def load_trained(network: Network, run_dir: RunDir, plan: TrainPlan, step_done: int) -> None:
+    """Every stage's checkpoint after `step_done` steps into the whole network's layers."""
+    for unit, (start, stop) in enumerate(plan.stages):
+        state = checkpoint.load_block(run_dir.finetune_checkpoints, unit, step_done)
+        network.sequential(start, stop).load_state_dict(state["module"])

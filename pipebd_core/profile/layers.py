@@ -1,0 +1,319 @@
+"""The layer profiler of the finetune phase: every layer measured on the ranks the job will use.
+
+Run by the `profile_finetune` phase as `torchrun ... -m pipebd_core.profile.layers --run-dir
+DIR`; it writes DIR/layer_profile.json. Every rank measures every layer (so all ranks load the node as
+training does) and rank 0 pools the trials. Per layer, at the micro-batch size (pipelines) and at the
+largest DDP shard (ceil(B/N)): forward (F), whole backward (B) and input-gradient backward (I), each
+timed without the forward that precedes it, the batched weight-gradient pass (W) as deferred.py runs
+them, and the bytes autograd keeps for the backward; the first layer's input is the data, which needs
+no gradient, as in training. Per layer also the bytes per sample of its output and of its input (and
+input gradient), of its weight and parameters, its SGD step, and for a layer whose delta can be split
+along its input channels (moved.split_channels) the input-gradient kernel whole (I_kernel) and in two
+channel halves put back together (I_halves): what LayerPipe's move costs beyond the work it moves.
+Between rank pairs, the one-way time of each boundary tensor at the micro-batch size and of each such
+weight (what a moved share sends); over all ranks, the all-reduce of the whole network's gradients;
+and the co-run curve: one forward and backward of the whole network at the micro-batch timed on rank 0
+while k ranks run it at once, k = 1 .. N, over its time alone (co_run; the replay shares the node by it).
+Each value: median of the trials after a warm-up, with its spread (p90 - p10) / median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import os
+import statistics
+import time
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from pipebd_core.data.datasets import build_dataset
+from pipebd_core.documents.layer_profile import LayerBatches, LayerProfile, LayerProfileEntry, LayerTimes
+from pipebd_core.documents.phases import PROFILE_FINETUNE
+from pipebd_core.documents.profile import Timing
+from pipebd_core.profile.measure import WARMUP, saved_bytes, summarise, timed_once
+from pipebd_core.rank.channels import channel_dim, split_channels, weight_of, with_channels
+from pipebd_core.rank.deferred import defer_weight_gradients, input_gradient
+from pipebd_core.rank.network import Network, build_network, finetune_view
+from pipebd_core.rank.process import exit_now, gather_on_rank_zero, join_process_group, phase_entry, pick_device
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec
+
+P2P_MAX_ELEMENTS = 2**24  # larger tensors (a big layer's weight) are costed by scaling the largest measured
+
+
+def layer_batches(spec: Spec) -> dict[str, int]:
+    """The batches a finetune plan can give a layer: one micro-batch, and the largest DDP shard."""
+    tune, view = spec.finetune, finetune_view(spec)
+    assert tune is not None
+    batch, nproc = view.data.batch_size, spec.schedule.nproc
+    return {"microbatch": max(1, batch // tune.microbatches), "shard": -(-batch // nproc)}
+
+
+def measure_layer(
+    layer: nn.Module,
+    shape: list[int],
+    batch: int,
+    trials: int,
+    device: torch.device,
+    first: bool,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
+    """F, B, I and W of one layer at one batch, as the strategies run them (`first`: its input is the data,
+    of `dtype`: token ids are zeros, which cost what any ids do)."""
+    layer = copy.deepcopy(layer).to(device).train()
+    trainable = any(p.requires_grad for p in layer.parameters())
+    if dtype.is_floating_point:
+        x = torch.randn((batch, *shape), device=device, requires_grad=not first)
+    else:
+        x = torch.zeros((batch, *shape), dtype=dtype, device=device)
+    output = layer(x)
+    grad = torch.randn_like(output)
+
+    def forward() -> None:
+        layer(x)
+
+    backward = output.requires_grad
+    result = {
+        "F": timed_once(forward, trials, device),
+        "B": timed_backward(layer, x, grad, trials, device) if backward else [0.0] * trials,
+        "saved_bytes": saved_bytes(layer, x) if trainable else 0,
+    }
+    weights = defer_weight_gradients(layer)
+    result["I"] = timed_backward(layer, x, grad, trials, device) if backward else [0.0] * trials
+    weights.run()  # what the timed input passes kept: flushed, untimed
+    result["W"] = [0.0] * trials
+    if weights.layers:  # one kept micro-batch per W, as the zero-bubble lists mostly run them
+        result["W"] = [_w_time(layer, weights, x, grad, device) for _ in range(WARMUP + trials)][WARMUP:]
+    weights.restore()
+    if not first and (split_channels(layer) or 0) > 1:
+        result.update(measure_split(layer, x, grad, trials, device))
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.01, momentum=0.9) if trainable else None
+    if backward:
+        layer(x).backward(grad)
+    result["optim"] = timed_once(optimizer.step, trials, device) if optimizer else [0.0] * trials
+    result["output_bytes_per_sample"] = output[0].numel() * output.element_size()
+    result["input_bytes_per_sample"] = x[0].numel() * x.element_size()
+    result["param_bytes"] = sum(p.numel() * p.element_size() for p in layer.parameters())
+    weight = getattr(layer, "weight", None)
+    result["weight_bytes"] = weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else 0
+    return result
+
+
+def timed_backward(
+    layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, trials: int, device: torch.device
+) -> list[float]:
+    """Seconds of the layer's backward alone: each trial's forward runs, untimed, before it."""
+    samples = []
+    for index in range(WARMUP + trials):
+        output = layer(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        output.backward(grad)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if index >= WARMUP:
+            samples.append(time.perf_counter() - started)
+    return samples
+
+
+def measure_split(
+    layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, trials: int, device: torch.device
+) -> dict[str, list[float]]:
+    """The input-gradient kernel of a splittable layer whole, and in two channel halves concatenated."""
+    weight, channels = weight_of(layer).detach(), split_channels(layer)
+    assert channels is not None
+    half = channels // 2
+    shapes = (with_channels(x.shape, layer, half), with_channels(x.shape, layer, channels - half))
+
+    def whole() -> None:
+        with torch.no_grad():
+            input_gradient(layer, weight, grad, x.shape)
+
+    def halves() -> None:
+        with torch.no_grad():
+            first = input_gradient(layer, weight[:, :half], grad, shapes[0])
+            second = input_gradient(layer, weight[:, half:], grad, shapes[1])
+            torch.cat([first, second], dim=channel_dim(layer))
+
+    return {"I_kernel": timed_once(whole, trials, device), "I_halves": timed_once(halves, trials, device)}
+
+
+def _w_time(layer: nn.Module, weights: Any, x: torch.Tensor, grad: torch.Tensor, device: torch.device) -> float:
+    """The weight pass of one kept micro-batch, timed alone (its input pass is not)."""
+    layer(x).backward(grad)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    weights.run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
+def measure_p2p(sizes: list[int], trials: int, device: torch.device) -> dict[int, list[float]]:
+    """One-way seconds per tensor of `size` float32 elements: ping-pong between ranks (0,1), (2,3), ..."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer, result = rank ^ 1, {}
+    for size in sizes if peer < world else []:
+        buffer = torch.zeros(max(1, size), device=device)
+
+        def ping_pong(buffer: torch.Tensor = buffer) -> None:
+            if rank % 2 == 0:
+                dist.send(buffer, peer)
+                dist.recv(buffer, peer)
+            else:
+                dist.recv(buffer, peer)
+                dist.send(buffer, peer)
+
+        result[size] = [t / 2 for t in timed_once(ping_pong, trials, device)]
+    dist.barrier()
+    return result
+
+
+def measure_co_run(
+    network: Network, sample_shape: list[int], batch: int, trials: int, device: torch.device, dtype: torch.dtype
+) -> list[float]:
+    """Rank 0's seconds of one forward and backward of the whole network at `batch` while k ranks run it at
+    once, for k = 1 .. the world's size (the others wait): how much ranks computing together slow each
+    other down on this node (on a CPU, ranks beyond its cores share them; on GPUs, nothing)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = copy.deepcopy(network.sequential()).to(device).train()
+    if dtype.is_floating_point:
+        x = torch.randn((batch, *sample_shape), device=device)
+    else:
+        x = torch.zeros((batch, *sample_shape), dtype=dtype, device=device)
+
+    def step() -> None:
+        model(x).float().mean().backward()
+
+    seconds = []
+    for running in range(1, world + 1):
+        dist.barrier()
+        samples = timed_once(step, trials, device) if rank < running else [0.0]
+        dist.barrier()
+        seconds.append(statistics.median(samples))
+    return seconds
+
+
+def measure_rank(
+    spec: Spec,
+    network: Network,
+    shapes: list[list[int]],
+    trials: int,
+    device: torch.device,
+    data_dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
+    batches = layer_batches(spec)
+    layers = {
+        name: [
+            measure_layer(layer, shapes[i], batch, trials, device, i == 0, data_dtype if i == 0 else torch.float32)
+            for i, layer in enumerate(network.layers)
+        ]
+        for name, batch in batches.items()
+    }
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    sizes = {batches["microbatch"] * max(1, torch.Size(shape).numel()) for shape in shapes[1:-1]}
+    sizes |= {min(P2P_MAX_ELEMENTS, weight_of(layer).numel()) for layer in network.layers[1:] if split_channels(layer)}
+    params = sum(p.numel() for p in network.model.parameters())
+    flat = torch.zeros(max(1, params), device=device)
+    microbatch = batches["microbatch"]
+    co_run = measure_co_run(network, shapes[0], microbatch, trials, device, data_dtype) if distributed else []
+    return {
+        "batches": batches,
+        "layers": layers,
+        "co_run": co_run,
+        "p2p": measure_p2p(sorted(sizes), trials, device) if distributed else {},
+        "allreduce": timed_once(functools.partial(dist.all_reduce, flat), trials, device) if distributed else [],
+    }
+
+
+TIMED = ("F", "B", "I", "W", "optim", "I_kernel", "I_halves")  # per layer and batch, in seconds
+
+
+def pool(measured: list[dict[str, Any]], spec: Spec, device: torch.device, shapes: list[list[int]]) -> LayerProfile:
+    """Every rank's trials combined into one profile."""
+    first = measured[0]
+
+    def times(batch: str, index: int) -> LayerTimes:
+        mine = first["layers"][batch][index]
+        timed = {
+            key: summarise([t for m in measured for t in m["layers"][batch][index][key]])
+            for key in TIMED
+            if key in mine
+        }
+        return LayerTimes(**timed, saved_bytes=mine["saved_bytes"])
+
+    layers = []
+    for index in range(len(first["layers"]["microbatch"])):
+        sizes = first["layers"]["microbatch"][index]
+        layers.append(
+            LayerProfileEntry(
+                microbatch=times("microbatch", index),
+                shard=times("shard", index),
+                output_bytes_per_sample=sizes["output_bytes_per_sample"],
+                input_bytes_per_sample=sizes["input_bytes_per_sample"],
+                param_bytes=sizes["param_bytes"],
+                weight_bytes=sizes["weight_bytes"],
+            )
+        )
+    p2p = {size: summarise([t for m in measured for t in m["p2p"].get(size, [])]) for size in first["p2p"]}
+    allreduce = [t for m in measured for t in m["allreduce"]]
+    alone, *together = first["co_run"] or [1.0]
+    return LayerProfile(
+        nproc=spec.schedule.nproc,
+        batches=LayerBatches(**first["batches"]),
+        device="cpu" if device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(device)}",
+        device_memory_bytes=_device_memory(device, spec.schedule.nproc),
+        shapes=shapes,
+        layers=layers,
+        p2p_s=p2p,
+        allreduce_s=summarise(allreduce) if allreduce else Timing(median=0.0),
+        co_run=[1.0, *(seconds / alone for seconds in together)],
+        measured_at=time.time(),
+    )
+
+
+def _device_memory(device: torch.device, nproc: int) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return int(psutil.virtual_memory().total // nproc)
+
+
+def profile_layers(run_dir: RunDir, trials: int) -> None:
+    spec = run_dir.load_spec()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = pick_device(spec, int(os.environ.get("LOCAL_RANK", "0")))
+    join_process_group(spec, device, world)
+    network = build_network(spec, run_dir)
+    sample = build_dataset(finetune_view(spec))[0][0]
+    shapes = [list(sample.shape)]
+    x = sample.unsqueeze(0)
+    with torch.no_grad():
+        network.model.eval()
+        for layer in network.layers:
+            x = layer(x)
+            shapes.append(list(x.shape[1:]))
+    measured = measure_rank(spec, network, shapes, trials, device, sample.dtype)
+    gathered = gather_on_rank_zero(measured)
+    if gathered is not None:
+        run_dir.write_json(run_dir.layer_profile, pool(gathered, spec, device, shapes).to_json())
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipebd_core.profile.layers", description="one rank")
+    parser.add_argument("--trials", type=int, default=5, help="timed trials per measurement, after warm-up")
+    phase_entry(PROFILE_FINETUNE, parser, lambda run_dir, args: profile_layers(run_dir, args.trials), argv)
+
+
+if __name__ == "__main__":
+    main()
+    exit_now()
