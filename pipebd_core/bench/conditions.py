@@ -77,6 +77,6 @@ class LoadMeter(CpuWindow):
 
     def load(self) -> Load:
         window = self.close()
-        others = window["node_busy_s"] - window["own_s"]
-        cores = max(0.0, others) / window["wall_s"] if window["wall_s"] > 0 else 0.0
-        return Load(wall_s=window["wall_s"], other_cores=cores, shared=cores > SHARED_CORES)
+        others = window.node_busy_s - window.own_s
+        cores = max(0.0, others) / window.wall_s if window.wall_s > 0 else 0.0
+        return Load(wall_s=window.wall_s, other_cores=cores, shared=cores > SHARED_CORES)

@@ -30,8 +30,8 @@ import importlib
 import itertools
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 import psutil
@@ -51,7 +51,7 @@ from pipebd_core.rank.students import StudentBlock
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from pipebd_core.workloads.candidates import Candidates, replaced_layer
-from pipebd_core.workloads.probe import block_input, probe_workload
+from pipebd_core.workloads.probe import BlockProbe, block_input, probe_workload
 from pipebd_core.workloads.workload import Workload, build_workload
 
 MAX_REMEASURES = 2  # extra attempts at a measurement whose trials disagree
@@ -73,6 +73,55 @@ class Trials:
         return Trials([sample * factor for sample in self.samples], self.remeasured)
 
 
+@dataclass
+class BlockMeasurement:
+    """One block at one batch on one rank: its timed trials, and the bytes it keeps and sends."""
+
+    teacher: Trials  # the teacher's forward
+    student: Trials  # the student's forward, backward and update (a weight round)
+    saved_bytes: int  # what the student's backward keeps alive
+    output_bytes_per_sample: int  # the block's output, per sample
+    student_arch: Trials | None = None  # a supernet: its architecture round
+    candidate_forward: list[Trials] = field(default_factory=list)  # a search's block (full batch): each candidate
+    layer_forward: Trials | None = None  # ... and the teacher layer it replaces, alone
+    student_peak_bytes: int | None = None  # CUDA: the student step's peak memory
+
+
+@dataclass
+class CpuUse:
+    """CPU seconds while a rank measured: wall time, the whole node's busy time, this rank's own."""
+
+    wall_s: float
+    node_busy_s: float
+    own_s: float
+
+
+@dataclass
+class RankLoad:
+    """What else ran while a rank measured: CPU use, and other processes on its GPU (None on CPU, or unknown)."""
+
+    cpu: CpuUse
+    gpu_others: list[int] | None
+
+
+@dataclass
+class RankMeasurements:
+    """Everything one rank measured, as raw trials: what it sends rank 0 to pool (all_gather_object)."""
+
+    probe: BlockProbe
+    batches: list[int]
+    blocks: dict[tuple[int, int], BlockMeasurement]  # by (block, batch)
+    data: dict[int, Trials]  # by batch
+    p2p: dict[tuple[int, int], Trials]  # by (boundary, batch)
+    inter: list[tuple[int, float]]  # (bytes, one-way seconds) of sends to another node; rank 0 only
+    allreduce: dict[tuple[int, int], Trials]  # by (group size, block)
+    replicated: dict[tuple[int, int], Trials]  # by (group size, block)
+    param_counts: list[int]
+    baseline_bytes: int
+    input_bytes_per_sample: int
+    load: RankLoad
+
+
 def timed(fn: Callable[[], Any], trials: int, device: torch.device) -> Trials:
     """`trials` timed calls; taken again (at most MAX_REMEASURES times) while they disagree, keeping the
     steadiest attempt."""
@@ -84,7 +133,7 @@ def timed(fn: Callable[[], Any], trials: int, device: torch.device) -> Trials:
 
 def measure_block(
     workload: Workload, index: int, spec: Spec, x: torch.Tensor, trials: int, device: torch.device
-) -> dict[str, Any]:
+) -> BlockMeasurement:
     """Teacher forward and student step times of one block on the batch `x`, as the runtime runs them."""
     teacher = workload.teacher_blocks[index]
     batch = len(x)
@@ -103,26 +152,26 @@ def measure_block(
         student.loss(x, target).backward()
         student.update(round_, spec.train.lr)
 
-    result = {
-        "teacher": timed(teacher_step, trials, device),
-        "student": timed(functools.partial(student_step, "weights"), trials, device),
-        "saved_bytes": saved_bytes(student.module, x),
-        "output_bytes_per_sample": target.numel() * target.element_size() // batch,
-    }
+    result = BlockMeasurement(
+        teacher=timed(teacher_step, trials, device),
+        student=timed(functools.partial(student_step, "weights"), trials, device),
+        saved_bytes=saved_bytes(student.module, x),
+        output_bytes_per_sample=target.numel() * target.element_size() // batch,
+    )
     if student.supernet is not None:
-        result["student_arch"] = timed(functools.partial(student_step, "arch"), trials, device)
+        result.student_arch = timed(functools.partial(student_step, "arch"), trials, device)
     if isinstance(module, Candidates) and len(module.options) > 1 and batch == spec.data.batch_size:
-        result.update(measure_candidates(module, teacher, x, trials, device))
+        result.candidate_forward, result.layer_forward = measure_candidates(module, teacher, x, trials, device)
     if device.type == "cuda":
-        result["student_peak_bytes"] = cuda_peak_bytes(functools.partial(student_step, "weights"), device)
+        result.student_peak_bytes = cuda_peak_bytes(functools.partial(student_step, "weights"), device)
     return result
 
 
 def measure_candidates(
     student: Candidates, teacher: nn.Module, x: torch.Tensor, trials: int, device: torch.device
-) -> dict[str, Any]:
-    """A search's block: each candidate's forward (`candidate<i>`) and the teacher layer's alone (`layer`),
-    all on the hidden state the block's prefix (block 0's embedding) makes of `x`."""
+) -> tuple[list[Trials], Trials]:
+    """A search's block: each candidate's forward and the teacher layer's alone, all on the hidden state
+    the block's prefix (block 0's embedding) makes of `x`."""
     layer = replaced_layer(teacher)
     with torch.no_grad():
         hidden = student.prepare(x)
@@ -134,10 +183,8 @@ def measure_candidates(
 
         return run
 
-    result: dict[str, Any] = {
-        f"candidate{c}": timed(forward(option), trials, device) for c, option in enumerate(student.options)
-    }
-    return {**result, "candidates": len(student.options), "layer": timed(forward(layer), trials, device)}
+    candidates = [timed(forward(option), trials, device) for option in student.options]
+    return candidates, timed(forward(layer), trials, device)
 
 
 def cuda_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
@@ -285,12 +332,12 @@ class CpuWindow:
     def open(cls) -> Self:
         return cls(time.monotonic(), node_busy_seconds(), cls.own_seconds())
 
-    def close(self) -> dict[str, float]:
-        return {
-            "wall_s": time.monotonic() - self.started,
-            "node_busy_s": node_busy_seconds() - self.node_busy_s,
-            "own_s": self.own_seconds() - self.own_s,
-        }
+    def close(self) -> CpuUse:
+        return CpuUse(
+            wall_s=time.monotonic() - self.started,
+            node_busy_s=node_busy_seconds() - self.node_busy_s,
+            own_s=self.own_seconds() - self.own_s,
+        )
 
 
 def node_busy_seconds() -> float:
@@ -317,7 +364,7 @@ def other_gpu_processes(device: torch.device) -> list[int] | None:
     return sorted(int(process.pid) for process in running if process.pid != os.getpid())
 
 
-def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any]:
+def measure_rank(spec: Spec, device: torch.device, trials: int) -> RankMeasurements:
     """Everything this rank measures; raw trial lists so rank 0 can pool them."""
     window = CpuWindow.open()
     workload = build_workload(spec)
@@ -325,7 +372,7 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any
     probe = probe_workload(workload, sample)
     batches = profile_batch_sizes(spec.data.batch_size, spec.schedule.world_size)
     per_node, nodes = spec.schedule.nproc, spec.schedule.nodes
-    blocks: dict[tuple[int, int], dict[str, Any]] = {}
+    blocks: dict[tuple[int, int], BlockMeasurement] = {}
     for index, teacher in enumerate(workload.teacher_blocks):
         teacher.to(device)
         for batch in batches:
@@ -335,20 +382,25 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> dict[str, Any
         teacher.cpu()
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     param_counts = [sum(p.numel() for p in s.parameters()) for s in workload.student_blocks]
-    measured = {
-        "probe": probe.to_json(),
-        "batches": batches,
-        "blocks": blocks,
-        "data": measure_data(spec, batches, trials, device),
-        "p2p": measure_p2p(probe.shapes, batches, trials, device, per_node) if distributed else {},
-        "inter": measure_inter_node(probe.shapes, batches, trials, device, per_node) if nodes > 1 else [],
-        "allreduce": measure_all_reduce(param_counts, trials, device) if distributed else {},
-        "replicated": measure_replicated(workload, spec, probe, sample.dtype, trials, device) if distributed else {},
-        "param_counts": param_counts,
-        "baseline_bytes": baseline_memory_bytes(device),
-        "input_bytes_per_sample": sample.numel() * sample.element_size(),
-    }
-    return {**measured, "cpu": window.close(), "gpu_others": other_gpu_processes(device)}
+    data = measure_data(spec, batches, trials, device)
+    p2p = measure_p2p(probe.shapes, batches, trials, device, per_node) if distributed else {}
+    inter = measure_inter_node(probe.shapes, batches, trials, device, per_node) if nodes > 1 else []
+    allreduce = measure_all_reduce(param_counts, trials, device) if distributed else {}
+    replicated = measure_replicated(workload, spec, probe, sample.dtype, trials, device) if distributed else {}
+    return RankMeasurements(
+        probe=probe,
+        batches=batches,
+        blocks=blocks,
+        data=data,
+        p2p=p2p,
+        inter=inter,
+        allreduce=allreduce,
+        replicated=replicated,
+        param_counts=param_counts,
+        baseline_bytes=baseline_memory_bytes(device),
+        input_bytes_per_sample=sample.numel() * sample.element_size(),
+        load=RankLoad(window.close(), other_gpu_processes(device)),
+    )
 
 
 def baseline_memory_bytes(device: torch.device) -> int:
@@ -358,41 +410,51 @@ def baseline_memory_bytes(device: torch.device) -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -> Profile:
+def pooled(found: Iterable[Trials | None]) -> Timing:
+    """The trials every rank took of one measurement, pooled (a zero timing where no rank took it)."""
+    trials = [trial for trial in found if trial is not None]
+    samples = [sample for trial in trials for sample in trial.samples]
+    if not samples:
+        return Timing(median=0.0)
+    return summarise(samples, max(trial.remeasured for trial in trials))
+
+
+def pool(measurements: list[RankMeasurements], spec: Spec, device: torch.device) -> Profile:
     """Combine every rank's trials into one profile document."""
     first = measurements[0]
-    batches: list[int] = first["batches"]
-    probe = first["probe"]
+    batches = first.batches
+    probe = first.probe
     world = spec.schedule.world_size
 
-    def pooled(section: str, key: Any, field: str | None = None) -> Timing:
-        found = [m[section][key] for m in measurements if key in m[section]]
-        trials = [trial for entry in found if (trial := entry.get(field) if field else entry) is not None]
-        samples = [sample for trial in trials for sample in trial.samples]
-        if not samples:
-            return Timing(median=0.0)
-        return summarise(samples, max(trial.remeasured for trial in trials))
+    def block(index: int, batch: int) -> list[BlockMeasurement]:
+        return [m.blocks[(index, batch)] for m in measurements if (index, batch) in m.blocks]
+
+    def by_group(index: int, section: Callable[[RankMeasurements], dict[tuple[int, int], Trials]]) -> dict[int, Timing]:
+        return {k: pooled(section(m).get((k, index)) for m in measurements) for k in range(2, world + 1)}
 
     blocks = [
         BlockProfile(
-            teacher_s={b: pooled("blocks", (index, b), "teacher") for b in batches},
-            student_s={b: pooled("blocks", (index, b), "student") for b in batches},
-            student_arch_s={b: pooled("blocks", (index, b), "student_arch") for b in batches},
-            saved_bytes={b: first["blocks"][(index, b)]["saved_bytes"] for b in batches},
+            teacher_s={b: pooled(found.teacher for found in block(index, b)) for b in batches},
+            student_s={b: pooled(found.student for found in block(index, b)) for b in batches},
+            student_arch_s={b: pooled(found.student_arch for found in block(index, b)) for b in batches},
+            saved_bytes={b: first.blocks[(index, b)].saved_bytes for b in batches},
             student_peak_bytes=peak_bytes(measurements, index, batches),
-            teacher_param_bytes=4 * probe["teacher_params"][index],
-            student_param_bytes=4 * probe["student_params"][index],
-            allreduce_s={k: pooled("allreduce", (k, index)) for k in range(2, world + 1)},
-            student_group_s={k: pooled("replicated", (k, index)) for k in range(2, world + 1)},
-            **candidate_timings(measurements, index, batches[0], pooled),
+            teacher_param_bytes=4 * probe.teacher_params[index],
+            student_param_bytes=4 * probe.student_params[index],
+            allreduce_s=by_group(index, lambda m: m.allreduce),
+            student_group_s=by_group(index, lambda m: m.replicated),
+            candidate_forward_s=candidate_timings(block(index, batches[0])),
+            layer_forward_s=pooled(found.layer_forward for found in block(index, batches[0]))
+            if first.blocks[(index, batches[0])].candidate_forward
+            else None,
         )
-        for index in range(len(probe["teacher_flops"]))
+        for index in range(len(probe.teacher_flops))
     ]
-    boundaries = range(len(probe["shapes"]))
-    p2p_s = [{b: pooled("p2p", (i, b)) for b in batches} for i in boundaries]
+    boundaries = range(len(probe.shapes))
+    p2p_s = [{b: pooled(m.p2p.get((i, b)) for m in measurements) for b in batches} for i in boundaries]
     boundary_bytes = [
-        first["input_bytes_per_sample"],
-        *(first["blocks"][(index, batches[0])]["output_bytes_per_sample"] for index in range(len(blocks))),
+        first.input_bytes_per_sample,
+        *(first.blocks[(index, batches[0])].output_bytes_per_sample for index in range(len(blocks))),
     ]
     return Profile(
         nproc=world,
@@ -401,29 +463,24 @@ def pool(measurements: list[dict[str, Any]], spec: Spec, device: torch.device) -
         batch_sizes=batches,
         device=device_name(device),
         device_memory_bytes=device_memory_bytes(device, spec.schedule.nproc),  # ranks of one node share it
-        baseline_bytes=max(m["baseline_bytes"] for m in measurements),
-        shapes=probe["shapes"],
+        baseline_bytes=max(m.baseline_bytes for m in measurements),
+        shapes=probe.shapes,
         boundary_bytes_per_sample=boundary_bytes,
         blocks=blocks,
-        data_s={b: pooled("data", b) for b in batches},
+        data_s={b: pooled(m.data.get(b) for m in measurements) for b in batches},
         p2p_s=p2p_s,
-        links=links(p2p_s, boundary_bytes, first["inter"]),
+        links=links(p2p_s, boundary_bytes, first.inter),
         measured_at=time.time(),
-        conditions=conditions(measurements),
+        conditions=conditions([m.load for m in measurements]),
     )
 
 
-def candidate_timings(
-    measurements: list[dict[str, Any]], index: int, batch: int, pooled: Callable[..., Timing]
-) -> dict[str, Any]:
-    """A search's block: its candidates' and its teacher layer's pooled forward times (none otherwise)."""
-    count = measurements[0]["blocks"][(index, batch)].get("candidates", 0)
-    if not count:
-        return {}
-    return {
-        "candidate_forward_s": [pooled("blocks", (index, batch), f"candidate{c}") for c in range(count)],
-        "layer_forward_s": pooled("blocks", (index, batch), "layer"),
-    }
+def candidate_timings(found: list[BlockMeasurement]) -> list[Timing]:
+    """A search's block: each candidate's pooled forward time, as the first rank counts them (none otherwise)."""
+    count = len(found[0].candidate_forward) if found else 0
+    return [
+        pooled(m.candidate_forward[c] if c < len(m.candidate_forward) else None for m in found) for c in range(count)
+    ]
 
 
 def links(
@@ -441,12 +498,12 @@ def links(
     return {name: fit for name, fit in fits.items() if fit is not None}
 
 
-def conditions(measurements: list[dict[str, Any]]) -> Conditions:
+def conditions(loads: list[RankLoad]) -> Conditions:
     """Under what load the profile was taken: other processes' CPU use on the node (in cores, while the
     ranks measured), the node's load average, and other processes on each rank's GPU."""
-    wall = max(m["cpu"]["wall_s"] for m in measurements)
-    others = measurements[0]["cpu"]["node_busy_s"] - sum(m["cpu"]["own_s"] for m in measurements)
-    gpu = [m["gpu_others"] for m in measurements]
+    wall = max(load.cpu.wall_s for load in loads)
+    others = loads[0].cpu.node_busy_s - sum(load.cpu.own_s for load in loads)
+    gpu = [load.gpu_others for load in loads]
     return Conditions(
         cpus=psutil.cpu_count() or 1,
         other_cpu_cores=max(0.0, others) / wall if wall > 0 else 0.0,
@@ -456,12 +513,13 @@ def conditions(measurements: list[dict[str, Any]]) -> Conditions:
     )
 
 
-def peak_bytes(measurements: list[dict[str, Any]], index: int, batches: list[int]) -> dict[int, int] | None:
+def peak_bytes(measurements: list[RankMeasurements], index: int, batches: list[int]) -> dict[int, int] | None:
     """`student_peak_bytes` per batch (the largest any rank saw), where the ranks measured it (CUDA)."""
-    found = [m["blocks"][(index, b)].get("student_peak_bytes") for m in measurements for b in batches]
-    if any(value is None for value in found):
+    found = {b: [m.blocks[(index, b)].student_peak_bytes for m in measurements] for b in batches}
+    peaks = {b: [value for value in values if value is not None] for b, values in found.items()}
+    if any(len(peaks[b]) < len(found[b]) for b in batches):
         return None
-    return {b: max(m["blocks"][(index, b)]["student_peak_bytes"] for m in measurements) for b in batches}
+    return {b: max(values) for b, values in peaks.items()}
 
 
 def device_name(device: torch.device) -> str:

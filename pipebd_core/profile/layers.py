@@ -25,6 +25,8 @@ import functools
 import os
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -48,12 +50,41 @@ from pipebd_core.spec import Spec
 P2P_MAX_ELEMENTS = 2**24  # larger tensors (a big layer's weight) are costed by scaling the largest measured
 
 
-def layer_batches(spec: Spec) -> dict[str, int]:
+def layer_batches(spec: Spec) -> LayerBatches:
     """The batches a finetune plan can give a layer: one micro-batch, and the largest DDP shard."""
     tune, view = spec.finetune, finetune_view(spec)
     assert tune is not None
     batch, nproc = view.data.batch_size, spec.schedule.nproc
-    return {"microbatch": max(1, batch // tune.microbatches), "shard": -(-batch // nproc)}
+    return LayerBatches(microbatch=max(1, batch // tune.microbatches), shard=-(-batch // nproc))
+
+
+@dataclass
+class LayerTrials:
+    """One layer at one batch on one rank: the timed trials of its parts (seconds) and its sizes (bytes)."""
+
+    F: list[float]
+    B: list[float]
+    I: list[float]  # noqa: E741 (the input-gradient backward, named as F, B and W are)
+    W: list[float]
+    optim: list[float]
+    saved_bytes: int
+    output_bytes_per_sample: int
+    input_bytes_per_sample: int
+    param_bytes: int
+    weight_bytes: int
+    I_kernel: list[float] | None = None  # a splittable layer's input gradient, whole
+    I_halves: list[float] | None = None  # ... and in two channel halves, put back together
+
+
+@dataclass
+class LayerRankMeasurements:
+    """Everything one rank measured, as raw trials: what it sends rank 0 to pool (all_gather_object)."""
+
+    batches: LayerBatches
+    layers: dict[str, list[LayerTrials]]  # per batch ("microbatch", "shard"), per layer
+    co_run: list[float]  # rank 0's seconds of a whole step while k = 1 .. N ranks run it ([] alone)
+    p2p: dict[int, list[float]]  # one-way seconds per tensor size (float32 elements)
+    allreduce: list[float]  # the whole network's gradients
 
 
 def measure_layer(
@@ -64,7 +95,7 @@ def measure_layer(
     device: torch.device,
     first: bool,
     dtype: torch.dtype = torch.float32,
-) -> dict[str, Any]:
+) -> LayerTrials:
     """F, B, I and W of one layer at one batch, as the strategies run them (`first`: its input is the data,
     of `dtype`: token ids are zeros, which cost what any ids do)."""
     layer = copy.deepcopy(layer).to(device).train()
@@ -80,30 +111,35 @@ def measure_layer(
         layer(x)
 
     backward = output.requires_grad
-    result = {
-        "F": timed_once(forward, trials, device),
-        "B": timed_backward(layer, x, grad, trials, device) if backward else [0.0] * trials,
-        "saved_bytes": saved_bytes(layer, x) if trainable else 0,
-    }
+    forward_s = timed_once(forward, trials, device)
+    backward_s = timed_backward(layer, x, grad, trials, device) if backward else [0.0] * trials
+    kept = saved_bytes(layer, x) if trainable else 0
     weights = defer_weight_gradients(layer)
-    result["I"] = timed_backward(layer, x, grad, trials, device) if backward else [0.0] * trials
+    input_s = timed_backward(layer, x, grad, trials, device) if backward else [0.0] * trials
     weights.run()  # what the timed input passes kept: flushed, untimed
-    result["W"] = [0.0] * trials
+    weight_s = [0.0] * trials
     if weights.layers:  # one kept micro-batch per W, as the zero-bubble lists mostly run them
-        result["W"] = [_w_time(layer, weights, x, grad, device) for _ in range(WARMUP + trials)][WARMUP:]
+        weight_s = [_w_time(layer, weights, x, grad, device) for _ in range(WARMUP + trials)][WARMUP:]
     weights.restore()
-    if not first and (split_channels(layer) or 0) > 1:
-        result.update(measure_split(layer, x, grad, trials, device))
+    split = measure_split(layer, x, grad, trials, device) if not first and (split_channels(layer) or 0) > 1 else None
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.01, momentum=0.9) if trainable else None
     if backward:
         layer(x).backward(grad)
-    result["optim"] = timed_once(optimizer.step, trials, device) if optimizer else [0.0] * trials
-    result["output_bytes_per_sample"] = output[0].numel() * output.element_size()
-    result["input_bytes_per_sample"] = x[0].numel() * x.element_size()
-    result["param_bytes"] = sum(p.numel() * p.element_size() for p in layer.parameters())
     weight = getattr(layer, "weight", None)
-    result["weight_bytes"] = weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else 0
-    return result
+    return LayerTrials(
+        F=forward_s,
+        B=backward_s,
+        I=input_s,
+        W=weight_s,
+        optim=timed_once(optimizer.step, trials, device) if optimizer else [0.0] * trials,
+        saved_bytes=kept,
+        output_bytes_per_sample=output[0].numel() * output.element_size(),
+        input_bytes_per_sample=x[0].numel() * x.element_size(),
+        param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
+        weight_bytes=weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else 0,
+        I_kernel=split[0] if split else None,
+        I_halves=split[1] if split else None,
+    )
 
 
 def timed_backward(
@@ -126,7 +162,7 @@ def timed_backward(
 
 def measure_split(
     layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, trials: int, device: torch.device
-) -> dict[str, list[float]]:
+) -> tuple[list[float], list[float]]:
     """The input-gradient kernel of a splittable layer whole, and in two channel halves concatenated."""
     weight, channels = weight_of(layer).detach(), split_channels(layer)
     assert channels is not None
@@ -143,7 +179,7 @@ def measure_split(
             second = input_gradient(layer, weight[:, half:], grad, shapes[1])
             torch.cat([first, second], dim=channel_dim(layer))
 
-    return {"I_kernel": timed_once(whole, trials, device), "I_halves": timed_once(halves, trials, device)}
+    return timed_once(whole, trials, device), timed_once(halves, trials, device)
 
 
 def _w_time(layer: nn.Module, weights: Any, x: torch.Tensor, grad: torch.Tensor, device: torch.device) -> float:
@@ -210,66 +246,71 @@ def measure_rank(
     trials: int,
     device: torch.device,
     data_dtype: torch.dtype = torch.float32,
-) -> dict[str, Any]:
+) -> LayerRankMeasurements:
     batches = layer_batches(spec)
     layers = {
         name: [
             measure_layer(layer, shapes[i], batch, trials, device, i == 0, data_dtype if i == 0 else torch.float32)
             for i, layer in enumerate(network.layers)
         ]
-        for name, batch in batches.items()
+        for name, batch in (("microbatch", batches.microbatch), ("shard", batches.shard))
     }
     distributed = dist.is_initialized() and dist.get_world_size() > 1
-    sizes = {batches["microbatch"] * max(1, torch.Size(shape).numel()) for shape in shapes[1:-1]}
+    sizes = {batches.microbatch * max(1, torch.Size(shape).numel()) for shape in shapes[1:-1]}
     sizes |= {min(P2P_MAX_ELEMENTS, weight_of(layer).numel()) for layer in network.layers[1:] if split_channels(layer)}
     params = sum(p.numel() for p in network.model.parameters())
     flat = torch.zeros(max(1, params), device=device)
-    microbatch = batches["microbatch"]
+    microbatch = batches.microbatch
     co_run = measure_co_run(network, shapes[0], microbatch, trials, device, data_dtype) if distributed else []
-    return {
-        "batches": batches,
-        "layers": layers,
-        "co_run": co_run,
-        "p2p": measure_p2p(sorted(sizes), trials, device) if distributed else {},
-        "allreduce": timed_once(functools.partial(dist.all_reduce, flat), trials, device) if distributed else [],
-    }
+    p2p = measure_p2p(sorted(sizes), trials, device) if distributed else {}
+    allreduce = timed_once(functools.partial(dist.all_reduce, flat), trials, device) if distributed else []
+    return LayerRankMeasurements(batches=batches, layers=layers, co_run=co_run, p2p=p2p, allreduce=allreduce)
 
 
-TIMED = ("F", "B", "I", "W", "optim", "I_kernel", "I_halves")  # per layer and batch, in seconds
-
-
-def pool(measured: list[dict[str, Any]], spec: Spec, device: torch.device, shapes: list[list[int]]) -> LayerProfile:
+def pool(
+    measured: list[LayerRankMeasurements], spec: Spec, device: torch.device, shapes: list[list[int]]
+) -> LayerProfile:
     """Every rank's trials combined into one profile."""
     first = measured[0]
 
     def times(batch: str, index: int) -> LayerTimes:
-        mine = first["layers"][batch][index]
-        timed = {
-            key: summarise([t for m in measured for t in m["layers"][batch][index][key]])
-            for key in TIMED
-            if key in mine
-        }
-        return LayerTimes(**timed, saved_bytes=mine["saved_bytes"])
+        found = [m.layers[batch][index] for m in measured]
+        mine = found[0]
+
+        def pooled(part: Callable[[LayerTrials], list[float] | None]) -> Timing:
+            return summarise([t for trials in found for t in part(trials) or []])
+
+        split = mine.I_kernel is not None
+        return LayerTimes(
+            F=pooled(lambda t: t.F),
+            B=pooled(lambda t: t.B),
+            I=pooled(lambda t: t.I),
+            W=pooled(lambda t: t.W),
+            optim=pooled(lambda t: t.optim),
+            I_kernel=pooled(lambda t: t.I_kernel) if split else None,
+            I_halves=pooled(lambda t: t.I_halves) if mine.I_halves is not None else None,
+            saved_bytes=mine.saved_bytes,
+        )
 
     layers = []
-    for index in range(len(first["layers"]["microbatch"])):
-        sizes = first["layers"]["microbatch"][index]
+    for index in range(len(first.layers["microbatch"])):
+        sizes = first.layers["microbatch"][index]
         layers.append(
             LayerProfileEntry(
                 microbatch=times("microbatch", index),
                 shard=times("shard", index),
-                output_bytes_per_sample=sizes["output_bytes_per_sample"],
-                input_bytes_per_sample=sizes["input_bytes_per_sample"],
-                param_bytes=sizes["param_bytes"],
-                weight_bytes=sizes["weight_bytes"],
+                output_bytes_per_sample=sizes.output_bytes_per_sample,
+                input_bytes_per_sample=sizes.input_bytes_per_sample,
+                param_bytes=sizes.param_bytes,
+                weight_bytes=sizes.weight_bytes,
             )
         )
-    p2p = {size: summarise([t for m in measured for t in m["p2p"].get(size, [])]) for size in first["p2p"]}
-    allreduce = [t for m in measured for t in m["allreduce"]]
-    alone, *together = first["co_run"] or [1.0]
+    p2p = {size: summarise([t for m in measured for t in m.p2p.get(size, [])]) for size in first.p2p}
+    allreduce = [t for m in measured for t in m.allreduce]
+    alone, *together = first.co_run or [1.0]
     return LayerProfile(
         nproc=spec.schedule.nproc,
-        batches=LayerBatches(**first["batches"]),
+        batches=first.batches,
         device="cpu" if device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(device)}",
         device_memory_bytes=_device_memory(device, spec.schedule.nproc),
         shapes=shapes,

@@ -33,7 +33,7 @@ from pipebd_core.planning.distill_costmodel import CostModel
 from pipebd_core.planning.distill_planner import resolve_plan
 from pipebd_core.planning.distill_simulate import simulate
 from pipebd_core.planning.trust import assess
-from pipebd_core.profile.blocks import MAX_REMEASURES, conditions, spread_of, timed
+from pipebd_core.profile.blocks import MAX_REMEASURES, CpuUse, RankLoad, conditions, spread_of, timed
 from pipebd_core.profile.measure import NOISY_SPREAD
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
@@ -78,8 +78,8 @@ def test_trust_names_what_stays_noisy_the_load_and_the_age() -> None:
 
 def test_conditions_count_what_other_processes_used_while_the_ranks_measured() -> None:
     ranks = [
-        {"cpu": {"wall_s": 10.0, "node_busy_s": 32.0, "own_s": 10.0}, "gpu_others": None},
-        {"cpu": {"wall_s": 9.5, "node_busy_s": 31.0, "own_s": 10.0}, "gpu_others": None},
+        RankLoad(CpuUse(wall_s=10.0, node_busy_s=32.0, own_s=10.0), gpu_others=None),
+        RankLoad(CpuUse(wall_s=9.5, node_busy_s=31.0, own_s=10.0), gpu_others=None),
     ]
     measured = conditions(ranks)  # the node was busy 32 s, the ranks 20 s of it: 1.2 cores of others
     assert measured.other_cpu_cores == pytest.approx(1.2) and measured.gpu_other_processes is None
