@@ -33,7 +33,7 @@ from pipebd_core.data.batches import labelled_batches
 from pipebd_core.data.datasets import build_dataset
 from pipebd_core.data.streams import shard_rows
 from pipebd_core.documents.phases import FINETUNE
-from pipebd_core.documents.telemetry import EvalLine, FinetuneLine
+from pipebd_core.documents.telemetry import Action, EvalLine, FinetuneLine
 from pipebd_core.finetune.moved import stage_shares
 from pipebd_core.finetune.pipeline import Segment, make_schedule, make_stage, timed_waits
 from pipebd_core.finetune.plan import TrainPlan
@@ -82,6 +82,23 @@ def make_loss(spec: Spec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor
         return alpha * F.cross_entropy(logits, labels) + (1 - alpha) * temperature**2 * soft
 
     return kd
+
+
+@dataclass
+class StepResult:
+    """What one training step of this rank measured: its segments and optimizer seconds (the line's
+    `times`, with the idle rest), and the other fields of its telemetry line (None: not this rank's)."""
+
+    segments: list[Segment]  # what the step computed and waited for, in perf_counter seconds
+    optim_s: float
+    timeline: list[Action]  # the segments (and DDP's all-reduce spans), from the step's start
+    loss: float | None = None  # where the rank has the loss: DDP, a pipeline's last stage
+    acc: float | None = None
+    samples: int | None = None
+    allreduce_span: float | None = None  # DDP
+    w_calls: int | None = None  # a pipeline
+    moved_combined: int | None = None  # a pipeline
+    moved_computed: int | None = None
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -180,15 +197,15 @@ class Trainer:
         finally:
             self.telemetry.close()
 
-    def step(self, step: int) -> dict[str, Any]:
+    def step(self, step: int) -> StepResult:
         raise NotImplementedError
 
-    def record(self, step: int, result: dict[str, Any], started: float, done: int, total: int) -> None:
+    def record(self, step: int, result: StepResult, started: float, done: int, total: int) -> None:
         elapsed = time.perf_counter() - started
         times = dict.fromkeys(TIMES, 0.0)
-        for segment in result.pop("segments"):
+        for segment in result.segments:
             times[segment.kind] += segment.end - segment.start
-        times.update(result.pop("times"))
+        times["optim"] = result.optim_s
         times["idle"] = max(0.0, elapsed - sum(times.values()))
         memory = current_memory_bytes(self.ctx.device)
         line = FinetuneLine(
@@ -203,7 +220,14 @@ class Trainer:
             done=done,
             total=total,
             skipped=self.ctx.start_step,
-            **result,
+            samples=result.samples,
+            loss=result.loss,
+            acc=result.acc,
+            timeline=result.timeline,
+            allreduce_span=result.allreduce_span,
+            w_calls=result.w_calls,
+            moved_combined=result.moved_combined,
+            moved_computed=result.moved_computed,
         )
         self.telemetry.write(line)
 
@@ -262,7 +286,7 @@ class DDPTrainer(Trainer):
             self.model.register_comm_hook(self.reduce_spans, timed_all_reduce)
         self.loader = ctx.batches(self.rows)
 
-    def step(self, step: int) -> dict[str, Any]:
+    def step(self, step: int) -> StepResult:
         key, inputs, labels = next(self.loader)
         assert key == step, f"the loader is at step {key}, the trainer at {step}"
         self.reduce_spans.clear()
@@ -277,16 +301,16 @@ class DDPTrainer(Trainer):
         optim_end = time.perf_counter()
         segments = [Segment("F", 0, start, forward_end), Segment("B", 0, forward_end, backward_end)]
         spans = self.reduce_spans
-        return {
-            "loss": float(loss),
-            "acc": accuracy(logits, labels),
-            "samples": len(labels),
-            "segments": segments,
-            "times": {"optim": optim_end - backward_end},
+        return StepResult(
+            segments=segments,
+            optim_s=optim_end - backward_end,
+            timeline=timeline(segments + spans, start),
+            loss=float(loss),
+            acc=accuracy(logits, labels),
+            samples=len(labels),
             # the gradient buckets' all-reduce runs during the backward (B waits for its end): its span
-            "allreduce_span": (max(s.end for s in spans) - min(s.start for s in spans)) if spans else 0.0,
-            "timeline": [s.to_json() for s in rebased(segments + spans, start)],
-        }
+            allreduce_span=(max(s.end for s in spans) - min(s.start for s in spans)) if spans else 0.0,
+        )
 
 
 def timed_all_reduce(spans, bucket):
@@ -304,8 +328,9 @@ def timed_all_reduce(spans, bucket):
     return future.then(done)
 
 
-def rebased(segments: list[Segment], start: float) -> list[Segment]:
-    return [Segment(s.kind, s.microbatch, s.start - start, s.end - start) for s in segments]
+def timeline(segments: list[Segment], start: float) -> list[Action]:
+    """The segments as the telemetry line's actions, in seconds from the step's `start`."""
+    return [(s.kind, s.microbatch, s.start - start, s.end - start) for s in segments]
 
 
 class PipelineTrainer(Trainer):
@@ -325,7 +350,7 @@ class PipelineTrainer(Trainer):
         loads = self.first or self.last
         self.loader = ctx.batches((0, ctx.plan.batch_size)) if loads else None
 
-    def step(self, step: int) -> dict[str, Any]:
+    def step(self, step: int) -> StepResult:
         stage, inputs, labels = self.stage, None, None
         if self.loader is not None:
             key, inputs, labels = next(self.loader)
@@ -334,41 +359,35 @@ class PipelineTrainer(Trainer):
         start = time.perf_counter()
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.first else ()
-        kwargs: dict[str, Any] = {}
+        target = None
         if self.last:
             assert inputs is not None and labels is not None
-            kwargs = {"target": self.ctx.target(inputs, labels), "losses": losses}
+            target = self.ctx.target(inputs, labels)
         with timed_waits(stage):
-            output = self.schedule.step(*args, **kwargs)
+            output = self.schedule.step(*args, target=target, losses=losses) if self.last else self.schedule.step(*args)
         if self.weights is not None:
             self.weights.run()  # nothing is left once every W ran; kept for schedules that end on an I
         optim_start = time.perf_counter()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        result: dict[str, Any] = {
-            "segments": list(stage.segments),
-            "times": {"optim": time.perf_counter() - optim_start},
-            "timeline": [s.to_json() for s in rebased(stage.segments, start)],
-            "w_calls": self.weights.calls if self.weights is not None else 0,
-            **self.moved_counts(),
-        }
+        optim_s = time.perf_counter() - optim_start
+        # micro-batches so far whose moved delta share this rank combined (as the owner of the boundary
+        # layer) and computed (as the next stage): how the tests see that a move ran
+        gives, takes = self.shares
+        result = StepResult(
+            segments=list(stage.segments),
+            optim_s=optim_s,
+            timeline=timeline(stage.segments, start),
+            w_calls=self.weights.calls if self.weights is not None else 0,
+            moved_combined=gives.combined if gives is not None else 0,
+            moved_computed=takes.computed if takes is not None else 0,
+        )
         if self.last:
             assert labels is not None
-            result.update(
-                loss=float(torch.stack(losses).detach().mean()),
-                acc=accuracy(output, labels),
-                samples=len(labels),
-            )
+            result.loss = float(torch.stack(losses).detach().mean())
+            result.acc = accuracy(output, labels)
+            result.samples = len(labels)
         return result
-
-    def moved_counts(self) -> dict[str, int]:
-        """Micro-batches so far whose moved delta share this rank combined (as the owner of the boundary
-        layer) and computed (as the next stage): how the tests see that a move ran."""
-        gives, takes = self.shares
-        return {
-            "moved_combined": gives.combined if gives is not None else 0,
-            "moved_computed": takes.computed if takes is not None else 0,
-        }
 
 
 def build_context(run_dir: RunDir, rank: int, world: int, device: torch.device) -> Context:
