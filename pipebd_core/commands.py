@@ -251,8 +251,8 @@ def command_profile(args: argparse.Namespace) -> int:
             spread = max(teacher.spread, student.spread)
             print(f"{index:5} {batch:5} {teacher.median * 1e3:11.2f} {student.median * 1e3:11.2f} {spread:7.0%}")
     trust = assess(profile)
-    print("profile: " + ("trusted" if trust["trusted"] else ", ".join(trust["flags"]).upper()))
-    for message in trust["messages"]:
+    print("profile: " + ("trusted" if trust.trusted else ", ".join(trust.flags).upper()))
+    for message in trust.messages:
         print(f"  {message}")
     return 0
 
@@ -318,13 +318,13 @@ def command_plan(args: argparse.Namespace) -> int:
         "crossing_routes": [route.to_json() for route in crossing],  # the best plan's sends between nodes
     }
     trust = assess(profile)
-    report_["profile_trust"] = trust
+    report_["profile_trust"] = trust.model_dump(mode="json")
     if args.json:
         print(json.dumps(report_, indent=1))
         return 0
     print(f"machines: {machines}")
-    print("profile: " + ("trusted" if trust["trusted"] else ", ".join(trust["flags"]).upper()))
-    for message in trust["messages"]:
+    print("profile: " + ("trusted" if trust.trusted else ", ".join(trust.flags).upper()))
+    for message in trust.messages:
         print(f"  {message}")
     print(f"{result.considered} plans fit in memory; the best {len(result.plans)}:")
     for rank, plan in enumerate(result.plans, start=1):

@@ -126,7 +126,7 @@ def run_variant(spec: Spec, profile: Profile, out: Path, repeat: int) -> ReplanR
 def profile_used(profile: Profile) -> ProfileUsed:
     trust = assess(profile)
     return ProfileUsed(
-        hash=profile.digest(), trusted=trust["trusted"], flags=trust["flags"], other_cores=trust["other_cpu_cores"]
+        hash=profile.digest(), trusted=trust.trusted, flags=trust.flags, other_cores=trust.other_cpu_cores
     )
 
 

@@ -10,8 +10,10 @@ calibrated (distill_calibration.py) says so, and from which run.
 from __future__ import annotations
 
 import time
-from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
+from pipebd_core.documents.calibration import CalibrationSource
 from pipebd_core.documents.profile import Profile, Timing
 from pipebd_core.profile.measure import NOISY_SPREAD
 
@@ -19,7 +21,33 @@ BUSY_CORES = 0.5  # other processes using more CPU than this (in cores) while pr
 STALE_AFTER_S = 7 * 24 * 3600.0
 
 
-def noisy_measurements(profile: Profile) -> list[dict[str, Any]]:
+class NoisyMeasurement(BaseModel):
+    """A measurement whose trials still disagree after re-measuring."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    what: str  # "block <i> <teacher|student|...>" or "data loading"
+    block: int | None
+    batch: int
+    spread: float  # (p90 - p10) / median, to 3 places
+    remeasured: int
+
+
+class ProfileTrust(BaseModel):
+    """The trust report (plan.json's `profile_trust`, `pipebd plan --json`'s): its JSON is `model_dump(mode="json")`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trusted: bool  # no flags
+    flags: list[str]  # noisy, busy, stale
+    messages: list[str]  # one per flag, then what else is known (no conditions recorded, a calibration)
+    noisy: list[NoisyMeasurement]  # widest first
+    other_cpu_cores: float | None  # other processes' CPU use while it was measured (None: not recorded)
+    age_s: float | None
+    calibrated_from: CalibrationSource | None  # the run whose block times the costs carry
+
+
+def noisy_measurements(profile: Profile) -> list[NoisyMeasurement]:
     """Every block and data-loading measurement whose trials disagree, widest first."""
     found = []
     for index, block in enumerate(profile.blocks):
@@ -30,20 +58,16 @@ def noisy_measurements(profile: Profile) -> list[dict[str, Any]]:
     for batch, entry in profile.data_s.items():
         if entry.trials and entry.spread > NOISY_SPREAD:
             found.append(_noisy("data loading", None, batch, entry))
-    return sorted(found, key=lambda item: -item["spread"])
+    return sorted(found, key=lambda item: -item.spread)
 
 
-def _noisy(what: str, block: int | None, batch: int, entry: Timing) -> dict[str, Any]:
-    return {
-        "what": what,
-        "block": block,
-        "batch": batch,
-        "spread": round(entry.spread, 3),
-        "remeasured": entry.remeasured,
-    }
+def _noisy(what: str, block: int | None, batch: int, entry: Timing) -> NoisyMeasurement:
+    return NoisyMeasurement(
+        what=what, block=block, batch=batch, spread=round(entry.spread, 3), remeasured=entry.remeasured
+    )
 
 
-def assess(profile: Profile, now: float | None = None) -> dict[str, Any]:
+def assess(profile: Profile, now: float | None = None) -> ProfileTrust:
     """The trust report: flags (noisy, busy, stale; none: trusted), what each flag rests on, one message
     per flag, and the calibration the costs carry."""
     now = time.time() if now is None else now
@@ -55,7 +79,7 @@ def assess(profile: Profile, now: float | None = None) -> dict[str, Any]:
     flags, messages = [], []
     if noisy:
         flags.append("noisy")
-        worst = ", ".join(f"{m['what']} at batch {m['batch']} spread {m['spread']:.2f}" for m in noisy[:3])
+        worst = ", ".join(f"{m.what} at batch {m.batch} spread {m.spread:.2f}" for m in noisy[:3])
         more = f" and {len(noisy) - 3} more" if len(noisy) > 3 else ""
         messages.append(f"noisy: {len(noisy)} measurements disagree after re-measuring ({worst}{more})")
     if (others is not None and others > BUSY_CORES) or gpu_others:
@@ -74,12 +98,12 @@ def assess(profile: Profile, now: float | None = None) -> dict[str, Any]:
             f"calibrated from run {source.run} (steps {source.steps[0]}-{source.steps[1]}): the"
             " planner uses the block times training measured"
         )
-    return {
-        "trusted": not flags,
-        "flags": flags,
-        "messages": messages,
-        "noisy": noisy,
-        "other_cpu_cores": others,
-        "age_s": age,
-        "calibrated_from": calibration.source.model_dump(mode="json") if calibration else None,
-    }
+    return ProfileTrust(
+        trusted=not flags,
+        flags=flags,
+        messages=messages,
+        noisy=noisy,
+        other_cpu_cores=others,
+        age_s=age,
+        calibrated_from=calibration.source if calibration else None,
+    )

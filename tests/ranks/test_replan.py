@@ -64,12 +64,12 @@ def test_trials_that_disagree_are_taken_again_and_the_steadiest_kept() -> None:
 
 def test_trust_names_what_stays_noisy_the_load_and_the_age() -> None:
     profile = fake_profile([1.0, 2.0, 3.0], [1.0, 1.0, 1.0], nproc=2)
-    assert assess(profile)["trusted"] and assess(profile)["flags"] == []
+    assert assess(profile).trusted and assess(profile).flags == []
     noisy = profile.blocks[2].teacher_s[6]
     noisy.spread, noisy.remeasured = 0.9, 2
     profile.conditions = Conditions(cpus=2, other_cpu_cores=1.3, load_average_1m=2.0, noisy_spread=NOISY_SPREAD)
     profile.measured_at = time.time() - 10 * 86400
-    trust = assess(profile)
+    trust = assess(profile).model_dump(mode="json")
     assert trust["flags"] == ["noisy", "busy", "stale"] and not trust["trusted"]
     assert trust["noisy"] == [{"what": "block 2 teacher", "block": 2, "batch": 6, "spread": 0.9, "remeasured": 2}]
     assert "block 2 teacher at batch 6 spread 0.90" in trust["messages"][0]
