@@ -17,8 +17,9 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core.distill.plan import Plan
+from pipebd_core.documents.architecture import ArchitectureBlock
 from pipebd_core.documents.phases import FINALIZE
-from pipebd_core.documents.summary import Summary
+from pipebd_core.documents.summary import AccuracyReport, Summary
 from pipebd_core.rank import checkpoint
 from pipebd_core.rank.metrics import perplexity, top1_accuracy
 from pipebd_core.rank.network import StudentBlocks
@@ -49,22 +50,24 @@ def load_final_students(run_dir: RunDir, workload: Workload, total_steps: int) -
     return students, losses
 
 
-def accuracy_report(spec: Spec, workload: Workload, compressed: nn.Module, device: torch.device) -> dict[str, Any]:
+def accuracy_report(spec: Spec, workload: Workload, compressed: nn.Module, device: torch.device) -> AccuracyReport:
     """Top-1 of the compressed network and of the teacher, where the data set has real labels, or their
-    perplexity for a language model (the fields of the summary they fill in)."""
+    perplexity for a language model (the fields of the summary they fill in; a teacher's only with one)."""
     if spec.data.dataset == "synthetic":
-        return {"top1_note": "synthetic labels are random, so no accuracy is reported"}
+        return AccuracyReport(top1_note="synthetic labels are random, so no accuracy is reported")
     if device.type == "cpu":
         torch.set_num_threads(os.cpu_count() or 1)  # every block is trained: the other ranks are idle
     if spec.data.dataset == "text":
-        report: dict[str, Any] = {"top1_note": "a language model: held-out perplexity instead of top-1"}
-        report["student_perplexity"] = perplexity(compressed, spec, device)
+        report = AccuracyReport(
+            top1_note="a language model: held-out perplexity instead of top-1",
+            student_perplexity=perplexity(compressed, spec, device),
+        )
         if workload.teacher_network is not None:
-            report["teacher_perplexity"] = perplexity(workload.teacher_network(), spec, device)
+            report.teacher_perplexity = perplexity(workload.teacher_network(), spec, device)
         return report
-    report = {"student_top1": top1_accuracy(compressed, spec, device)}
+    report = AccuracyReport(student_top1=top1_accuracy(compressed, spec, device))
     if workload.teacher_network is not None:
-        report["teacher_top1"] = top1_accuracy(workload.teacher_network(), spec, device)
+        report.teacher_top1 = top1_accuracy(workload.teacher_network(), spec, device)
     return report
 
 
@@ -72,7 +75,8 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
     check_final_checkpoints(run_dir, workload.num_blocks, total_steps)
     students, losses = load_final_students(run_dir, workload, total_steps)
     torch.save(StudentBlocks(students).state_dict(), run_dir.student)
-    fields: dict[str, Any] = {}
+    blocks: list[ArchitectureBlock] | None = None  # a search's architecture
+    accuracy: AccuracyReport | None = None  # of the compressed (or a transformer's searched) network
     distilled: nn.Module | None = None  # the searched or compressed network
     if workload.derive is not None:
         profile = run_dir.load_profile() if run_dir.profile.exists() else None  # a latency budget's costs
@@ -80,13 +84,13 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
         distilled = searched
         run_dir.write_json(run_dir.architecture, architecture.to_json())
         torch.save(searched, run_dir.searched_model)
-        fields["architecture"] = architecture.blocks
+        blocks = architecture.blocks
         if spec.workload.kind == "transformer":  # the searched network's perplexity or top-1, beside its teacher's
-            fields.update(accuracy_report(spec, workload, searched, device))
-    if workload.assemble is not None:
+            accuracy = accuracy_report(spec, workload, searched, device)
+    if workload.assemble is not None:  # the same fields as a searched network's: the compressed one's replace them
         distilled = compressed = workload.assemble(students)
         torch.save(compressed, run_dir.compressed_model)
-        fields.update(accuracy_report(spec, workload, compressed, device))
+        accuracy = accuracy_report(spec, workload, compressed, device)
     if workload.export is not None and distilled is not None:  # a language model's state_dict and program
         torch.save(distilled.state_dict(), run_dir.distilled_state)
         workload.export(distilled, run_dir.distilled_export)
@@ -97,8 +101,10 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
         steps_per_block=total_steps,
         final_loss=dict(enumerate(losses)),
         warnings=workload.warnings,
-        **fields,
+        **(accuracy.model_dump(exclude_unset=True) if accuracy is not None else {}),
     )
+    if blocks is not None:  # assigned, so set: summary.json has the fields finalize set, and only those
+        summary.architecture = blocks
     run_dir.save_summary(summary)
     return summary
 

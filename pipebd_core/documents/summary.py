@@ -48,6 +48,19 @@ class FinetuneReport(BaseModel):
     phase_s: dict[str, float | None] = {}  # wall seconds of every phase of the job (None: it did not run)
 
 
+class AccuracyReport(BaseModel):
+    """The finalize phase's measure of the distilled network (and its teacher): the summary's fields of
+    that name. Only the fields it set reach summary.json (a top-1 of None included: measured, no labels)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    student_top1: float | None = None
+    teacher_top1: float | None = None
+    top1_note: str | None = None  # why no top-1 is given
+    student_perplexity: float | None = None
+    teacher_perplexity: float | None = None
+
+
 class Summary(Document):
     """summary.json: written by the finalize phase, completed by the evaluate phase."""
 
