@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from pipebd_core.distill.plan import Plan
 from pipebd_core.distill.schedule import Task
+from pipebd_core.documents.control import StopAt
 from pipebd_core.rundir import RunDir
 
 PAUSE = "pause"  # the reason of a stop that pauses the job (the service's pause, a worker shutting down)
@@ -61,7 +61,7 @@ class StopWatch:
     plan: Plan
     rank: int
     tasks: list[Task]  # this rank's task list (dp ranks all have the same one)
-    limit: dict[str, Any] | None = None  # {"step": P} or {"task": K}, once decided
+    limit: StopAt | None = None  # once decided
 
     @property
     def decides(self) -> bool:
@@ -77,37 +77,37 @@ class StopWatch:
         limit = self._limit(index, step)
         if limit is None:
             return False
-        return step >= limit["step"] if "step" in limit else index >= limit["task"]
+        return limit.reached(index, step)
 
-    def _limit(self, index: int, step: int) -> dict[str, Any] | None:
+    def _limit(self, index: int, step: int) -> StopAt | None:
         if self.limit is not None:
             return self.limit
         decided = self.run_dir.stop_at
         if decided.exists():
-            self.limit = json.loads(decided.read_text())
+            self.limit = StopAt.from_json(json.loads(decided.read_text()))
         elif self.decides and self.run_dir.stop_request.exists():
             self.limit = self._decide(index, step)
         return self.limit
 
-    def _decide(self, index: int, step: int) -> dict[str, Any]:
+    def _decide(self, index: int, step: int) -> StopAt:
         """Where everyone stops, fixed by the deciding rank at the start of its task `index`: the next
         step boundary (a NAS step's architecture round stays with its weight round)."""
         if self.plan.is_pipeline:
-            limit: dict[str, Any] = {"step": step + 2}
+            limit = StopAt(step=step + 2)
         else:
             first = index if self.plan.mode == "ls" else index + 1  # ls: alone, so it may stop now
             ends = (j for j in range(first, len(self.tasks)) if j == 0 or self.tasks[j - 1].last_of_step)
             boundary = next(ends, len(self.tasks))
-            limit = {"task": boundary}
+            limit = StopAt(task=boundary)
         if self.plan.mode != "ls":  # ls ranks never share a decision
-            self.run_dir.write_json(self.run_dir.stop_at, limit)
+            self.run_dir.write_json(self.run_dir.stop_at, limit.to_json())
         return limit
 
 
 def stop_step(run_dir: RunDir) -> int | None:
     """The step a pipelined plan's ranks stopped before (every block checkpointed there), once decided."""
     path = run_dir.stop_at
-    return json.loads(path.read_text()).get("step") if path.exists() else None
+    return StopAt.from_json(json.loads(path.read_text())).step if path.exists() else None
 
 
 def stopped_early(run_dir: RunDir) -> bool:
