@@ -23,9 +23,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
-from pipebd_core.job.outcomes import INFRASTRUCTURE_FAULTS, SUCCEEDED
+from pipebd_core.documents.base import Document
+from pipebd_core.documents.nodes import NodeEnd, NodeLaunch, NodeToken
+from pipebd_core.job.outcomes import INFRASTRUCTURE_FAULTS, SUCCEEDED, Result
 from pipebd_core.job.processes import Rendezvous
 from pipebd_core.rundir import RunDir
 
@@ -63,12 +65,18 @@ def free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+NodeFile = TypeVar("NodeFile", NodeToken, NodeLaunch, NodeEnd)
+
+
+def _read(path: Path, kind: type[NodeFile]) -> NodeFile | None:
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError):  # not there yet, or being replaced
         return None
-    return document if isinstance(document, dict) else None
+    try:
+        return kind.from_json(document)
+    except ValueError:  # not one (a DocumentError: another version, or another shape)
+        return None
 
 
 class NodeLink:
@@ -78,22 +86,23 @@ class NodeLink:
         self.run_dir, self.role = run_dir, role
         self.launch = 0  # the launch this node takes part in now (node 0 numbers them)
 
-    def _write(self, path: Path, **fields: Any) -> None:
-        self.run_dir.write_json(path, {"run_id": self.role.run_id, **fields})
+    def _write(self, path: Path, document: Document) -> None:
+        self.run_dir.write_json(path, document.to_json())
 
-    def _ours(self, path: Path) -> dict[str, Any] | None:
+    def _ours(self, path: Path, kind: type[NodeFile]) -> NodeFile | None:
         """The document at `path` if it belongs to this attempt (an earlier attempt's are stale)."""
-        document = _read(path)
-        return document if document is not None and document.get("run_id") == self.role.run_id else None
+        document = _read(path, kind)
+        return document if document is not None and document.run_id == self.role.run_id else None
 
     def check_shared(self) -> None:
         """Write this node's token, then wait up to `bound_s` for every other node's: NodeError names the
         missing nodes and what an operator must provide."""
         role = self.role
-        self._write(self.run_dir.node_token(role.node), node=role.node, host=socket.gethostname(), pid=os.getpid())
+        token = NodeToken(run_id=role.run_id, node=role.node, host=socket.gethostname(), pid=os.getpid())
+        self._write(self.run_dir.node_token(role.node), token)
         deadline = time.monotonic() + role.bound_s
         while True:
-            missing = [k for k in range(role.nnodes) if self._ours(self.run_dir.node_token(k)) is None]
+            missing = [k for k in range(role.nnodes) if self._ours(self.run_dir.node_token(k), NodeToken) is None]
             if not missing:
                 return
             if time.monotonic() > deadline:
@@ -111,20 +120,23 @@ class NodeLink:
         role = self.role
         self.launch += 1
         endpoint = f"{role.host}:{role.port or free_port(role.host)}"
-        self._write(self.run_dir.rendezvous, launch=self.launch, phase=phase, endpoint=endpoint)
+        self._write(
+            self.run_dir.rendezvous, NodeLaunch(run_id=role.run_id, launch=self.launch, phase=phase, endpoint=endpoint)
+        )
         return self.rendezvous(phase, endpoint)
 
-    def done(self, result: str) -> None:
+    def done(self, result: Result) -> None:
         """The job ended on node 0: the followers stop waiting for launches."""
-        self._write(self.run_dir.rendezvous, launch=self.launch + 1, done=True, result=result)
+        end = NodeLaunch(run_id=self.role.run_id, launch=self.launch + 1, done=True, result=result)
+        self._write(self.run_dir.rendezvous, end)
 
     # followers
-    def next_launch(self, stop: Callable[[], bool]) -> dict[str, Any] | None:
+    def next_launch(self, stop: Callable[[], bool]) -> NodeLaunch | None:
         """Wait for node 0's next launch (or its end): the rendezvous document, or None when `stop()`."""
         while not stop():
-            document = self._ours(self.run_dir.rendezvous)
-            if document is not None and int(document.get("launch", 0)) > self.launch:
-                self.launch = int(document["launch"])
+            document = self._ours(self.run_dir.rendezvous, NodeLaunch)
+            if document is not None and document.launch > self.launch:
+                self.launch = document.launch
                 return document
             time.sleep(POLL_S)
         return None
@@ -137,23 +149,24 @@ class NodeLink:
     # every node
     def ended(self, result: str, reason: str | None, error: str | None) -> None:
         """Say how this node's part of the current launch ended."""
-        path = self.run_dir.node_ended(self.role.node)
-        self._write(path, launch=self.launch, node=self.role.node, result=result, reason=reason, error=error)
+        role = self.role
+        end = NodeEnd(run_id=role.run_id, launch=self.launch, node=role.node, result=result, reason=reason, error=error)
+        self._write(self.run_dir.node_ended(role.node), end)
 
-    def peer_ends(self) -> dict[int, dict[str, Any]]:
+    def peer_ends(self) -> dict[int, NodeEnd]:
         """The other nodes' ends of the current launch, by node."""
         ends = {}
         for node in range(self.role.nnodes):
-            document = self._ours(self.run_dir.node_ended(node)) if node != self.role.node else None
-            if document is not None and document.get("launch") == self.launch:
+            document = self._ours(self.run_dir.node_ended(node), NodeEnd) if node != self.role.node else None
+            if document is not None and document.launch == self.launch:
                 ends[node] = document
         return ends
 
     def peer_failure(self) -> str | None:
         """What stopped another node's part of the current launch, if one ended other than by succeeding."""
         for node, end in sorted(self.peer_ends().items()):
-            if end.get("result") != SUCCEEDED:
-                return f"node {node} ended: {end.get('reason')}: {end.get('error') or ''}".strip()
+            if end.result != SUCCEEDED:
+                return f"node {node} ended: {end.reason}: {end.error or ''}".strip()
         return None
 
     def infrastructure_cause(self, error: str) -> str | None:
@@ -164,8 +177,8 @@ class NodeLink:
         while True:
             ends = self.peer_ends()
             for node, end in sorted(ends.items()):
-                if end.get("result") != SUCCEEDED and end.get("reason") in INFRASTRUCTURE_FAULTS - {"node_lost"}:
-                    return f"node {node}: {end.get('reason')}: {end.get('error') or ''}".strip()
+                if end.result != SUCCEEDED and end.reason in INFRASTRUCTURE_FAULTS - {"node_lost"}:
+                    return f"node {node}: {end.reason}: {end.error or ''}".strip()
             if len(ends) == self.role.nnodes - 1:
                 return None
             if time.monotonic() > deadline:

@@ -173,12 +173,12 @@ class Supervisor:
                 launch = link.next_launch(stopped)
                 if launch is None:
                     return Outcome(stops[0].result, Termination(stops[0].reason, stops[0].message))
-                if launch.get("done"):
-                    result = launch.get("result", FAILED)
+                if launch.done:
+                    result = launch.result or FAILED
                     ended = Termination("node_lost", f"node 0 ended the job: {result}") if result != SUCCEEDED else None
                     return Outcome(result, ended)
-                phase = str(launch["phase"])
-                outcome = self._launch(phase, None, link.rendezvous(phase, str(launch["endpoint"])))
+                phase = str(launch.phase)
+                outcome = self._launch(phase, None, link.rendezvous(phase, str(launch.endpoint)))
                 if outcome.result != SUCCEEDED:
                     return outcome
         except KeyboardInterrupt:

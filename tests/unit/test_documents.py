@@ -19,9 +19,11 @@ from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, 
 from pipebd_core.documents.base import Document, DocumentError
 from pipebd_core.documents.bench_record import BenchRecord, ReplanBenchRecord
 from pipebd_core.documents.calibration import BlockCalibration, Calibration, CalibrationSource
+from pipebd_core.documents.control import StopAt
 from pipebd_core.documents.distill_plan import PlanDocument
 from pipebd_core.documents.errors import RankError
 from pipebd_core.documents.layer_profile import LayerBatches, LayerProfile, LayerProfileEntry, LayerTimes
+from pipebd_core.documents.nodes import NodeEnd, NodeLaunch, NodeToken
 from pipebd_core.documents.phases import PhaseRecord, PhasesRecord
 from pipebd_core.documents.profile import BlockProfile, Conditions, Profile, Timing
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
@@ -229,6 +231,12 @@ SAMPLES: list[Document] = [
     ),
     BenchRecord.from_json(json.loads((BENCH_FIXTURES / "record.json").read_text())),
     ReplanBenchRecord.from_json(json.loads((BENCH_FIXTURES / "replan-record.json").read_text())),
+    StopAt(step=6),
+    StopAt(task=3),
+    NodeToken(run_id="job-7-1", node=1, host="gpu-02", pid=4242),
+    NodeLaunch(run_id="job-7-1", launch=2, phase="distill", endpoint="10.0.0.1:29500"),
+    NodeLaunch(run_id="job-7-1", launch=3, done=True, result="succeeded"),
+    NodeEnd(run_id="job-7-1", launch=2, node=1, result="failed", reason="rank_killed", error="a rank was killed"),
 ]
 
 

@@ -54,7 +54,7 @@ def test_a_node_reads_only_its_attempts_and_its_launchs_ends(tmp_path: Path) -> 
     stale = NodeLink(run_dir, NodeRole(2, 1, "attempt-1"))
     zero.publish("distill")
     launch = one.next_launch(lambda: False)
-    assert launch is not None and launch["phase"] == "distill" and launch["endpoint"].startswith("127.0.0.1:")
+    assert launch is not None and launch.phase == "distill" and str(launch.endpoint).startswith("127.0.0.1:")
     stale.launch = 1
     stale.ended("failed", "rank_killed", "an earlier attempt's node")
     assert zero.peer_failure() is None  # another attempt's end is not this one's
