@@ -38,6 +38,8 @@ onto a run directory (a test checks it).
     teacher_model/                     kind train of a language model (workload.config): the trained model as a
                                        Hugging Face model directory (config.json, model.safetensors)
     summary.json                       final losses, accuracies, wall time
+    choices/<n>/                       a transformer search chosen again for another budget (pipebd_core/distill/
+                                       choose.py): choice.json, architecture.json, searched_model.pt, distilled_state.pt
 
 `OUTPUTS` lists the top-level files with their media type and meaning: the service offers exactly
 these for download.
@@ -110,6 +112,29 @@ OUTPUTS: tuple[Output, ...] = (
     Output("spec.json", "application/json", "the resolved spec"),
     Output("events.jsonl", "application/x-ndjson", "lifecycle events written by the engine"),
 )
+
+
+@dataclass(frozen=True)
+class ChoiceFolder:
+    """choices/<n>/: one choice made again from a search's candidate library (distill/choose.py)."""
+
+    root: Path
+
+    @property
+    def record(self) -> Path:
+        return self.root / "choice.json"
+
+    @property
+    def architecture(self) -> Path:
+        return self.root / "architecture.json"
+
+    @property
+    def searched_model(self) -> Path:
+        return self.root / "searched_model.pt"
+
+    @property
+    def distilled_state(self) -> Path:
+        return self.root / "distilled_state.pt"
 
 
 @dataclass(frozen=True)
@@ -223,6 +248,14 @@ class RunDir:
     def teacher_model(self) -> Path:
         """A folder, not a download: the service offers its files through teacher.pt's state_dict only."""
         return self.root / "teacher_model"
+
+    @property
+    def choices(self) -> Path:
+        """The choices made again from a search's candidate library, one numbered folder each."""
+        return self.root / "choices"
+
+    def choice(self, index: int) -> ChoiceFolder:
+        return ChoiceFolder(self.choices / str(index))
 
     @property
     def checkpoints(self) -> CheckpointFolder:

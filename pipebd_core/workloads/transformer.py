@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, CandidateResult
+from pipebd_core.documents.architecture import Architecture
 from pipebd_core.documents.profile import Profile
-from pipebd_core.spec import TRANSFORMER_FAMILIES, Budget, Spec, SpecError
-from pipebd_core.workloads.budget import BudgetError, Limit, choose, smallest_cost
+from pipebd_core.spec import TRANSFORMER_FAMILIES, Spec, SpecError
 from pipebd_core.workloads.candidates import Candidates, replaced_layer
+from pipebd_core.workloads.library import Costs, Library, check_fractions, choose_from, chosen_architecture
 from pipebd_core.workloads.replacements import build_replacement
 from pipebd_core.workloads.transformer_parts import ModelParts
 from pipebd_core.workloads.workload import Workload, block_seed
@@ -219,14 +219,6 @@ def _student(parts: ModelParts, index: int, names: Sequence[str]) -> Candidates:
     return Candidates(names, options, parts.embedding if index == 0 else None)
 
 
-CHEAPER = {  # what to add when a budget cannot be met
-    "params": "ffn_1/4, no_attention, linear, noop",
-    "kv_cache": "kv_N with fewer KV heads, linear_attention, no_attention, linear, noop",
-    "latency": "ffn_1/4, no_attention, linear, noop",
-}
-Costs = dict[str, Sequence[Sequence[float]]]  # per cost (workload.budget's names), per layer, per candidate
-
-
 def kv_cache_bytes(block: nn.Module) -> int:
     """The bytes a block adds to a decoder's KV cache per token: its attention's keys and values, one per KV
     head; none for linear attention (a state of fixed size) or for a block without attention."""
@@ -283,44 +275,12 @@ def search_costs(
     return costs, teacher
 
 
-def budget_limits(budget: Budget, costs: Costs, teacher: dict[str, float]) -> list[Limit]:
-    """workload.budget as the choice's limits: each fraction given, times the teacher's cost (a cost not
-    known yet, latency before the profile, left out)."""
-    return [
-        Limit(costs[name], fraction * teacher[name]) for name, fraction in budget.fractions().items() if name in costs
-    ]
-
-
 def check_budget(spec: Spec, costs: Costs, teacher: dict[str, float]) -> None:
-    """Refuse a budget that no choice of one candidate per layer meets: each bound alone (naming the
-    smallest fraction the replacements reach), then all of them at once. Before launch without latency,
+    """Refuse a budget that no choice of one candidate per layer meets (library.py: each bound alone, naming
+    the smallest fraction the replacements reach, then all of them at once). Before launch without latency,
     at the plan phase with it (check_latency_budget)."""
-    budget = spec.workload.budget
-    if budget is None:
-        return
-    for name, fraction in budget.fractions().items():
-        if name not in costs:
-            continue
-        if teacher[name] == 0:
-            raise SpecError(
-                f"workload.budget.{name}: this teacher's layers have none (a vision transformer's encoder keeps no"
-                " KV cache), so there is nothing to bound; budget params instead"
-            )
-        cheapest = smallest_cost(costs[name])
-        if cheapest > fraction * teacher[name]:
-            reachable = cheapest / teacher[name]
-            raise SpecError(
-                f"workload.budget.{name}: {fraction:g} of the teacher's layers is below what these replacements"
-                f" can reach ({reachable:.3f} with the cheapest candidate of every layer); allow at least"
-                f" {reachable:.3f}, or add cheaper candidates ({CHEAPER[name]})"
-            )
-    try:
-        choose([[0.0] * len(layer) for layer in costs["params"]], budget_limits(budget, costs, teacher))
-    except BudgetError:
-        raise SpecError(
-            f"workload.budget: {budget.fractions()} are each reachable, but no one choice of a candidate per layer"
-            " meets them all at once; loosen one of them, or add candidates cheap in both"
-        ) from None
+    if spec.workload.budget is not None:
+        check_fractions(spec.workload.budget, costs, teacher)
 
 
 def no_timings() -> SpecError:
@@ -346,8 +306,9 @@ def _derive(
     spec: Spec, teachers: Sequence[nn.Module], head: nn.Module
 ) -> Callable[[Sequence[nn.Module], Profile | None], tuple[Architecture, nn.Module]]:
     """A search's choice: per layer the candidate of lowest loss on held-out sequences, or with
-    `workload.budget` the choice of lowest summed loss within it (workloads/budget.py); architecture.json
-    has every candidate's loss and costs, and the network of the chosen candidates."""
+    `workload.budget` the choice of lowest summed loss within it (library.py, the one place a choice is made,
+    now or later for another budget); architecture.json has every candidate's loss and costs, and the
+    network of the chosen candidates."""
 
     def derive(blocks: Sequence[nn.Module], profile: Profile | None) -> tuple[Architecture, nn.Module]:
         students = [block for block in blocks if isinstance(block, Candidates)]
@@ -355,53 +316,17 @@ def _derive(
         measure = swapped_logits_kl if spec.workload.search_loss == "logits_kl" else held_out_losses
         losses = measure(spec, teachers, students, head)
         costs, teacher = search_costs(students, teachers, profile)
-        shown = {name: layers for name, layers in costs.items() if teacher[name]}  # an encoder has no KV cache
         budget = spec.workload.budget
-        what = MEASURES[spec.workload.search_loss]
-        if budget is None:
-            picks = [min(range(len(layer)), key=layer.__getitem__) for layer in losses]
-            chosen_by = f"lowest {what}"
-        else:
-            if budget.latency is not None and "latency" not in costs:
-                raise no_timings()
-            picks = choose(losses, budget_limits(budget, costs, teacher)).picks
-            chosen_by = f"lowest summed {what} within the budget (mixed-integer program)"
-        architecture = Architecture(
-            blocks=[
-                ArchitectureBlock(block=i, layers=[student.names[pick]], loss=losses[i][pick], **_costs(shown, i, pick))
-                for i, (student, pick) in enumerate(zip(students, picks, strict=True))
-            ],
-            candidates=[
-                CandidateResult(block=i, name=name, loss=losses[i][c], **_costs(shown, i, c))
-                for i, student in enumerate(students)
-                for c, name in enumerate(student.names)
-            ],
-            chosen_by=chosen_by,
-            teacher_params=int(teacher["params"]),
-            teacher_kv_cache_bytes=int(teacher["kv_cache"]) if "kv_cache" in shown else None,
-            teacher_latency_s=teacher.get("latency"),
-            budget=None if budget is None else budget.fractions(),
-            reached={name: reached(layers, picks, teacher[name]) for name, layers in shown.items()},
+        if budget is not None and budget.latency is not None and "latency" not in costs:
+            raise no_timings()
+        library = Library(
+            [list(student.names) for student in students], losses, costs, teacher, MEASURES[spec.workload.search_loss]
         )
+        picks, chosen_by = choose_from(library, budget)
         chosen = [student.chosen(pick) for student, pick in zip(students, picks, strict=True)]
-        return architecture, nn.Sequential(*chosen, head).eval()
+        return chosen_architecture(library, picks, budget, chosen_by), nn.Sequential(*chosen, head).eval()
 
     return derive
-
-
-def _costs(costs: Costs, layer: int, candidate: int) -> dict[str, Any]:
-    """One candidate's costs as architecture.json names them (those the teacher has)."""
-    found: dict[str, Any] = {"params": int(costs["params"][layer][candidate])}
-    if "kv_cache" in costs:
-        found["kv_cache_bytes"] = int(costs["kv_cache"][layer][candidate])
-    if "latency" in costs:
-        found["latency_s"] = costs["latency"][layer][candidate]
-    return found
-
-
-def reached(costs: Sequence[Sequence[float]], picks: Sequence[int], teacher: float) -> float:
-    """The chosen candidates' summed cost, as a fraction of the teacher's (0 where the teacher's is 0)."""
-    return sum(layer[pick] for layer, pick in zip(costs, picks, strict=True)) / teacher if teacher else 0.0
 
 
 def held_out_ids(spec: Spec) -> torch.Tensor:

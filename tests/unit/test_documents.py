@@ -19,6 +19,7 @@ from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, 
 from pipebd_core.documents.base import Document, DocumentError
 from pipebd_core.documents.bench_record import BenchRecord, ReplanBenchRecord
 from pipebd_core.documents.calibration import BlockCalibration, Calibration, CalibrationSource
+from pipebd_core.documents.choice import ChoiceRecord
 from pipebd_core.documents.control import StopAt
 from pipebd_core.documents.distill_plan import PlanDocument
 from pipebd_core.documents.errors import RankError
@@ -197,6 +198,15 @@ SAMPLES: list[Document] = [
             teacher=ModelSize(params=5000, flops=9e6),
             phase_s={"distill": 12.5, "finetune": 3.0, "evaluate": None},
         ),
+    ),
+    ChoiceRecord(
+        index=2,
+        budget={"params": 0.4, "kv_cache": 0.25},
+        layers=["ffn_1/4", "kv_1", "noop"],
+        chosen_by="lowest summed held-out loss within the budget (mixed-integer program)",
+        reached={"params": 0.38, "kv_cache": 0.25},
+        perplexity=212.5,
+        seconds=3.2,
     ),
     Architecture(
         blocks=[ArchitectureBlock(block=0, layers=["ffn_1/2"], loss=0.25, params=600, kv_cache_bytes=64)],

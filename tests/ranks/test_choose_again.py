@@ -1,0 +1,75 @@
+"""Choosing again: a finished transformer search's network for another budget, from its kept candidate
+library, without training. Tier: two tiny Llama searches through the supervisor (the same seed, spec and
+candidates; budgets A and B); the choice made again from A's library for budget B must be the architecture
+that B's own search chose, with the same trained weights, and choosing starts no process."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pipebd_core.distill.choose import choose_again
+from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Budget, Spec, SpecError, parse_spec
+from tests.transformer_specs import transformer_document, write_text
+
+NAMES = ["keep", "ffn_1/4", "kv_1", "no_attention", "noop"]
+BUDGET_A, BUDGET_B = {"params": 0.8}, {"params": 0.45, "kv_cache": 0.5}
+
+
+def search(root: Path, budget: dict[str, float]) -> Spec:
+    document = transformer_document(root, workload={"replacements": NAMES, "budget": budget})
+    return parse_spec(document)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, finished_run: Callable[[Spec], RunDir]) -> tuple[RunDir, RunDir]:
+    root = write_text(tmp_path_factory.mktemp("text"))
+    return finished_run(search(root, BUDGET_A)), finished_run(search(root, BUDGET_B))
+
+
+def architecture(path: Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(path.read_text())
+    return document
+
+
+def test_choosing_budget_b_from_a_search_at_budget_a_gives_b_s_own_search(
+    runs: tuple[RunDir, RunDir], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    searched_a, searched_b = runs
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError("choosing again started a process")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    monkeypatch.setattr(multiprocessing.Process, "start", no_process)
+    record = choose_again(searched_a, Budget(**BUDGET_B))
+    folder = searched_a.choice(record.index)
+    mine, theirs = architecture(folder.architecture), architecture(searched_b.architecture)
+    assert mine == theirs  # the chosen layers, every candidate's record, how it was chosen, what it reached
+    assert architecture(searched_a.architecture)["blocks"] != theirs["blocks"]  # budget A chose otherwise
+    assert record.layers == [block["layers"][0] for block in theirs["blocks"]] and record.budget == BUDGET_B
+    ours = torch.load(folder.distilled_state, weights_only=True)
+    reference = torch.load(searched_b.distilled_state, weights_only=True)
+    assert ours.keys() == reference.keys()
+    for name, tensor in reference.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=0, atol=0, msg=name)
+    assert record.perplexity is not None and record.perplexity > 1.0
+
+
+def test_a_budget_on_a_cost_the_search_did_not_measure_is_refused_and_writes_nothing(
+    runs: tuple[RunDir, RunDir],
+) -> None:
+    searched_a, _ = runs
+    before = sorted(searched_a.choices.glob("*")) if searched_a.choices.exists() else []
+    with pytest.raises(SpecError, match=r"workload.budget.latency: this search recorded no latency cost"):
+        choose_again(searched_a, Budget(latency=0.5))
+    after = sorted(searched_a.choices.glob("*")) if searched_a.choices.exists() else []
+    assert after == before  # nothing half-written
