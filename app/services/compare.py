@@ -24,10 +24,10 @@ from typing import Any
 
 from sqlmodel import Session, col, func, select
 
-from app.api.problems import EXCERPT_CHARS, excerpt
 from app.core.objectives import final_loss
 from app.core.summaries import read_summary, summary_in
 from app.core.tables import DB_INT_MAX, EVAL_SEQ, Job, JobMetric
+from app.services.errors import EXCERPT_CHARS, excerpt
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.summary import Summary
 

@@ -16,12 +16,12 @@ from celery import Celery
 from sqlalchemy import delete, update
 from sqlmodel import Session, col, func, select
 
-from app.api.problems import ApiError
 from app.core.lifecycle import request_pause, requeue
 from app.core.queue import enqueue
 from app.core.settings import Settings
 from app.core.states import PAUSED, PAUSING, QUEUED, RESUMABLE
 from app.core.tables import Job, JobEvent
+from app.services.errors import ServiceError
 from app.services.jobs import ConflictError
 from app.services.specs import validate_document
 from pipebd_core.rundir import RunDir
@@ -42,7 +42,7 @@ def resume_problem(job: Job, settings: Settings) -> str | None:
         )
     try:
         validate_document(dict(job.spec), settings)
-    except ApiError as error:
+    except ServiceError as error:
         return f"job {job.id}'s spec no longer validates on this server: {error.detail}; submit a corrected spec"
     return None
 
@@ -65,7 +65,7 @@ def resume_job(session: Session, settings: Settings, celery: Celery, job: Job) -
     except Exception as error:
         undo_requeue(session, job.id, before)
         detail = f"the broker did not accept the job ({type(error).__name__}: {error}); nothing changed, retry"
-        raise ApiError(503, detail) from None
+        raise ServiceError(503, detail) from None
 
 
 def undo_requeue(session: Session, job_id: int, before: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlmodel import Session
 
-from app.api.deps import Cursor, JobDep, PageSize, ReadAccess, SessionDep, SettingsDep, SubmitAccess
+from app.api.deps import Cursor, JobDep, PageSize, ReadAccess, SessionDep, SettingsDep, SubmitAccess, submitter_of
 from app.api.problems import ApiError, invalid
 from app.api.schemas import (
     AUTH_ERRORS,
@@ -103,7 +103,8 @@ async def submit_job(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JobDetail:
     """Queue a job. 422 names each bad field; the same Idempotency-Key and spec give back the same job."""
-    created = await submit(request, idempotency_key)
+    content_type = request.headers.get("content-type", "")
+    created = await submit(submitter_of(request), request.body, content_type, idempotency_key)
     response.headers["Location"] = str(request.url_for("read_job", job_id=created.job.id).path)
     if created.replayed:
         response.headers["Idempotent-Replayed"] = "true"

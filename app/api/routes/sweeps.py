@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response, status
 from sqlmodel import Session
 
-from app.api.deps import ReadAccess, SessionDep, SettingsDep, SubmitAccess, SweepDep
+from app.api.deps import ReadAccess, SessionDep, SettingsDep, SubmitAccess, SweepDep, submitter_of
 from app.api.problems import ApiError, invalid
 from app.api.routes.jobs import link
 from app.api.schemas import (
@@ -94,7 +94,7 @@ def detail_of(view: SweepView) -> SweepDetail:
 )
 async def create_sweep(body: SweepRequest, request: Request, response: Response) -> SweepDetail:
     """Create a sweep: every child is checked as a whole spec first, and all are queued or none."""
-    sweep = await submit_sweep(request, body)
+    sweep = await submit_sweep(submitter_of(request), body)
     response.headers["Location"] = str(request.url_for("read_sweep", sweep_id=sweep.id).path)
     with Session(get_engine(request.app.state.settings.database)) as session:
         stored = session.get(Sweep, sweep.id)
