@@ -5,11 +5,10 @@ sends (`WebhookCreate`) app/services/webhook_schemas.py. `WebhookPublic` is a ho
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field, field_serializer
 
 from app.api.schemas import iso
+from app.core.json_types import JsonObject
 from app.services.webhook_schemas import DeliveryCounts, DeliveryState, Scope
 
 
@@ -52,7 +51,7 @@ class DeliveryPublic(BaseModel):
     last_error: str | None = Field(description="why the last attempt failed; null after a success")
     created_at: float = Field(description="when the event happened (ISO 8601, UTC)")
     finished_at: float | None = Field(description="when it succeeded or ran out of attempts (ISO 8601, UTC)")
-    payload: dict[str, Any] = Field(description="the body sent (docs/webhooks.md), as stored")
+    payload: JsonObject = Field(description="the body sent (docs/webhooks.md), as stored")
 
     @field_serializer("next_attempt_at", "created_at", "finished_at")
     def _as_iso(self, value: float | None) -> str | None:
