@@ -42,6 +42,7 @@ from sqlmodel import col
 from app.core.attempts import record_resume
 from app.core.database import DATABASE_DOWN, persist, session_scope
 from app.core.lifecycle import settle, transition
+from app.core.plan_summary import summarize
 from app.core.priority import wake_held
 from app.core.quotas import claim_quota
 from app.core.settings import Settings
@@ -53,7 +54,6 @@ from pipebd_core.distill.checkpoint import resume_steps
 from pipebd_core.distill.plan import Plan, PlanError
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.phases import PhaseRecord, current
-from pipebd_core.documents.plan import PlanDocument
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.nodes import NodeRole
 from pipebd_core.job.supervisor import Outcome, Stop, Supervisor, Watcher
@@ -80,24 +80,6 @@ def current_state(database: str, job_id: int) -> str | None:
 def move(database: str, job_id: int, target: str, expected: list[str], **fields: Any) -> bool:
     with session_scope(database) as session:
         return transition(session, job_id, target, expected, **fields)
-
-
-def plan_summary(plan: PlanDocument) -> dict[str, Any]:
-    """What the jobs table keeps of plan.json (the list and the job's detail show it)."""
-    summary = plan.to_json()
-    keys: tuple[str, ...] = (
-        "mode",
-        "nproc",
-        "num_blocks",
-        "batch_size",
-        "stages",
-        "assignment",
-        "total_steps",
-        "block_names",
-    )
-    if plan.predictions is not None:
-        keys += ("predicted_step_s", "mode_step_s")
-    return {key: summary.get(key) for key in keys}
 
 
 Publish = Callable[[int, str], None]  # (job id, queue): put a requeued job's id on the broker
@@ -158,7 +140,7 @@ class JobWatcher(Watcher):
         data: dict[str, Any] = {"phase": name, "phases": [r.to_json() for r in records], **progress}
         fields = dict(data)
         if self.run_dir.plan.exists():
-            fields["plan_summary"] = plan_summary(self.run_dir.load_plan())
+            fields["plan_summary"] = summarize(self.run_dir.load_plan())
         with session_scope(self.database) as session:
             stored = session.get(Job, self.job_id)
             before = None if stored is None else stored.phases

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_seriali
 from app.api.problems import EXCERPT_CHARS, PROBLEM_JSON
 from app.core.json_types import JsonObject
 from app.core.objectives import Objective
+from app.core.plan_summary import PlanSummary
 from app.core.states import JobState
 from app.core.sweeps import SweepState
 from app.core.tables import iso_utc
@@ -429,7 +430,7 @@ class JobDetail(JobPublic):
     """One job: everything in the list entry plus its spec, plan summary, error and why it waits."""
 
     spec: JsonObject = Field(description="The spec as stored, with its defaults filled in (docs/spec.md)")
-    plan_summary: dict[str, Any] | None = Field(
+    plan_summary: PlanSummary | None = Field(
         description="Mode, stages and predicted step time of the resolved plan; the whole plan is at .../plan"
     )
     error: str | None = Field(description="The failing rank's traceback, or what else went wrong")

@@ -24,6 +24,7 @@ from sqlalchemy import JSON, Column, Index
 from sqlmodel import Field, SQLModel
 
 from app.core.json_types import JsonObject
+from app.core.plan_summary import PlanSummary
 from pipebd_core.documents.phases import DISTILL
 
 # Ids, steps and ranks are INTEGER columns: 4 bytes on PostgreSQL, so no stored value is larger than this
@@ -87,7 +88,7 @@ class Job(SQLModel, table=True):
     phase_progress: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})  # of the current phase
     progress: float = 0.0  # of the whole job (pipebd_core.job.phases.job_fraction)
     samples_per_s: float | None = None
-    plan_summary: JsonObject | None = Field(default=None, sa_column=Column(JSON))
+    plan_summary: PlanSummary | None = Field(default=None, sa_column=Column(JSON))  # app/core/plan_summary.py
     termination_reason: str | None = Field(default=None, max_length=32)
     error: str | None = None
     exit_code: int | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlmodel import Session
@@ -22,6 +22,7 @@ from app.api.schemas import (
 from app.core import gangs
 from app.core.attempts import attempts_of
 from app.core.database import get_engine
+from app.core.json_types import JsonObject
 from app.core.lifecycle import request_cancel, restart_budget
 from app.core.settings import Settings
 from app.core.states import JobState
@@ -32,7 +33,7 @@ from app.services.submissions import submit
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=AUTH_ERRORS)
 
-SPEC_BODY: dict[str, Any] = {
+SPEC_BODY: JsonObject = {  # an OpenAPI operation fragment
     "requestBody": {
         "required": True,
         "description": "A PipeBD job spec (every field: docs/spec.md), as JSON or as YAML: the same document"
@@ -45,7 +46,7 @@ SPEC_BODY: dict[str, Any] = {
 }
 
 
-def link(path: str, method: str, parameter: str = "job_id") -> dict[str, Any]:
+def link(path: str, method: str, parameter: str = "job_id") -> JsonObject:
     """An OpenAPI link from a created resource (a job, a sweep: its `parameter`, a webhook) to one operation on it."""
     pointer = path.replace("~", "~0").replace("/", "~1")
     return {"operationRef": f"#/paths/{pointer}/{method}", "parameters": {parameter: "$response.body#/id"}}

@@ -3,7 +3,7 @@ children, and pause, resume or cancel every child at once (app/services/sweeps.p
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 from sqlmodel import Session
@@ -24,6 +24,7 @@ from app.api.schemas import (
     problem,
 )
 from app.core.database import get_engine
+from app.core.objectives import Objective
 from app.core.tables import Sweep
 from app.services.search import SweepRequest
 from app.services.sweeps import (
@@ -48,19 +49,21 @@ SWEEP_ERRORS: ResponseDoc = {
 }
 
 
-def public_fields(view: SweepView) -> dict[str, Any]:
-    """What a sweep's list entry and its detail share."""
-    best = SweepBest(job_id=view.best.job_id, value=view.best.value) if view.best else None
-    return {
-        **view.sweep.model_dump(include={"id", "name", "created_at", "search", "max_parallel", "objective"}),
-        "state": view.state,
-        "progress": SweepProgress(**vars(view.progress)),
-        "best": best,
-    }
-
-
 def public_of(view: SweepView) -> SweepPublic:
-    return SweepPublic(**public_fields(view))
+    """A sweep's list entry: what its detail has too."""
+    sweep = view.sweep
+    assert sweep.id is not None
+    return SweepPublic(
+        id=sweep.id,
+        name=sweep.name,
+        created_at=sweep.created_at,
+        search=sweep.search,
+        max_parallel=sweep.max_parallel,
+        objective=None if sweep.objective is None else Objective.model_validate(sweep.objective),
+        state=view.state,
+        progress=SweepProgress(**vars(view.progress)),
+        best=SweepBest(job_id=view.best.job_id, value=view.best.value) if view.best else None,
+    )
 
 
 def detail_of(view: SweepView) -> SweepDetail:
@@ -72,7 +75,7 @@ def detail_of(view: SweepView) -> SweepDetail:
         )
         for job in view.children
     ]
-    return SweepDetail(**public_fields(view), spec=view.sweep.spec, jobs=jobs)
+    return SweepDetail(**dict(public_of(view)), spec=view.sweep.spec, jobs=jobs)
 
 
 @router.post(
