@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from sqlalchemy import JSON, Column, Index
 from sqlmodel import Field, SQLModel
 
+from app.core.job_phases import PhaseEntry
 from app.core.json_types import JsonObject
 from app.core.plan_summary import PlanSummary
 from pipebd_core.documents.phases import DISTILL
@@ -84,7 +85,7 @@ class Job(SQLModel, table=True):
     pid: int | None = None  # the torchrun agent (the profiling one while starting), leader of its own session
     run_dir: str | None = None
     phase: str | None = Field(default=None, max_length=20)  # the phase running now, else the one that ran last
-    phases: list[JsonObject] | None = Field(default=None, sa_column=Column(JSON))  # pipebd_core.job.phases records
+    phases: list[PhaseEntry] | None = Field(default=None, sa_column=Column(JSON))  # pipebd_core.job.phases records
     phase_progress: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})  # of the current phase
     progress: float = 0.0  # of the whole job (pipebd_core.job.phases.job_fraction)
     samples_per_s: float | None = None

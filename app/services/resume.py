@@ -10,13 +10,12 @@ is checkpointed by its worker.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from celery import Celery
 from sqlalchemy import delete, update
 from sqlmodel import Session, col, func, select
 
-from app.core.lifecycle import request_pause, requeue
+from app.core.lifecycle import JobMove, request_pause, requeue
 from app.core.queue import enqueue
 from app.core.settings import Settings
 from app.core.states import PAUSED, PAUSING, QUEUED, RESUMABLE
@@ -53,9 +52,14 @@ def resume_job(session: Session, settings: Settings, celery: Celery, job: Job) -
     problem = resume_problem(job, settings)
     if problem is not None:
         raise ConflictError(problem)
-    before: dict[str, Any] = {
-        key: getattr(job, key)
-        for key in ("state", "termination_reason", "error", "exit_code", "finished_at", "restarts", "updated_at")
+    before: JobMove = {
+        "state": job.state,
+        "termination_reason": job.termination_reason,
+        "error": job.error,
+        "exit_code": job.exit_code,
+        "finished_at": job.finished_at,
+        "restarts": job.restarts,
+        "updated_at": job.updated_at,
     }
     if not requeue(session, job.id, [job.state], note=None, restarts=0):
         raise ConflictError(f"job {job.id} changed state meanwhile; read it and try again")
@@ -68,7 +72,7 @@ def resume_job(session: Session, settings: Settings, celery: Celery, job: Job) -
         raise ServiceError(503, detail) from None
 
 
-def undo_requeue(session: Session, job_id: int, before: dict[str, Any]) -> None:
+def undo_requeue(session: Session, job_id: int, before: JobMove) -> None:
     """Put back what a resume changed, unless a worker took the job meanwhile."""
     session.rollback()
     restored = session.execute(
