@@ -34,14 +34,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from sqlalchemy import update
 from sqlmodel import col
 
 from app.core.attempts import record_resume
 from app.core.database import DATABASE_DOWN, persist, session_scope
-from app.core.lifecycle import settle, transition
+from app.core.job_phases import PhaseEntry, phase_entries
+from app.core.lifecycle import JobChanges, settle, transition
+from app.core.plan_summary import summarize
 from app.core.priority import wake_held
 from app.core.quotas import claim_quota
 from app.core.settings import Settings
@@ -51,7 +53,6 @@ from app.core.tables import Job, JobEvent, now
 from app.core.webhooks import notify_phases
 from pipebd_core.distill.plan import Plan
 from pipebd_core.documents.base import DocumentError
-from pipebd_core.documents.distill_plan import PlanDocument
 from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import PhaseRecord, current
 from pipebd_core.job.isolated import StepDied
@@ -61,7 +62,7 @@ from pipebd_core.job.supervisor import Outcome, Stop, Supervisor, Watcher
 from pipebd_core.rank.checkpoint import resume_steps
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import SpecError, parse_spec
-from worker.streaming import TelemetryStreamer
+from worker.streaming import Progress, TelemetryStreamer
 from worker.tracking import MlflowExport, start_export
 
 log = logging.getLogger("pipebd.worker")
@@ -79,27 +80,16 @@ def current_state(database: str, job_id: int) -> str | None:
         return None if job is None else job.state
 
 
-def move(database: str, job_id: int, target: str, expected: list[str], **fields: Any) -> bool:
+class PhaseEvent(Progress):
+    """The data of a job's `phase` event (and the columns it sets): the phase now, every phase, the progress."""
+
+    phase: str
+    phases: list[PhaseEntry]
+
+
+def move(database: str, job_id: int, target: str, expected: list[str], **fields: Unpack[JobChanges]) -> bool:
     with session_scope(database) as session:
         return transition(session, job_id, target, expected, **fields)
-
-
-def plan_summary(plan: PlanDocument) -> dict[str, Any]:
-    """What the jobs table keeps of plan.json (the list and the job's detail show it)."""
-    summary = plan.to_json()
-    keys: tuple[str, ...] = (
-        "mode",
-        "nproc",
-        "num_blocks",
-        "batch_size",
-        "stages",
-        "assignment",
-        "total_steps",
-        "block_names",
-    )
-    if plan.predictions is not None:
-        keys += ("predicted_step_s", "mode_step_s")
-    return {key: summary.get(key) for key in keys}
 
 
 Publish = Callable[[int, str], None]  # (job id, queue): put a requeued job's id on the broker
@@ -157,15 +147,15 @@ class JobWatcher(Watcher):
         now_running = current(records)
         name = now_running.name if now_running else records[-1].name
         progress = self.streamer.progress(name, records)
-        data: dict[str, Any] = {"phase": name, "phases": [r.to_json() for r in records], **progress}
+        data: PhaseEvent = {"phase": name, "phases": phase_entries(records), **progress}
         fields = dict(data)
         if self.run_dir.plan.exists():
-            fields["plan_summary"] = plan_summary(self.run_dir.load_plan())
+            fields["plan_summary"] = summarize(self.run_dir.load_plan())
         with session_scope(self.database) as session:
             stored = session.get(Job, self.job_id)
             before = None if stored is None else stored.phases
             session.execute(update(Job).where(col(Job.id) == self.job_id).values(**fields))
-            session.add(JobEvent(job_id=self.job_id, kind="phase", data=data))
+            session.add(JobEvent(job_id=self.job_id, kind="phase", data=dict(data)))
             notify_phases(session, self.job_id, before, records)
 
     def process_changed(self, phase: str, process: subprocess.Popen[bytes] | None) -> None:
@@ -271,7 +261,7 @@ class JobRunner:
 
     def claim(self) -> bool:
         stamp = now()
-        fields: dict[str, Any] = {
+        fields: JobChanges = {
             "worker": self.settings.worker_name,
             "host": self.settings.host_id,
             "worker_pid": os.getpid(),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from typing import TypedDict
 
 from sqlalchemy import update
 from sqlmodel import Session, col, func, select
@@ -43,6 +44,14 @@ def seq_of(line: TelemetryLine) -> int:
     """A line's place among its rank's tasks of the phase, over every launch: the tasks this launch did
     (`done`) after those done before it (`skipped`: a resume, a re-plan); EVAL_SEQ for an evaluation."""
     return EVAL_SEQ if isinstance(line, EvalLine) else line.seq
+
+
+class Progress(TypedDict):
+    """A job row's progress fields: the whole job's and the current phase's fraction done, and samples/s."""
+
+    progress: float
+    phase_progress: float
+    samples_per_s: float | None
 
 
 class TelemetryStreamer:
@@ -95,7 +104,7 @@ class TelemetryStreamer:
             self.followers[phase] = MetricsFollower(self.run_dir, phase)
         return self.followers[phase]
 
-    def progress(self, phase: str, records: list[PhaseRecord]) -> dict[str, float | None]:
+    def progress(self, phase: str, records: list[PhaseRecord]) -> Progress:
         """The job row's progress fields: the whole job's and `phase`'s fraction done, and samples/s: the
         training phase's while one runs, afterwards the last training phase's as it stood at its last poll
         (a finished job's list row shows what its distillation or fine-tuning reached, not a blank)."""

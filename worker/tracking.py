@@ -32,6 +32,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from app.core.json_types import JsonObject
 from app.core.settings import Settings
 from app.core.states import CANCELLED, FAILED, PAUSED, QUEUED, RUNNING, SUCCEEDED
 from pipebd_core.documents.phases import ENDED, TRAINING_PHASES, PhaseRecord
@@ -66,7 +67,7 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
     return {prefix.rstrip("."): text[:MAX_PARAM_CHARS]}
 
 
-def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
+def summary_metrics(summary: JsonObject) -> dict[str, float]:
     """The numbers of summary.json as `summary/<dotted path>` metrics (top-1s, final losses, phase seconds)."""
     numbers = {}
     for key, text in flatten({k: v for k, v in summary.items() if k != "format_version"}).items():

@@ -10,12 +10,14 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Path, Query, Request
 from sqlmodel import Session, SQLModel
 
-from app.api.auth import require
+from app.api.auth import require, tenant_of
+from app.api.limits import client_key
 from app.api.problems import ApiError, invalid
 from app.core.database import get_engine
 from app.core.settings import Settings
 from app.core.tables import DB_INT_MAX, Job, Sweep, Webhook
 from app.services.jobs import CURSOR_MAX
+from app.services.submissions import Submitter
 
 
 def get_app_settings(request: Request) -> Settings:
@@ -26,6 +28,19 @@ def get_app_settings(request: Request) -> Settings:
 def get_session(request: Request) -> Iterator[Session]:
     with Session(get_engine(request.app.state.settings.database), expire_on_commit=False) as session:
         yield session
+
+
+def submitter_of(request: Request) -> Submitter:
+    """Who submits by this request, and the server's checker and broker, for app/services/submissions.py."""
+    settings: Settings = request.app.state.settings
+    return Submitter(
+        settings=settings,
+        celery=request.app.state.celery,
+        checker=request.app.state.preflight,
+        checker_threads=request.app.state.preflight_threads,
+        client=client_key(request, bool(settings.tokens)),
+        tenant=tenant_of(request, settings),
+    )
 
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]

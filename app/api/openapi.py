@@ -10,13 +10,12 @@ configured, the bearer scheme every route but /healthz needs.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from app.api.schemas import Problem, ProblemField
+from app.core.json_types import JsonObject
 from app.core.settings import Settings
 from pipebd_core.spec import Spec
 
@@ -29,15 +28,15 @@ BEARER = {
 }
 
 
-def model_components(model: type[BaseModel]) -> dict[str, Any]:
+def model_components(model: type[BaseModel]) -> JsonObject:
     """`model` and every model it refers to, as OpenAPI components."""
     schema = model.model_json_schema(ref_template=REF_TEMPLATE)
-    components: dict[str, Any] = schema.pop("$defs", {})
+    components: JsonObject = schema.pop("$defs", {})
     components[model.__name__] = schema
     return components
 
 
-def spec_components(settings: Settings) -> dict[str, Any]:
+def spec_components(settings: Settings) -> JsonObject:
     """The spec's models with this server's policy: workload.kind required, epochs and num_samples bounded."""
     components = model_components(Spec)
     components["Spec"]["required"] = ["workload"]
@@ -50,21 +49,21 @@ def spec_components(settings: Settings) -> dict[str, Any]:
 PAGED = ("/api/v1/jobs", "/api/v1/webhooks/{webhook_id}/deliveries")  # lists with a `limit` query
 
 
-def limit_list_pages(document: dict[str, Any], settings: Settings) -> None:
+def limit_list_pages(document: JsonObject, settings: Settings) -> None:
     for path in PAGED:
         for parameter in document["paths"][path]["get"]["parameters"]:
             if parameter["name"] == "limit":
                 parameter["schema"]["maximum"] = settings.page_limit_max
 
 
-def require_tokens(document: dict[str, Any]) -> None:
+def require_tokens(document: JsonObject) -> None:
     """Every operation needs a bearer token, but /healthz."""
     document["components"]["securitySchemes"] = {"bearerToken": BEARER}
     document["security"] = [{"bearerToken": []}]
     document["paths"]["/healthz"]["get"]["security"] = []
 
 
-def build_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
+def build_schema(app: FastAPI, settings: Settings) -> JsonObject:
     document = get_openapi(
         title=app.title, version=app.version, summary=app.summary, description=app.description, routes=app.routes
     )
@@ -81,7 +80,7 @@ def build_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
 def install(app: FastAPI, settings: Settings) -> None:
     """Serve `build_schema` as the app's schema (built once, on first use)."""
 
-    def openapi() -> dict[str, Any]:
+    def openapi() -> JsonObject:
         if app.openapi_schema is None:
             app.openapi_schema = build_schema(app, settings)
         return app.openapi_schema

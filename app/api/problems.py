@@ -4,7 +4,8 @@ A problem body says what went wrong (`detail`), lists each bad field (`errors`: 
 saying why and what would work, and a bounded excerpt of the value sent) and carries the request's
 id (also in the `X-Request-ID` header of every response, and in the server log for a 500).
 
-Routes raise `ApiError`; `install(app)` converts it, FastAPI's validation errors, every other
+Routes raise `ApiError`, services their own `ServiceError` (app/services/errors.py, which also holds the
+field problems' shape); `install(app)` converts both, FastAPI's validation errors, every other
 HTTPException (unknown routes, 405s) and any unexpected exception into this shape, and adds the
 request-size limit (413 before a body is parsed). Nothing here echoes more than `EXCERPT_CHARS` of a
 value or `MESSAGE_CHARS` of a message, however large the request was.
@@ -16,7 +17,6 @@ import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,42 +26,24 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.database import DATABASE_DOWN
+from app.services.errors import (
+    ABSENT,
+    EXCERPT_CHARS,
+    MESSAGE_CHARS,
+    FieldProblem,
+    ServiceError,
+    excerpt,
+    field_problem,
+    pydantic_problems,
+    summary,
+    where,
+)
 
 PROBLEM_JSON = "application/problem+json"
-EXCERPT_CHARS = 120  # the most of an offending value (its repr) a problem repeats
-MESSAGE_CHARS = 2000  # the most of one message (engine messages may quote a user's exception)
 MAX_ERRORS = 50  # bad fields listed at most; the detail says how many more there were
 REQUEST_ID_HEADER = "X-Request-ID"
 ROUTED_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")  # what routes here answer (HEAD comes with GET)
 log = logging.getLogger("pipebd.api")
-
-ABSENT = object()  # a field problem without a value to quote (a missing field)
-# what would work, for FastAPI's and pydantic's messages that only say what is wrong
-REMEDIES = {
-    "missing": "required: give a value",
-    "extra_forbidden": "not a field here: remove it (docs/spec.md lists every field)",
-}
-
-
-def excerpt(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters, saying how much was left out."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text) - limit} more characters)"
-
-
-def field_problem(loc: Sequence[str | int], message: str, value: Any = ABSENT) -> dict[str, Any]:
-    """One bad field: where (`body`, `query`, `path` or `header`, then the path), why, and what was sent."""
-    item: dict[str, Any] = {"loc": list(loc), "message": excerpt(message, MESSAGE_CHARS)}
-    if value is not ABSENT:
-        item["value"] = excerpt(value if isinstance(value, str) else repr(value), EXCERPT_CHARS)
-    return item
-
-
-def where(item: Mapping[str, Any]) -> str:
-    """`train.epochs` for loc ["body", "train", "epochs"]: the field as a reader names it."""
-    loc = [str(part) for part in item["loc"]]
-    return ".".join(loc[1:]) or (loc[0] if loc else "")
 
 
 class ApiError(StarletteHTTPException):
@@ -71,14 +53,14 @@ class ApiError(StarletteHTTPException):
         self,
         status: int,
         detail: str,
-        errors: Iterable[dict[str, Any]] = (),
+        errors: Iterable[FieldProblem] = (),
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(status, detail, dict(headers) if headers else None)
         self.errors = list(errors)
 
 
-def invalid(loc: Sequence[str | int], message: str, value: Any = ABSENT) -> ApiError:
+def invalid(loc: Sequence[str | int], message: str, value: object = ABSENT) -> ApiError:
     """A 422 for one bad parameter or field."""
     item = field_problem(loc, message, value)
     return ApiError(422, f"{where(item)}: {item['message']}", [item])
@@ -93,7 +75,7 @@ def problem_response(
     scope: Scope,
     status: int,
     detail: str,
-    errors: Sequence[dict[str, Any]] = (),
+    errors: Sequence[FieldProblem] = (),
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     """The problem body of `status` for the request of `scope` (the one builder of every error body)."""
@@ -110,23 +92,6 @@ def problem_response(
         "errors": shown,
     }
     return JSONResponse(body, status_code=status, headers=dict(headers or {}), media_type=PROBLEM_JSON)
-
-
-def summary(errors: Sequence[dict[str, Any]]) -> str:
-    """`field: message` of the first problem, and how many there are."""
-    first = f"{where(errors[0])}: {errors[0]['message']}" if errors else "the request is not valid"
-    return first if len(errors) <= 1 else f"{len(errors)} problems; the first: {first}"
-
-
-def pydantic_problems(errors: Iterable[Any], prefix: Sequence[str | int] = ()) -> list[dict[str, Any]]:
-    """Pydantic's (and so FastAPI's) validation errors as field problems: the message with what would
-    work, and a bounded excerpt of the value; `prefix` goes before each location (`body` for a spec)."""
-    items = []
-    for item in errors:
-        message = REMEDIES.get(item["type"]) or str(item["msg"]).removeprefix("Value error, ")
-        value = ABSENT if item["type"] == "missing" else item.get("input", ABSENT)
-        items.append(field_problem([*prefix, *item["loc"]], message, value))
-    return items
 
 
 def unmatched(request: Request, error: StarletteHTTPException) -> str:
@@ -155,6 +120,12 @@ async def http_error(request: Request, error: Exception) -> JSONResponse:
     if error.status_code == 405:
         headers["Allow"] = ", ".join(allowed_methods(request))
     return problem_response(request.scope, error.status_code, unmatched(request, error), errors, headers)
+
+
+async def service_error(request: Request, error: Exception) -> JSONResponse:
+    """A service's refusal (app/services/errors.py) as the problem body of its status."""
+    assert isinstance(error, ServiceError)
+    return problem_response(request.scope, error.status, error.detail, error.errors, error.headers)
 
 
 async def validation_error(request: Request, error: Exception) -> JSONResponse:
@@ -262,5 +233,6 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
     """Every error of `app` as a problem body; bodies over `max_body_bytes` refused with 413."""
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(ServiceError, service_error)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     app.add_middleware(RequestContext)  # added last: the outermost of the two

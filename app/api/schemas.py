@@ -30,6 +30,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_serializer
 
 from app.api.problems import EXCERPT_CHARS, PROBLEM_JSON
+from app.core.json_types import JsonObject
+from app.core.objectives import Objective
+from app.core.plan_summary import PlanSummary
 from app.core.states import JobState
 from app.core.sweeps import SweepState
 from app.core.tables import iso_utc
@@ -62,11 +65,11 @@ class Problem(BaseModel):
     errors: list[ProblemField] = Field(description="each bad field (empty when the problem is not about one)")
 
 
-ResponseDoc = dict[int | str, dict[str, Any]]
+ResponseDoc = dict[int | str, JsonObject]  # OpenAPI response objects by status
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 
 
-def problem(description: str) -> dict[str, Any]:
+def problem(description: str) -> JsonObject:
     """An error response for a route's `responses=`: a problem body (app/api/openapi.py adds the models)."""
     return {"description": description, "content": {PROBLEM_JSON: {"schema": PROBLEM_REF}}}
 
@@ -426,8 +429,8 @@ class GangSeatPublic(BaseModel):
 class JobDetail(JobPublic):
     """One job: everything in the list entry plus its spec, plan summary, error and why it waits."""
 
-    spec: dict[str, Any] = Field(description="The spec as stored, with its defaults filled in (docs/spec.md)")
-    plan_summary: dict[str, Any] | None = Field(
+    spec: JsonObject = Field(description="The spec as stored, with its defaults filled in (docs/spec.md)")
+    plan_summary: PlanSummary | None = Field(
         description="Mode, stages and predicted step time of the resolved plan; the whole plan is at .../plan"
     )
     error: str | None = Field(description="The failing rank's traceback, or what else went wrong")
@@ -511,9 +514,9 @@ class SweepPublic(BaseModel):
         " cancelled (one cancelled) or succeeded"
     )
     created_at: float = Field(description="when it was submitted (ISO 8601, UTC)")
-    search: dict[str, Any] = Field(description="the search as sent: `grid`, `list` or `random`")
+    search: JsonObject = Field(description="the search as sent: `grid`, `list` or `random`")
     max_parallel: int | None = Field(description="children launched at once at most; null: no bound")
-    objective: dict[str, Any] | None = Field(description="`metric` and `goal` (minimize or maximize); null: none")
+    objective: Objective | None = Field(description="`metric` and `goal` (minimize or maximize); null: none")
     progress: SweepProgress = Field(description="the children per state and the overall fraction")
     best: SweepBest | None = Field(description="the child with the best objective value so far; null before any")
 
@@ -525,14 +528,14 @@ class SweepPublic(BaseModel):
 class SweepChild(JobPublic):
     """A child of a sweep: the job, the overrides that made it, and its objective value."""
 
-    overrides: dict[str, Any] = Field(description="dotted field path -> the value this child has there")
+    overrides: JsonObject = Field(description="dotted field path -> the value this child has there")
     objective_value: Number | None = Field(description="its value of the objective's metric now; null: none yet")
 
 
 class SweepDetail(SweepPublic):
     """One sweep: its base spec and every child, oldest first."""
 
-    spec: dict[str, Any] = Field(description="the base spec as sent")
+    spec: JsonObject = Field(description="the base spec as sent")
     jobs: list[SweepChild] = Field(description="its child jobs in order of creation")
 
 
@@ -560,7 +563,7 @@ class CompareRow(BaseModel):
     name: str = Field(description="the spec's name")
     state: JobState = Field(description="the job's state now")
     sweep_id: int | None = Field(description="the sweep it is a child of; null for none")
-    fields: dict[str, Any] = Field(
+    fields: JsonObject = Field(
         description="dotted spec path -> this job's value (null where its spec lacks the field), for each of `fields`"
     )
     loss: dict[str, LossStat] = Field(description="per block (its index): the loss's min, max and final")

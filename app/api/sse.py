@@ -16,12 +16,13 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import anyio
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from app.core.database import session_scope
+from app.core.json_types import JsonObject
 from app.core.states import AT_REST
 from app.core.tables import Job, JobEvent, JobMetric
 
@@ -32,6 +33,14 @@ RETRY_MS = 2000  # how soon EventSource clients reconnect after a dropped connec
 FEED_THREADS = 4  # database reads of event streams at once, at most
 
 
+class StreamEvent(TypedDict):
+    """One event as a follower gets it: its id (the SSE id), its kind (the SSE event name) and its data."""
+
+    id: int
+    event: str
+    data: JsonObject  # the event's data as the worker stored it, with its job and time (and a metrics batch's lines)
+
+
 @dataclass
 class Poll:
     events: list[tuple[int, str]]  # (id, the event as sent)
@@ -39,8 +48,9 @@ class Poll:
     termination_reason: str | None
 
 
-def expand(event: JobEvent, session: Any) -> dict[str, Any]:
+def expand(event: JobEvent, session: Session) -> StreamEvent:
     """The payload a client sees; a metrics event carries the telemetry lines of its batch."""
+    assert event.id is not None  # read from the database
     data = dict(event.data)
     if event.kind == "metrics":
         rows = session.exec(
@@ -66,7 +76,7 @@ def poll(database: str, job_id: int, after: int) -> Poll:
         return Poll([(e["id"], format_event(e["id"], e["event"], e["data"])) for e in events], state, reason)
 
 
-def format_event(event_id: int | None, name: str, data: dict[str, Any]) -> str:
+def format_event(event_id: int | None, name: str, data: JsonObject) -> str:
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 

@@ -11,19 +11,22 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from app.cli.responses import EventJson, JobJson, PageJson, ProblemJson, SweepBody, SweepJson
+from app.core.json_types import JsonObject
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.telemetry import DistillLine, FinetuneLine, TelemetryLine, parse_line
 
 RECONNECT_S = 1.0
 MAX_RECONNECTS = 30
 QUIET_PRINT_S = 5.0  # without a terminal, print progress this often (and at every state change)
+Query = str | int | float | bool | None  # a query parameter's value (None: left out)
 
 
 class ClientError(RuntimeError):
@@ -38,7 +41,7 @@ class ClientError(RuntimeError):
 @dataclass
 class Event:
     name: str
-    data: dict[str, Any]
+    data: EventJson
     id: int | None = None
 
 
@@ -87,7 +90,7 @@ def headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def problem_text(problem: dict[str, Any]) -> str:
+def problem_text(problem: ProblemJson) -> str:
     """The API's problem body in lines: `field: message` for each bad field, else its detail."""
     lines = []
     for item in problem.get("errors") or []:
@@ -129,27 +132,27 @@ def call(method: str, server: str, token: str | None, path: str, **options: Any)
     return response
 
 
-def get_json(server: str, token: str | None, path: str, params: dict[str, Any] | None = None) -> Any:
+def get_json(server: str, token: str | None, path: str, params: Mapping[str, Query] | None = None) -> Any:
     """GET `path` (query `params`, None values left out): its JSON body."""
     query = {key: value for key, value in (params or {}).items() if value is not None}
     return call("GET", server, token, path, params=query).json()
 
 
-def submit(server: str, token: str | None, document: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+def submit(server: str, token: str | None, document: JsonObject, key: str | None = None) -> JobJson:
     extra = {"Idempotency-Key": key} if key else {}
-    job: dict[str, Any] = call("POST", server, token, "/api/v1/jobs", json=document, headers=extra).json()
+    job: JobJson = call("POST", server, token, "/api/v1/jobs", json=document, headers=extra).json()
     return job
 
 
-def create_sweep(server: str, token: str | None, body: dict[str, Any]) -> dict[str, Any]:
+def create_sweep(server: str, token: str | None, body: SweepBody) -> SweepJson:
     """POST /api/v1/sweeps (every child's spec is checked: allow it time); the sweep with its children."""
-    sweep: dict[str, Any] = call("POST", server, token, "/api/v1/sweeps", json=body, timeout=120).json()
+    sweep: SweepJson = call("POST", server, token, "/api/v1/sweeps", json=body, timeout=120).json()
     return sweep
 
 
-def act(server: str, token: str | None, job_id: int, action: str) -> dict[str, Any]:
+def act(server: str, token: str | None, job_id: int, action: str) -> JobJson:
     """POST /api/v1/jobs/{id}/{action} (pause, resume or cancel); the job as the server then shows it."""
-    job: dict[str, Any] = call("POST", server, token, f"/api/v1/jobs/{job_id}/{action}").json()
+    job: JobJson = call("POST", server, token, f"/api/v1/jobs/{job_id}/{action}").json()
     return job
 
 
@@ -232,13 +235,13 @@ def follow(server: str, token: str | None, job_id: int) -> str:
 
 
 def paged(
-    server: str, token: str | None, path: str, query: dict[str, Any], cursor: str | None, every: bool
+    server: str, token: str | None, path: str, query: Mapping[str, Query], cursor: str | None, every: bool
 ) -> tuple[list[Any], str | None]:
     """The items of a cursor-paged list at `path`: the page at `cursor`, then (`every`: --all) each next
     one; with the cursor of the page after the last one read (None at the end)."""
     items: list[Any] = []
     while True:
-        page: dict[str, Any] = get_json(server, token, path, {**query, "cursor": cursor})
+        page: PageJson[Any] = get_json(server, token, path, {**query, "cursor": cursor})
         items += page["data"]
         cursor = page["next_cursor"]
         if not every or cursor is None:

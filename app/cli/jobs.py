@@ -16,6 +16,7 @@ from typing import Any
 
 from app.cli.client import ClientError, download, get_json, paged
 from app.cli.output import fields, percent, print_json, table
+from app.cli.responses import JobJson, LogChunkJson
 from pipebd_core.cli import fail
 
 JOBS = "/api/v1/jobs"
@@ -43,20 +44,20 @@ def handles_refusals(command: Callable[[argparse.Namespace], int]) -> Callable[[
 # --- pipebd jobs --------------------------------------------------------------------------------------
 
 
-def ranks(job: dict[str, Any]) -> str:
+def ranks(job: JobJson) -> str:
     """A job's ranks as a user counts them: `4`, or `2 x 2` on several nodes (nodes x ranks per node)."""
     nodes = job.get("nodes", 1)
     return str(job["nproc"]) if nodes == 1 else f"{nodes} x {job['nproc']}"
 
 
-def hosts_of(job: dict[str, Any]) -> str | None:
+def hosts_of(job: JobJson) -> str | None:
     """The host of each node of a job on several nodes in its newest attempt, node 0 first."""
     attempts = job.get("attempts") or []
     hosts = attempts[-1].get("hosts") if attempts else None
     return ", ".join(hosts) if hosts and job.get("nodes", 1) > 1 else None
 
 
-def job_row(job: dict[str, Any]) -> list[Any]:
+def job_row(job: JobJson) -> list[Any]:
     return [
         job["id"],
         job["name"],
@@ -87,7 +88,7 @@ def command_jobs(args: argparse.Namespace) -> int:
 # --- pipebd show --------------------------------------------------------------------------------------
 
 
-def describe(job: dict[str, Any]) -> str:
+def describe(job: JobJson) -> str:
     summary = job.get("plan_summary") or {}
     lines = [
         fields(
@@ -118,11 +119,11 @@ def describe(job: dict[str, Any]) -> str:
         ]
         lines += ["", table(["phase", "state", "outcome", "reason", "started", "ended"], rows)]
     if job["attempts"]:
-        rows = [
+        attempts: list[list[Any]] = [
             [a["number"], a["worker"], a["started_at"], a["ended_at"], a["outcome"], a["reason"]]
             for a in job["attempts"]
         ]
-        lines += ["", table(["attempt", "worker", "started", "ended", "outcome", "reason"], rows)]
+        lines += ["", table(["attempt", "worker", "started", "ended", "outcome", "reason"], attempts)]
     if job["error"]:
         lines += ["", "error:", job["error"].rstrip()]
     return "\n".join(lines)
@@ -130,7 +131,7 @@ def describe(job: dict[str, Any]) -> str:
 
 @handles_refusals
 def command_show(args: argparse.Namespace) -> int:
-    job = get_json(args.server, args.token, f"{JOBS}/{args.job_id}")
+    job: JobJson = get_json(args.server, args.token, f"{JOBS}/{args.job_id}")
     if args.json:
         print_json(job)
     else:
@@ -150,14 +151,12 @@ class LogReader:
         self.offset = 0
         self.path = f"{JOBS}/{args.job_id}/logs"
 
-    def read(self) -> dict[str, Any] | None:
+    def read(self) -> LogChunkJson | None:
         """The next chunk (its text empty at the end of the file so far); None while the job has no logs."""
         args = self.args
         params = {"phase": self.phase, "rank": args.rank, "node": args.node, "offset": self.offset, "limit": LOG_CHUNK}
         try:
-            chunk: dict[str, Any] = get_json(
-                self.args.server, self.args.token, f"{JOBS}/{self.args.job_id}/logs", params
-            )
+            chunk: LogChunkJson = get_json(self.args.server, self.args.token, f"{JOBS}/{self.args.job_id}/logs", params)
         except ClientError as error:
             if error.status == 404 and self.args.follow:
                 return None  # no run directory yet (an unknown job is told by the job's own 404)
@@ -165,7 +164,7 @@ class LogReader:
         self.phase, self.offset = chunk["phase"], chunk["next_offset"]
         return chunk
 
-    def next_phase(self, job: dict[str, Any]) -> bool:
+    def next_phase(self, job: JobJson) -> bool:
         """Without --phase: move on to the next phase with logs that the job has reached; False if none."""
         if self.args.phase is not None or self.phase is None:
             return False
@@ -180,11 +179,11 @@ class LogReader:
         return True
 
 
-def emitter(args: argparse.Namespace) -> Callable[[dict[str, Any]], None]:
+def emitter(args: argparse.Namespace) -> Callable[[LogChunkJson], None]:
     """Print a chunk: as a JSON line (--json), else its text, with a line on stderr when the phase changes."""
     shown: list[str] = []
 
-    def emit(chunk: dict[str, Any]) -> None:
+    def emit(chunk: LogChunkJson) -> None:
         if args.json:
             print(json.dumps(chunk), flush=True)
             return
@@ -197,7 +196,7 @@ def emitter(args: argparse.Namespace) -> Callable[[dict[str, Any]], None]:
     return emit
 
 
-def follow_log(args: argparse.Namespace, reader: LogReader, emit: Callable[[dict[str, Any]], None]) -> str:
+def follow_log(args: argparse.Namespace, reader: LogReader, emit: Callable[[LogChunkJson], None]) -> str:
     """Emit the log as it grows until the job is at rest and everything it wrote is read; its state."""
     from app.core.states import AT_REST  # no worker will write more
 
@@ -207,7 +206,7 @@ def follow_log(args: argparse.Namespace, reader: LogReader, emit: Callable[[dict
         if chunk is not None and chunk["text"]:
             emit(chunk)
             continue
-        job = get_json(args.server, args.token, f"{JOBS}/{args.job_id}")
+        job: JobJson = get_json(args.server, args.token, f"{JOBS}/{args.job_id}")
         chunk = reader.read()  # what was written before the job moved on (or came to rest) is read first
         if chunk is not None and chunk["text"]:
             emit(chunk)

@@ -12,6 +12,7 @@ never stored. `--max-running none` (or `--device-hours none`) clears a limit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from typing import Any
 
@@ -77,7 +78,7 @@ def list_quotas(session: Any, args: argparse.Namespace) -> int:
 
     rows = report(session)
     if args.json:
-        print_json([row.to_json() for row in rows])
+        print_json([dataclasses.asdict(row) for row in rows])
         return 0
     headers = ("name", "tenant", "weight", "max running", "device-hours", "window h", "running", "devices", "used")
     values = [(r.name, r.tenant[:8], r.weight, r.max_running, r.device_hours, r.window_h, *in_use(r)) for r in rows]

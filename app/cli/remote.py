@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import yaml
@@ -18,8 +18,12 @@ import yaml
 from pipebd_core.cli import fail
 from pipebd_core.spec import SpecError, apply_overrides, load_document
 
+if TYPE_CHECKING:
+    from app.cli.responses import JobJson, SweepBody
+    from app.core.json_types import JsonObject
 
-def announce(args: argparse.Namespace, job: dict[str, Any]) -> None:
+
+def announce(args: argparse.Namespace, job: JobJson) -> None:
     """The job as the server answered: its JSON (--json), else a line with its state and URL."""
     if args.json:
         from app.cli.output import print_json
@@ -29,7 +33,7 @@ def announce(args: argparse.Namespace, job: dict[str, Any]) -> None:
         print(f"pipebd: job {job['id']} {job['state']}: {args.server}/api/v1/jobs/{job['id']}", flush=True)
 
 
-def spec_document(args: argparse.Namespace) -> dict[str, Any]:
+def spec_document(args: argparse.Namespace) -> JsonObject:
     """The spec file with --set, --nproc and --mode applied."""
     document = apply_overrides(load_document(args.spec), list(args.set or []))
     if args.nproc is not None:
@@ -50,12 +54,12 @@ def parse_values(option: str) -> tuple[str, list[Any]]:
         raise SpecError(f"--grid {path}: a value is not valid YAML: {error}") from None
 
 
-def sweep_body(args: argparse.Namespace) -> dict[str, Any]:
+def sweep_body(args: argparse.Namespace) -> SweepBody:
     """The body of POST /api/v1/sweeps from `pipebd sweep`'s arguments."""
     if not args.grid:
         raise SpecError("give the fields to sweep with --grid PATH=V1,V2 (repeat it per field)")
     grid = dict(parse_values(option) for option in args.grid)
-    body: dict[str, Any] = {"spec": spec_document(args)}
+    body: SweepBody = {"spec": spec_document(args)}
     if args.random is not None:
         body["random"] = {"count": args.random, "seed": args.seed, "fields": grid}
     else:
@@ -65,7 +69,10 @@ def sweep_body(args: argparse.Namespace) -> dict[str, Any]:
         if not sep:
             raise SpecError(f"--objective {args.objective!r}: expected METRIC:GOAL, e.g. final_loss:minimize")
         body["objective"] = {"metric": metric, "goal": goal}
-    body.update({key: value for key in ("name", "max_parallel") if (value := getattr(args, key)) is not None})
+    if args.name is not None:
+        body["name"] = args.name
+    if args.max_parallel is not None:
+        body["max_parallel"] = args.max_parallel
     return body
 
 

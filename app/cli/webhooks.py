@@ -20,6 +20,7 @@ from typing import Any
 from app.cli.client import call, get_json, paged
 from app.cli.jobs import handles_refusals
 from app.cli.output import print_json, table
+from app.cli.responses import DeliveryJson, WebhookJson
 
 SCOPES = ("server", "token", "job", "sweep")  # app.core.webhooks.SCOPES, without importing the database layer
 
@@ -68,10 +69,10 @@ def command_webhooks(args: argparse.Namespace) -> int:
     return 0
 
 
-def hook_row(hook: dict[str, Any]) -> list[Any]:
+def hook_row(hook: WebhookJson) -> list[Any]:
     counts = hook["deliveries"]
-    named = next(((scope, hook[f"{scope}_id"]) for scope in ("job", "sweep") if hook.get(f"{scope}_id")), None)
-    where = hook["scope"] if named is None else f"{named[0]} {named[1]}"
+    named = [(scope, id_) for scope, id_ in (("job", hook.get("job_id")), ("sweep", hook.get("sweep_id"))) if id_]
+    where = hook["scope"] if not named else f"{named[0][0]} {named[0][1]}"
     events = ",".join(hook["events"])
     return [hook["id"], hook["url"], events, where, counts["pending"], counts["succeeded"], counts["failed"]]
 
@@ -100,7 +101,7 @@ def delete_webhook(args: argparse.Namespace) -> None:
     print_json({"deleted": args.webhook_id}) if args.json else print(f"webhook {args.webhook_id} deleted")
 
 
-def delivery_row(d: dict[str, Any]) -> list[Any]:
+def delivery_row(d: DeliveryJson) -> list[Any]:
     attempts = f"{d['attempts']}/{d['max_attempts']}"
     return [d["id"], d["event"], d["job_id"], d["state"], attempts, d["last_status"], d["created_at"], d["last_error"]]
 

@@ -30,13 +30,13 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from sqlalchemy import update
 from sqlmodel import col, select
 
 from app.core.database import session_scope
+from app.core.json_types import JsonObject
 from app.core.settings import Settings
 from app.core.tables import Webhook, WebhookDelivery
 from app.core.webhooks import FAILED, PENDING, SUCCEEDED
@@ -68,7 +68,7 @@ class Claimed:
     url: str
     secret: str
     event: str
-    payload: dict[str, Any]
+    payload: JsonObject  # the body as stored (pipebd_core.documents.webhook), sent as it is
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,33 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any
+from collections.abc import Sequence
+from typing import Literal, NotRequired, TypedDict
 
 from pipebd_core.data.streams import even_ranges
 from pipebd_core.documents.telemetry import DistillLine, StepLine
 
-Point = dict[str, Any]
+
+class Point(TypedDict):
+    """One chart point of one rank (the API's MetricPoint): a telemetry line, or consecutive lines merged.
+    Points of rollups stored before `acc`, `cur_mem` or `gpu_util` existed lack them."""
+
+    rank: int
+    seq: int
+    epoch: int | None
+    step: int | None
+    time: float | None
+    blocks: list[int]
+    loss: dict[str, float]
+    loss_min: dict[str, float]
+    loss_max: dict[str, float]
+    phases: dict[str, float]
+    acc: NotRequired[float | None]
+    samples: float | None
+    peak_mem: int | None
+    cur_mem: NotRequired[int | None]
+    gpu_util: NotRequired[float | None]
+    count: int
 
 
 def to_point(line: StepLine) -> Point:
@@ -55,7 +76,7 @@ def bucket_bounds(length: int, buckets: int) -> list[tuple[int, int]]:
     return even_ranges(length, buckets)
 
 
-def _weighted_means(points: list[Point], field: str) -> dict[str, float]:
+def _weighted_means(points: Sequence[Point], field: Literal["loss", "phases"]) -> dict[str, float]:
     """Per key of `field`, the mean over the lines the points stand for (a point of `count` lines weighs `count`)."""
     sums: dict[str, float] = defaultdict(float)
     weights: dict[str, int] = defaultdict(int)
@@ -71,7 +92,7 @@ def _mean(weighted: list[tuple[float, int]]) -> float | None:
     return sum(v * c for v, c in weighted) / sum(c for _, c in weighted) if weighted else None
 
 
-def merge(points: list[Point]) -> Point:
+def merge(points: Sequence[Point]) -> Point:
     """One point standing for consecutive points of one rank (each may itself stand for several lines)."""
     last = points[-1]
     low: dict[str, float] = {}
@@ -80,11 +101,11 @@ def merge(points: list[Point]) -> Point:
         for block in point["loss"]:
             low[block] = min(low.get(block, math.inf), point["loss_min"][block])
             high[block] = max(high.get(block, -math.inf), point["loss_max"][block])
-    memory = [point["peak_mem"] for point in points if point["peak_mem"] is not None]
-    current = [point["cur_mem"] for point in points if point.get("cur_mem") is not None]
-    utilization = [(point["gpu_util"], point["count"]) for point in points if point.get("gpu_util") is not None]
-    counted = [(point["samples"], point["count"]) for point in points if point["samples"] is not None]
-    accuracy = [(point["acc"], point["count"]) for point in points if point.get("acc") is not None]
+    memory = [peak for point in points if (peak := point["peak_mem"]) is not None]
+    current = [mem for point in points if (mem := point.get("cur_mem")) is not None]
+    utilization = [(util, point["count"]) for point in points if (util := point.get("gpu_util")) is not None]
+    counted = [(rows, point["count"]) for point in points if (rows := point["samples"]) is not None]
+    accuracy = [(acc, point["count"]) for point in points if (acc := point.get("acc")) is not None]
     return {
         **last,
         "loss": _weighted_means(points, "loss"),

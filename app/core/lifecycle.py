@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, Unpack
 
 from sqlalchemy import update
 from sqlmodel import Session
@@ -75,8 +75,40 @@ def check_move(source: str, target: str) -> None:
         )
 
 
+class JobChanges(TypedDict, total=False):
+    """The columns of a job that a move sets besides its state (`transition`'s keyword arguments)."""
+
+    termination_reason: str | None
+    error: str | None
+    exit_code: int | None
+    finished_at: float | None
+    pid: int | None
+    heartbeat_at: float | None
+    restarts: int
+    progress: float
+    phase_progress: float
+    worker: str | None
+    host: str | None
+    worker_pid: int | None
+    started_at: float | None
+    run_dir: str | None
+
+
+class JobMove(JobChanges, total=False):
+    """Everything a move writes: the state, when, and the changes."""
+
+    state: str
+    updated_at: float
+
+
 def transition(
-    session: Session, job_id: int, target: str, expected: Iterable[str], *, note: str | None = None, **fields: Any
+    session: Session,
+    job_id: int,
+    target: str,
+    expected: Iterable[str],
+    *,
+    note: str | None = None,
+    **fields: Unpack[JobChanges],
 ) -> bool:
     """Move job `job_id` from one of `expected` to `target`, setting `fields`; False if it was in no such state.
 
@@ -90,7 +122,7 @@ def transition(
         if reason not in (None, *TERMINATION_REASONS):  # the table: pipebd_core.job.outcomes
             raise TransitionError(f"unknown termination_reason {reason!r}")
     stamp = now()
-    values: dict[str, Any] = {"state": target, "updated_at": stamp, **fields}
+    values: JobMove = {"state": target, "updated_at": stamp, **fields}
     if target in FINAL:
         values.setdefault("finished_at", stamp)
     if target in FINAL:  # a child's end decides its sweep's events: its sweep's row first (app/core/sweep_events.py)
@@ -137,7 +169,7 @@ def restart_budget(job: Job, server_max_restarts: int) -> int:
     return server_max_restarts if job.max_restarts is None else job.max_restarts
 
 
-REQUEUE_CLEARS: dict[str, Any] = {
+REQUEUE_CLEARS: JobChanges = {
     "termination_reason": None,
     "error": None,
     "exit_code": None,
@@ -147,10 +179,13 @@ REQUEUE_CLEARS: dict[str, Any] = {
 }
 
 
-def requeue(session: Session, job_id: int, expected: Iterable[str], note: str | None, **fields: Any) -> bool:
+def requeue(
+    session: Session, job_id: int, expected: Iterable[str], note: str | None, **fields: Unpack[JobChanges]
+) -> bool:
     """Put a job back in the queue (resume, an automatic restart, a worker shutting down); the caller
     publishes its id once this commits. The last attempt keeps why it ended (`note`)."""
-    return transition(session, job_id, QUEUED, expected, note=note, **{**REQUEUE_CLEARS, **fields})
+    changes: JobChanges = {**REQUEUE_CLEARS, **fields}
+    return transition(session, job_id, QUEUED, expected, note=note, **changes)
 
 
 STOPPED_TO_KEEP = frozenset({"user_paused", "worker_shutdown"})  # stops that checkpoint the ranks first
@@ -229,11 +264,11 @@ def _settle_end(
 ) -> str | None:
     """The run's own end: succeeded, or failed or cancelled with its reason."""
     assert job.id is not None
-    fields: dict[str, Any] = {"pid": None}
+    fields: JobChanges = {"pid": None}
     if result == SUCCEEDED:
-        fields.update(progress=1.0, phase_progress=1.0, exit_code=0)
+        fields.update({"progress": 1.0, "phase_progress": 1.0, "exit_code": 0})
     else:
         reason, error = (termination.reason, termination.error) if termination else (None, None)
-        fields.update(termination_reason=reason, error=error, exit_code=exit_code)
+        fields.update({"termination_reason": reason, "error": error, "exit_code": exit_code})
     sources = [state for state in ACTIVE if result in ALLOWED_MOVES[state]]
     return result if transition(session, job.id, result, sources, **fields) else None

@@ -9,7 +9,7 @@ sees. Two limits use it:
 - the queue's capacity (`QUEUE`): a submission holds it while it counts the queued jobs and stores its
   own (app/services/jobs.py:create_job), so no two submissions both take the last place;
 - a client's submission rate (`rate_name`): `take` counts a use in a sliding window, or says how long
-  until the oldest use leaves it.
+  until the oldest use leaves it; `count_submission` counts one submission in its own transaction.
 
 Times are Unix seconds of the API hosts' clocks (kept in step by NTP, as a deployment of several
 hosts needs anyway).
@@ -17,13 +17,18 @@ hosts needs anyway).
 
 from __future__ import annotations
 
+import math
+import time
+
 from sqlalchemy import delete
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
+from app.core.database import get_engine
 from app.core.tables import LimitState
 
 QUEUE = "queue"  # the queue capacity's lock row
+WINDOW_S = 60.0  # a client's submission rate is counted over this sliding window
 
 
 def rate_name(client: str) -> str:
@@ -66,3 +71,18 @@ def forget_quiet(session: Session, before: float) -> None:
         .with_for_update(skip_locked=True)
     )
     session.execute(delete(LimitState).where(col(LimitState.name).in_(quiet)))
+
+
+def count_submission(database: str, client: str, per_minute: int) -> float | None:
+    """Count a submission by `client`; None when admitted, else the seconds to wait. One transaction."""
+    at = time.time()
+    with Session(get_engine(database)) as session:
+        forget_quiet(session, at - WINDOW_S)
+        wait_s = take(session, rate_name(client), limit=per_minute, window_s=WINDOW_S, at=at)
+        session.commit()
+    return wait_s
+
+
+def retry_after(wait_s: float) -> str:
+    """The `Retry-After` value: whole seconds, at least 1."""
+    return str(max(1, math.ceil(wait_s)))

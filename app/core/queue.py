@@ -7,7 +7,7 @@ job id: the database holds the job.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from celery import Celery
 from kombu.transport import sqlalchemy as kombu_sqlalchemy
@@ -16,7 +16,7 @@ from app.core.settings import Settings
 
 TASK_NAME = "pipebd.run_job"
 SQLITE_BROKER_POLL_S = 0.1  # how often a worker polls the SQLite broker for a new message
-PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
+PUBLISH_RETRY: dict[str, float] = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
 
 
 def queue_name(nproc: int) -> str:
@@ -28,8 +28,22 @@ def queues_for(devices: int) -> list[str]:
     return [queue_name(n) for n in range(1, devices + 1)]
 
 
-def celery_config(settings: Settings) -> dict[str, Any]:
-    config: dict[str, Any] = {
+class CeleryConfig(TypedDict):
+    """The Celery settings of the API and the workers (celery.conf.update takes them by name)."""
+
+    broker_url: str
+    task_acks_late: bool
+    task_reject_on_worker_lost: bool
+    worker_prefetch_multiplier: int
+    task_default_queue: str
+    broker_connection_retry_on_startup: bool
+    task_publish_retry_policy: dict[str, float]
+    worker_hijack_root_logger: bool
+    broker_transport_options: NotRequired[dict[str, float | dict[str, float]]]
+
+
+def celery_config(settings: Settings) -> CeleryConfig:
+    config: CeleryConfig = {
         "broker_url": settings.broker,
         "task_acks_late": True,  # a message is done when the job is, not when a worker takes it
         "task_reject_on_worker_lost": False,  # a lost worker's job is failed (worker_lost), not rerun

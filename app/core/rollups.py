@@ -28,12 +28,18 @@ FACTOR = 4  # runs of a level merged into one run of the next
 LEVELS = tuple(FACTOR ** (power + 1) for power in range(8))  # lines per run: 4, 16, ..., 65536
 
 
+class Run(Point):
+    """A point on its way into a rollup row, with the seq of its first line."""
+
+    first_seq: int
+
+
 class RollupBuilder:
     """Turns one job's stored lines of one phase, in arrival order, into the rollup rows that became complete."""
 
     def __init__(self, job_id: int, phase: str = DISTILL) -> None:
         self.job_id, self.phase = job_id, phase
-        self.pending: dict[tuple[int, int], list[Point]] = defaultdict(list)  # (rank, level) -> runs below
+        self.pending: dict[tuple[int, int], list[Run]] = defaultdict(list)  # (rank, level) -> runs below
 
     def add(self, points: list[Point]) -> list[JobMetricRollup]:
         rows: list[JobMetricRollup] = []
@@ -41,12 +47,12 @@ class RollupBuilder:
             self._push(point["rank"], 0, {**point, "first_seq": point["seq"]}, rows)
         return rows
 
-    def _push(self, rank: int, level: int, point: Point, rows: list[JobMetricRollup]) -> None:
+    def _push(self, rank: int, level: int, point: Run, rows: list[JobMetricRollup]) -> None:
         pending = self.pending[(rank, level)]
         pending.append(point)
         if len(pending) < FACTOR:
             return
-        run = {**merge(pending), "first_seq": pending[0]["first_seq"]}
+        run: Run = {**merge(pending), "first_seq": pending[0]["first_seq"]}
         pending.clear()
         rows.append(
             JobMetricRollup(

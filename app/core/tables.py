@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import JSON, Column, Index
 from sqlmodel import Field, SQLModel
 
+from app.core.job_phases import PhaseEntry
+from app.core.json_types import JsonObject
+from app.core.plan_summary import PlanSummary
 from pipebd_core.documents.phases import DISTILL
 
 # Ids, steps and ranks are INTEGER columns: 4 bytes on PostgreSQL, so no stored value is larger than this
@@ -48,10 +50,10 @@ class Sweep(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(max_length=100)
-    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # the base spec document, as sent
-    search: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # grid, list or random, as sent
+    spec: JsonObject = Field(sa_column=Column(JSON, nullable=False))  # the base spec document, as sent
+    search: JsonObject = Field(sa_column=Column(JSON, nullable=False))  # grid, list or random, as sent
     max_parallel: int | None = None  # children launched at once at most (app/core/sweeps.py); None: no bound
-    objective: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # {"metric": ..., "goal": ...}
+    objective: JsonObject | None = Field(default=None, sa_column=Column(JSON))  # {"metric": ..., "goal": ...}
     best_job_id: int | None = None  # the best child its last `sweep.best_changed` named (app/core/sweep_events.py)
     created_at: float = Field(default_factory=now)
     updated_at: float = Field(default_factory=now)  # also touched by each claim of a child (its row lock)
@@ -71,7 +73,7 @@ class Job(SQLModel, table=True):
     nproc: int  # ranks the job needs per node: it goes to a worker with at least this many devices
     nodes: int = Field(default=1, sa_column_kwargs={"server_default": "1"})  # >1: a gang of workers on as many hosts
     queue: str = Field(max_length=64)
-    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    spec: JsonObject = Field(sa_column=Column(JSON, nullable=False))
     created_at: float = Field(default_factory=now)
     updated_at: float = Field(default_factory=now)
     started_at: float | None = None
@@ -83,11 +85,11 @@ class Job(SQLModel, table=True):
     pid: int | None = None  # the torchrun agent (the profiling one while starting), leader of its own session
     run_dir: str | None = None
     phase: str | None = Field(default=None, max_length=20)  # the phase running now, else the one that ran last
-    phases: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))  # pipebd_core.job.phases records
+    phases: list[PhaseEntry] | None = Field(default=None, sa_column=Column(JSON))  # pipebd_core.job.phases records
     phase_progress: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})  # of the current phase
     progress: float = 0.0  # of the whole job (pipebd_core.job.phases.job_fraction)
     samples_per_s: float | None = None
-    plan_summary: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    plan_summary: PlanSummary | None = Field(default=None, sa_column=Column(JSON))  # app/core/plan_summary.py
     termination_reason: str | None = Field(default=None, max_length=32)
     error: str | None = None
     exit_code: int | None = None
@@ -97,7 +99,7 @@ class Job(SQLModel, table=True):
     max_restarts: int | None = None  # automatic restarts after infrastructure faults; None: the server's default
     restarts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # automatic restarts used so far
     sweep_id: int | None = Field(default=None, foreign_key="sweep.id", index=True)  # the sweep it is a child of
-    sweep_overrides: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # {dotted.path: value}
+    sweep_overrides: JsonObject | None = Field(default=None, sa_column=Column(JSON))  # {dotted.path: value}
     tenant: str | None = Field(default=None, max_length=64)  # who submitted it: app.api.auth.tenant_of; None: no tokens
 
     @property
@@ -142,7 +144,7 @@ class JobMetric(SQLModel, table=True):
     epoch: int
     step: int
     time: float
-    record: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    record: JsonObject = Field(sa_column=Column(JSON, nullable=False))
 
 
 class JobMetricRollup(SQLModel, table=True):
@@ -161,7 +163,7 @@ class JobMetricRollup(SQLModel, table=True):
     lines: int  # telemetry lines merged: 4, 16, 64, ...
     first_seq: int
     last_seq: int
-    point: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # as app.core.downsample.merge makes it
+    point: JsonObject = Field(sa_column=Column(JSON, nullable=False))  # as app.core.downsample.merge makes it
 
 
 class JobEvent(SQLModel, table=True):
@@ -171,7 +173,7 @@ class JobEvent(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)  # the SSE event id
     job_id: int = Field(foreign_key="job.id")
     kind: str = Field(max_length=16)  # state | phase | metrics | log
-    data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    data: JsonObject = Field(sa_column=Column(JSON, nullable=False))
     time: float = Field(default_factory=now)
 
 
@@ -264,7 +266,7 @@ class WebhookDelivery(SQLModel, table=True):
     webhook_id: int = Field(foreign_key="webhook.id")
     event: str = Field(max_length=32)
     job_id: int | None = None  # the job it is about (kept after the job is deleted: the log stays)
-    payload: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # pipebd_core.documents.webhook
+    payload: JsonObject = Field(sa_column=Column(JSON, nullable=False))  # pipebd_core.documents.webhook
     state: str = Field(default="pending", max_length=16)  # pending | succeeded | failed
     attempts: int = 0
     next_attempt_at: float | None = Field(default_factory=now)  # due from then (a claimed one: its lease's end)

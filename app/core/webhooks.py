@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import and_, delete, or_
 from sqlmodel import Session, col, select
 
+from app.core.job_phases import PhaseEntry
 from app.core.tables import Job, Webhook, WebhookDelivery, iso_utc
 from pipebd_core.documents.phases import ENDED, PhaseRecord
 from pipebd_core.documents.webhook import WebhookJob, WebhookPayload, WebhookPhase
@@ -121,19 +122,21 @@ def notify_state(session: Session, job_id: int, stamp: float) -> int:
     return enqueue(session, job, payload)
 
 
-def finished_phases(before: Sequence[dict[str, Any]] | None, after: Sequence[PhaseRecord]) -> list[PhaseRecord]:
+def finished_phases(before: Sequence[PhaseEntry] | None, after: Sequence[PhaseRecord]) -> list[PhaseRecord]:
     """The phases that ended between two records of a job's phases (a phase run again ends again)."""
     previous = list(before or [])
     ended = []
     for index, record in enumerate(after):
-        old = previous[index] if index < len(previous) and previous[index].get("name") == record.name else {}
-        if record.state == ENDED and (old.get("state") != ENDED or old.get("ended_at") != record.ended_at):
+        old = previous[index] if index < len(previous) and previous[index].get("name") == record.name else None
+        if record.state == ENDED and (
+            old is None or old.get("state") != ENDED or old.get("ended_at") != record.ended_at
+        ):
             ended.append(record)
     return ended
 
 
 def notify_phases(
-    session: Session, job_id: int, before: Sequence[dict[str, Any]] | None, after: Sequence[PhaseRecord]
+    session: Session, job_id: int, before: Sequence[PhaseEntry] | None, after: Sequence[PhaseRecord]
 ) -> int:
     """Enqueue `phase.finished` for each phase that ended since `before` (in the caller's transaction)."""
     ended = finished_phases(before, after)

@@ -22,18 +22,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.orm import Mapped
 from sqlmodel import Session, col, func, select
 
-from app.api.problems import EXCERPT_CHARS, excerpt
+from app.core.json_types import JsonObject
 from app.core.objectives import final_loss
 from app.core.summaries import read_summary, summary_in
 from app.core.tables import DB_INT_MAX, EVAL_SEQ, Job, JobMetric
+from app.services.errors import EXCERPT_CHARS, excerpt
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.summary import Summary
 
 MAX_IDS = 1000  # ids in one `ids` list at most (a sweep or a filter selects any number)
 MAX_BLOCKS = 64  # blocks whose loss is summarized at most
-SORTS: dict[str, Any] = {  # what `sort` accepts (`-` before it: descending); ties go by id
+SORTS: dict[str, Mapped[Any]] = {  # what `sort` accepts (`-` before it: descending); ties go by id
     "id": col(Job.id),
     "name": col(Job.name),
     "state": col(Job.state),
@@ -74,7 +76,7 @@ class Stat:
 @dataclass
 class Row:
     job: Job
-    fields: dict[str, Any]  # dotted path -> value, only the columns shown
+    fields: JsonObject  # dotted path -> value, only the columns shown
     loss: dict[str, Stat] = field(default_factory=dict)  # per block (its index as text)
     top1: float | None = None
     perplexity: float | None = None
@@ -194,10 +196,10 @@ def conditions(selection: Selection) -> list[Any]:
     return found
 
 
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(value: Any, prefix: str = "") -> JsonObject:
     """`{"train": {"lr": 0.1}}` as `{"train.lr": 0.1}`; lists and scalars are leaves (an empty object is one too)."""
     if isinstance(value, Mapping) and value:
-        flat: dict[str, Any] = {}
+        flat: JsonObject = {}
         for key, item in value.items():
             flat.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
         return flat
@@ -207,7 +209,7 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 def differing_fields(specs: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
     """(every field of any spec, the fields whose value is not the same in every spec: absent counts as a value),
     both sorted."""
-    first: dict[str, Any] | None = None
+    first: JsonObject | None = None
     seen: set[str] = set()
     differ: set[str] = set()
     for spec in specs:

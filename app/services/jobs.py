@@ -18,7 +18,6 @@ from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
-from app.api.problems import EXCERPT_CHARS, excerpt
 from app.core import gangs
 from app.core.fairshare import Share, Waiting, claim_order, queued, shares
 from app.core.limits import QUEUE, hold
@@ -28,6 +27,7 @@ from app.core.states import AT_REST, QUEUED
 from app.core.sweeps import held_back
 from app.core.tables import DB_INT_MAX, GangSeat, Job, JobAttempt, JobEvent, JobMetric, JobMetricRollup, Worker
 from app.core.webhooks import forget_job, notify_state
+from app.services.errors import EXCERPT_CHARS, excerpt
 from pipebd_core.spec import Spec
 
 

@@ -25,7 +25,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import TypedDict
+
+from app.core.json_types import JsonObject
 
 START_TIMEOUT_S = 120.0  # a helper loading torch on a busy machine; longer and the check fails (503)
 IDLE_MARGIN_S = 1.0  # a helper this close to its own idle exit is stopped rather than asked
@@ -51,6 +53,13 @@ class CheckerCrashed(Exception):
 
 class HelperGone(Exception):
     """The helper had exited (for idleness) before it was asked: ask a new one."""
+
+
+class Answer(TypedDict, total=False):
+    """One line from a helper: `ready` once it has loaded the engine, then per spec its `problem` (None: none)."""
+
+    ready: bool
+    problem: str | None
 
 
 class Helper:
@@ -82,7 +91,7 @@ class Helper:
         idle = time.monotonic() - self.last_used
         return self.process.poll() is None and idle < self.idle_s - IDLE_MARGIN_S
 
-    def read(self, timeout_s: float) -> dict[str, Any]:
+    def read(self, timeout_s: float) -> Answer:
         assert self.process.stdout is not None
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self.buffer:
@@ -95,10 +104,10 @@ class Helper:
                 raise CheckerCrashed(self.process.wait())
             self.buffer += chunk
         line, _, self.buffer = self.buffer.partition(b"\n")
-        answer: dict[str, Any] = json.loads(line)
+        answer: Answer = json.loads(line)
         return answer
 
-    def ask(self, document: dict[str, Any], timeout_s: float) -> str | None:
+    def ask(self, document: JsonObject, timeout_s: float) -> str | None:
         assert self.process.stdin is not None
         try:
             self.process.stdin.write(json.dumps({"spec": document}).encode() + b"\n")
@@ -107,8 +116,7 @@ class Helper:
             raise HelperGone from None
         answer = self.read(timeout_s)
         self.last_used = time.monotonic()
-        problem: str | None = answer["problem"]
-        return problem
+        return answer["problem"]
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -154,7 +162,7 @@ class Pool:
             for helper in stale:
                 helper.close()
 
-    def check(self, document: dict[str, Any], timeout_s: float) -> str | None:
+    def check(self, document: JsonObject, timeout_s: float) -> str | None:
         """The engine's preflight of `document` (a valid spec): None, or its problems as `field: reason` lines.
 
         Blocking: call it from a worker thread. Raises CheckTimeout, CheckerCrashed or CheckerUnavailable."""
@@ -196,7 +204,7 @@ def serve(idle_s: float) -> None:
     from pipebd_core.job.launch import preflight
     from pipebd_core.spec import SpecError, parse_spec
 
-    def answer(value: dict[str, Any]) -> None:
+    def answer(value: Answer) -> None:
         answers.write(json.dumps(value) + "\n")
         answers.flush()
 

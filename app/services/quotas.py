@@ -8,8 +8,8 @@ app/core/fairshare.py and app/core/quotas.py.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from sqlmodel import Session, col, select
 
@@ -39,9 +39,6 @@ class QuotaReport:
     running_devices: int
     used_device_hours: float
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def check_value(field: str, value: float | None) -> None:
     """Raise ValueError naming `field` when `value` is out of its bounds (None clears a limit)."""
@@ -55,7 +52,7 @@ def check_value(field: str, value: float | None) -> None:
         raise ValueError(f"{field} must be {relation} {lowest:g}, got {value:g}")
 
 
-def set_quota(session: Session, *, tenant: str, name: str, changes: dict[str, Any]) -> TenantQuota:
+def set_quota(session: Session, *, tenant: str, name: str, changes: Mapping[str, float | None]) -> TenantQuota:
     """Create or update the tenant's row: its name, and each field in `changes` (None clears a limit). The
     caller commits."""
     for field, value in changes.items():

@@ -10,18 +10,17 @@ is checkpointed by its worker.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from celery import Celery
 from sqlalchemy import delete, update
 from sqlmodel import Session, col, func, select
 
-from app.api.problems import ApiError
-from app.core.lifecycle import request_pause, requeue
+from app.core.lifecycle import JobMove, request_pause, requeue
 from app.core.queue import enqueue
 from app.core.settings import Settings
 from app.core.states import PAUSED, PAUSING, QUEUED, RESUMABLE
 from app.core.tables import Job, JobEvent
+from app.services.errors import ServiceError
 from app.services.jobs import ConflictError
 from app.services.specs import validate_document
 from pipebd_core.rundir import RunDir
@@ -42,7 +41,7 @@ def resume_problem(job: Job, settings: Settings) -> str | None:
         )
     try:
         validate_document(dict(job.spec), settings)
-    except ApiError as error:
+    except ServiceError as error:
         return f"job {job.id}'s spec no longer validates on this server: {error.detail}; submit a corrected spec"
     return None
 
@@ -53,9 +52,14 @@ def resume_job(session: Session, settings: Settings, celery: Celery, job: Job) -
     problem = resume_problem(job, settings)
     if problem is not None:
         raise ConflictError(problem)
-    before: dict[str, Any] = {
-        key: getattr(job, key)
-        for key in ("state", "termination_reason", "error", "exit_code", "finished_at", "restarts", "updated_at")
+    before: JobMove = {
+        "state": job.state,
+        "termination_reason": job.termination_reason,
+        "error": job.error,
+        "exit_code": job.exit_code,
+        "finished_at": job.finished_at,
+        "restarts": job.restarts,
+        "updated_at": job.updated_at,
     }
     if not requeue(session, job.id, [job.state], note=None, restarts=0):
         raise ConflictError(f"job {job.id} changed state meanwhile; read it and try again")
@@ -65,10 +69,10 @@ def resume_job(session: Session, settings: Settings, celery: Celery, job: Job) -
     except Exception as error:
         undo_requeue(session, job.id, before)
         detail = f"the broker did not accept the job ({type(error).__name__}: {error}); nothing changed, retry"
-        raise ApiError(503, detail) from None
+        raise ServiceError(503, detail) from None
 
 
-def undo_requeue(session: Session, job_id: int, before: dict[str, Any]) -> None:
+def undo_requeue(session: Session, job_id: int, before: JobMove) -> None:
     """Put back what a resume changed, unless a worker took the job meanwhile."""
     session.rollback()
     restored = session.execute(

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.core.json_types import JsonObject
 from app.core.objectives import Objective
 from pipebd_core.spec import SpecError, set_field
 
@@ -71,11 +72,11 @@ class SweepRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
     name: str | None = Field(None, min_length=1, max_length=100, description="the sweep's name (default: the spec's)")
-    spec: dict[str, Any] = Field(description="the base spec (docs/spec.md); every child is it with its overrides")
+    spec: JsonObject = Field(description="the base spec (docs/spec.md); every child is it with its overrides")
     grid: dict[str, Values] | None = Field(
         None, min_length=1, description="per dotted field path, its values: one child per combination"
     )
-    overrides: list[dict[str, Any]] | None = Field(
+    overrides: list[JsonObject] | None = Field(
         None, alias="list", min_length=1, max_length=MAX_CHILDREN, description="one mapping of overrides per child"
     )
     random: RandomSearch | None = Field(None, description="children drawn at random, seeded")
@@ -98,7 +99,7 @@ class SweepRequest(BaseModel):
     def kind(self) -> str:
         return "grid" if self.grid is not None else "list" if self.overrides is not None else "random"
 
-    def search(self) -> dict[str, Any]:
+    def search(self) -> JsonObject:
         """The search as stored on the sweep: `{"grid": {...}}`, `{"list": [...]}` or `{"random": {...}}`."""
         dumped = self.model_dump(mode="json", by_alias=True, include={"grid", "overrides", "random"})
         return {self.kind: dumped[self.kind]}
@@ -109,8 +110,8 @@ class Child:
     """One child of a sweep: its number (0, 1, ...), its overrides by dotted path, and its spec document."""
 
     index: int
-    overrides: dict[str, Any]
-    document: dict[str, Any]
+    overrides: JsonObject  # dotted path -> the child's value there (any JSON)
+    document: JsonObject
 
 
 class SearchError(ValueError):
@@ -131,7 +132,7 @@ def drawn(rng: random.Random, space: Values | Range) -> Any:
     return rng.uniform(space.min, space.max)
 
 
-def overrides_of(request: SweepRequest) -> list[dict[str, Any]]:
+def overrides_of(request: SweepRequest) -> list[JsonObject]:
     """Each child's overrides, in order."""
     if request.grid is not None:
         paths = list(request.grid)

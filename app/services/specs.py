@@ -26,8 +26,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from app.api.problems import ABSENT, ApiError, field_problem, pydantic_problems, summary
+from app.core.json_types import JsonObject
 from app.core.settings import Settings
+from app.services.errors import ABSENT, FieldProblem, ServiceError, field_problem, pydantic_problems, summary
 from pipebd_core.spec import Spec
 
 JSON_TYPES = ("application/json",)
@@ -37,12 +38,12 @@ YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser 
 REQUIRED = "a spec names its workload: `workload: {kind: compression | nas | custom, ...}` (see examples/)"
 
 
-def body_error(message: str, status: int = 400) -> ApiError:
+def body_error(message: str, status: int = 400) -> ServiceError:
     """The body is not a document at all (400), or of a type we do not read (415)."""
-    return ApiError(status, message)
+    return ServiceError(status, message)
 
 
-def parse_body(body: bytes, content_type: str) -> dict[str, Any]:
+def parse_body(body: bytes, content_type: str) -> JsonObject:
     """The spec document from a JSON or YAML body; an empty body is an empty document."""
     kind = content_type.split(";")[0].strip().lower() or "application/json"
     if kind not in JSON_TYPES + YAML_TYPES:
@@ -74,7 +75,7 @@ def _no_constant(name: str) -> None:
     raise body_error(f"malformed JSON: {name} is not a JSON number; use a finite number")
 
 
-def check_values(document: dict[str, Any]) -> None:
+def check_values(document: JsonObject) -> None:
     """At most MAX_VALUES values, every number finite (YAML's .inf and .nan are refused where they stand)."""
     stack: list[tuple[list[str | int], Any]] = [([], document)]
     count = 0
@@ -87,7 +88,7 @@ def check_values(document: dict[str, Any]) -> None:
                 " a spec has a few dozen"
             )
         if isinstance(value, float) and not math.isfinite(value):
-            raise ApiError(422, f"{'.'.join(map(str, path))}: must be a finite number", [
+            raise ServiceError(422, f"{'.'.join(map(str, path))}: must be a finite number", [
                 field_problem(["body", *path], "must be a finite number", value)
             ])  # fmt: skip
         if isinstance(value, dict):
@@ -101,7 +102,7 @@ def _under_roots(value: str, roots: list[Path]) -> bool:
     return any(path == root or path.is_relative_to(root) for root in roots)
 
 
-def required_problems(document: dict[str, Any]) -> list[dict[str, Any]]:
+def required_problems(document: JsonObject) -> list[FieldProblem]:
     """A spec must name its workload: without one the engine's defaults would start a VGG-16 job."""
     workload = document.get("workload")
     if not isinstance(workload, dict):
@@ -111,7 +112,7 @@ def required_problems(document: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-def bound_problems(spec: Spec, settings: Settings) -> list[dict[str, Any]]:
+def bound_problems(spec: Spec, settings: Settings) -> list[FieldProblem]:
     """The sizes this server runs at most (an operator raises them with the PIPEBD_* setting named)."""
     bounds = (
         (["train", "epochs"], spec.train.epochs, settings.max_epochs, "PIPEBD_MAX_EPOCHS"),
@@ -124,7 +125,7 @@ def bound_problems(spec: Spec, settings: Settings) -> list[dict[str, Any]]:
     ]
 
 
-def policy_problems(spec: Spec, settings: Settings) -> list[dict[str, Any]]:
+def policy_problems(spec: Spec, settings: Settings) -> list[FieldProblem]:
     """What this server refuses to run: paths outside the data roots, factories outside the allowlist."""
     problems = []
     roots = settings.roots
@@ -151,21 +152,21 @@ def policy_problems(spec: Spec, settings: Settings) -> list[dict[str, Any]]:
     return problems
 
 
-def validate_document(document: dict[str, Any], settings: Settings) -> Spec:
-    """Gate 2: the engine's model, then the server's policy; raises a 422 ApiError listing every problem."""
+def validate_document(document: JsonObject, settings: Settings) -> Spec:
+    """Gate 2: the engine's model, then the server's policy; raises a 422 ServiceError listing every problem."""
     problems = required_problems(document)
     try:
         spec = Spec.model_validate(document, strict=True)  # as the schema says: no "1" for 1, no 0 for false
     except ValidationError as error:
         problems += pydantic_problems(error.errors(), prefix=["body"])
-        raise ApiError(422, summary(problems), problems) from None
+        raise ServiceError(422, summary(problems), problems) from None
     problems += bound_problems(spec, settings) + policy_problems(spec, settings)
     if problems:
-        raise ApiError(422, summary(problems), problems)
+        raise ServiceError(422, summary(problems), problems)
     return spec
 
 
-def preflight_problems(text: str) -> list[dict[str, Any]]:
+def preflight_problems(text: str) -> list[FieldProblem]:
     """The engine's `field.path: reason` lines as field problems (a line without a field path is the spec's)."""
     items = []
     for line in text.splitlines():

@@ -1,6 +1,6 @@
 """Admitting a submission (`POST /api/v1/jobs`), cheapest refusal first, never blocking the event loop.
 
-1. the client's rate (app/api/limits.py, counted in the database): 429 with Retry-After;
+1. the client's rate (counted in the database, app/core/limits.py): 429 with Retry-After;
 2. the body, already bounded by app/api/problems.py's BodyLimit (413);
 3. parsing and validating the spec (app/services/specs.py) in a worker thread;
 4. an Idempotency-Key seen before: the original job back, nothing checked again;
@@ -13,26 +13,31 @@
 
 Steps 3 and 6 share one time bound, `spec_check_timeout_s`: past it the spec is refused (422) and a
 helper still building its workload is killed.
+
+Nothing here reads a request: the API resolves who submits (`Submitter`: the client whose rate is counted,
+the tenant, the server's checker and broker) and the body, and turns a `ServiceError` into its answer.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import anyio
-from fastapi import Request
+from celery import Celery
 from sqlmodel import Session
 
-from app.api.auth import tenant_of
-from app.api.limits import client_key, count_submission, retry_after
-from app.api.problems import ApiError
 from app.core.database import get_engine
+from app.core.json_types import JsonObject
+from app.core.limits import count_submission, retry_after
 from app.core.queue import enqueue
 from app.core.quotas import budget_spent, budget_use
 from app.core.settings import Settings
 from app.core.tables import TenantQuota
+from app.services.errors import ServiceError
 from app.services.jobs import ConflictError, Created, QueueFull, create_job, discard_jobs, queued_count, replayed
 from app.services.preflight import CheckerCrashed, CheckerUnavailable, CheckTimeout
 from app.services.specs import parse_body, preflight_problems, spec_hash, validate_document
@@ -41,11 +46,29 @@ from pipebd_core.spec import Spec
 QUEUE_RETRY_S = 30  # Retry-After of a submission refused because the queue is full
 
 
+class SpecChecker(Protocol):
+    """The engine's preflight in helper processes (app/services/preflight.py:Pool)."""
+
+    def check(self, document: JsonObject, timeout_s: float) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Submitter:
+    """Who submits, and what of the server a submission uses: resolved by the API from its request."""
+
+    settings: Settings
+    celery: Celery
+    checker: SpecChecker  # the engine's preflight
+    checker_threads: anyio.CapacityLimiter  # the threads that wait on the checker, at most one per checker
+    client: str  # whose submission rate is counted (app/api/limits.py:client_key)
+    tenant: str | None  # who submits (app/api/auth.py:tenant_of); None when the server has no tokens
+
+
 def admit_rate(settings: Settings, client: str) -> None:
     wait_s = count_submission(settings.database, client, settings.submissions_per_minute)
     if wait_s is not None:
         who = "token" if settings.tokens else "client address"
-        raise ApiError(
+        raise ServiceError(
             429,
             f"more than {settings.submissions_per_minute} submissions in a minute from this {who}"
             f" (PIPEBD_SUBMISSIONS_PER_MINUTE); retry in {retry_after(wait_s)} s",
@@ -53,8 +76,8 @@ def admit_rate(settings: Settings, client: str) -> None:
         )
 
 
-def too_slow(settings: Settings) -> ApiError:
-    return ApiError(
+def too_slow(settings: Settings) -> ServiceError:
+    return ServiceError(
         422,
         f"checking the spec took longer than {settings.spec_check_timeout_s:g} s (PIPEBD_SPEC_CHECK_TIMEOUT_S):"
         " its workload or data set is too large or too slow to build; make it smaller (image_size, the factory's"
@@ -66,9 +89,9 @@ def read_spec(body: bytes, content_type: str, settings: Settings) -> Spec:
     return validate_document(parse_body(body, content_type), settings)
 
 
-def queue_full(queued: int, settings: Settings, adding: int = 1) -> ApiError:
+def queue_full(queued: int, settings: Settings, adding: int = 1) -> ServiceError:
     more = "" if adding == 1 else f" and this sweep would add {adding}"
-    return ApiError(
+    return ServiceError(
         429,
         f"{queued} jobs are queued{more}, this server's limit (PIPEBD_MAX_QUEUED_JOBS={settings.max_queued_jobs});"
         f" retry once some have started, or cancel queued ones",
@@ -76,11 +99,11 @@ def queue_full(queued: int, settings: Settings, adding: int = 1) -> ApiError:
     )
 
 
-def over_budget(quota: TenantQuota, hours: float, wait_s: float | None) -> ApiError:
+def over_budget(quota: TenantQuota, hours: float, wait_s: float | None) -> ServiceError:
     """429 for a tenant whose device-hour budget is spent (app/core/quotas.py)."""
     when = "once its running jobs end and the window rolls past them" if wait_s is None else f"in {wait_s:.0f} s"
     retry = str(QUEUE_RETRY_S if wait_s is None else max(1, math.ceil(wait_s)))
-    return ApiError(
+    return ServiceError(
         429,
         f"{budget_spent(quota, hours)}: its device_hours quota is spent; submissions are accepted again {when},"
         " or sooner if the operator raises the budget (`pipebd quotas set`)",
@@ -109,44 +132,43 @@ def find_replay(settings: Settings, key: str | None, request_hash: str) -> Creat
         try:
             job = replayed(session, key, request_hash)
         except ConflictError as error:
-            raise ApiError(422, str(error)) from None
+            raise ServiceError(422, str(error)) from None
     return Created(job, replayed=True) if job is not None else None
 
 
-def preflight(request: Request, spec: Spec, timeout_s: float) -> None:
-    settings: Settings = request.app.state.settings
+def preflight(submitter: Submitter, spec: Spec, timeout_s: float) -> None:
+    settings = submitter.settings
     try:
-        problem = request.app.state.preflight.check(spec.model_dump(mode="json"), timeout_s)
+        problem = submitter.checker.check(spec.model_dump(mode="json"), timeout_s)
     except CheckTimeout:
         raise too_slow(settings) from None
     except CheckerCrashed as crash:
-        raise ApiError(
+        raise ServiceError(
             422,
             f"building the spec's workload or data set ended the spec checker process (exit code {crash.code}):"
             " it is probably too large to build on this server; make it smaller",
         ) from None
     except CheckerUnavailable as error:
-        raise ApiError(503, f"the spec checker could not start ({error}); nothing was stored, retry") from None
+        raise ServiceError(503, f"the spec checker could not start ({error}); nothing was stored, retry") from None
     if problem is not None:
         problems = preflight_problems(problem)
-        raise ApiError(422, problem.splitlines()[0], problems)
+        raise ServiceError(422, problem.splitlines()[0], problems)
 
 
-def store_and_enqueue(request: Request, spec: Spec, request_hash: str, key: str | None) -> Created:
-    settings, celery = request.app.state.settings, request.app.state.celery
+def store_and_enqueue(submitter: Submitter, spec: Spec, request_hash: str, key: str | None) -> Created:
+    settings, celery = submitter.settings, submitter.celery
     with Session(get_engine(settings.database), expire_on_commit=False) as session:
         try:
-            tenant = tenant_of(request, settings)
             created = create_job(
                 session,
                 spec=spec,
                 request_hash=request_hash,
                 idempotency_key=key,
                 max_queued=settings.max_queued_jobs,
-                tenant=tenant,
+                tenant=submitter.tenant,
             )
         except ConflictError as error:
-            raise ApiError(422, str(error)) from None
+            raise ServiceError(422, str(error)) from None
         except QueueFull as full:
             raise queue_full(full.queued, settings) from None
         if created.replayed:
@@ -158,7 +180,7 @@ def store_and_enqueue(request: Request, spec: Spec, request_hash: str, key: str 
             discard_jobs(session, job_ids=[created.job.id])
             session.commit()
             detail = f"the broker did not accept the job ({type(error).__name__}: {error}); nothing was stored, retry"
-            raise ApiError(503, detail) from None
+            raise ServiceError(503, detail) from None
         return created
 
 
@@ -171,19 +193,22 @@ async def in_thread(deadline: float, settings: Settings, function: Any, *args: A
         raise too_slow(settings) from None
 
 
-async def submit(request: Request, key: str | None) -> Created:
-    """Steps 1 to 7; raises ApiError with the status and problems of the first step that refuses."""
-    settings: Settings = request.app.state.settings
-    await anyio.to_thread.run_sync(admit_rate, settings, client_key(request, bool(settings.tokens)))
-    body = await request.body()
+async def submit(
+    submitter: Submitter, read_body: Callable[[], Awaitable[bytes]], content_type: str, key: str | None
+) -> Created:
+    """Steps 1 to 7; raises ServiceError with the status and problems of the first step that refuses.
+    `read_body` is awaited once the rate admits the submission (the body is not read before)."""
+    settings = submitter.settings
+    await anyio.to_thread.run_sync(admit_rate, settings, submitter.client)
+    body = await read_body()
     deadline = time.monotonic() + settings.spec_check_timeout_s
-    spec: Spec = await in_thread(deadline, settings, read_spec, body, request.headers.get("content-type", ""), settings)
+    spec: Spec = await in_thread(deadline, settings, read_spec, body, content_type, settings)
     request_hash = spec_hash(spec)
     replay = await anyio.to_thread.run_sync(find_replay, settings, key, request_hash)
     if replay is not None:
         return replay
-    await anyio.to_thread.run_sync(check_capacity, settings, tenant_of(request, settings))
+    await anyio.to_thread.run_sync(check_capacity, settings, submitter.tenant)
     remaining = max(0.1, deadline - time.monotonic())
-    await anyio.to_thread.run_sync(preflight, request, spec, remaining, limiter=request.app.state.preflight_threads)
-    created: Created = await anyio.to_thread.run_sync(store_and_enqueue, request, spec, request_hash, key)
+    await anyio.to_thread.run_sync(preflight, submitter, spec, remaining, limiter=submitter.checker_threads)
+    created: Created = await anyio.to_thread.run_sync(store_and_enqueue, submitter, spec, request_hash, key)
     return created

@@ -22,17 +22,12 @@ import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 from celery import Celery
-from fastapi import Request
 from sqlalchemy import delete
 from sqlmodel import Session, col, select
 
-from app.api.auth import tenant_of
-from app.api.limits import client_key
-from app.api.problems import ABSENT, ApiError, field_problem, invalid, summary, where
 from app.core.database import get_engine
 from app.core.lifecycle import request_cancel
 from app.core.objectives import Best, best_of, metric_value
@@ -42,11 +37,12 @@ from app.core.states import FINAL, RESUMABLE, STATES
 from app.core.sweeps import SweepState, sweep_state
 from app.core.tables import Job, Sweep
 from app.core.webhooks import forget_sweep, notify_state
+from app.services.errors import ABSENT, FieldProblem, ServiceError, field_problem, invalid, summary, where
 from app.services.jobs import ConflictError, QueueFull, discard_jobs, new_job, queued_event, take_queue_room
 from app.services.resume import PAUSABLE, pause_job, resume_job
 from app.services.search import Child, Objective, SearchError, SweepRequest, children, override_loc
 from app.services.specs import check_values, spec_hash, validate_document
-from app.services.submissions import admit_rate, check_capacity, in_thread, preflight, queue_full
+from app.services.submissions import Submitter, admit_rate, check_capacity, in_thread, preflight, queue_full
 from pipebd_core.spec import Spec
 
 Checked = list[tuple[Child, Spec]]  # each child with its validated spec
@@ -63,7 +59,7 @@ def blamed_override(child: Child, field_path: str) -> str | None:
     return None
 
 
-def relocated(request: SweepRequest, child: Child, problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def relocated(request: SweepRequest, child: Child, problems: list[FieldProblem]) -> list[FieldProblem]:
     """A child's spec problems at the override that caused each (else at the base spec's field)."""
     moved = []
     for item in problems:
@@ -87,42 +83,44 @@ def checked_children(request: SweepRequest, settings: Settings) -> Checked:
         made = children(request)
     except SearchError as error:
         raise invalid(["body", *error.loc], str(error)) from None
-    problems: list[dict[str, Any]] = []
+    problems: list[FieldProblem] = []
     checked: Checked = []
     for child in made:
         try:
             check_values(child.document)  # finite numbers, a bounded document: as a job's body is checked
             checked.append((child, validate_document(child.document, settings)))
-        except ApiError as error:
+        except ServiceError as error:
             if not error.errors:  # not about a field (a document too large): as it is
                 raise
             problems += [item for item in relocated(request, child, error.errors) if item not in problems]
     if problems:
-        raise ApiError(422, f"the sweep was refused, nothing was stored: {summary(problems)}", problems)
+        raise ServiceError(422, f"the sweep was refused, nothing was stored: {summary(problems)}", problems)
     return checked
 
 
-async def preflight_children(request: Request, body: SweepRequest, checked: Checked) -> None:
+async def preflight_children(submitter: Submitter, body: SweepRequest, checked: Checked) -> None:
     """The engine's preflight of each distinct child (the same spec is checked once), each within the bound."""
-    settings: Settings = request.app.state.settings
+    settings = submitter.settings
     seen: set[str] = set()
     for child, spec in checked:
         if spec_hash(spec) in seen:
             continue
         seen.add(spec_hash(spec))
-        limiter = request.app.state.preflight_threads
+        limiter = submitter.checker_threads
         try:
-            await anyio.to_thread.run_sync(preflight, request, spec, settings.spec_check_timeout_s, limiter=limiter)
-        except ApiError as error:
-            if error.status_code != 422:
+            await anyio.to_thread.run_sync(preflight, submitter, spec, settings.spec_check_timeout_s, limiter=limiter)
+        except ServiceError as error:
+            if error.status != 422:
                 raise
             problems = relocated(body, child, error.errors)
-            raise ApiError(422, f"the sweep was refused, nothing was stored: {summary(problems)}", problems) from None
+            raise ServiceError(
+                422, f"the sweep was refused, nothing was stored: {summary(problems)}", problems
+            ) from None
 
 
-def store_sweep(request: Request, body: SweepRequest, checked: Checked) -> Sweep:
+def store_sweep(submitter: Submitter, body: SweepRequest, checked: Checked) -> Sweep:
     """The sweep and its queued children in one transaction, then each child's id on the broker (all or none)."""
-    settings, celery = request.app.state.settings, request.app.state.celery
+    settings, celery = submitter.settings, submitter.celery
     with Session(get_engine(settings.database), expire_on_commit=False) as session:
         objective = body.objective.model_dump() if body.objective else None
         name = body.name or checked[0][1].name
@@ -134,7 +132,7 @@ def store_sweep(request: Request, body: SweepRequest, checked: Checked) -> Sweep
             raise queue_full(full.queued, settings, len(checked)) from None
         session.add(sweep)
         session.flush()
-        tenant = tenant_of(request, settings)
+        tenant = submitter.tenant
         jobs = [
             new_job(
                 spec, sweep_id=sweep.id, sweep_overrides=child.overrides, request_hash=spec_hash(spec), tenant=tenant
@@ -159,19 +157,19 @@ def store_sweep(request: Request, body: SweepRequest, checked: Checked) -> Sweep
             session.execute(delete(Sweep).where(col(Sweep.id) == sweep.id))
             session.commit()
             detail = f"the broker did not accept the sweep's jobs ({type(error).__name__}: {error}); nothing was stored"
-            raise ApiError(503, detail + ", retry") from None
+            raise ServiceError(503, detail + ", retry") from None
         return sweep
 
 
-async def submit_sweep(request: Request, body: SweepRequest) -> Sweep:
-    """Steps 1 to 5; raises ApiError with the status and problems of the first step that refuses."""
-    settings: Settings = request.app.state.settings
-    await anyio.to_thread.run_sync(admit_rate, settings, client_key(request, bool(settings.tokens)))
+async def submit_sweep(submitter: Submitter, body: SweepRequest) -> Sweep:
+    """Steps 1 to 5; raises ServiceError with the status and problems of the first step that refuses."""
+    settings = submitter.settings
+    await anyio.to_thread.run_sync(admit_rate, settings, submitter.client)
     deadline = time.monotonic() + settings.spec_check_timeout_s
     checked: Checked = await in_thread(deadline, settings, checked_children, body, settings)
-    await anyio.to_thread.run_sync(check_capacity, settings, tenant_of(request, settings), len(checked))
-    await preflight_children(request, body, checked)
-    sweep: Sweep = await anyio.to_thread.run_sync(store_sweep, request, body, checked)
+    await anyio.to_thread.run_sync(check_capacity, settings, submitter.tenant, len(checked))
+    await preflight_children(submitter, body, checked)
+    sweep: Sweep = await anyio.to_thread.run_sync(store_sweep, submitter, body, checked)
     return sweep
 
 

@@ -10,18 +10,18 @@ from collections import Counter
 from sqlalchemy import delete
 from sqlmodel import Session, col, func, select
 
-from app.api.problems import invalid
-from app.api.webhook_schemas import DeliveryCounts, WebhookCreate
 from app.core.tables import Job, Sweep, Webhook, WebhookDelivery
 from app.core.webhooks import DELIVERY_STATES, JOB, SWEEP, TOKEN
+from app.services.errors import invalid
 from app.services.jobs import decode_cursor, encode_cursor
+from app.services.webhook_schemas import DeliveryCounts, WebhookCreate
 
 CURSOR_KIND = "delivery"
 
 
 def create_webhook(session: Session, *, request: WebhookCreate, tenant: str | None) -> Webhook:
     """Store a hook; a 422 problem when its scope cannot be honoured (no token to scope by, no such job).
-    `tenant` is the creating request's (app.api.auth.tenant_of): a `token` hook hears that token's jobs."""
+    `tenant` is the creating request's (the API's app/api/auth.py:tenant_of): a `token` hook hears its jobs."""
     if request.scope == TOKEN and tenant is None:
         raise invalid(
             ["body", "scope"],

@@ -22,11 +22,11 @@ from fastapi.responses import HTMLResponse
 from sqlmodel import Session, col, select
 
 from app.api.deps import SessionDep
-from app.api.problems import EXCERPT_CHARS, excerpt
 from app.core.states import FINAL, STATES
 from app.core.summaries import read_summary
 from app.core.tables import DB_INT_MAX, Job
 from app.services import compare as paged
+from app.services.errors import EXCERPT_CHARS, excerpt
 from app.web import queries
 from app.web.access import ViewerDep
 from app.web.analysis import JobSummary, summarize

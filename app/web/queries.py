@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from sqlmodel import Session, col, func, select
 
+from app.core.json_types import JsonObject
 from app.core.tables import Job, JobEvent, JobMetric
 from app.services.artifacts import file_path
 from pipebd_core.documents.base import Document, DocumentError
@@ -51,7 +52,7 @@ def state_history(session: Session, job_id: int) -> list[JobEvent]:
     return list(session.exec(query).all())
 
 
-def read_json_artifact(job: Job, name: str) -> dict[str, Any] | None:
+def read_json_artifact(job: Job, name: str) -> JsonObject | None:
     path = file_path(job, name)
     if path is None:
         return None

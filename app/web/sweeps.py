@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse
 from sqlmodel import Session
 
 from app.api.deps import SessionDep, SweepId
+from app.core.json_types import JsonObject
 from app.core.states import CANCELLING, FINAL, RESUMABLE
 from app.core.tables import Job, Sweep
 from app.services.resume import PAUSABLE
@@ -41,7 +42,7 @@ class ChildRow:
     best: bool
 
 
-def overrides_text(overrides: dict[str, Any] | None) -> str:
+def overrides_text(overrides: JsonObject | None) -> str:
     return ", ".join(f"{path}={json.dumps(value)}" for path, value in (overrides or {}).items()) or "—"
 
 

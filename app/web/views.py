@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from app.core.plan_summary import PlanSummary
 from app.core.states import PAUSED, PAUSING, QUEUED, RESUMABLE, RUNNING, STARTING
 from app.core.tables import Job
 from app.web.templating import blocks as block_text
@@ -42,7 +43,7 @@ def stages_text(stages: Sequence[StageSpan]) -> str:
     return " | ".join(parts)
 
 
-def summary_stages(summary: dict[str, Any]) -> list[StageSpan]:
+def summary_stages(summary: PlanSummary) -> list[StageSpan]:
     """The stages of a job's plan summary (the jobs table's copy of plan.json's mode and stages)."""
     return [
         StageSpan(start=stage["start"], stop=stage["stop"], replicas=stage.get("replicas", 1))

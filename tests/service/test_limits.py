@@ -12,9 +12,8 @@ import httpx
 import pytest
 from sqlmodel import Session, select
 
-from app.api.limits import WINDOW_S, count_submission
 from app.core.database import get_engine, migrate
-from app.core.limits import forget_quiet, rate_name, take
+from app.core.limits import WINDOW_S, count_submission, forget_quiet, rate_name, take
 from app.core.settings import Settings
 from app.core.tables import Job, LimitState
 from app.services.jobs import QueueFull, create_job

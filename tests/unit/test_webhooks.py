@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import get_args
 
-from app.api.webhook_schemas import EVENTS, DeliveryState, Scope
 from app.cli.webhooks import SCOPES as CLI_SCOPES
 from app.core.deliveries import backoff_s, signature
 from app.core.objectives import Best, Objective
@@ -14,6 +13,7 @@ from app.core.states import STATES
 from app.core.sweep_events import best_changed_text, finished_text
 from app.core.tables import Job, Sweep
 from app.core.webhooks import DELIVERY_STATES, SCOPES, finished_phases, phase_text, state_text
+from app.services.webhook_schemas import EVENTS, DeliveryState, Scope
 from pipebd_core.documents.phases import PhaseRecord
 from pipebd_core.documents.webhook import WebhookBest, WebhookJob, WebhookPayload, WebhookPhase, WebhookSweep
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import FileResponse
 
 from app.api.deps import JobDep, ReadAccess, SessionDep
 from app.api.problems import ApiError
-from app.api.schemas import AUTH_ERRORS, JOB_ERRORS, ArtifactList, Plan, job_errors
+from app.api.schemas import AUTH_ERRORS, JOB_ERRORS, ArtifactEntry, ArtifactList, Plan, job_errors
 from app.services.artifacts import (
     CSV_ARTIFACT,
     FILE_ARTIFACTS,
@@ -36,29 +36,29 @@ else:  # an enum in the schema, checked by FastAPI: exactly the names that can b
     response_model_exclude_unset=True,  # optional keys a plan lacks stay absent
     responses=job_errors(not_found="the job has no plan yet (a worker writes it before launch)"),
 )
-def read_plan(job: JobDep) -> dict[str, Any]:
+def read_plan(job: JobDep) -> Plan:
     """The resolved plan (stages, routes, what each rank runs, predictions when profiled): plan.json."""
     path = file_path(job, "plan.json")
     if path is None:
         raise ApiError(404, f"job {job.id} is {job.state} and has no plan yet; a worker writes it before launch")
-    plan: dict[str, Any] = json.loads(path.read_text())
-    return plan
+    return Plan.model_validate(json.loads(path.read_text()))  # its keys as written: unset ones stay absent
 
 
 @router.get("/artifacts", dependencies=[ReadAccess], response_model=ArtifactList, responses=JOB_ERRORS)
-def list_artifacts(job: JobDep, session: SessionDep, request: Request) -> dict[str, Any]:
+def list_artifacts(job: JobDep, session: SessionDep, request: Request) -> ArtifactList:
     """What can be downloaded now; files appear as the job writes them (weights at the end)."""
     items = [
-        {
-            "name": artifact.name,
-            "media_type": artifact.media_type,
-            "size": size,
-            "description": artifact.description,
-            "url": str(request.url_for("read_artifact", job_id=job.id, name=artifact.name).path),
-        }
+        ArtifactEntry(
+            name=artifact.name,
+            media_type=artifact.media_type,
+            size=size,
+            description=artifact.description,
+            url=str(request.url_for("read_artifact", job_id=job.id, name=artifact.name).path),
+        )
         for artifact, size in available(session, job)
     ]
-    return {"job_id": job.id, "state": job.state, "data": items}
+    assert job.id is not None
+    return ArtifactList(job_id=job.id, state=job.state, data=items)
 
 
 @router.get(

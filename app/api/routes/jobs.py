@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlmodel import Session
 
-from app.api.deps import Cursor, JobDep, PageSize, ReadAccess, SessionDep, SettingsDep, SubmitAccess
+from app.api.deps import Cursor, JobDep, PageSize, ReadAccess, SessionDep, SettingsDep, SubmitAccess, submitter_of
 from app.api.problems import ApiError, invalid
 from app.api.schemas import (
     AUTH_ERRORS,
@@ -22,6 +22,7 @@ from app.api.schemas import (
 from app.core import gangs
 from app.core.attempts import attempts_of
 from app.core.database import get_engine
+from app.core.json_types import JsonObject
 from app.core.lifecycle import request_cancel, restart_budget
 from app.core.settings import Settings
 from app.core.states import JobState
@@ -32,7 +33,7 @@ from app.services.submissions import submit
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=AUTH_ERRORS)
 
-SPEC_BODY: dict[str, Any] = {
+SPEC_BODY: JsonObject = {  # an OpenAPI operation fragment
     "requestBody": {
         "required": True,
         "description": "A PipeBD job spec (every field: docs/spec.md), as JSON or as YAML: the same document"
@@ -45,7 +46,7 @@ SPEC_BODY: dict[str, Any] = {
 }
 
 
-def link(path: str, method: str, parameter: str = "job_id") -> dict[str, Any]:
+def link(path: str, method: str, parameter: str = "job_id") -> JsonObject:
     """An OpenAPI link from a created resource (a job, a sweep: its `parameter`, a webhook) to one operation on it."""
     pointer = path.replace("~", "~0").replace("/", "~1")
     return {"operationRef": f"#/paths/{pointer}/{method}", "parameters": {parameter: "$response.body#/id"}}
@@ -103,7 +104,8 @@ async def submit_job(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JobDetail:
     """Queue a job. 422 names each bad field; the same Idempotency-Key and spec give back the same job."""
-    created = await submit(request, idempotency_key)
+    content_type = request.headers.get("content-type", "")
+    created = await submit(submitter_of(request), request.body, content_type, idempotency_key)
     response.headers["Location"] = str(request.url_for("read_job", job_id=created.job.id).path)
     if created.replayed:
         response.headers["Idempotent-Replayed"] = "true"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import APIRouter, Query
 
@@ -64,7 +64,7 @@ def read_logs(
         int, Query(ge=0, le=OFFSET_MAX, description="byte offset to read from (next_offset of the last call)")
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=CHUNK_MAX, description="bytes to read at most")] = 65536,
-) -> dict[str, Any]:
+) -> LogChunk:
     """A chunk of a log file; poll again from `next_offset` to follow it."""
     if rank is not None and rank >= job.world_size:
         raise invalid(["query", "rank"], f"job {job.id} has ranks 0..{job.world_size - 1}", rank)
@@ -82,14 +82,15 @@ def read_logs(
         with path.open("rb") as handle:
             handle.seek(offset)
             data = handle.read(limit)
-    return {
-        "job_id": job.id,
-        "phase": phase,
-        "rank": rank,
-        "node": None if rank is not None else node or 0,
-        "file": str(path.relative_to(run_dir.root)),
-        "offset": offset,
-        "next_offset": offset + len(data),
-        "size": size,
-        "text": data.decode("utf-8", "replace"),
-    }
+    assert job.id is not None
+    return LogChunk(
+        job_id=job.id,
+        phase=phase,
+        rank=rank,
+        node=None if rank is not None else node or 0,
+        file=str(path.relative_to(run_dir.root)),
+        offset=offset,
+        next_offset=offset + len(data),
+        size=size,
+        text=data.decode("utf-8", "replace"),
+    )

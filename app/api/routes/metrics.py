@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 from sqlmodel import col, select
 
 from app.api.deps import JobDep, ReadAccess, SessionDep
 from app.api.problems import invalid
-from app.api.schemas import AUTH_ERRORS, MetricsPage, job_errors
+from app.api.schemas import AUTH_ERRORS, Evaluation, MetricsPage, job_errors
 from app.core.downsample import downsample, to_point
 from app.core.rollups import chart_points
 from app.core.tables import DB_INT_MAX, EVAL_SEQ, JobMetric
@@ -37,7 +37,7 @@ def read_metrics(
         int | None, Query(ge=0, le=DB_INT_MAX, description="only lines at this training step or later")
     ] = None,
     max_points: Annotated[int, Query(ge=2, le=MAX_POINTS_LIMIT, description="points per rank at most")] = 500,
-) -> dict[str, Any]:
+) -> MetricsPage:
     """Points per rank (loss per block, phase times, samples, peak memory); buckets keep their min and max."""
     if rank is not None and rank >= job.world_size:
         raise invalid(["query", "rank"], f"job {job.id} has ranks 0..{job.world_size - 1}", rank)
@@ -64,12 +64,14 @@ def read_metrics(
             .order_by(col(JobMetric.step))
         ).all()
     ]
-    return {
-        "job_id": job.id,
-        "phase": phase,
-        "evals": [{"epoch": e.epoch, "step": e.step, "top1": e.top1, "perplexity": e.perplexity} for e in evals],
-        "total": total,
-        "downsampled": len(points) < total,
-        "max_points": max_points,
-        "points": points,
-    }
+    return MetricsPage.model_validate(  # from the points as they are: keys an old rollup lacks stay unset
+        {
+            "job_id": job.id,
+            "phase": phase,
+            "evals": [Evaluation(epoch=e.epoch, step=e.step, top1=e.top1, perplexity=e.perplexity) for e in evals],
+            "total": total,
+            "downsampled": len(points) < total,
+            "max_points": max_points,
+            "points": points,
+        }
+    )

@@ -16,4 +16,4 @@ router = APIRouter(prefix="/quota", tags=["quota"], responses=AUTH_ERRORS)
 def read_quota(request: Request, session: SessionDep, settings: SettingsDep) -> QuotaPublic:
     """This token's fair-share weight, quotas and use now (weight 1 and no quota unless the operator set them)."""
     report = usage_of(session, tenant_of(request, settings))
-    return QuotaPublic(**report.to_json())
+    return QuotaPublic.model_validate(report, from_attributes=True)

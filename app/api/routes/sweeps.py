@@ -3,12 +3,12 @@ children, and pause, resume or cancel every child at once (app/services/sweeps.p
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 from sqlmodel import Session
 
-from app.api.deps import ReadAccess, SessionDep, SettingsDep, SubmitAccess, SweepDep
+from app.api.deps import ReadAccess, SessionDep, SettingsDep, SubmitAccess, SweepDep, submitter_of
 from app.api.problems import ApiError, invalid
 from app.api.routes.jobs import link
 from app.api.schemas import (
@@ -24,6 +24,7 @@ from app.api.schemas import (
     problem,
 )
 from app.core.database import get_engine
+from app.core.objectives import Objective
 from app.core.tables import Sweep
 from app.services.search import SweepRequest
 from app.services.sweeps import (
@@ -48,19 +49,21 @@ SWEEP_ERRORS: ResponseDoc = {
 }
 
 
-def public_fields(view: SweepView) -> dict[str, Any]:
-    """What a sweep's list entry and its detail share."""
-    best = SweepBest(job_id=view.best.job_id, value=view.best.value) if view.best else None
-    return {
-        **view.sweep.model_dump(include={"id", "name", "created_at", "search", "max_parallel", "objective"}),
-        "state": view.state,
-        "progress": SweepProgress(**vars(view.progress)),
-        "best": best,
-    }
-
-
 def public_of(view: SweepView) -> SweepPublic:
-    return SweepPublic(**public_fields(view))
+    """A sweep's list entry: what its detail has too."""
+    sweep = view.sweep
+    assert sweep.id is not None
+    return SweepPublic(
+        id=sweep.id,
+        name=sweep.name,
+        created_at=sweep.created_at,
+        search=sweep.search,
+        max_parallel=sweep.max_parallel,
+        objective=None if sweep.objective is None else Objective.model_validate(sweep.objective),
+        state=view.state,
+        progress=SweepProgress(**vars(view.progress)),
+        best=SweepBest(job_id=view.best.job_id, value=view.best.value) if view.best else None,
+    )
 
 
 def detail_of(view: SweepView) -> SweepDetail:
@@ -72,7 +75,7 @@ def detail_of(view: SweepView) -> SweepDetail:
         )
         for job in view.children
     ]
-    return SweepDetail(**public_fields(view), spec=view.sweep.spec, jobs=jobs)
+    return SweepDetail(**dict(public_of(view)), spec=view.sweep.spec, jobs=jobs)
 
 
 @router.post(
@@ -94,7 +97,7 @@ def detail_of(view: SweepView) -> SweepDetail:
 )
 async def create_sweep(body: SweepRequest, request: Request, response: Response) -> SweepDetail:
     """Create a sweep: every child is checked as a whole spec first, and all are queued or none."""
-    sweep = await submit_sweep(request, body)
+    sweep = await submit_sweep(submitter_of(request), body)
     response.headers["Location"] = str(request.url_for("read_sweep", sweep_id=sweep.id).path)
     with Session(get_engine(request.app.state.settings.database)) as session:
         stored = session.get(Sweep, sweep.id)
