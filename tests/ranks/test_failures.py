@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from pipebd_core.planning import profiles
 from pipebd_core.rundir import RunDir
+from pipebd_core.spec import parse_spec
+from tests.fake_profiles import fake_profile
 from tests.helpers import ROOT, pipebd, processes_mentioning, tiny_document, write_spec
 
 
@@ -95,9 +98,14 @@ def test_sigterm_while_training_cancels_the_job_and_stops_every_rank(tmp_path: P
     assert_cancelled_in(process, run, phase)
 
 
-def test_sigterm_while_benchmarking_stops_the_arm_that_runs(tmp_path: Path) -> None:
+def test_sigterm_while_benchmarking_stops_the_arm_that_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "bench"
-    spec = write_spec(tmp_path, tiny_document(schedule={"nproc": 2}, data={"num_samples": 400}))
+    document = tiny_document(schedule={"nproc": 2}, data={"num_samples": 400})
+    spec = write_spec(tmp_path, document)
+    # the bench's frozen profile from a cache of this test's own (as tests/ranks/test_bench.py does): the arm
+    # that runs is the point here, not a profiling job before it
+    monkeypatch.setenv(profiles.CACHE_ENV, str(tmp_path / "cache"))
+    profiles.store(parse_spec(document), fake_profile([0.002] * 4, [0.004] * 4, nproc=2, batch_size=10))
     command = [sys.executable, "-m", "pipebd_core.cli", "bench", str(spec), "--modes", "dp", "--steps", "100000"]
     process = subprocess.Popen([*command, "--out", str(out)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     metrics = out / "dp-0" / "metrics" / "distill" / "rank-1.jsonl"
