@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core.distill.plan import Plan
+from pipebd_core.documents.architecture import Architecture
 from pipebd_core.documents.phases import FINALIZE
 from pipebd_core.documents.summary import Summary
 from pipebd_core.rank import checkpoint
@@ -74,6 +75,7 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
     torch.save(StudentBlocks(students).state_dict(), run_dir.student)
     fields: dict[str, Any] = {}
     distilled: nn.Module | None = None  # the searched or compressed network
+    architecture: Architecture | None = None
     if workload.derive is not None:
         profile = run_dir.load_profile() if run_dir.profile.exists() else None  # a latency budget's costs
         architecture, searched = workload.derive(students, profile)
@@ -90,6 +92,9 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
     if workload.export is not None and distilled is not None:  # a language model's state_dict and program
         torch.save(distilled.state_dict(), run_dir.distilled_state)
         workload.export(distilled, run_dir.distilled_export)
+    if workload.hf_directory is not None and distilled is not None:  # a language model, for transformers
+        folder = run_dir.searched_hf if architecture is not None else run_dir.distilled_hf
+        workload.hf_directory(distilled, architecture, folder)
     summary = Summary(
         name=spec.name,
         mode=spec.schedule.mode,
