@@ -210,6 +210,7 @@ def test_every_replacement_kind_runs_in_the_remote_code(
     blocks = [ArchitectureBlock(block=i, layers=[name], loss=0.0, params=0) for i, name in enumerate(names)]
     architecture = Architecture(blocks=blocks, candidates=[], chosen_by="this test", teacher_params=0)
     network = rebuild(spec, architecture)
+    torch.manual_seed(0)
     with torch.no_grad():  # trained-looking weights: feature maps and the linear map away from the identity
         for name, parameter in network.named_parameters():
             if name.endswith(("query_map.weight", "key_map.weight")) or parameter.shape == (16, 16):
