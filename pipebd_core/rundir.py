@@ -30,16 +30,23 @@ onto a run directory (a test checks it).
     distilled_state.pt                 transformer: the distilled (compressed or searched) network's state_dict,
                                        rebuilt from the spec and architecture.json (workloads/transformer.py: rebuild)
     distilled_model.pt2                transformer: the same network as a torch.export program (token ids in)
+    distilled_hf/                      a language model's compression: the distilled network as a Hugging Face
+                                       model directory (config.json, model.safetensors, generation_config.json,
+                                       the tokenizer; workloads/hf_directory.py)
+    searched_hf/                       a language model's search: the searched network likewise
     layer_profile.json                 finetune: every layer's F, B, I and W times and bytes (measured or cached)
     finetune_plan.json                 finetune: strategy, stage cuts, micro-batches, every rank's actions
     finetuned_model.pt                 finetune: the trained network's state_dict
     finetuned_model.pt2                finetune: the same network as a torch.export program
+    finetuned_hf/                      finetune of a language model's compression or search: the trained network
+                                       as a Hugging Face model directory, as distilled_hf/
     teacher.pt                         kind train: the trained classifier, a torchvision-format state_dict
     teacher_model/                     kind train of a language model (workload.config): the trained model as a
                                        Hugging Face model directory (config.json, model.safetensors)
     summary.json                       final losses, accuracies, wall time
-    choices/<n>/                       a transformer search chosen again for another budget (pipebd_core/distill/
-                                       choose.py): choice.json, architecture.json, searched_model.pt, distilled_state.pt
+    choices/<n>/                       a transformer search chosen again for another budget (distill/choose.py):
+                                       choice.json, architecture.json, searched_model.pt, distilled_state.pt,
+                                       searched_hf/
 
 `OUTPUTS` lists the top-level files with their media type and meaning: the service offers exactly
 these for download.
@@ -135,6 +142,10 @@ class ChoiceFolder:
     @property
     def distilled_state(self) -> Path:
         return self.root / "distilled_state.pt"
+
+    @property
+    def searched_hf(self) -> Path:
+        return self.root / "searched_hf"
 
 
 @dataclass(frozen=True)
@@ -258,6 +269,21 @@ class RunDir:
         return ChoiceFolder(self.choices / str(index))
 
     @property
+    def distilled_hf(self) -> Path:
+        """A folder, not a download yet: a language model's compression as a Hugging Face model directory."""
+        return self.root / "distilled_hf"
+
+    @property
+    def searched_hf(self) -> Path:
+        """A folder, not a download yet: a language model's search as a Hugging Face model directory."""
+        return self.root / "searched_hf"
+
+    @property
+    def finetuned_hf(self) -> Path:
+        """A folder, not a download yet: a fine-tuned language model as a Hugging Face model directory."""
+        return self.root / "finetuned_hf"
+
+    @property
     def checkpoints(self) -> CheckpointFolder:
         return CheckpointFolder(self.root / "checkpoints")
 
@@ -355,8 +381,8 @@ class RunDir:
             folders.append(self.tensorboard(phase))
         elif phase in (PROFILE, PROFILE_FINETUNE):
             folders = [self.logs(phase), self.errors(phase)]
-        else:
-            folders = []
+        else:  # the Hugging Face model directories of a language model
+            folders = {FINALIZE: [self.distilled_hf, self.searched_hf], EVALUATE: [self.finetuned_hf]}.get(phase, [])
         paths = [*files.get(phase, []), *folders]
         return [path.relative_to(self.root).as_posix() + ("/" if path in folders else "") for path in paths]
 

@@ -1,5 +1,5 @@
-"""A tiny random Llama teacher on a small text folder, and a tiny random vision transformer on digits: the
-transformer workload's test specs."""
+"""A tiny random Llama (Qwen2, GPT-2) teacher on a small text folder, and a tiny random vision transformer on
+digits: the transformer workload's test specs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,17 @@ from pathlib import Path
 from typing import Any
 
 TINY_GPT2 = {"model_type": "gpt2", "n_embd": 16, "n_layer": 2, "n_head": 4, "vocab_size": 260, "n_positions": 32}
+
+TINY_QWEN2 = {  # Qwen2: biased q, k and v projections
+    "model_type": "qwen2",
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 260,
+    "max_position_embeddings": 64,
+}
 
 TINY_LLAMA = {
     "model_type": "llama",

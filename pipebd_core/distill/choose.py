@@ -8,7 +8,8 @@ architecture.json; its distill phase's last checkpoints hold every candidate's w
 solves the choice for the new budget from that record (workloads/library.py, the same two functions the
 search's own choice went through, so the same budget gives the same architecture), takes the chosen
 candidates' trained weights from those checkpoints, and writes choices/<n>/: choice.json, architecture.json,
-searched_model.pt and distilled_state.pt. A budget no choice meets is refused with the smallest fraction
+searched_model.pt, distilled_state.pt and, for a language model, searched_hf/ (a Hugging Face
+model directory). A budget no choice meets is refused with the smallest fraction
 the candidates reach, as the plan phase refuses it.
 """
 
@@ -31,7 +32,7 @@ from pipebd_core.spec import Budget, Spec, SpecError
 from pipebd_core.workloads.candidates import Candidates
 from pipebd_core.workloads.library import choose_from, chosen_architecture, library_of
 from pipebd_core.workloads.transformer import MEASURES
-from pipebd_core.workloads.workload import build_workload
+from pipebd_core.workloads.workload import Workload, build_workload
 
 
 def check_search(run_dir: RunDir, spec: Spec) -> Architecture:
@@ -46,9 +47,8 @@ def check_search(run_dir: RunDir, spec: Spec) -> Architecture:
     return Architecture.from_json(json.loads(run_dir.architecture.read_text()))
 
 
-def chosen_network(run_dir: RunDir, spec: Spec, picks: list[int]) -> nn.Module:
+def chosen_network(run_dir: RunDir, workload: Workload, picks: list[int]) -> nn.Module:
     """The network of the chosen candidates, their weights as the distill phase trained them."""
-    workload = build_workload(spec)
     total = Plan.from_document(run_dir.load_plan()).step_plan.total
     check_final_checkpoints(run_dir, workload.num_blocks, total)
     students, _ = load_final_students(run_dir, workload, total)
@@ -72,12 +72,15 @@ def choose_again(run_dir: RunDir, budget: Budget | None) -> ChoiceRecord:
     library = library_of(check_search(run_dir, spec), MEASURES[spec.workload.search_loss])
     picks, chosen_by = choose_from(library, budget)
     architecture = chosen_architecture(library, picks, budget, chosen_by)
-    network = chosen_network(run_dir, spec, picks)
+    workload = build_workload(spec)
+    network = chosen_network(run_dir, workload, picks)
     folder = run_dir.choice(next_index(run_dir))
     folder.root.mkdir(parents=True)
     run_dir.write_json(folder.architecture, architecture.to_json())
     torch.save(network, folder.searched_model)
     torch.save(network.state_dict(), folder.distilled_state)
+    if workload.hf_directory is not None:  # a language model: for transformers too (workloads/hf_directory.py)
+        workload.hf_directory(network, architecture, folder.searched_hf)
     record = ChoiceRecord(
         index=int(folder.root.name),
         budget=None if budget is None else budget.fractions(),

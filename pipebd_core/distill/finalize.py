@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipebd_core.distill.plan import Plan
-from pipebd_core.documents.architecture import ArchitectureBlock
+from pipebd_core.documents.architecture import Architecture, ArchitectureBlock
 from pipebd_core.documents.phases import FINALIZE
 from pipebd_core.documents.summary import AccuracyReport, Summary
 from pipebd_core.rank import checkpoint
@@ -78,6 +78,7 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
     blocks: list[ArchitectureBlock] | None = None  # a search's architecture
     accuracy: AccuracyReport | None = None  # of the compressed (or a transformer's searched) network
     distilled: nn.Module | None = None  # the searched or compressed network
+    architecture: Architecture | None = None
     if workload.derive is not None:
         profile = run_dir.load_profile() if run_dir.profile.exists() else None  # a latency budget's costs
         architecture, searched = workload.derive(students, profile)
@@ -94,6 +95,9 @@ def finalize(run_dir: RunDir, spec: Spec, workload: Workload, total_steps: int, 
     if workload.export is not None and distilled is not None:  # a language model's state_dict and program
         torch.save(distilled.state_dict(), run_dir.distilled_state)
         workload.export(distilled, run_dir.distilled_export)
+    if workload.hf_directory is not None and distilled is not None:  # a language model, for transformers
+        folder = run_dir.searched_hf if architecture is not None else run_dir.distilled_hf
+        workload.hf_directory(distilled, architecture, folder)
     summary = Summary(
         name=spec.name,
         mode=spec.schedule.mode,

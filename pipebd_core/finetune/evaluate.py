@@ -27,6 +27,7 @@ from pipebd_core.rank.metrics import perplexity, top1_accuracy
 from pipebd_core.rank.network import build_network, finetune_view, parameters, teacher_network
 from pipebd_core.rank.process import exit_now, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
+from pipebd_core.spec import Spec
 from pipebd_core.workloads.flops import count_flops
 
 
@@ -47,6 +48,17 @@ def export(model: nn.Module, sample: torch.Tensor, run_dir: RunDir) -> None:
         dims[1] = torch.export.Dim("tokens", min=2)
     program = torch.export.export(model.cpu().eval(), (example,), dynamic_shapes=(dims,))
     torch.export.save(program, run_dir.exported_model)
+
+
+def write_finetuned_directory(spec: Spec, model: nn.Module, run_dir: RunDir) -> None:
+    """finetuned_hf/: the trained language model as a Hugging Face model directory, its layers named as
+    the distillation named them (a search's by its architecture.json)."""
+    from pipebd_core.documents.architecture import Architecture
+    from pipebd_core.workloads.hf_directory import layer_names, write_model_directory
+
+    searched = run_dir.architecture.exists() and len(spec.workload.replacements) > 1
+    architecture = Architecture.from_json(run_dir.read_json(run_dir.architecture)) if searched else None
+    write_model_directory(spec, model.cpu().eval(), layer_names(spec, architecture), run_dir.finetuned_hf)
 
 
 def phase_seconds(run_dir: RunDir) -> dict[str, float | None]:
@@ -91,6 +103,8 @@ def run_evaluate(run_dir: RunDir) -> FinetuneReport:
             save_language_model(spec, network.model.state_dict(), run_dir.teacher_model)
             report.teacher_perplexity = report.perplexity_after
     export(network.model, sample, run_dir)
+    if spec.workload.kind == "transformer" and language:  # also for transformers (workloads/hf_directory.py)
+        write_finetuned_directory(spec, network.model, run_dir)
     report.phase_s = phase_seconds(run_dir)
     summary = run_dir.load_summary() if run_dir.summary.exists() else Summary(name=spec.name)
     summary.finetune = report

@@ -457,6 +457,20 @@ def _exporter(spec: Spec) -> Callable[[nn.Module, Path], None]:
     return lambda network, path: export_program(network, spec.data.seq_len, path)
 
 
+def _hf_directory(spec: Spec) -> Callable[[nn.Module, Architecture | None, Path], None] | None:
+    """A language model's network as a Hugging Face model directory (hf_directory.py); a vision
+    transformer's has none."""
+    if spec.workload.vision_transformer:
+        return None
+
+    def write(network: nn.Module, architecture: Architecture | None, folder: Path) -> None:
+        from pipebd_core.workloads.hf_directory import layer_names, write_model_directory
+
+        write_model_directory(spec, network, layer_names(spec, architecture), folder)
+
+    return write
+
+
 def build_transformer_workload(spec: Spec) -> Workload:
     parts, warnings = teacher_parts(spec)
     names = spec.workload.replacements
@@ -479,4 +493,5 @@ def build_transformer_workload(spec: Spec) -> Workload:
         warnings=warnings,
         derive=_derive(spec, teachers, head) if search else None,
         export=_exporter(spec),
+        hf_directory=_hf_directory(spec),
     )

@@ -49,6 +49,9 @@ class Workload:
     # Exports the distilled (compressed or searched) network to a file, beside its state_dict: a language
     # model's torch.export program over token ids of any batch and length (workloads/transformer.py).
     export: Callable[[nn.Module, Path], None] | None = None
+    # Writes the distilled network (with a search's architecture) as a Hugging Face model directory: a
+    # language model's (workloads/hf_directory.py).
+    hf_directory: Callable[[nn.Module, Architecture | None, Path], None] | None = None
 
     @property
     def num_blocks(self) -> int:

@@ -29,6 +29,9 @@ FOLDERS = (
     "stop_at.json",
     "tensorboard",
     "teacher_model",
+    "distilled_hf",
+    "searched_hf",
+    "finetuned_hf",
 )
 PATTERN = re.compile(r"^(rank|block|step)-")  # rank-<r>.log, block-<i>/, step-<s>.pt
 NAMES = {output.name for output in OUTPUTS} | set(FOLDERS)
