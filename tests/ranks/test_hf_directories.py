@@ -184,7 +184,7 @@ def test_the_tokenizer_gives_pipebds_ids(search: tuple[Spec, RunDir]) -> None:
     from transformers import AutoTokenizer
 
     _, run = search
-    tokenizer = AutoTokenizer.from_pretrained(str(run.searched_hf), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(run.searched_hf), trust_remote_code=True, local_files_only=True)
     text = "Blockwise distillation, ¿sí? 🙂\n<|endoftext|> is text here"
     assert tokenizer(text)["input_ids"] == ByteTokenizer().encode(text)
     assert tokenizer.eos_token_id == 256 and tokenizer.decode(ByteTokenizer().encode(text)) == text
@@ -249,7 +249,8 @@ def test_the_directories_load_and_generate_where_pipebd_cannot_be_imported(
             model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=remote, local_files_only=True)
             prompt = torch.tensor({prompt.tolist()!r})
             tokens[folder] = model.generate(prompt, max_new_tokens={NEW_TOKENS}, do_sample=False).tolist()
-            assert AutoTokenizer.from_pretrained(folder)("ab")["input_ids"] == [97, 98]
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=remote, local_files_only=True)
+            assert tokenizer("ab")["input_ids"] == [97, 98]
         try:
             import pipebd_core  # noqa: F401
         except ModuleNotFoundError:
