@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,13 +28,14 @@ from sqlmodel import Session
 
 from app.api.auth import tenant_of
 from app.api.limits import client_key, count_submission, retry_after
-from app.api.problems import ApiError
+from app.api.problems import ApiError, field_problem, summary
 from app.core.database import get_engine
 from app.core.queue import enqueue
 from app.core.quotas import budget_spent, budget_use
 from app.core.settings import Settings
 from app.core.tables import TenantQuota
 from app.services.jobs import ConflictError, Created, QueueFull, create_job, discard_jobs, queued_count, replayed
+from app.services.models import ModelRefused, resolve_models
 from app.services.preflight import CheckerCrashed, CheckerUnavailable, CheckTimeout
 from app.services.specs import parse_body, preflight_problems, spec_hash, validate_document
 from pipebd_core.spec import Spec
@@ -63,7 +65,19 @@ def too_slow(settings: Settings) -> ApiError:
 
 
 def read_spec(body: bytes, content_type: str, settings: Settings) -> Spec:
-    return validate_document(parse_body(body, content_type), settings)
+    document, allowed = resolve_references(parse_body(body, content_type), settings)
+    return validate_document(document, settings, allowed)
+
+
+def resolve_references(document: dict[str, Any], settings: Settings) -> tuple[dict[str, Any], list[Path]]:
+    """A registered model the spec names (`workload.teacher: {model: N}`) replaced by its files (app/services/
+    models.py), before the spec is validated; 422 naming the field for an unknown or unusable model."""
+    with Session(get_engine(settings.database)) as session:
+        try:
+            return resolve_models(session, document)
+        except ModelRefused as refused:
+            problems = [field_problem(["body", *refused.loc], refused.message, refused.value)]
+            raise ApiError(422, summary(problems), problems) from None
 
 
 def queue_full(queued: int, settings: Settings, adding: int = 1) -> ApiError:
