@@ -371,9 +371,9 @@ class JobRunner:
             outcome = supervisor.run()
             # the ranks are gone; the database may not answer yet (a restart): record the end once it does
             patience = self.settings.outage_patience_s
-            state = persist(lambda: self.finish(outcome), patience, f"job {self.job_id}: its end")
-            if state == SUCCEEDED:
+            if outcome.result == SUCCEEDED:  # registered before the job shows succeeded: then its models are there
                 self.register_models(export)
+            state = persist(lambda: self.finish(outcome), patience, f"job {self.job_id}: its end")
         finally:
             if export is not None:  # after the job's end is recorded: a down tracking server delays only the next job
                 export.close(state)
