@@ -186,13 +186,19 @@ def teacher_fields(session: Session, model: RegisteredModel, loc: list[str | int
     return fields
 
 
+def names_a_model(document: dict[str, Any]) -> bool:
+    """Whether the spec document names a registered model (`workload.teacher` is an object)."""
+    workload = document.get("workload")
+    return isinstance(workload, dict) and isinstance(workload.get("teacher"), dict)
+
+
 def resolve_models(session: Session, document: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
     """The spec document with `workload.teacher: {model: N}` replaced by the model's files, and the paths it
     put in (allowed beyond the data roots for this spec only). A document without a reference comes back as
     it is. ModelRefused names the field: an unknown id, a bad reference, a model whose files are gone."""
-    workload = document.get("workload")
-    if not isinstance(workload, dict) or not isinstance(workload.get("teacher"), dict):
+    if not names_a_model(document):
         return document, []
+    workload = document["workload"]
     loc: list[str | int] = ["workload", "teacher"]
     reference = workload["teacher"]
     model_id = reference.get("model")

@@ -35,7 +35,7 @@ from app.core.quotas import budget_spent, budget_use
 from app.core.settings import Settings
 from app.core.tables import TenantQuota
 from app.services.jobs import ConflictError, Created, QueueFull, create_job, discard_jobs, queued_count, replayed
-from app.services.models import ModelRefused, resolve_models
+from app.services.models import ModelRefused, names_a_model, resolve_models
 from app.services.preflight import CheckerCrashed, CheckerUnavailable, CheckTimeout
 from app.services.specs import parse_body, preflight_problems, spec_hash, validate_document
 from pipebd_core.spec import Spec
@@ -72,6 +72,8 @@ def read_spec(body: bytes, content_type: str, settings: Settings) -> Spec:
 def resolve_references(document: dict[str, Any], settings: Settings) -> tuple[dict[str, Any], list[Path]]:
     """A registered model the spec names (`workload.teacher: {model: N}`) replaced by its files (app/services/
     models.py), before the spec is validated; 422 naming the field for an unknown or unusable model."""
+    if not names_a_model(document):
+        return document, []
     with Session(get_engine(settings.database)) as session:
         try:
             return resolve_models(session, document)
