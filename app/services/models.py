@@ -32,6 +32,7 @@ from pipebd_core.rundir import OUTPUTS, RunDir
 CHOOSE_TIMEOUT_S = 300.0  # choosing again loads the search's checkpoints and evaluates one network: seconds
 LINEAGE_MAX = 1000  # models at most in one lineage answer (a chain, and the descendants breadth first)
 ARTIFACTS = {output.name for output in OUTPUTS}  # a model file with one of these names downloads as an artifact
+REFUSAL = "pipebd choose: "  # how the engine's command starts the message of a choice it refuses
 BUDGET_OPTIONS = {"params": "--params", "kv_cache": "--kv-cache", "latency": "--latency"}
 
 
@@ -254,8 +255,10 @@ def choose_again(
         raise ChooseRefused(f"choosing again took longer than {timeout_s:g} s and was stopped") from None
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        message = lines[-1] if lines else f"the choice ended with exit code {done.returncode}"
-        raise ChooseRefused(message.removeprefix("pipebd choose: "))
+        last = lines[-1] if lines else ""
+        if last.startswith(REFUSAL):  # the engine's refusal: not a search, a budget no choice meets
+            raise ChooseRefused(last.removeprefix(REFUSAL))
+        raise RuntimeError(f"choosing again failed (exit code {done.returncode}): {last or 'no output'}")
     index = json.loads(done.stdout.strip().splitlines()[-1])["index"]
     models = {model.name: model for model in register_job(session, job)}
     chosen = models.get(f"choice-{index}")
