@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from app import web
 from app.api import openapi, problems
 from app.api.monitoring import JobCollector
-from app.api.routes import artifacts, compare, events, health, jobs, logs, metrics, quota, sweeps, webhooks
+from app.api.routes import artifacts, compare, events, health, jobs, logs, metrics, models, quota, sweeps, webhooks
 from app.api.schemas import SERVER_ERROR
 from app.api.sse import Feed
 from app.core.database import migrate
@@ -105,6 +105,8 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         events.router,
         webhooks.router,
         quota.router,
+        models.router,
+        models.choose_router,
     )
     for router in routers:
         app.include_router(router, prefix=API_PREFIX, responses=SERVER_ERROR)

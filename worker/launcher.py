@@ -46,8 +46,20 @@ from app.core.lifecycle import JobChanges, settle, transition
 from app.core.plan_summary import summarize
 from app.core.priority import wake_held
 from app.core.quotas import claim_quota
+from app.core.registry import register_job
 from app.core.settings import Settings
-from app.core.states import ACTIVE, CANCELLED, CANCELLING, FAILED, PAUSED, PAUSING, QUEUED, RUNNING, STARTING
+from app.core.states import (
+    ACTIVE,
+    CANCELLED,
+    CANCELLING,
+    FAILED,
+    PAUSED,
+    PAUSING,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    SUCCEEDED,
+)
 from app.core.sweeps import claim_room
 from app.core.tables import Job, JobEvent, now
 from app.core.webhooks import notify_phases
@@ -349,11 +361,25 @@ class JobRunner:
             outcome = supervisor.run()
             # the ranks are gone; the database may not answer yet (a restart): record the end once it does
             patience = self.settings.outage_patience_s
+            if outcome.result == SUCCEEDED:  # registered before the job shows succeeded: then its models are there
+                self.register_models(export)
             state = persist(lambda: self.finish(outcome), patience, f"job {self.job_id}: its end")
         finally:
             if export is not None:  # after the job's end is recorded: a down tracking server delays only the next job
                 export.close(state)
         return state
+
+    def register_models(self, export: MlflowExport | None) -> None:
+        """Register the models the job wrote (app/core/registry.py; idempotent: a retried job adds none twice),
+        and hand them to the MLflow export; a failure is logged, never the job's."""
+        try:
+            with session_scope(self.database) as session:
+                job = session.get(Job, self.job_id)
+                models = [] if job is None else register_job(session, job)
+                if export is not None:
+                    export.register_models([model.id for model in models if model.id is not None])
+        except Exception:
+            log.exception("job %s: could not register its models", self.job_id)
 
     def finish(self, outcome: Outcome) -> str:
         """Record how this run of the job ended (app/core/lifecycle.py `settle`: paused, requeued after a

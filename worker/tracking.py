@@ -15,6 +15,10 @@ What the run holds:
     artifacts  the job's small documents (summary.json, spec.json, plan.json, ...) under pipebd/, once it ends
     status     RUNNING while a worker runs it, SCHEDULED when it waits (queued again, paused), FINISHED,
                FAILED or KILLED (cancelled) when it ends
+    models     once a succeeded job's models are registered (app/core/registry.py), each one is also a version
+               of the registered model `<job name>-<kind>` in MLflow's Model Registry, its source the run
+               (`runs:/<run id>/pipebd`), tagged with its PipeBD id, files and content hash; the row records
+               `name/version`, so a retried job registers none twice (worker/model_versions.py)
 
 A sync compares the run with the run directory and sends what is missing, so a sync that failed (the
 server was down) is simply made again at the next phase change; the last one, when the job ends, is
@@ -127,6 +131,8 @@ class MlflowExport:
         self.summary_mtime: float | None = None
         self.documents_sent = False
         self.failing = False
+        self.database = settings.database
+        self.models: list[int] = []  # registered models of the job to add to MLflow's registry at the end
 
     def start(self) -> MlflowExport:
         self.thread.start()
@@ -136,6 +142,10 @@ class MlflowExport:
     def update(self) -> None:
         """Bring the run up to date soon (the caller never waits)."""
         self.wake.set()
+
+    def register_models(self, model_ids: list[int]) -> None:
+        """The job's registered models: the last sync adds each one to MLflow's Model Registry."""
+        self.models = list(model_ids)
 
     def close(self, state: str) -> None:
         """The job ended this run in `state`: a last sync (retried), waited for at most `mlflow_wait_s`."""
@@ -199,6 +209,10 @@ class MlflowExport:
             self.documents_sent = True
         if status in TERMINAL:
             client.set_terminated(run_id, status)
+            if self.models:
+                from worker.model_versions import register_versions
+
+                register_versions(client, self.database, run_id, self.models)
         else:
             client.update_run(run_id, status=status)
         self.failing = False

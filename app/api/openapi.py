@@ -43,10 +43,15 @@ def spec_components(settings: Settings) -> JsonObject:
     components["WorkloadSpec"]["required"] = ["kind"]
     components["TrainSpec"]["properties"]["epochs"]["maximum"] = settings.max_epochs
     components["DataSpec"]["properties"]["num_samples"]["maximum"] = settings.max_num_samples
+    teacher = components["WorkloadSpec"]["properties"]["teacher"]  # or a registered model (app/services/models.py)
+    reference: JsonObject = {"type": "object", "required": ["model"], "additionalProperties": False}
+    reference["properties"] = {"model": {"type": "integer", "minimum": 1}}
+    components["WorkloadSpec"]["properties"]["teacher"] = {**teacher, "anyOf": [{"type": "string"}, reference]}
+    components["WorkloadSpec"]["properties"]["teacher"].pop("type", None)
     return components
 
 
-PAGED = ("/api/v1/jobs", "/api/v1/webhooks/{webhook_id}/deliveries")  # lists with a `limit` query
+PAGED = ("/api/v1/jobs", "/api/v1/webhooks/{webhook_id}/deliveries", "/api/v1/models")  # lists with a `limit` query
 
 
 def limit_list_pages(document: JsonObject, settings: Settings) -> None:

@@ -11,6 +11,7 @@ pipebd cancel ID, pipebd pause ID, pipebd resume ID   cancel or pause a job, or 
 pipebd logs ID, pipebd download ID [NAME]   print (or --follow) a job's log; download its artifacts
 pipebd webhooks list | create | delete | deliveries   a server's webhooks and their delivery logs
 pipebd quotas   set or list each token's fair-share weight and quotas (on the server's database)
+pipebd models [ID], pipebd choose ID   a server's registered models and their lineage; a search chosen again
 
 Parsing imports nothing heavy: every handler imports what it needs when it runs, so `pipebd api` and
 `pipebd up` never load torch.
@@ -24,6 +25,7 @@ import sys
 from typing import Any
 
 from app.cli.jobs import command_download, command_jobs, command_logs, command_show
+from app.cli.models import add_model_commands
 from app.cli.quotas import add_quota_commands
 from app.cli.remote import command_job_action, command_submit, command_sweep
 from app.cli.server import command_api, command_up, command_worker
@@ -68,6 +70,7 @@ def add_service_commands(commands: Any) -> None:
     add_job_commands(commands)
     add_quota_commands(commands)
     add_webhook_commands(commands, add_server_options)
+    add_model_commands(commands, add_server_options)
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:

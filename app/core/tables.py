@@ -8,8 +8,9 @@ run of a job: who ran it, how it ended, where its blocks resumed), `worker` (eac
 advertised devices and last heartbeat), `limit_state` (each admission limit's row, locked while a
 submission checks and takes it: app/core/limits.py), `tenant_quota` (a token's fair-share weight and
 quotas: app/core/quotas.py), `webhook` (a receiver of chosen events),
-`webhook_delivery` (one event on its way to one webhook: app/core/webhooks.py, app/core/deliveries.py)
-and `gang_seat` (a host's seat in the gang of a job on several nodes: app/core/gangs.py).
+`webhook_delivery` (one event on its way to one webhook: app/core/webhooks.py, app/core/deliveries.py),
+`gang_seat` (a host's seat in the gang of a job on several nodes: app/core/gangs.py) and `registered_model`
+(a model version a job wrote, with its lineage: app/core/registry.py).
 Times are Unix seconds in the
 database (the API's answer models in app/api/schemas.py show them as ISO 8601, UTC). The Alembic
 migrations in migrations/ create the same schema.
@@ -274,3 +275,32 @@ class WebhookDelivery(SQLModel, table=True):
     last_error: str | None = None
     created_at: float = Field(default_factory=now)
     finished_at: float | None = None
+
+
+class RegisteredModel(SQLModel, table=True):
+    """A model version a succeeded job wrote (app/core/registry.py): its files with their sha256, the model it
+    was made from, the spec and data it was made with, and its figures. Kept when its job is deleted (its
+    files then are gone: the registry says so, and a spec naming it is refused)."""
+
+    __tablename__ = "registered_model"
+    __table_args__ = (
+        Index("ix_registered_model_job_id_name", "job_id", "name", unique=True),
+        Index("ix_registered_model_parent_id", "parent_id"),
+        Index("ix_registered_model_kind_id", "kind", "id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int  # the job that wrote it (no foreign key: the registry outlives a deleted job)
+    name: str = Field(max_length=64)  # which of the job's models: teacher, distilled, searched, finetuned, choice-<n>
+    kind: str = Field(max_length=16)  # teacher | distilled | searched | finetuned | chosen (app.core.registry.KINDS)
+    parent_id: int | None = None  # the registered model it was made from
+    parent_hash: str | None = Field(default=None, max_length=64)  # the parent's content hash (a teacher by path too)
+    content_hash: str = Field(max_length=64)  # sha256 over its files' names and sha256s
+    spec_hash: str | None = Field(default=None, max_length=64)  # the job's spec (app.services.specs.spec_hash)
+    data_fingerprint: str | None = Field(default=None, max_length=64)  # the data section and a data folder's files
+    run_dir: str  # where its files are: `files` paths are relative to it
+    files: list[JsonObject] = Field(sa_column=Column(JSON, nullable=False))  # {path, size, sha256}
+    metrics: JsonObject = Field(sa_column=Column(JSON, nullable=False))  # app.core.registry.METRICS, where known
+    mlflow_version: str | None = Field(default=None, max_length=300)  # `name/version` in MLflow's registry, once there
+    created_at: float = Field(default_factory=now)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,17 +126,19 @@ def bound_problems(spec: Spec, settings: Settings) -> list[FieldProblem]:
     ]
 
 
-def policy_problems(spec: Spec, settings: Settings) -> list[FieldProblem]:
-    """What this server refuses to run: paths outside the data roots, factories outside the allowlist."""
+def policy_problems(spec: Spec, settings: Settings, resolved: Sequence[Path] = ()) -> list[FieldProblem]:
+    """What this server refuses to run: paths outside the data roots (but `resolved`: a registered model's files
+    a reference was resolved to, app/services/models.py), factories outside the allowlist."""
     problems = []
     roots = settings.roots
+    exact = {path.expanduser().resolve() for path in resolved}
     for loc, value in (
         (["data", "root"], spec.data.root),
         (["workload", "teacher_weights"], spec.workload.teacher_weights),
         (["workload", "teacher"], spec.workload.teacher if spec.workload.language_model else None),
         (["data", "tokenizer"], spec.data.tokenizer),
     ):
-        if value and not _under_roots(value, roots):
+        if value and not _under_roots(value, roots) and Path(value).expanduser().resolve() not in exact:
             where = ", ".join(str(root) for root in roots)
             message = f"{value!r} is outside the data roots of this server; use a path under {where}"
             problems.append(field_problem(["body", *loc], message, value))
@@ -152,15 +155,16 @@ def policy_problems(spec: Spec, settings: Settings) -> list[FieldProblem]:
     return problems
 
 
-def validate_document(document: JsonObject, settings: Settings) -> Spec:
-    """Gate 2: the engine's model, then the server's policy; raises a 422 ServiceError listing every problem."""
+def validate_document(document: JsonObject, settings: Settings, allowed: Sequence[Path] = ()) -> Spec:
+    """Gate 2: the engine's model, then the server's policy; raises a 422 ServiceError listing every problem.
+    `allowed`: paths outside the data roots this spec may name (a registered model's, resolved)."""
     problems = required_problems(document)
     try:
         spec = Spec.model_validate(document, strict=True)  # as the schema says: no "1" for 1, no 0 for false
     except ValidationError as error:
         problems += pydantic_problems(error.errors(), prefix=["body"])
         raise ServiceError(422, summary(problems), problems) from None
-    problems += bound_problems(spec, settings) + policy_problems(spec, settings)
+    problems += bound_problems(spec, settings) + policy_problems(spec, settings, allowed)
     if problems:
         raise ServiceError(422, summary(problems), problems)
     return spec

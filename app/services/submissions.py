@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
@@ -37,8 +38,9 @@ from app.core.queue import enqueue
 from app.core.quotas import budget_spent, budget_use
 from app.core.settings import Settings
 from app.core.tables import TenantQuota
-from app.services.errors import ServiceError
+from app.services.errors import ServiceError, field_problem, summary
 from app.services.jobs import ConflictError, Created, QueueFull, create_job, discard_jobs, queued_count, replayed
+from app.services.models import ModelRefused, names_a_model, resolve_models
 from app.services.preflight import CheckerCrashed, CheckerUnavailable, CheckTimeout
 from app.services.specs import parse_body, preflight_problems, spec_hash, validate_document
 from pipebd_core.spec import Spec
@@ -86,7 +88,21 @@ def too_slow(settings: Settings) -> ServiceError:
 
 
 def read_spec(body: bytes, content_type: str, settings: Settings) -> Spec:
-    return validate_document(parse_body(body, content_type), settings)
+    document, allowed = resolve_references(parse_body(body, content_type), settings)
+    return validate_document(document, settings, allowed)
+
+
+def resolve_references(document: JsonObject, settings: Settings) -> tuple[JsonObject, list[Path]]:
+    """A registered model the spec names (`workload.teacher: {model: N}`) replaced by its files (app/services/
+    models.py), before the spec is validated; 422 naming the field for an unknown or unusable model."""
+    if not names_a_model(document):
+        return document, []
+    with Session(get_engine(settings.database)) as session:
+        try:
+            return resolve_models(session, document)
+        except ModelRefused as refused:
+            problems = [field_problem(["body", *refused.loc], refused.message, refused.value)]
+            raise ServiceError(422, summary(problems), problems) from None
 
 
 def queue_full(queued: int, settings: Settings, adding: int = 1) -> ServiceError:

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.staticfiles import PathLike, StaticFiles
 from starlette.types import Scope
 
-from app.web import access, compare, job_page, jobs_list, new_job, sweeps, webhooks
+from app.web import access, compare, job_page, jobs_list, models, new_job, sweeps, webhooks
 from app.web.templating import STATIC
 
 
@@ -31,6 +31,6 @@ class RevalidatedStaticFiles(StaticFiles):
 
 def install(app: FastAPI) -> None:
     # /jobs/new before /jobs/{job_id}: "new" is not a job id
-    for module in (access, jobs_list, new_job, job_page, compare, sweeps, webhooks):
+    for module in (access, jobs_list, new_job, job_page, compare, sweeps, webhooks, models):
         app.include_router(module.router, include_in_schema=False)
     app.mount("/static", RevalidatedStaticFiles(directory=STATIC), name="static")

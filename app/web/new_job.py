@@ -1,4 +1,5 @@
-"""The new-job page (`/jobs/new`): a spec editor prefilled from the bundled examples.
+"""The new-job page (`/jobs/new`): a spec editor prefilled from the bundled examples, or with `?spec=` (the
+model page's "compress further" and "fine-tune" links, app/web/models.py).
 
 The page's script posts the editor's text to `POST /api/v1/jobs` as YAML, exactly as the `curl`
 command shown under the editor does; a 422 answer names each bad field, and the script shows each
@@ -8,8 +9,9 @@ message next to that field's line in the editor.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from app.web.access import SubmitterDep
@@ -18,6 +20,7 @@ from app.web.templating import REPO, render
 
 EXAMPLES = REPO / "examples"
 DEFAULT_EXAMPLE = "tiny-custom.yaml"  # runs in seconds anywhere
+SPEC_CHARS = 20_000  # a spec handed in the address (`?spec=`: the model page's "compress further") at most
 
 router = APIRouter(route_class=PageRoute)
 
@@ -28,7 +31,12 @@ def bundled_examples(folder: Path = EXAMPLES) -> dict[str, str]:
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)
-def new_job_page(request: Request, viewer: SubmitterDep, example: str | None = None) -> HTMLResponse:
+def new_job_page(
+    request: Request,
+    viewer: SubmitterDep,
+    example: str | None = None,
+    spec: Annotated[str | None, Query(max_length=SPEC_CHARS)] = None,
+) -> HTMLResponse:
     examples = bundled_examples()
     errors = {}
     chosen = example if example in examples else DEFAULT_EXAMPLE if DEFAULT_EXAMPLE in examples else None
@@ -39,7 +47,7 @@ def new_job_page(request: Request, viewer: SubmitterDep, example: str | None = N
     context = {
         "examples": examples,
         "chosen": chosen,
-        "text": examples.get(chosen or "", ""),
+        "text": spec if spec is not None else examples.get(chosen or "", ""),
         "api_url": f"{str(request.base_url).rstrip('/')}/api/v1/jobs",
         "errors": errors,
     }

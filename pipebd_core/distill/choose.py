@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     fractions = {"params": args.params, "kv_cache": args.kv_cache, "latency": args.latency}
     given = {name: value for name, value in fractions.items() if value is not None}
     try:
-        record = choose_again(RunDir(args.run_dir), Budget(**given) if given else None)
+        record = choose_again(RunDir(Path(args.run_dir)), Budget(**given) if given else None)
     except (SpecError, ValueError) as error:
         raise SystemExit(f"pipebd choose: {error}") from None
     print(json.dumps(record.to_json()))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from pipebd_core.distill.choose import choose_again
+from pipebd_core.distill.choose import choose_again, main
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Budget, Spec, SpecError, parse_spec
 from tests.transformer_specs import transformer_document, write_text
@@ -73,3 +73,14 @@ def test_a_budget_on_a_cost_the_search_did_not_measure_is_refused_and_writes_not
         choose_again(searched_a, Budget(latency=0.5))
     after = sorted(searched_a.choices.glob("*")) if searched_a.choices.exists() else []
     assert after == before  # nothing half-written
+
+
+def test_the_command_takes_the_run_directory_as_text_and_prints_its_record(
+    runs: tuple[RunDir, RunDir], capsys: pytest.CaptureFixture[str]
+) -> None:
+    searched_a, searched_b = runs
+    main(["--run-dir", str(searched_a.root), "--params", "0.45", "--kv-cache", "0.5"])  # what the service runs
+    record = json.loads(capsys.readouterr().out)
+    assert record["layers"] == [block["layers"][0] for block in architecture(searched_b.architecture)["blocks"]]
+    with pytest.raises(SystemExit, match=r"^pipebd choose: .*latency"):
+        main(["--run-dir", str(searched_a.root), "--latency", "0.5"])

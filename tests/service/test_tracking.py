@@ -21,8 +21,11 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from sqlmodel import Session, select
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from app.core.database import get_engine
+from app.core.tables import RegisteredModel
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.job.launch import prepare_run
@@ -120,6 +123,14 @@ def test_a_job_a_worker_runs_is_an_mlflow_run_and_has_tensorboard_files(tmp_path
     assert run.data.metrics["phase/distill/duration_s"] > 0 and run.data.metrics["distill/samples_per_s"] > 0
     documents = {item.path for item in client.list_artifacts(run.info.run_id, "pipebd")}
     assert {"pipebd/summary.json", "pipebd/spec.json", "pipebd/plan.json"} <= documents
+
+    # the job's registered model is a version in MLflow's Model Registry, linked to the run
+    with Session(get_engine(settings.database)) as session:
+        [model] = session.exec(select(RegisteredModel).where(RegisteredModel.job_id == job_id)).all()
+    assert model.kind == "distilled" and model.mlflow_version == "tracked-distilled/1"
+    [version] = client.search_model_versions("name = 'tracked-distilled'")
+    assert version.run_id == run.info.run_id and version.tags["pipebd.model_id"] == str(model.id)
+    assert version.tags["pipebd.content_hash"] == model.content_hash
 
     events = EventAccumulator(str(run_dir.tensorboard(DISTILL)))
     events.Reload()
