@@ -138,6 +138,11 @@ def get_json(server: str, token: str | None, path: str, params: Mapping[str, Que
     return call("GET", server, token, path, params=query).json()
 
 
+def get_text(server: str, token: str | None, path: str) -> str:
+    """GET `path`: its text body."""
+    return call("GET", server, token, path).text
+
+
 def submit(server: str, token: str | None, document: JsonObject, key: str | None = None) -> JobJson:
     extra = {"Idempotency-Key": key} if key else {}
     job: JobJson = call("POST", server, token, "/api/v1/jobs", json=document, headers=extra).json()

@@ -227,3 +227,43 @@ def test_webhooks_create_list_deliveries_and_delete(server: Server) -> None:
     assert server.run("webhooks", "delete", str(hook["id"]))[0] == 0
     code, _, err = server.run("webhooks", "deliveries", str(hook["id"]))
     assert code == 2 and err.count("\n") == 1 and "HTTP 404" in err
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+def test_a_model_folder_downloads_as_one_archive_and_unpacks(server: Server, tmp_path: Path) -> None:
+    import hashlib
+    import io
+    import tarfile
+
+    job_id = server.job("succeeded")
+    run_dir = server.run_dir(job_id, ["plan_finetune", "finetune", "evaluate"], "evaluate")
+    model = run_dir.teacher_model
+    (model / "sub").mkdir(parents=True)
+    files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": bytes(range(256)) * 4099, "sub/x": b""}
+    for name, data in files.items():
+        (model / name).write_bytes(data)
+    run_dir.output("summary.json").write_bytes(b"{}")
+    listed = {item["name"]: item for item in httpx.get(f"{server.url}/api/v1/jobs/{job_id}/artifacts").json()["data"]}
+    entry = listed["teacher_model.tar"]
+    assert entry["media_type"] == "application/x-tar" and entry["url"].endswith("/artifacts/teacher_model.tar")
+    response = httpx.get(f"{server.url}{entry['url']}")
+    assert response.status_code == 200 and int(response.headers["content-length"]) == entry["size"]
+    assert len(response.content) == entry["size"] and response.headers["content-type"] == "application/x-tar"
+    line = httpx.get(f"{server.url}{entry['sha256_url']}").text
+    assert line == f"{hashlib.sha256(response.content).hexdigest()}  job-{job_id}-teacher_model.tar\n"
+    with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:  # byte for byte, every file and no other
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    assert got == {f"teacher_model/{name}": data for name, data in files.items()}
+    folder = tmp_path / "all"
+    code, out, _ = server.run("download", str(job_id), "-o", str(folder), "--json")
+    assert code == 0, out
+    written = {entry["name"]: entry for entry in json.loads(out)}
+    assert written["teacher_model.tar"]["path"] == f"{folder / 'teacher_model'}/"
+    assert folder_files(folder / "teacher_model") == folder_files(model) == files
+    assert sorted(path.name for path in folder.iterdir()) == ["summary.json", "teacher_model"]  # no archive left
+    missing = httpx.get(f"{server.url}/api/v1/jobs/{server.job('queued')}/artifacts/teacher_model.tar")
+    assert missing.status_code == 404 and "has no teacher_model.tar (yet)" in missing.json()["detail"]
+
