@@ -146,6 +146,14 @@ def command_show(args: argparse.Namespace) -> int:
 # --- pipebd logs --------------------------------------------------------------------------------------
 
 
+def logged_reached(job: JobJson) -> list[str]:
+    """The job's phases that write logs, in order, up to the one it is in (or ended in)."""
+    from app.api.routes.logs import LOGGED_PHASES
+
+    names = [phase["name"] for phase in job["phases"] if phase["name"] in LOGGED_PHASES]
+    return names[: names.index(job["phase"]) + 1] if job["phase"] in names else []
+
+
 class LogReader:
     """Reads one job's log (a phase's launcher log, or one rank's) chunk by chunk from where it stopped."""
 
@@ -168,14 +176,17 @@ class LogReader:
         self.phase, self.offset = chunk["phase"], chunk["next_offset"]
         return chunk
 
+    def start(self, job: JobJson) -> None:
+        """--follow without --phase: begin at the first phase with logs that the job has reached, so that
+        every phase's log is printed in order (a finished job's too), not only the newest one."""
+        if self.args.phase is None and self.phase is None and (reached := logged_reached(job)):
+            self.phase = reached[0]
+
     def next_phase(self, job: JobJson) -> bool:
         """Without --phase: move on to the next phase with logs that the job has reached; False if none."""
         if self.args.phase is not None or self.phase is None:
             return False
-        from app.api.routes.logs import LOGGED_PHASES
-
-        names = [phase["name"] for phase in job["phases"] if phase["name"] in LOGGED_PHASES]
-        reached = names[: names.index(job["phase"]) + 1] if job["phase"] in names else []
+        reached = logged_reached(job)
         later = reached[reached.index(self.phase) + 1 :] if self.phase in reached else []
         if not later:
             return False
@@ -205,6 +216,7 @@ def follow_log(args: argparse.Namespace, reader: LogReader, emit: Callable[[LogC
     from app.core.states import AT_REST  # no worker will write more
 
     ending = False
+    reader.start(get_json(args.server, args.token, f"{JOBS}/{args.job_id}"))
     while True:
         chunk = reader.read()
         if chunk is not None and chunk["text"]:

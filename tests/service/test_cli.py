@@ -181,6 +181,7 @@ def test_logs_follow_each_phase_until_the_job_ends(server: Server) -> None:
     assert code == 0 and time.monotonic() - started < 30
     assert out == "".join(f"distill {step}\n" for step in range(4)) + "finalize 0\nfinalize 1\n"
     assert err == f"pipebd: -- logs/finalize/launcher.log --\npipebd: job {job_id} succeeded\n"
+    assert server.run("logs", str(job_id), "--follow") == (0, out, err)  # a finished job: every phase too
 
 
 def test_download_one_artifact_or_all(server: Server, tmp_path: Path) -> None:
@@ -267,3 +268,41 @@ def test_a_model_folder_downloads_as_one_archive_and_unpacks(server: Server, tmp
     missing = httpx.get(f"{server.url}/api/v1/jobs/{server.job('queued')}/artifacts/teacher_model.tar")
     assert missing.status_code == 404 and "has no teacher_model.tar (yet)" in missing.json()["detail"]
 
+
+def test_sweep_follow_prints_each_child_until_the_sweep_ends(server: Server, tmp_path: Path) -> None:
+    import yaml
+    from sqlmodel import select
+
+    from tests.service.factories import tiny_job
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(tiny_job("cli")))
+
+    def children_run() -> None:
+        time.sleep(0.6)
+        with Session(get_engine(server.settings.database)) as session:
+            ids = [job.id for job in session.exec(select(Job)).all()]
+        for job_id, state in zip(ids, ["running", "succeeded", "succeeded"], strict=False):
+            update(server.settings, job_id, state="running")
+            time.sleep(0.6)
+            update(server.settings, job_id, state=state)
+        update(server.settings, ids[0], state="succeeded")
+
+    writer = threading.Thread(target=children_run)
+    writer.start()
+    try:
+        code, out, _ = server.run("sweep", str(spec), "--grid", "train.lr=0.01,0.05", "--follow")
+    finally:
+        writer.join()
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("pipebd: sweep 1 queued") and "pipebd: sweep 1 succeeded" in out
+    assert "  job 1 running" in lines and "  job 2 succeeded" in lines and lines.index("  job 1 running") > 2
+
+
+def test_the_progress_line_shows_no_loss_before_the_first_step() -> None:
+    from app.cli.client import Event, Follower
+
+    follower = Follower(7)
+    follower.add(Event("state", {"state": "running"}))
+    assert "nan" not in follower.line() and "loss - " in follower.line()
