@@ -154,11 +154,13 @@ def test_a_finetune_job_streams_its_telemetry_and_evaluations_and_offers_its_out
     assert summary["strategy"] == "gpipe" and set(summary["phase_s"]) == {"plan_finetune", "finetune", "evaluate"}
 
 
-def test_a_language_model_trained_here_downloads_as_a_model_folder(embedded: Embedded) -> None:
+def test_a_language_model_trained_here_downloads_as_a_model_folder_and_is_the_next_job_s_teacher(
+    embedded: Embedded,
+) -> None:
     import io
     import tarfile
 
-    from tests.transformer_specs import TINY_LLAMA, write_text
+    from tests.transformer_specs import TINY_LLAMA, transformer_document, write_text
 
     root = write_text(Path(embedded.settings.data_roots) / "tiny-text")
     document = {
@@ -180,3 +182,6 @@ def test_a_language_model_trained_here_downloads_as_a_model_folder(embedded: Emb
     assert got == files
     page = embedded.client.get(f"/jobs/{job['id']}").text
     assert f'href="/api/v1/jobs/{job["id"]}/artifacts/teacher_model.tar"' in page
+    # the next job names it where this server wrote it: the runs folder counts as inside the data roots
+    distil = transformer_document(root, workload={"teacher": str(model), "config": None})
+    assert submit(embedded, distil)["state"] == "succeeded"
