@@ -47,7 +47,10 @@ def header(info: tarfile.TarInfo) -> bytes:
 def entries(folder: Path, name: str) -> list[Entry]:
     """The folder itself under `name`, then every folder and file below it in sorted order."""
     found = []
+    inside = folder.resolve()
     for path in [folder, *sorted(folder.rglob("*"))]:
+        if not path.resolve().is_relative_to(inside):
+            continue  # below a link that leads out of the folder
         status = path.lstat()
         relative = path.relative_to(folder).as_posix()
         info = tarfile.TarInfo(name if relative == "." else f"{name}/{relative}")
