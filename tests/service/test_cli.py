@@ -279,9 +279,13 @@ def test_sweep_follow_prints_each_child_until_the_sweep_ends(server: Server, tmp
     spec.write_text(yaml.safe_dump(tiny_job("cli")))
 
     def children_run() -> None:
+        ids: list[int | None] = []
+        deadline = time.monotonic() + 120
+        while len(ids) < 2 and time.monotonic() < deadline:  # the sweep's children are stored once checked
+            time.sleep(0.3)
+            with Session(get_engine(server.settings.database)) as session:
+                ids = [job.id for job in session.exec(select(Job)).all()]
         time.sleep(0.6)
-        with Session(get_engine(server.settings.database)) as session:
-            ids = [job.id for job in session.exec(select(Job)).all()]
         for job_id, state in zip(ids, ["running", "succeeded", "succeeded"], strict=False):
             update(server.settings, job_id, state="running")
             time.sleep(0.6)
