@@ -40,7 +40,7 @@ onto a run directory (a test checks it).
     finetuned_model.pt2                finetune: the same network as a torch.export program
     finetuned_hf/                      finetune of a language model's compression or search: the trained network
                                        as a Hugging Face model directory, as distilled_hf/
-    teacher.pt                         kind train: the trained classifier, a torchvision-format state_dict
+    teacher.pt                         kind train: the trained network's state_dict (a classifier: torchvision format)
     teacher_model/                     kind train of a language model (workload.config): the trained model as a
                                        Hugging Face model directory (config.json, model.safetensors)
     summary.json                       final losses, accuracies, wall time
@@ -48,8 +48,9 @@ onto a run directory (a test checks it).
                                        choice.json, architecture.json, searched_model.pt, distilled_state.pt,
                                        searched_hf/
 
-`OUTPUTS` lists the top-level files with their media type and meaning: the service offers exactly
-these for download.
+`OUTPUTS` lists the top-level files with their media type and meaning, and `FOLDER_OUTPUTS` the
+top-level folders that are one model each: the service offers exactly these for download (a folder as one
+tar archive, `<name>.tar`).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ OUTPUTS: tuple[Output, ...] = (
     Output("distilled_model.pt2", "application/octet-stream", "transformer: the distilled network, torch.export"),
     Output("finetuned_model.pt", "application/octet-stream", "finetune: the trained network's state_dict"),
     Output("finetuned_model.pt2", "application/octet-stream", "finetune: the trained network, torch.export"),
-    Output("teacher.pt", "application/octet-stream", "kind train: the classifier, torchvision state_dict"),
+    Output("teacher.pt", "application/octet-stream", "kind train: the trained network's state_dict (torch.load)"),
     Output("summary.json", "application/json", "final losses and accuracies"),
     Output("plan.json", "application/json", "the resolved plan"),
     Output("finetune_plan.json", "application/json", "finetune: strategies ranked, stages, actions per rank"),
@@ -118,6 +119,23 @@ OUTPUTS: tuple[Output, ...] = (
     Output("phases.json", "application/json", "the job's phases with their states and outcomes"),
     Output("spec.json", "application/json", "the resolved spec"),
     Output("events.jsonl", "application/x-ndjson", "lifecycle events written by the engine"),
+)
+
+
+@dataclass(frozen=True)
+class FolderOutput:
+    """A documented top-level folder of a run directory, downloaded whole (the service streams it as a tar)."""
+
+    name: str
+    description: str
+
+
+# A model folder a job writes joins the downloads by one line here.
+FOLDER_OUTPUTS: tuple[FolderOutput, ...] = (
+    FolderOutput("teacher_model", "kind train: the trained language model, a Hugging Face model directory"),
+    FolderOutput("distilled_hf", "transformer: the compressed language model, a Hugging Face model directory"),
+    FolderOutput("searched_hf", "transformer search: the chosen language model, a Hugging Face model directory"),
+    FolderOutput("finetuned_hf", "finetune of a language model: the trained network, a Hugging Face model directory"),
 )
 
 
@@ -181,6 +199,13 @@ class RunDir:
         """The path of documented output `name` (see OUTPUTS)."""
         if name not in {output.name for output in OUTPUTS}:
             raise KeyError(f"{name!r} is not a run-directory output; outputs: {', '.join(o.name for o in OUTPUTS)}")
+        return self.root / name
+
+    def folder_output(self, name: str) -> Path:
+        """The path of documented folder output `name` (see FOLDER_OUTPUTS)."""
+        if name not in {folder.name for folder in FOLDER_OUTPUTS}:
+            names = ", ".join(folder.name for folder in FOLDER_OUTPUTS)
+            raise KeyError(f"{name!r} is not a run-directory folder output; folder outputs: {names}")
         return self.root / name
 
     @property
@@ -257,8 +282,8 @@ class RunDir:
 
     @property
     def teacher_model(self) -> Path:
-        """A folder, not a download: the service offers its files through teacher.pt's state_dict only."""
-        return self.root / "teacher_model"
+        """A Hugging Face model directory; the service offers it as one archive (FOLDER_OUTPUTS)."""
+        return self.folder_output("teacher_model")
 
     @property
     def choices(self) -> Path:
@@ -270,18 +295,18 @@ class RunDir:
 
     @property
     def distilled_hf(self) -> Path:
-        """A folder, not a download yet: a language model's compression as a Hugging Face model directory."""
-        return self.root / "distilled_hf"
+        """A language model's compression as a Hugging Face model directory (a download: FOLDER_OUTPUTS)."""
+        return self.folder_output("distilled_hf")
 
     @property
     def searched_hf(self) -> Path:
-        """A folder, not a download yet: a language model's search as a Hugging Face model directory."""
-        return self.root / "searched_hf"
+        """A language model's search as a Hugging Face model directory (a download: FOLDER_OUTPUTS)."""
+        return self.folder_output("searched_hf")
 
     @property
     def finetuned_hf(self) -> Path:
-        """A folder, not a download yet: a fine-tuned language model as a Hugging Face model directory."""
-        return self.root / "finetuned_hf"
+        """A fine-tuned language model as a Hugging Face model directory (a download: FOLDER_OUTPUTS)."""
+        return self.folder_output("finetuned_hf")
 
     @property
     def checkpoints(self) -> CheckpointFolder:

@@ -6,9 +6,12 @@ Fields may be added over time, never renamed: the REST API stores specs as they 
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 import re
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -532,11 +535,52 @@ def partition_problems(tune: FinetuneSpec, nproc: int) -> list[str]:
     return problems
 
 
+WORKLOAD_KINDS: tuple[str, ...] = typing.get_args(WorkloadSpec.model_fields["kind"].annotation)
+BOUNDS = {"ge": "at least", "gt": "more than", "le": "at most", "lt": "less than"}
+
+
+def section_model(loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The spec's model at `loc` (a path of field names from the top), or None where it is no model."""
+    model: type[BaseModel] = Spec
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        inner = [arg for arg in (field.annotation, *typing.get_args(field.annotation)) if isinstance(arg, type)]
+        models = [arg for arg in inner if issubclass(arg, BaseModel)]
+        if not models:
+            return None
+        model = models[0]
+    return model
+
+
+def spec_message(item: Mapping[str, Any]) -> str | None:
+    """A sentence for a spec's pydantic error where pydantic's own says less: a misspelled field with the
+    field it probably meant, a bound with the value sent; None: pydantic's message is the one to give."""
+    loc, kind = list(item["loc"]), item["type"]
+    if kind == "extra_forbidden" and loc:
+        model = section_model(loc[:-1])
+        names = list(model.model_fields) if model is not None else []
+        close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.75)  # 0.6 offers `train` for `extra`
+        hint = f"did you mean `{close[0]}`? " if close else ""
+        listed = f"the fields here: {', '.join(names)}" if names else "docs/spec.md lists every field"
+        return f"not a field here; {hint}{listed}"
+    bound = next((name for name in BOUNDS if name in (item.get("ctx") or {})), None)
+    if bound is not None and kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        name = str(loc[-1]) if loc else "the value"
+        return f"{name} must be {BOUNDS[bound]} {item['ctx'][bound]}; got {item.get('input')!r}"
+    return None
+
+
 def format_validation_error(error: ValidationError) -> str:
     """One line per problem: `field.path: reason (got value)`."""
     lines = []
     for item in error.errors():
         path = ".".join(str(part) for part in item["loc"]) or "(spec)"
+        friendly = spec_message(item)
+        if friendly is not None:
+            lines.append(f"{path}: {friendly}")
+            continue
         message = item["msg"].removeprefix("Value error, ")
         got = "" if item["type"] in ("missing", "value_error") else f" (got {item.get('input')!r})"
         lines.append(f"{path}: {message}{got}")

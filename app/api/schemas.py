@@ -221,6 +221,9 @@ class ArtifactEntry(BaseModel):
     size: int | None = Field(description="size in bytes; null for one generated on download (metrics.csv)")
     description: str = Field(description="what it holds")
     url: str = Field(description="the path to download it from")
+    sha256_url: str | None = Field(
+        default=None, description="a folder's archive (`<folder>.tar`): the path of its sha256 (`sha256sum` line)"
+    )
 
 
 class ArtifactList(BaseModel):

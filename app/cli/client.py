@@ -78,12 +78,11 @@ class Follower:
     def line(self) -> str:
         width = 30
         filled = int(width * min(1.0, self.progress))
-        loss = sum(self.losses.values()) / len(self.losses) if self.losses else float("nan")
+        # no loss before the first step's telemetry: a dash, never `nan`
+        loss = f"{sum(self.losses.values()) / len(self.losses):.4g}" if self.losses else "-"
         bar = "#" * filled + "." * (width - filled)
         speed = f"{self.samples_per_s:.1f} samples/s"
-        return (
-            f"job {self.job_id} [{bar}] {self.progress:6.1%} {self.state:<10} {self.phase:<8} loss {loss:.4g} {speed}"
-        )
+        return f"job {self.job_id} [{bar}] {self.progress:6.1%} {self.state:<10} {self.phase:<8} loss {loss} {speed}"
 
 
 def headers(token: str | None) -> dict[str, str]:
@@ -136,6 +135,11 @@ def get_json(server: str, token: str | None, path: str, params: Mapping[str, Que
     """GET `path` (query `params`, None values left out): its JSON body."""
     query = {key: value for key, value in (params or {}).items() if value is not None}
     return call("GET", server, token, path, params=query).json()
+
+
+def get_text(server: str, token: str | None, path: str) -> str:
+    """GET `path`: its text body."""
+    return call("GET", server, token, path).text
 
 
 def submit(server: str, token: str | None, document: JsonObject, key: str | None = None) -> JobJson:

@@ -1,5 +1,6 @@
 """The commands that read jobs from a server: `pipebd jobs` (a page of jobs, or every page), `pipebd show ID`,
-`pipebd logs ID` (a log, or --follow it until the job ends) and `pipebd download ID [NAME]`. Each prints
+`pipebd logs ID` (a log, or --follow it until the job ends) and `pipebd download ID [NAME]` (every
+artifact into job-ID/, a model folder unpacked into job-ID/<folder>/ after its sha256 is checked). Each prints
 compact tables, or with --json the server's JSON; a refusal or an unreachable server is one error line
 and exit code 2.
 """
@@ -7,14 +8,17 @@ and exit code 2.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import sys
+import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.cli.client import ClientError, download, get_json, paged
+from app.cli.client import ClientError, download, get_json, get_text, paged
 from app.cli.output import fields, percent, print_json, table
 from app.cli.responses import JobJson, LogChunkJson
 from pipebd_core.cli import fail
@@ -142,6 +146,14 @@ def command_show(args: argparse.Namespace) -> int:
 # --- pipebd logs --------------------------------------------------------------------------------------
 
 
+def logged_reached(job: JobJson) -> list[str]:
+    """The job's phases that write logs, in order, up to the one it is in (or ended in)."""
+    from app.api.routes.logs import LOGGED_PHASES
+
+    names = [phase["name"] for phase in job["phases"] if phase["name"] in LOGGED_PHASES]
+    return names[: names.index(job["phase"]) + 1] if job["phase"] in names else []
+
+
 class LogReader:
     """Reads one job's log (a phase's launcher log, or one rank's) chunk by chunk from where it stopped."""
 
@@ -164,14 +176,17 @@ class LogReader:
         self.phase, self.offset = chunk["phase"], chunk["next_offset"]
         return chunk
 
+    def start(self, job: JobJson) -> None:
+        """--follow without --phase: begin at the first phase with logs that the job has reached, so that
+        every phase's log is printed in order (a finished job's too), not only the newest one."""
+        if self.args.phase is None and self.phase is None and (reached := logged_reached(job)):
+            self.phase = reached[0]
+
     def next_phase(self, job: JobJson) -> bool:
         """Without --phase: move on to the next phase with logs that the job has reached; False if none."""
         if self.args.phase is not None or self.phase is None:
             return False
-        from app.api.routes.logs import LOGGED_PHASES
-
-        names = [phase["name"] for phase in job["phases"] if phase["name"] in LOGGED_PHASES]
-        reached = names[: names.index(job["phase"]) + 1] if job["phase"] in names else []
+        reached = logged_reached(job)
         later = reached[reached.index(self.phase) + 1 :] if self.phase in reached else []
         if not later:
             return False
@@ -201,6 +216,7 @@ def follow_log(args: argparse.Namespace, reader: LogReader, emit: Callable[[LogC
     from app.core.states import AT_REST  # no worker will write more
 
     ending = False
+    reader.start(get_json(args.server, args.token, f"{JOBS}/{args.job_id}"))
     while True:
         chunk = reader.read()
         if chunk is not None and chunk["text"]:
@@ -249,14 +265,42 @@ def targets(args: argparse.Namespace, names: list[str]) -> dict[str, Path]:
     return {name: folder / name for name in names}
 
 
+def unpack(args: argparse.Namespace, entry: dict[str, Any], target: Path) -> Path:
+    """A folder's archive: downloaded beside `target`, checked against its sha256, unpacked into the folder
+    that `target` names without `.tar` (the archive holds its files under that name); the folder."""
+    archive = target.with_name(target.name + ".download")
+    try:
+        download(args.server, args.token, entry["url"], archive)
+        expected = get_text(args.server, args.token, entry["sha256_url"]).split()[0]
+        digest = hashlib.sha256()
+        with archive.open("rb") as handle:
+            while data := handle.read(1 << 20):
+                digest.update(data)
+        if digest.hexdigest() != expected:
+            raise ClientError(f"{entry['name']}: sha256 {digest.hexdigest()} differs from the server's {expected}")
+        folder = target.with_name(target.name.removesuffix(".tar"))
+        shutil.rmtree(folder, ignore_errors=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(target.parent, filter="data")  # nothing outside the folder, no links out
+        return folder
+    finally:
+        archive.unlink(missing_ok=True)
+
+
 @handles_refusals
 def command_download(args: argparse.Namespace) -> int:
     listing = get_json(args.server, args.token, f"{JOBS}/{args.job_id}/artifacts")
-    names = [artifact["name"] for artifact in listing["data"]]
-    if args.name is None and not names:
+    entries = {artifact["name"]: artifact for artifact in listing["data"]}
+    if args.name is None and not entries:
         return fail(f"download job {args.job_id}: the job ({listing['state']}) has no artifacts yet")
     written = []
-    for name, target in targets(args, names).items():
+    for name, target in targets(args, list(entries)).items():
+        entry = entries.get(name, {})
+        if args.name is None and entry.get("sha256_url"):  # a folder: unpacked into job-ID/<folder>/
+            folder = unpack(args, entry, target)
+            size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+            written.append({"name": name, "path": f"{folder}/", "size": size})
+            continue
         size = download(args.server, args.token, f"{JOBS}/{args.job_id}/artifacts/{name}", target)
         written.append({"name": name, "path": str(target), "size": size})
     if args.json:

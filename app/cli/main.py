@@ -135,6 +135,7 @@ def add_sweep_command(commands: Any) -> None:
         "--objective", metavar="METRIC:GOAL", help="e.g. final_loss:minimize; names the best child (docs/sweeps.md)"
     )
     sweep.add_argument("--name", help="the sweep's name (default: the spec's)")
+    sweep.add_argument("--follow", action="store_true", help="print each child's state changes until the sweep ends")
     add_server_options(sweep)
     sweep.set_defaults(handler=command_sweep)
 

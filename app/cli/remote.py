@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -19,7 +20,7 @@ from pipebd_core.cli import fail
 from pipebd_core.spec import SpecError, apply_overrides, load_document
 
 if TYPE_CHECKING:
-    from app.cli.responses import JobJson, SweepBody
+    from app.cli.responses import JobJson, SweepBody, SweepJson
     from app.core.json_types import JsonObject
 
 
@@ -76,24 +77,54 @@ def sweep_body(args: argparse.Namespace) -> SweepBody:
     return body
 
 
+SWEEP_ENDED = ("succeeded", "failed", "cancelled")  # every child ended (a paused sweep may resume)
+SWEEP_POLL_S = 0.5  # --follow: how often the sweep is read again
+
+
+def follow_sweep(args: argparse.Namespace, sweep: SweepJson) -> SweepJson:
+    """Read the sweep until every child ended, printing a line per child state change (stderr with --json)."""
+    from app.cli.client import get_json
+
+    seen = {job["id"]: job["state"] for job in sweep["jobs"]}
+    out = sys.stderr if args.json else sys.stdout
+    while sweep["state"] not in SWEEP_ENDED:
+        time.sleep(SWEEP_POLL_S)
+        sweep = get_json(args.server, args.token, f"/api/v1/sweeps/{sweep['id']}")
+        for job in sweep["jobs"]:
+            if seen.get(job["id"]) != job["state"]:
+                seen[job["id"]] = job["state"]
+                print(f"  job {job['id']} {job['state']}", file=out, flush=True)
+    return sweep
+
+
+def print_sweep(args: argparse.Namespace, sweep: SweepJson) -> None:
+    print(f"pipebd: sweep {sweep['id']} {sweep['state']}: {args.server}/sweeps/{sweep['id']}", flush=True)
+    for job in sweep["jobs"]:
+        overrides = ", ".join(f"{path}={json.dumps(value)}" for path, value in job["overrides"].items())
+        print(f"  job {job['id']} {job['state']}: {overrides}", flush=True)
+
+
 def command_sweep(args: argparse.Namespace) -> int:
-    """`pipebd sweep SPEC --grid train.lr=0.01,0.05 ...`: the sweep and its children, or the refusal."""
+    """`pipebd sweep SPEC --grid train.lr=0.01,0.05 ...`: the sweep and its children, or the refusal; with
+    --follow, each child's state changes until the sweep ends, then the sweep again (exit 1 unless it
+    succeeded)."""
     from app.cli.client import ClientError, create_sweep
 
     try:
         sweep = create_sweep(args.server, args.token, sweep_body(args))
+        if not args.json:
+            print_sweep(args, sweep)
+        if args.follow:
+            sweep = follow_sweep(args, sweep)
+            if not args.json:
+                print_sweep(args, sweep)
     except (SpecError, ClientError, httpx.TransportError) as error:
         return fail(str(error))
     if args.json:
         from app.cli.output import print_json
 
         print_json(sweep)
-        return 0
-    print(f"pipebd: sweep {sweep['id']} {sweep['state']}: {args.server}/sweeps/{sweep['id']}")
-    for job in sweep["jobs"]:
-        overrides = ", ".join(f"{path}={json.dumps(value)}" for path, value in job["overrides"].items())
-        print(f"  job {job['id']} {job['state']}: {overrides}")
-    return 0
+    return 0 if not args.follow or sweep["state"] == "succeeded" else 1
 
 
 def command_submit(args: argparse.Namespace) -> int:

@@ -116,7 +116,8 @@ def command_up(args: argparse.Namespace) -> int:
         if not _wait_healthy(url, [api]):
             return fail(f"the API did not come up on {url}; see the output above")
         print(
-            f"pipebd: dashboard and API at {url}  (API docs: {url}/docs; data in {settings.data_dir}); Ctrl-C stops",
+            f"pipebd: dashboard and API at {url}  (API docs: {url}/docs; data in {settings.data_dir});"
+            " Ctrl-C or SIGTERM stops",
             flush=True,
         )
         while api.poll() is None:

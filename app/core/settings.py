@@ -17,6 +17,10 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Scope = Literal["read", "submit"]
+# The checkout's folders the bundled examples read without a PIPEBD_DATA_ROOTS: docs/ (the language-model
+# examples' text) and runs/ (where `pipebd run --out runs/<name>` writes a teacher a later example names)
+CHECKOUT = Path(__file__).resolve().parents[2]
+BUNDLED_DATA_FOLDERS = ("docs", "runs")
 MIN_TOKEN_LENGTH = 16  # shorter tokens are guessable; refuse them rather than run half-protected
 PLACEHOLDER_TOKENS = {"changeme", "changethis", "secret", "token", "password"}
 
@@ -31,8 +35,8 @@ class Settings(BaseSettings):
     # "TOKEN=scope,TOKEN=scope" with scope read or submit (submit may also read); empty: no auth
     api_tokens: str = ""
     # Folders that spec paths (data.root, data.tokenizer, workload.teacher_weights, a transformer's
-    # workload.teacher directory) must lie under; comma-separated
-    data_roots: str = ""  # default: <data_dir>/datasets
+    # workload.teacher directory) must lie under, besides this server's runs folder; comma-separated
+    data_roots: str = ""  # default: <data_dir>/datasets and the checkout's docs/ and runs/ (the examples' data)
     # Modules that spec factories may import: "pkg.mod:fn" is allowed when pkg.mod is or lies under one
     factory_allowlist: str = "pipebd_core.workloads"
     worker_name: str = Field(default_factory=socket.gethostname)  # shown on jobs and heartbeats
@@ -110,8 +114,13 @@ class Settings(BaseSettings):
 
     @property
     def roots(self) -> list[Path]:
+        """Where spec paths may point: PIPEBD_DATA_ROOTS (default: <data_dir>/datasets and the bundled
+        examples' folders of the checkout), and always this server's runs folder, so that what one job
+        wrote (a teacher.pt, a teacher_model/) is the next job's teacher without copying."""
         entries = [part.strip() for part in self.data_roots.split(",") if part.strip()]
-        return [Path(entry).resolve() for entry in entries] or [(self.data_dir / "datasets").resolve()]
+        given = [Path(entry).resolve() for entry in entries]
+        bundled = [(CHECKOUT / name).resolve() for name in BUNDLED_DATA_FOLDERS]
+        return [*(given or [(self.data_dir / "datasets").resolve(), *bundled]), self.runs]
 
     @property
     def allowed_modules(self) -> list[str]:

@@ -1,8 +1,9 @@
 """What a job leaves behind, by name: the documented outputs of its run directory and the metrics as CSV.
 
-The files are exactly `pipebd_core.rundir.OUTPUTS`, so whatever the engine documents can be listed and
-downloaded. The API serves them from the run directory, so the API and the workers must share the runs
-folder (one machine, or a shared volume as in docker-compose.yml).
+The files are exactly `pipebd_core.rundir.OUTPUTS`, and the folders (model directories) exactly
+`FOLDER_OUTPUTS`, each offered as one archive `<name>.tar` (app/services/archives.py), so whatever the
+engine documents can be listed and downloaded. The API serves them from the run directory, so the API and
+the workers must share the runs folder (one machine, or a shared volume as in docker-compose.yml).
 """
 
 from __future__ import annotations
@@ -14,15 +15,22 @@ from pathlib import Path
 from sqlmodel import Session, col, select
 
 from app.core.tables import Job, JobMetric
+from app.services.archives import TAR_MEDIA_TYPE, Entry, entries, tar_size
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.telemetry import DistillLine
-from pipebd_core.rundir import OUTPUTS, STEP_PHASES, Output, RunDir
+from pipebd_core.rundir import FOLDER_OUTPUTS, OUTPUTS, STEP_PHASES, Output, RunDir
 
 METRICS_CSV = "metrics.csv"
 
 
 FILE_ARTIFACTS: dict[str, Output] = {output.name: output for output in OUTPUTS}
 CSV_ARTIFACT = Output(METRICS_CSV, "text/csv", "every distillation telemetry line of every rank")
+TAR = ".tar"
+# a folder output as an artifact: `<name>.tar`, a tar archive of the folder (its entries under `<name>/`)
+FOLDER_ARTIFACTS: dict[str, Output] = {
+    folder.name + TAR: Output(folder.name + TAR, TAR_MEDIA_TYPE, f"{folder.description} (a tar archive)")
+    for folder in FOLDER_OUTPUTS
+}
 
 
 def file_path(job: Job, name: str) -> Path | None:
@@ -31,6 +39,14 @@ def file_path(job: Job, name: str) -> Path | None:
         return None
     path = RunDir(Path(job.run_dir)).output(name)
     return path if path.is_file() else None
+
+
+def folder_entries(job: Job, name: str) -> list[Entry] | None:
+    """The archive entries of folder artifact `name` (`<folder>.tar`), if the job has that folder."""
+    if job.run_dir is None or name not in FOLDER_ARTIFACTS:
+        return None
+    folder = RunDir(Path(job.run_dir)).folder_output(name.removesuffix(TAR))
+    return entries(folder, folder.name) if folder.is_dir() else None
 
 
 def has_metrics(session: Session, job: Job) -> bool:
@@ -44,6 +60,10 @@ def available(session: Session, job: Job) -> list[tuple[Output, int | None]]:
         path = file_path(job, name)
         if path is not None:
             found.append((artifact, path.stat().st_size))
+    for name, artifact in FOLDER_ARTIFACTS.items():
+        listing = folder_entries(job, name)
+        if listing is not None:
+            found.append((artifact, tar_size(listing)))
     if has_metrics(session, job):
         found.append((CSV_ARTIFACT, None))
     return found

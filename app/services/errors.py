@@ -11,7 +11,7 @@ Nothing here repeats more than `EXCERPT_CHARS` of a value or `MESSAGE_CHARS` of 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NotRequired, TypedDict
 
 EXCERPT_CHARS = 120  # the most of an offending value (its repr) a problem repeats
@@ -60,12 +60,18 @@ def summary(errors: Sequence[FieldProblem]) -> str:
     return first if len(errors) <= 1 else f"{len(errors)} problems; the first: {first}"
 
 
-def pydantic_problems(errors: Iterable[Mapping[str, Any]], prefix: Sequence[str | int] = ()) -> list[FieldProblem]:
+def pydantic_problems(
+    errors: Iterable[Mapping[str, Any]],
+    prefix: Sequence[str | int] = (),
+    explain: Callable[[Mapping[str, Any]], str | None] | None = None,
+) -> list[FieldProblem]:
     """Pydantic's (and so FastAPI's) validation errors as field problems: the message with what would
-    work, and a bounded excerpt of the value; `prefix` goes before each location (`body` for a spec)."""
+    work, and a bounded excerpt of the value; `prefix` goes before each location (`body` for a spec);
+    `explain` gives a model's own sentence for an error (None: the generic one)."""
     items = []
     for item in errors:
-        message = REMEDIES.get(item["type"]) or str(item["msg"]).removeprefix("Value error, ")
+        own = explain(item) if explain is not None else None
+        message = own or REMEDIES.get(item["type"]) or str(item["msg"]).removeprefix("Value error, ")
         value = ABSENT if item["type"] == "missing" else item.get("input", ABSENT)
         items.append(field_problem([*prefix, *item["loc"]], message, value))
     return items

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,14 @@ from pydantic import ValidationError
 from app.core.json_types import JsonObject
 from app.core.settings import Settings
 from app.services.errors import ABSENT, FieldProblem, ServiceError, field_problem, pydantic_problems, summary
-from pipebd_core.spec import Spec
+from pipebd_core.spec import WORKLOAD_KINDS, Spec, spec_message
 
 JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 MAX_VALUES = 10_000  # values in one spec document at most (a real spec has a few dozen)
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where PyYAML has it
-REQUIRED = "a spec names its workload: `workload: {kind: compression | nas | custom, ...}` (see examples/)"
+REQUIRED = f"a spec names its workload: `workload: {{kind: {' | '.join(WORKLOAD_KINDS)}, ...}}` (see examples/)"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # `meta-llama/Llama-3.2-1B`, as the hub names models
 
 
 def body_error(message: str, status: int = 400) -> ServiceError:
@@ -141,6 +143,11 @@ def policy_problems(spec: Spec, settings: Settings, resolved: Sequence[Path] = (
         if value and not _under_roots(value, roots) and Path(value).expanduser().resolve() not in exact:
             where = ", ".join(str(root) for root in roots)
             message = f"{value!r} is outside the data roots of this server; use a path under {where}"
+            if loc[-1] == "teacher" and HUB_ID.match(value) and not Path(value).exists():
+                message = (
+                    f"{value!r} is a Hugging Face hub id; models are not downloaded: give a local directory"
+                    f" (config.json and safetensors, e.g. from `huggingface-cli download`) under {where}"
+                )
             problems.append(field_problem(["body", *loc], message, value))
     allowed = settings.allowed_modules
     for loc, value in ((["workload", "factory"], spec.workload.factory), (["data", "factory"], spec.data.factory)):
@@ -162,7 +169,7 @@ def validate_document(document: JsonObject, settings: Settings, allowed: Sequenc
     try:
         spec = Spec.model_validate(document, strict=True)  # as the schema says: no "1" for 1, no 0 for false
     except ValidationError as error:
-        problems += pydantic_problems(error.errors(), prefix=["body"])
+        problems += pydantic_problems(error.errors(), prefix=["body"], explain=spec_message)
         raise ServiceError(422, summary(problems), problems) from None
     problems += bound_problems(spec, settings) + policy_problems(spec, settings, allowed)
     if problems:

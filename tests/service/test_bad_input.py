@@ -103,9 +103,21 @@ CASES = [
         "more than 10000 values",
     ),
     BadInput("a Content-Type other than JSON or YAML", 415, post("name: x", "text/plain"), "is not accepted"),
-    BadInput("an empty body", 422, post(b""), "workload: required: a spec names its workload"),
+    BadInput(
+        "an empty body (the answer lists every workload kind)",
+        422,
+        post(b""),
+        "workload: required: a spec names its workload: `workload: {kind: compression"
+        " | nas | custom | train | transformer, ...}`",
+    ),
     BadInput("a spec without `workload.kind`", 422, post_json({"workload": {}}), "workload.kind: required"),
-    BadInput("unknown fields", 422, post_json({**tiny_job(), "extra": 1}), "extra: not a field here: remove it"),
+    BadInput("unknown fields", 422, post_json({**tiny_job(), "extra": 1}), "extra: not a field here; the fields here"),
+    BadInput(
+        "a misspelled field (the answer names the closest field)",
+        422,
+        post_json(with_changes(data={"batch_sise": 4})),
+        "data.batch_sise: not a field here; did you mean `batch_size`?",
+    ),
     BadInput(
         "wrong types", 422, post_json(with_changes(train={"epochs": "many"})), "train.epochs: Input should be a valid"
     ),
@@ -114,6 +126,12 @@ CASES = [
         422,
         post_json(with_changes(schedule={"mode": "fast"})),
         "schedule.mode: Input should be 'dp', 'ls'",
+    ),
+    BadInput(
+        "a value below its bound (the answer is a sentence with the value sent)",
+        422,
+        post_json(with_changes(data={"batch_size": -4})),
+        "data.batch_size: batch_size must be at least 1; got -4",
     ),
     BadInput(
         "`train.epochs` or `data.num_samples` above the server's bounds",
@@ -127,6 +145,13 @@ CASES = [
         422,
         post_json(with_changes(data={"dataset": "cifar10", "root": "/etc"})),
         "data.root: '/etc' is outside the data roots",
+    ),
+    BadInput(
+        "a Hugging Face hub id as the teacher (models are not downloaded)",
+        422,
+        post_json({"workload": {"kind": "transformer", "teacher": "meta-llama/Llama-3.2-1B"}}),
+        "workload.teacher: 'meta-llama/Llama-3.2-1B' is a Hugging Face hub id; models are not downloaded: give a"
+        " local directory",
     ),
     BadInput(
         "non-allowlisted factories",

@@ -181,6 +181,7 @@ def test_logs_follow_each_phase_until_the_job_ends(server: Server) -> None:
     assert code == 0 and time.monotonic() - started < 30
     assert out == "".join(f"distill {step}\n" for step in range(4)) + "finalize 0\nfinalize 1\n"
     assert err == f"pipebd: -- logs/finalize/launcher.log --\npipebd: job {job_id} succeeded\n"
+    assert server.run("logs", str(job_id), "--follow") == (0, out, err)  # a finished job: every phase too
 
 
 def test_download_one_artifact_or_all(server: Server, tmp_path: Path) -> None:
@@ -227,3 +228,85 @@ def test_webhooks_create_list_deliveries_and_delete(server: Server) -> None:
     assert server.run("webhooks", "delete", str(hook["id"]))[0] == 0
     code, _, err = server.run("webhooks", "deliveries", str(hook["id"]))
     assert code == 2 and err.count("\n") == 1 and "HTTP 404" in err
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+def test_a_model_folder_downloads_as_one_archive_and_unpacks(server: Server, tmp_path: Path) -> None:
+    import hashlib
+    import io
+    import tarfile
+
+    job_id = server.job("succeeded")
+    run_dir = server.run_dir(job_id, ["plan_finetune", "finetune", "evaluate"], "evaluate")
+    model = run_dir.teacher_model
+    (model / "sub").mkdir(parents=True)
+    files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": bytes(range(256)) * 4099, "sub/x": b""}
+    for name, data in files.items():
+        (model / name).write_bytes(data)
+    run_dir.output("summary.json").write_bytes(b"{}")
+    listed = {item["name"]: item for item in httpx.get(f"{server.url}/api/v1/jobs/{job_id}/artifacts").json()["data"]}
+    entry = listed["teacher_model.tar"]
+    assert entry["media_type"] == "application/x-tar" and entry["url"].endswith("/artifacts/teacher_model.tar")
+    response = httpx.get(f"{server.url}{entry['url']}")
+    assert response.status_code == 200 and int(response.headers["content-length"]) == entry["size"]
+    assert len(response.content) == entry["size"] and response.headers["content-type"] == "application/x-tar"
+    line = httpx.get(f"{server.url}{entry['sha256_url']}").text
+    assert line == f"{hashlib.sha256(response.content).hexdigest()}  job-{job_id}-teacher_model.tar\n"
+    with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:  # byte for byte, every file and no other
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    assert got == {f"teacher_model/{name}": data for name, data in files.items()}
+    folder = tmp_path / "all"
+    code, out, _ = server.run("download", str(job_id), "-o", str(folder), "--json")
+    assert code == 0, out
+    written = {entry["name"]: entry for entry in json.loads(out)}
+    assert written["teacher_model.tar"]["path"] == f"{folder / 'teacher_model'}/"
+    assert folder_files(folder / "teacher_model") == folder_files(model) == files
+    assert sorted(path.name for path in folder.iterdir()) == ["summary.json", "teacher_model"]  # no archive left
+    missing = httpx.get(f"{server.url}/api/v1/jobs/{server.job('queued')}/artifacts/teacher_model.tar")
+    assert missing.status_code == 404 and "has no teacher_model.tar (yet)" in missing.json()["detail"]
+
+
+def test_sweep_follow_prints_each_child_until_the_sweep_ends(server: Server, tmp_path: Path) -> None:
+    import yaml
+    from sqlmodel import select
+
+    from tests.service.factories import tiny_job
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(tiny_job("cli")))
+
+    def children_run() -> None:
+        ids: list[int | None] = []
+        deadline = time.monotonic() + 120
+        while len(ids) < 2 and time.monotonic() < deadline:  # the sweep's children are stored once checked
+            time.sleep(0.3)
+            with Session(get_engine(server.settings.database)) as session:
+                ids = [job.id for job in session.exec(select(Job)).all()]
+        time.sleep(0.6)
+        for job_id, state in zip(ids, ["running", "succeeded", "succeeded"], strict=False):
+            update(server.settings, job_id, state="running")
+            time.sleep(0.6)
+            update(server.settings, job_id, state=state)
+        update(server.settings, ids[0], state="succeeded")
+
+    writer = threading.Thread(target=children_run)
+    writer.start()
+    try:
+        code, out, _ = server.run("sweep", str(spec), "--grid", "train.lr=0.01,0.05", "--follow")
+    finally:
+        writer.join()
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("pipebd: sweep 1 queued") and "pipebd: sweep 1 succeeded" in out
+    assert "  job 1 running" in lines and "  job 2 succeeded" in lines and lines.index("  job 1 running") > 2
+
+
+def test_the_progress_line_shows_no_loss_before_the_first_step() -> None:
+    from app.cli.client import Event, Follower
+
+    follower = Follower(7)
+    follower.add(Event("state", {"state": "running"}))
+    assert "nan" not in follower.line() and "loss - " in follower.line()

@@ -252,7 +252,7 @@ def test_plan_logs_and_artifacts_match_their_models(
     expected = {
         "job_id": job.id,
         "state": RUNNING,
-        "data": [{**entry, "size": size, "url": f"{JOBS}/{job.id}/artifacts/plan.json"}],
+        "data": [{**entry, "size": size, "url": f"{JOBS}/{job.id}/artifacts/plan.json", "sha256_url": None}],
     }
     check_body(client, f"{JOBS}/{{job_id}}/artifacts", f"{JOBS}/{job.id}/artifacts", expected)
 

@@ -152,3 +152,36 @@ def test_a_finetune_job_streams_its_telemetry_and_evaluations_and_offers_its_out
     assert_outputs_download(embedded, job["id"], outputs)
     summary = json.loads((run / "summary.json").read_text())["finetune"]
     assert summary["strategy"] == "gpipe" and set(summary["phase_s"]) == {"plan_finetune", "finetune", "evaluate"}
+
+
+def test_a_language_model_trained_here_downloads_as_a_model_folder_and_is_the_next_job_s_teacher(
+    embedded: Embedded,
+) -> None:
+    import io
+    import tarfile
+
+    from tests.transformer_specs import TINY_LLAMA, transformer_document, write_text
+
+    root = write_text(Path(embedded.settings.data_roots) / "tiny-text")
+    document = {
+        "name": "tiny-llama-teacher",
+        "workload": {"kind": "train", "config": TINY_LLAMA},
+        "data": {"dataset": "text", "root": str(root), "seq_len": 8, "batch_size": 8, "eval_samples": 8},
+        "schedule": {"nproc": 1},
+        "finetune": {"strategy": "ddp", "epochs": 1, "max_steps": 2, "lr": 0.1, "profile": False},
+    }
+    job = submit(embedded, document)
+    model = embedded.job_dir(job["id"]) / "teacher_model"
+    files = {p.relative_to(model.parent).as_posix(): p.read_bytes() for p in model.rglob("*") if p.is_file()}
+    assert {"teacher_model/config.json", "teacher_model/model.safetensors"} <= set(files)
+    listed = {item["name"]: item for item in embedded.client.get(f"/api/v1/jobs/{job['id']}/artifacts").json()["data"]}
+    archive = embedded.client.get(listed["teacher_model.tar"]["url"])
+    assert archive.status_code == 200 and len(archive.content) == listed["teacher_model.tar"]["size"]
+    with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    assert got == files
+    page = embedded.client.get(f"/jobs/{job['id']}").text
+    assert f'href="/api/v1/jobs/{job["id"]}/artifacts/teacher_model.tar"' in page
+    # the next job names it where this server wrote it: the runs folder counts as inside the data roots
+    distil = transformer_document(root, workload={"teacher": str(model), "config": None})
+    assert submit(embedded, distil)["state"] == "succeeded"

@@ -19,7 +19,7 @@ def test_bad_spec_fails_before_launch_naming_the_field(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, tiny_document(data={"batch_size": -1}))
     code, _, stderr = pipebd_here("run", str(spec), "--out", str(tmp_path / "run"))
     assert code == 2
-    assert "data.batch_size: Input should be greater than or equal to 1" in stderr
+    assert "data.batch_size: batch_size must be at least 1; got -1" in stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -27,9 +27,9 @@ def test_defaults_match_the_documented_contract() -> None:
     ("document", "expected"),
     [
         ({"schedule": {"mode": "fast"}}, "schedule.mode"),
-        ({"data": {"batch_size": 0}}, "data.batch_size: Input should be greater than or equal to 1"),
+        ({"data": {"batch_size": 0}}, "data.batch_size: batch_size must be at least 1; got 0"),
         ({"train": {"epochs": "two"}}, "train.epochs"),
-        ({"trian": {}}, "trian: Extra inputs are not permitted"),
+        ({"trian": {}}, "trian: not a field here; did you mean `train`?"),
         ({"workload": {"teacher": "resnet50"}}, "workload.teacher: 'resnet50' is not supported"),
         ({"workload": {"kind": "custom"}}, "workload.factory: kind 'custom' needs factory"),
         ({"workload": {"kind": "custom", "factory": "no colon"}}, "must look like 'package.module:function'"),

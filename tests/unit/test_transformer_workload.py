@@ -141,7 +141,7 @@ def test_a_folder_without_config_or_weights_is_refused(text_root: Path, tmp_path
         (
             {"config": TINY_LLAMA, "replacements": ["keep", "noop"], "budget": {"kv_cache": 1.5}},
             {},
-            "less than or equal",
+            "kv_cache must be at most 1.0; got 1.5",
         ),
         ({"config": TINY_LLAMA}, {"dataset": "synthetic"}, "reads token ids"),
     ],

@@ -90,7 +90,7 @@ def submit_bad_then_good(watched: Watched) -> int:
     line = bad.splitlines().index("  nproc: 0") + 1
     assert page.locator("#spec-errors li").first.inner_text().startswith(f"Line {line} · schedule.nproc: ")
     assert page.locator("#spec-gutter .bad").all_inner_texts() == [str(line)]
-    assert "greater than or equal to 1" in page.locator("#spec-backdrop .inline-error").inner_text()
+    assert "nproc must be at least 1; got 0" in page.locator("#spec-backdrop .inline-error").inner_text()
     assert editor.get_attribute("aria-invalid") == "true"
     assert "  nproc: 0" in (page.locator("#curl-command").text_content() or "")  # inside a closed <details>
     watched.screenshot("new-job-field-error")

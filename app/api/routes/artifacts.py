@@ -1,4 +1,5 @@
-"""Artifacts of a job: student weights, compressed model, plan, summary, metrics as CSV."""
+"""Artifacts of a job: student weights, compressed model, plan, summary, metrics as CSV, model folders as
+tar archives (`<folder>.tar`, streamed with its Content-Length; its sha256 at `<folder>.tar.sha256`)."""
 
 from __future__ import annotations
 
@@ -6,27 +7,35 @@ import json
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import APIRouter, Path, Request, Response
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 
 from app.api.deps import JobDep, ReadAccess, SessionDep
 from app.api.problems import ApiError
 from app.api.schemas import AUTH_ERRORS, JOB_ERRORS, ArtifactEntry, ArtifactList, Plan, job_errors
+from app.core.tables import Job
+from app.services.archives import tar_sha256, tar_size, tar_stream
 from app.services.artifacts import (
     CSV_ARTIFACT,
     FILE_ARTIFACTS,
+    FOLDER_ARTIFACTS,
     METRICS_CSV,
     available,
     file_path,
+    folder_entries,
     has_metrics,
     metrics_csv,
 )
 
 router = APIRouter(prefix="/jobs/{job_id}", tags=["artifacts"], responses=AUTH_ERRORS)
-DOWNLOAD_TYPES = sorted({artifact.media_type for artifact in [*FILE_ARTIFACTS.values(), CSV_ARTIFACT]})
+SHA256 = ".sha256"
+DOWNLOADS = [*FILE_ARTIFACTS.values(), *FOLDER_ARTIFACTS.values(), CSV_ARTIFACT]
+DOWNLOAD_TYPES = sorted({artifact.media_type for artifact in DOWNLOADS} | {"text/plain"})
 if TYPE_CHECKING:
     ArtifactName = str
 else:  # an enum in the schema, checked by FastAPI: exactly the names that can be downloaded
-    ArtifactName = Literal[tuple([*FILE_ARTIFACTS, METRICS_CSV])]
+    ArtifactName = Literal[
+        tuple([*FILE_ARTIFACTS, *FOLDER_ARTIFACTS, *(n + SHA256 for n in FOLDER_ARTIFACTS), METRICS_CSV])
+    ]
 
 
 @router.get(
@@ -54,6 +63,11 @@ def list_artifacts(job: JobDep, session: SessionDep, request: Request) -> Artifa
             size=size,
             description=artifact.description,
             url=str(request.url_for("read_artifact", job_id=job.id, name=artifact.name).path),
+            sha256_url=(
+                str(request.url_for("read_artifact", job_id=job.id, name=artifact.name + SHA256).path)
+                if artifact.name in FOLDER_ARTIFACTS
+                else None
+            ),
         )
         for artifact, size in available(session, job)
     ]
@@ -68,7 +82,11 @@ def list_artifacts(job: JobDep, session: SessionDep, request: Request) -> Artifa
     response_class=FileResponse,  # documents no JSON body: the 200 content types are listed below
     responses={
         200: {
-            "description": "the file, as an attachment named `job-<id>-<name>`",
+            "description": (
+                "the file, as an attachment named `job-<id>-<name>`; a folder `<folder>.tar` as a tar archive of"
+                " its files under `<folder>/`, streamed with its Content-Length; `<folder>.tar.sha256` that"
+                " archive's sha256 as one `sha256sum` line (`<hex>  job-<id>-<folder>.tar`)"
+            ),
             "content": {
                 media_type: {"schema": {"type": "string", "format": "binary"}} for media_type in DOWNLOAD_TYPES
             },
@@ -85,7 +103,22 @@ def read_artifact(
     if name == METRICS_CSV and has_metrics(session, job):
         headers = {"Content-Disposition": f'attachment; filename="job-{job.id}-metrics.csv"'}
         return Response(metrics_csv(session, job), media_type=CSV_ARTIFACT.media_type, headers=headers)
+    if name.removesuffix(SHA256) in FOLDER_ARTIFACTS:
+        return read_archive(job, name)
     path = file_path(job, name)
     if path is None:
         raise ApiError(404, f"job {job.id} ({job.state}) has no {name} (yet); GET .../artifacts lists what it has")
     return FileResponse(path, media_type=FILE_ARTIFACTS[name].media_type, filename=f"job-{job.id}-{name}")
+
+
+def read_archive(job: Job, name: str) -> Response:
+    """A folder artifact streamed as a tar (with its Content-Length), or that archive's sha256 line."""
+    archive = name.removesuffix(SHA256)
+    listing = folder_entries(job, archive)
+    if listing is None:
+        raise ApiError(404, f"job {job.id} ({job.state}) has no {archive} (yet); GET .../artifacts lists what it has")
+    filename = f"job-{job.id}-{archive}"
+    if name.endswith(SHA256):
+        return PlainTextResponse(f"{tar_sha256(listing)}  {filename}\n")
+    headers = {"Content-Disposition": f'attachment; filename="{filename}"', "Content-Length": str(tar_size(listing))}
+    return StreamingResponse(tar_stream(listing), media_type=FOLDER_ARTIFACTS[archive].media_type, headers=headers)
