@@ -40,7 +40,7 @@ def test_every_route_but_health_needs_a_token(client: TestClient) -> None:
     schema = client.get("/openapi.json", headers=bearer(READ)).json()
     # every API route the schema documents, so a route added later is checked too
     routes = [
-        (method.upper(), path.format(job_id=job_id, name="plan.json", webhook_id=1, sweep_id=1))
+        (method.upper(), path.format(job_id=job_id, name="plan.json", webhook_id=1, sweep_id=1, model_id=1))
         for path, item in schema["paths"].items()
         for method in item
         if (method.upper(), path) not in OPEN_ROUTES

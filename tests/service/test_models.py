@@ -127,7 +127,8 @@ def test_a_chain_is_registered_once_and_served_with_its_lineage(client: TestClie
         resolved, allowed = resolve_models(session, document)
     assert resolved["workload"]["teacher"] == str(teacher_dir.teacher_model) and allowed == [teacher_dir.teacher_model]
     validate_document(resolved, settings, allowed)
-    plain = {**resolved, "workload": {**resolved["workload"], "teacher": str(teacher_dir.root / "elsewhere")}}
+    elsewhere = settings.data_dir.parent / "elsewhere"  # outside the data roots and this server's runs folder
+    plain = {**resolved, "workload": {**resolved["workload"], "teacher": str(elsewhere)}}
     with pytest.raises(Exception, match="outside the data roots"):  # only the resolved path is allowed
         validate_document(plain, settings, allowed)
 
