@@ -29,8 +29,11 @@ LOG_POLL_S = 0.5  # --follow: how often an idle log is read again
 
 
 def refused(args: argparse.Namespace, error: ClientError) -> int:
-    job = getattr(args, "job_id", None)
-    return fail(f"{args.command}{f' job {job}' if job is not None else ''}: {error}")
+    """`COMMAND [model|job ID]: error`, naming what the command was about."""
+    about = [
+        f" {noun} {value}" for noun in ("model", "job") if (value := getattr(args, f"{noun}_id", None)) is not None
+    ]
+    return fail(f"{args.command}{about[0] if about else ''}: {error}")
 
 
 def handles_refusals(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -11,27 +11,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from app.cli.client import ClientError, call, get_json, paged
+from app.cli.client import call, get_json, paged
+from app.cli.jobs import handles_refusals
 from app.cli.output import fields, print_json, table
-from pipebd_core.cli import fail
 
 MODELS = "/api/v1/models"
 CHOOSE_TIMEOUT_S = 330  # the server gives a choice 300 s (app/services/models.py), then answers
-
-
-def refused(args: argparse.Namespace, error: ClientError) -> int:
-    what = getattr(args, "model_id", None) or getattr(args, "job_id", None)
-    return fail(f"{args.command}{f' {what}' if what is not None else ''}: {error}")
-
-
-def handles_refusals(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return command(args)
-        except ClientError as error:
-            return refused(args, error)
-
-    return run
 
 
 def quality(model: dict[str, Any]) -> str | None:
