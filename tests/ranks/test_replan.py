@@ -203,27 +203,27 @@ def events_of(run_dir: RunDir, kind: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def replanned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Spec, RunDir, int]:
-    """A run of 500 steps from a deliberately wrong profile (tests/fixtures/replan_profile.json, measured
+    """A run of 120 steps from a deliberately wrong profile (tests/fixtures/replan_profile.json, measured
     once on a 2-core machine, made wrong by `misplanned`: fixed, so the plan it gives does not depend on
     the load while the suite runs)."""
     # The decision comes near step 37 and weighs the steps left times the step time the better plan saves
-    # (4.6-6.3 ms measured beside the other test process: about 2.1-2.9 s over 463 steps) against a
-    # relaunch. That relaunch is fixed at 1 s (PIPEBD_RELAUNCH_S): measured from this launch's start-up
+    # (4.6-6.3 ms measured beside the other test process: about 0.4 s over the 80-odd steps left) against a
+    # relaunch. That relaunch is fixed at 0.05 s (PIPEBD_RELAUNCH_S): measured from this launch's start-up
     # beside the other test process it ranged from 1.6 s to 7.7 s between machines, and the job then rightly
     # declined (that rule is test_the_decision_needs_...'s); here the mechanism is checked, not the machine.
-    spec = replan_spec(samples=16 * 250)
+    spec = replan_spec(samples=16 * 120)
     wrong, cut = misplanned(FIXED_PROFILE, spec.data.batch_size)
     profiles.store(spec, wrong)
     stages = [(s.start, s.stop, s.replicas) for s in resolve_plan(spec, wrong).stages]
     assert stages == [(0, cut, 1), (cut, 8, 1)], f"the wrong profile should plan the cut at {cut}, not {stages}"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(RELAUNCH_ENV, "1.0")
+        patch.setenv(RELAUNCH_ENV, "0.05")
         code, run_dir = run_job(spec, tmp_path_factory.mktemp("replan") / "run")
     assert code == 0, run_dir.events.read_text()[-3000:]
     return spec, run_dir, cut
 
 
-@pytest.mark.timeout(900)  # its fixture's 500-step run and the reference loop: ~30 s quiet, 2 min shared
+@pytest.mark.timeout(900)  # its fixture's 120-step run and the reference loop
 def test_a_run_from_a_wrong_profile_replans_once_and_learns_what_the_sequential_loop_learns(
     replanned: tuple[Spec, RunDir, int],
 ) -> None:
