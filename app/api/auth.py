@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from fastapi import Request
 
-from app.api.problems import ApiError
 from app.core.settings import Scope, Settings
+from app.services.errors import ServiceError
 
 COOKIE = "pipebd_token"
 SCOPE_RANK = {"read": 0, "submit": 1}
@@ -46,13 +46,13 @@ def authorize(request: Request, settings: Settings, needed: Scope) -> None:
     challenge = {"WWW-Authenticate": "Bearer"}
     if token is None:
         detail = "missing bearer token: this server needs `Authorization: Bearer <token>` (PIPEBD_API_TOKENS is set)"
-        raise ApiError(401, detail, headers=challenge)
+        raise ServiceError(401, detail, headers=challenge)
     scope = scope_of(token, tokens)
     if scope is None:
-        raise ApiError(401, "unknown bearer token", headers=challenge)
+        raise ServiceError(401, "unknown bearer token", headers=challenge)
     if SCOPE_RANK[scope] < SCOPE_RANK[needed]:
         detail = f"this token has the {scope!r} scope; this request needs a {needed!r} token"
-        raise ApiError(403, detail)
+        raise ServiceError(403, detail)
 
 
 def require(needed: Scope) -> Callable[[Request], None]:

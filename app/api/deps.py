@@ -12,10 +12,10 @@ from sqlmodel import Session, SQLModel
 
 from app.api.auth import require, tenant_of
 from app.api.limits import client_key
-from app.api.problems import ApiError, invalid
 from app.core.database import get_engine
 from app.core.settings import Settings
 from app.core.tables import DB_INT_MAX, Job, Sweep, Webhook
+from app.services.errors import ServiceError, invalid
 from app.services.jobs import CURSOR_MAX
 from app.services.submissions import Submitter
 
@@ -71,7 +71,7 @@ def stored_row(session: Session, table: type[Row], row_id: int, what: str) -> Ro
     """The row `row_id` of `table`, else a 404 naming `what` (job, webhook)."""
     row = session.get(table, row_id)
     if row is None:
-        raise ApiError(404, f"{what} {row_id} does not exist (it may have been deleted)")
+        raise ServiceError(404, f"{what} {row_id} does not exist (it may have been deleted)")
     return row
 
 
@@ -96,7 +96,7 @@ SweepId = Annotated[int, Path(ge=1, le=DB_INT_MAX, description="the sweep's id (
 def get_sweep(sweep_id: SweepId, session: SessionDep) -> Sweep:
     sweep = session.get(Sweep, sweep_id)
     if sweep is None:
-        raise ApiError(404, f"sweep {sweep_id} does not exist")
+        raise ServiceError(404, f"sweep {sweep_id} does not exist")
     return sweep
 
 

@@ -4,8 +4,8 @@ A problem body says what went wrong (`detail`), lists each bad field (`errors`: 
 saying why and what would work, and a bounded excerpt of the value sent) and carries the request's
 id (also in the `X-Request-ID` header of every response, and in the server log for a 500).
 
-Routes raise `ApiError`, services their own `ServiceError` (app/services/errors.py, which also holds the
-field problems' shape); `install(app)` converts both, FastAPI's validation errors, every other
+Routes and services raise `ServiceError` (app/services/errors.py, which also holds the field problems'
+shape); `install(app)` converts both, FastAPI's validation errors, every other
 HTTPException (unknown routes, 405s) and any unexpected exception into this shape, and adds the
 request-size limit (413 before a body is parsed). Nothing here echoes more than `EXCERPT_CHARS` of a
 value or `MESSAGE_CHARS` of a message, however large the request was.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
@@ -27,16 +27,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.database import DATABASE_DOWN
 from app.services.errors import (
-    ABSENT,
     EXCERPT_CHARS,
     MESSAGE_CHARS,
     FieldProblem,
     ServiceError,
     excerpt,
-    field_problem,
     pydantic_problems,
     summary,
-    where,
 )
 
 PROBLEM_JSON = "application/problem+json"
@@ -44,26 +41,6 @@ MAX_ERRORS = 50  # bad fields listed at most; the detail says how many more ther
 REQUEST_ID_HEADER = "X-Request-ID"
 ROUTED_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")  # what routes here answer (HEAD comes with GET)
 log = logging.getLogger("pipebd.api")
-
-
-class ApiError(StarletteHTTPException):
-    """An error answer: its status, a sentence saying what is wrong and what would work, and the bad fields."""
-
-    def __init__(
-        self,
-        status: int,
-        detail: str,
-        errors: Iterable[FieldProblem] = (),
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(status, detail, dict(headers) if headers else None)
-        self.errors = list(errors)
-
-
-def invalid(loc: Sequence[str | int], message: str, value: object = ABSENT) -> ApiError:
-    """A 422 for one bad parameter or field."""
-    item = field_problem(loc, message, value)
-    return ApiError(422, f"{where(item)}: {item['message']}", [item])
 
 
 def request_id(scope: Scope) -> str:
@@ -115,11 +92,10 @@ def allowed_methods(request: Request) -> list[str]:
 
 async def http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
-    errors = error.errors if isinstance(error, ApiError) else []
     headers = dict(error.headers or {})
     if error.status_code == 405:
         headers["Allow"] = ", ".join(allowed_methods(request))
-    return problem_response(request.scope, error.status_code, unmatched(request, error), errors, headers)
+    return problem_response(request.scope, error.status_code, unmatched(request, error), headers=headers)
 
 
 async def service_error(request: Request, error: Exception) -> JSONResponse:
@@ -190,7 +166,7 @@ class RequestContext:
                 await problem_response(scope, 500, detail)(scope, receive, send_with_id)
 
 
-class BodyTooLarge(ApiError):
+class BodyTooLarge(ServiceError):
     def __init__(self, limit: int) -> None:
         super().__init__(
             413,

@@ -29,13 +29,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_serializer
 
-from app.api.problems import EXCERPT_CHARS, PROBLEM_JSON
+from app.api.problems import PROBLEM_JSON
 from app.core.json_types import JsonObject
 from app.core.objectives import Objective
 from app.core.plan_summary import PlanSummary
 from app.core.states import JobState
 from app.core.sweeps import SweepState
 from app.core.tables import iso_utc
+from app.services.errors import EXCERPT_CHARS
 
 Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
 

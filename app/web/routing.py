@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse
 from fastapi.routing import APIRoute
 
-from app.api.problems import pydantic_problems, summary
+from app.services.errors import pydantic_problems, summary
 from app.web.templating import render
 
 

@@ -10,7 +10,6 @@ from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 
 from app.api.deps import JobDep, ReadAccess, SessionDep
-from app.api.problems import ApiError
 from app.api.schemas import AUTH_ERRORS, JOB_ERRORS, ArtifactEntry, ArtifactList, Plan, job_errors
 from app.core.tables import Job
 from app.services.archives import tar_sha256, tar_size, tar_stream
@@ -25,6 +24,7 @@ from app.services.artifacts import (
     has_metrics,
     metrics_csv,
 )
+from app.services.errors import ServiceError
 
 router = APIRouter(prefix="/jobs/{job_id}", tags=["artifacts"], responses=AUTH_ERRORS)
 SHA256 = ".sha256"
@@ -49,7 +49,7 @@ def read_plan(job: JobDep) -> Plan:
     """The resolved plan (stages, routes, what each rank runs, predictions when profiled): plan.json."""
     path = file_path(job, "plan.json")
     if path is None:
-        raise ApiError(404, f"job {job.id} is {job.state} and has no plan yet; a worker writes it before launch")
+        raise ServiceError(404, f"job {job.id} is {job.state} and has no plan yet; a worker writes it before launch")
     return Plan.model_validate(json.loads(path.read_text()))  # its keys as written: unset ones stay absent
 
 
@@ -107,7 +107,7 @@ def read_artifact(
         return read_archive(job, name)
     path = file_path(job, name)
     if path is None:
-        raise ApiError(404, f"job {job.id} ({job.state}) has no {name} (yet); GET .../artifacts lists what it has")
+        raise ServiceError(404, f"job {job.id} ({job.state}) has no {name} (yet); GET .../artifacts lists what it has")
     return FileResponse(path, media_type=FILE_ARTIFACTS[name].media_type, filename=f"job-{job.id}-{name}")
 
 
@@ -116,7 +116,9 @@ def read_archive(job: Job, name: str) -> Response:
     archive = name.removesuffix(SHA256)
     listing = folder_entries(job, archive)
     if listing is None:
-        raise ApiError(404, f"job {job.id} ({job.state}) has no {archive} (yet); GET .../artifacts lists what it has")
+        raise ServiceError(
+            404, f"job {job.id} ({job.state}) has no {archive} (yet); GET .../artifacts lists what it has"
+        )
     filename = f"job-{job.id}-{archive}"
     if name.endswith(SHA256):
         return PlainTextResponse(f"{tar_sha256(listing)}  {filename}\n")

@@ -8,11 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api.deps import PageSize, ReadAccess, SessionDep
-from app.api.problems import ApiError, invalid
 from app.api.schemas import AUTH_ERRORS, ComparePage, CompareRow, LossStat, problem
 from app.core.states import JobState
 from app.core.tables import DB_INT_MAX, Sweep
 from app.services.compare import SORT_NAMES, CompareError, Comparison, Selection, compare, parse_ids
+from app.services.errors import ServiceError, invalid
 
 router = APIRouter(tags=["jobs"], responses=AUTH_ERRORS)
 
@@ -75,7 +75,7 @@ def compare_jobs(
     each with the spec fields that differ across the whole selection (or all of them) and its summary
     columns: per block the loss's min, max and final, samples/s, and top-1 where measured."""
     if sweep_id is not None and session.get(Sweep, sweep_id) is None:
-        raise ApiError(404, f"sweep {sweep_id} does not exist; GET /api/v1/sweeps lists the sweeps")
+        raise ServiceError(404, f"sweep {sweep_id} does not exist; GET /api/v1/sweeps lists the sweeps")
     try:
         selection = Selection(
             ids=parse_ids(ids) if ids is not None else None,

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import ReadAccess, SettingsDep, StreamedJobDep
-from app.api.problems import invalid
 from app.api.schemas import AUTH_ERRORS, EVENT_STREAM, job_errors
 from app.api.sse import stream
 from app.core.tables import DB_INT_MAX
+from app.services.errors import invalid
 
 router = APIRouter(prefix="/jobs/{job_id}/events", tags=["events"], responses=AUTH_ERRORS)
 

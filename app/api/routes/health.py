@@ -7,8 +7,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api.deps import ReadAccess, SettingsDep
 from app.api.monitoring import check_broker, check_database
-from app.api.problems import ApiError
 from app.api.schemas import AUTH_ERRORS, Health, problem
+from app.services.errors import ServiceError
 
 router = APIRouter(tags=["operations"])
 
@@ -23,7 +23,7 @@ def health(request: Request, settings: SettingsDep) -> Health:
     checks = {"database": check_database(settings.database), "broker": check_broker(request.app.state.celery)}
     failing = [f"the {name} is {state}" for name, state in checks.items() if state != "ok"]
     if failing:
-        raise ApiError(503, "; ".join(failing) + "; jobs cannot be submitted or started until it answers")
+        raise ServiceError(503, "; ".join(failing) + "; jobs cannot be submitted or started until it answers")
     return Health(status="ok", database="ok", broker="ok")
 
 

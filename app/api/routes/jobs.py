@@ -8,7 +8,6 @@ from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlmodel import Session
 
 from app.api.deps import Cursor, JobDep, PageSize, ReadAccess, SessionDep, SettingsDep, SubmitAccess, submitter_of
-from app.api.problems import ApiError, invalid
 from app.api.schemas import (
     AUTH_ERRORS,
     AttemptPublic,
@@ -27,6 +26,7 @@ from app.core.lifecycle import request_cancel, restart_budget
 from app.core.settings import Settings
 from app.core.states import JobState
 from app.core.tables import Job
+from app.services.errors import ServiceError, invalid
 from app.services.jobs import ConflictError, delete_job, list_jobs, queue_position, waiting_reason
 from app.services.resume import pause_job, resume_job
 from app.services.submissions import submit
@@ -161,7 +161,7 @@ def pause(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobDetail:
     try:
         pause_job(session, job)
     except ConflictError as error:
-        raise ApiError(status.HTTP_409_CONFLICT, str(error)) from None
+        raise ServiceError(status.HTTP_409_CONFLICT, str(error)) from None
     session.refresh(job)
     return detail_of(session, settings, job)
 
@@ -184,7 +184,7 @@ def resume(request: Request, job: JobDep, session: SessionDep, settings: Setting
     try:
         resume_job(session, settings, request.app.state.celery, job)
     except ConflictError as error:
-        raise ApiError(status.HTTP_409_CONFLICT, str(error)) from None
+        raise ServiceError(status.HTTP_409_CONFLICT, str(error)) from None
     session.refresh(job)
     return detail_of(session, settings, job)
 
@@ -200,5 +200,5 @@ def remove_job(job: JobDep, session: SessionDep) -> Response:
     try:
         delete_job(session, job=job)
     except ConflictError as error:
-        raise ApiError(status.HTTP_409_CONFLICT, str(error)) from None
+        raise ServiceError(status.HTTP_409_CONFLICT, str(error)) from None
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from fastapi import APIRouter, Query
 
 from app.api.deps import JobDep, ReadAccess
-from app.api.problems import ApiError, invalid
 from app.api.schemas import AUTH_ERRORS, LogChunk, job_errors
 from app.core.tables import DB_INT_MAX, Job
+from app.services.errors import ServiceError, invalid
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.job.phases import PHASE_KINDS
 from pipebd_core.rundir import RunDir
@@ -72,7 +72,7 @@ def read_logs(
         why = "give `rank` or `node`, not both" if rank is not None else f"job {job.id} has nodes 0..{job.nodes - 1}"
         raise invalid(["query", "node"], why, node)
     if job.run_dir is None:
-        raise ApiError(404, f"job {job.id} is {job.state} and has no logs yet; they appear once a worker starts it")
+        raise ServiceError(404, f"job {job.id} is {job.state} and has no logs yet; they appear once a worker starts it")
     run_dir = RunDir(Path(job.run_dir))
     phase = phase or default_phase(job, run_dir, rank, node or 0)
     path = log_path(run_dir, phase, rank, node or 0)

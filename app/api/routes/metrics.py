@@ -9,11 +9,11 @@ from fastapi import APIRouter, Query
 from sqlmodel import col, select
 
 from app.api.deps import JobDep, ReadAccess, SessionDep
-from app.api.problems import invalid
 from app.api.schemas import AUTH_ERRORS, Evaluation, MetricsPage, job_errors
 from app.core.downsample import downsample, to_point
 from app.core.rollups import chart_points
 from app.core.tables import DB_INT_MAX, EVAL_SEQ, JobMetric
+from app.services.errors import invalid
 from pipebd_core.documents.phases import DISTILL, TrainingPhase
 from pipebd_core.documents.telemetry import EvalLine, step_line
 

@@ -18,10 +18,10 @@ from app.api.model_schemas import (
     ModelPublic,
     ModelsPublic,
 )
-from app.api.problems import ApiError, invalid
 from app.api.schemas import AUTH_ERRORS, JSON_BODY_ERRORS, ResponseDoc, job_errors, problem
 from app.core.tables import DB_INT_MAX, RegisteredModel
 from app.services import models as service
+from app.services.errors import ServiceError, invalid
 
 router = APIRouter(prefix="/models", tags=["models"], responses=AUTH_ERRORS)
 choose_router = APIRouter(prefix="/jobs/{job_id}", tags=["models"], responses=AUTH_ERRORS)
@@ -37,7 +37,7 @@ def get_registered(model_id: ModelId, session: SessionDep) -> RegisteredModel:
     try:
         return service.get_model(session, model_id)
     except service.ModelNotFound as error:
-        raise ApiError(404, str(error)) from None
+        raise ServiceError(404, str(error)) from None
 
 
 ModelDep = Annotated[RegisteredModel, Depends(get_registered)]
@@ -126,8 +126,8 @@ def choose(request: Request, response: Response, body: ChooseRequest, job: JobDe
     try:
         model = service.choose_again(session, job, budget)
     except service.ChooseConflict as error:
-        raise ApiError(status.HTTP_409_CONFLICT, str(error)) from None
+        raise ServiceError(status.HTTP_409_CONFLICT, str(error)) from None
     except service.ChooseRefused as error:
-        raise ApiError(422, str(error)) from None
+        raise ServiceError(422, str(error)) from None
     response.headers["Location"] = str(request.url_for("read_model", model_id=model.id).path)
     return detail(request, model)

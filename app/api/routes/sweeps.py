@@ -9,7 +9,6 @@ from fastapi import APIRouter, Query, Request, Response, status
 from sqlmodel import Session
 
 from app.api.deps import ReadAccess, SessionDep, SettingsDep, SubmitAccess, SweepDep, submitter_of
-from app.api.problems import ApiError, invalid
 from app.api.routes.jobs import link
 from app.api.schemas import (
     AUTH_ERRORS,
@@ -26,6 +25,7 @@ from app.api.schemas import (
 from app.core.database import get_engine
 from app.core.objectives import Objective
 from app.core.tables import Sweep
+from app.services.errors import ServiceError, invalid
 from app.services.search import SweepRequest
 from app.services.sweeps import (
     SweepView,
@@ -151,7 +151,7 @@ def resume(request: Request, sweep: SweepDep, session: SessionDep, settings: Set
     resumed, problems = resume_sweep(session, settings, request.app.state.celery, sweep_view(session, sweep).children)
     if not resumed:
         why = "; ".join(problems) or "no child is failed, cancelled or paused"
-        raise ApiError(status.HTTP_409_CONFLICT, f"no child of sweep {sweep.id} resumed: {why}")
+        raise ServiceError(status.HTTP_409_CONFLICT, f"no child of sweep {sweep.id} resumed: {why}")
     return detail_of(sweep_view(session, sweep))
 
 

@@ -9,11 +9,11 @@ from sqlmodel import Session
 
 from app.api.auth import tenant_of
 from app.api.deps import Cursor, PageSize, ReadAccess, SessionDep, SettingsDep, SubmitAccess, WebhookDep
-from app.api.problems import invalid
 from app.api.routes.jobs import link
 from app.api.schemas import AUTH_ERRORS, JSON_BODY_ERRORS, ResponseDoc, problem
 from app.api.webhook_schemas import DeliveriesPublic, DeliveryPublic, WebhookPublic, WebhooksPublic
 from app.core.tables import Webhook
+from app.services.errors import invalid
 from app.services.webhook_schemas import DeliveryState, WebhookCreate
 from app.services.webhooks import create_webhook, delete_webhook, delivery_counts, list_deliveries, list_webhooks
 
