@@ -4,6 +4,9 @@ first and last memory sample of each process (across its restarts)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from app.soak.history import Fault, Memory, Request, Submitted
 from app.soak.invariants import HELD, Verdict
 from app.soak.record import build_record, percentile
@@ -43,3 +46,16 @@ def test_percentile_is_the_nearest_rank() -> None:
     assert percentile([], 50) == 0.0
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([3.0, 1.0, 2.0], 99) == 3.0
     assert percentile([5.0], 1) == 5.0
+
+
+def test_the_reliability_page_shows_the_committed_record() -> None:
+    """docs/reliability.md's figures are those of the record it names (written by hand: kept true here)."""
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "reliability.md").read_text()
+    record = json.loads((root / "benchmarks" / "records" / "soak-10min-seed1.json").read_text())
+    submitted, finished = record["jobs"]["submitted"], record["jobs"]["finished"]
+    assert f"| jobs submitted (finished) | {sum(submitted.values())} ({sum(finished.values())}):" in page
+    assert f"| faults | {sum(record['faults'].values())}: " in page
+    assert all(f"{kind} {count}" in page for kind, count in record["faults"].items())
+    assert all(verdict["held"] for verdict in record["invariants"].values()) and "all eight held" in page
+    assert f"p50 {record['api_latency_ms']['p50']:.0f} ms" in page
