@@ -12,6 +12,7 @@ pipebd logs ID, pipebd download ID [NAME]   print (or --follow) a job's log; dow
 pipebd webhooks list | create | delete | deliveries   a server's webhooks and their delivery logs
 pipebd quotas   set or list each token's fair-share weight and quotas (on the server's database)
 pipebd models [ID], pipebd choose ID   a server's registered models and their lineage; a search chosen again
+pipebd soak     a throw-away service driven by a seeded mix of jobs and faults, its history checked (app/soak/)
 
 Parsing imports nothing heavy: every handler imports what it needs when it runs, so `pipebd api` and
 `pipebd up` never load torch.
@@ -29,6 +30,7 @@ from app.cli.models import add_model_commands
 from app.cli.quotas import add_quota_commands
 from app.cli.remote import command_job_action, command_submit, command_sweep
 from app.cli.server import command_api, command_up, command_worker
+from app.cli.soak import add_soak_command
 from app.cli.webhooks import add_webhook_commands
 from pipebd_core.cli import add_engine_commands, add_spec_arguments, fail
 
@@ -71,6 +73,7 @@ def add_service_commands(commands: Any) -> None:
     add_quota_commands(commands)
     add_webhook_commands(commands, add_server_options)
     add_model_commands(commands, add_server_options)
+    add_soak_command(commands)
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:

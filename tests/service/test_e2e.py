@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +21,18 @@ from app.cli.main import main
 from tests.service.factories import tiny_job
 from tests.service.services import free_port
 from tests.service.workers import REPO, wait_for
+
+
+def alive(processes: list[psutil.Process]) -> list[int]:
+    """The pids of `processes` still running (zombies count as ended)."""
+    running = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
 
 
 def pipebd_command() -> list[str]:
@@ -69,6 +80,6 @@ def test_pipebd_up_runs_a_job_submitted_over_http(tmp_path: Path, capsys: pytest
         up.send_signal(signal.SIGINT)
         code = up.wait(timeout=180)
     assert code == 0, output.read_text()[-3000:]
-    time.sleep(0.5)
-    assert [child.pid for child in children if child.is_running() and child.status() != psutil.STATUS_ZOMBIE] == []
+    # each child ends after `pipebd up` does (its own session): wait for the last, as long as only a hang takes
+    wait_for(lambda: not alive(children), 60, "pipebd up's children to end", lambda: str(alive(children)))
     assert "stopping the API and the worker" in output.read_text()

@@ -108,7 +108,7 @@ def test_reaper_fails_jobs_whose_worker_went_silent(tmp_path: Path, database_url
         started_at=time.time(),
     )
     with serve(create_app(settings)) as url:
-        deadline = time.time() + 10
+        deadline = time.time() + 60  # generous: the reaper looks every 0.2 s
         while httpx.get(f"{url}/api/v1/jobs/{job.id}").json()["state"] != FAILED and time.time() < deadline:
             time.sleep(0.1)
         lost = httpx.get(f"{url}/api/v1/jobs/{job.id}").json()
@@ -119,9 +119,10 @@ def test_reaper_fails_jobs_whose_worker_went_silent(tmp_path: Path, database_url
 
 
 def test_followers_of_one_job_share_their_queries(tmp_path: Path, database_url: str) -> None:
-    """30 clients following one job cost a few event reads, not 30 (the load test's finding: each
+    """30 clients following one job cost one event read, not 30 (the load test's finding: each
     follower polling on its own took every thread and connection of the API at 100 followers)."""
-    settings = make_settings(tmp_path, database_url, sse_poll_s=2.0)  # answers stay shared for 1 s
+    # answers stay shared for 60 s: however slowly a loaded machine lets the 30 in, they come within that
+    settings = make_settings(tmp_path, database_url, sse_poll_s=120.0)
     migrate(settings.database)
     job = insert_job(settings)
     assert job.id is not None
@@ -151,7 +152,7 @@ def test_followers_of_one_job_share_their_queries(tmp_path: Path, database_url: 
     event.remove(get_engine(settings.database), "before_cursor_execute", count)
     assert len(bodies) == 30 and len(set(bodies)) == 1
     assert [e["event"] for e in read_events(bodies[0]) if "event" in e] == ["metrics", "state", "state", "end"]
-    assert 1 <= len(reads) <= 5, len(reads)
+    assert len(reads) == 1, reads  # the first follower's read; the other 29 took its answer
 
 
 def test_open_streams_hold_no_database_connection(tmp_path: Path, database_url: str) -> None:
@@ -165,9 +166,10 @@ def test_open_streams_hold_no_database_connection(tmp_path: Path, database_url: 
         try:
             for response in opened:
                 assert next(response.iter_text()).startswith("retry:")  # each is being served
-            started = time.monotonic()
+            # answered while all 20 are open: streams that held connections would leave this request none, and it
+            # would end in a 500 once the pool's 30 s wait ran out
             assert client.get("/api/v1/jobs", params={"limit": 5}).status_code == 200
-            assert time.monotonic() - started < 2.0
+            assert all(not response.is_closed for response in opened)
         finally:
             for stream in streams:
                 stream.__exit__(None, None, None)

@@ -13,6 +13,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from tests.service.workers import REPO, wait_for
 
 JOBS = "/api/v1/jobs"
 DB_INT_MAX = 2**31 - 1  # PostgreSQL's INTEGER, the type of job.id
+HANG_S = 60.0  # a request (or a health check) not answered in this long hangs: no loaded machine takes that long
 
 
 def job_routes(client: TestClient) -> list[tuple[str, str]]:
@@ -97,21 +100,56 @@ def test_an_unexpected_exception_is_a_problem_logged_once_under_its_id(
     assert client.get(f"{JOBS}/{job.id}").status_code == 200  # the server goes on
 
 
-def post_concurrently(url: str, bodies: dict[str, tuple[bytes, str]]) -> tuple[dict[str, Any], threading.Thread]:
-    """POST each body in a thread of its own; the answers (status, seconds taken) fill in as they come."""
-    answers: dict[str, Any] = {}
+@dataclass
+class InFlight:
+    """One request sent from a thread of its own: its answer's status once it came, and whether it still waits."""
 
-    def send(name: str, body: bytes, content_type: str) -> None:
-        started = time.monotonic()
-        response = httpx.post(f"{url}{JOBS}", content=body, headers={"Content-Type": content_type}, timeout=60)
-        answers[name] = (response.status_code, time.monotonic() - started)
+    thread: threading.Thread
+    status: list[int] = field(default_factory=list)
 
-    threads = [threading.Thread(target=send, args=(name, *body)) for name, body in bodies.items()]
-    for thread in threads:
-        thread.start()
-    joiner = threading.Thread(target=lambda: [thread.join() for thread in threads])
-    joiner.start()
-    return answers, joiner
+    @property
+    def waiting(self) -> bool:
+        return self.thread.is_alive()
+
+
+def post_in_thread(url: str, content: Any, content_type: str) -> InFlight:
+    """POST `content` (bytes, or an iterator of chunks: a streamed upload) without waiting for the answer."""
+    status: list[int] = []
+
+    def send() -> None:
+        try:
+            headers = {"Content-Type": content_type}
+            status.append(httpx.post(f"{url}{JOBS}", content=content, headers=headers, timeout=120).status_code)
+        except httpx.TransportError:  # the server closed the upload it refused before it was all sent
+            status.append(-1)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return InFlight(thread, status)
+
+
+def healthy_while(url: str, request: InFlight, answered: threading.Event | None = None) -> int:
+    """Health checks, one after another, until `request` has its answer: how many were answered while it still
+    waited. Each answer sets `answered` (an upload that waits for it goes on only once the loop answered)."""
+    count = 0
+    while request.waiting:
+        assert httpx.get(f"{url}/healthz", timeout=HANG_S).status_code == 200
+        if request.waiting:
+            count += 1
+            if answered is not None:
+                answered.set()
+        time.sleep(0.05)
+    request.thread.join()
+    return count
+
+
+def trickled(body: bytes, answered: threading.Event, chunk: int = 256 << 10) -> Iterator[bytes]:
+    """`body` as a streamed upload (no Content-Length) that stops after its first chunk until a health check
+    has been answered: the server holds a half-received upload while the health check runs."""
+    yield body[:chunk]
+    answered.wait(HANG_S)  # a health check that never comes back: the upload goes on, and the test fails below
+    for start in range(chunk, len(body), chunk):
+        yield body[start : start + chunk]
 
 
 def yaml_named(name: str) -> bytes:
@@ -121,30 +159,32 @@ def yaml_named(name: str) -> bytes:
 
 def test_health_answers_while_large_and_slow_specs_are_refused(tmp_path: Path) -> None:
     """The API runs as its own process, as it does in production: the test's client threads (one of them
-    uploading 20 MB) would otherwise share the server's interpreter lock and time themselves."""
+    uploading 20 MB) would otherwise share the server's interpreter lock. Neither a large upload nor a spec
+    whose check runs into its time bound holds up the event loop: health checks are answered while each of
+    them is still in flight (ordering, not speed: a loop blocked behind either answers none in that window)."""
     settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")
-    slow = tiny_job(data={"dataset": "custom", "factory": SLOW_DATA, "options": {"delay_s": 60}})
-    bodies = {
-        "20 MB of YAML": (yaml_named("x" * 20_000_000), "application/yaml"),
-        "1 MB of YAML": (yaml_named("y" * 1_000_000), "application/yaml"),
-        "a slow spec": (yaml.safe_dump(slow).encode(), "application/yaml"),
-    }
+    slow = tiny_job(data={"dataset": "custom", "factory": SLOW_DATA, "options": {"delay_s": 120}})
     allow = "pipebd_core.workloads,tests.service.slow_data"
     with pipebd_api(settings, PIPEBD_SPEC_CHECK_TIMEOUT_S="4.0", PIPEBD_FACTORY_ALLOWLIST=allow) as api:
         url = api.url
-        httpx.post(f"{url}{JOBS}", json=tiny_job(), timeout=120)  # the spec checker is up: time only the refusals
-        answers, joiner = post_concurrently(url, bodies)
-        delays = []
-        while joiner.is_alive():
-            started = time.monotonic()
-            assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
-            delays.append(time.monotonic() - started)
-            time.sleep(0.05)
-        joiner.join()
-    assert answers["20 MB of YAML"][0] == 413 and answers["20 MB of YAML"][1] < 2.0
-    assert answers["1 MB of YAML"][0] == 422  # read, parsed and refused (the name's pattern)
-    assert answers["a slow spec"][0] == 422 and 4.0 <= answers["a slow spec"][1] < 15.0
-    assert len(delays) >= 10 and max(delays) < 1.0, sorted(delays)[-5:]
+        httpx.post(f"{url}{JOBS}", json=tiny_job(), timeout=120)  # the spec checker is up
+        answered = threading.Event()
+        upload = post_in_thread(url, trickled(yaml_named("x" * 20_000_000), answered), "application/yaml")
+        during_upload = healthy_while(url, upload, answered)
+        declared = post_in_thread(url, yaml_named("x" * 20_000_000), "application/yaml")  # with Content-Length
+        healthy_while(url, declared)
+        medium = post_in_thread(url, yaml_named("y" * 1_000_000), "application/yaml")
+        healthy_while(url, medium)
+        started = time.monotonic()
+        checking = post_in_thread(url, yaml.safe_dump(slow).encode(), "application/yaml")
+        during_check = healthy_while(url, checking)
+        check_s = time.monotonic() - started
+    assert upload.status in ([413], [-1]) and during_upload >= 1  # refused once past the limit, never parsed
+    assert declared.status == [413]
+    assert medium.status == [422]  # read, parsed and refused (the name's pattern)
+    # refused at its 4 s bound, not after its data's 120 s; health answered all along (a few at the least)
+    assert checking.status == [422] and 4.0 <= check_s < HANG_S, check_s
+    assert during_check >= 5, during_check
 
 
 def test_a_spec_that_kills_the_checker_is_refused_and_the_next_one_checked(tmp_path: Path) -> None:

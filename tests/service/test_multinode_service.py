@@ -170,8 +170,9 @@ def test_a_pause_and_a_cancel_reach_both_nodes_and_leave_no_process(cluster: Clu
 
     cluster.client.post(f"/api/v1/jobs/{job_id}/pause")
     wait_for(lambda: cluster.job(job_id)["state"] == "paused", 30, "the pause", cluster.logs)
-    wait_for(lambda: rank_processes(run_dir) == [], 20, "both nodes' processes to end", cluster.logs)
-    assert cluster.seats(job_id) == [] and cluster.job(job_id)["attempts"][0]["reason"] == "user_paused"
+    wait_for(lambda: rank_processes(run_dir) == [], 60, "both nodes' processes to end", cluster.logs)
+    wait_for(lambda: cluster.seats(job_id) == [], 60, "the paused gang's seats to go", cluster.logs)
+    assert cluster.job(job_id)["attempts"][0]["reason"] == "user_paused"
     before = cluster.client.get(metrics).json()["total"]
     cluster.client.post(f"/api/v1/jobs/{job_id}/resume")  # a new gang: both nodes again, from the checkpoints
     grew = lambda: cluster.job(job_id)["state"] == "running" and cluster.client.get(metrics).json()["total"] > before  # noqa: E731
@@ -180,8 +181,8 @@ def test_a_pause_and_a_cancel_reach_both_nodes_and_leave_no_process(cluster: Clu
 
     cluster.client.post(f"/api/v1/jobs/{job_id}/cancel")
     wait_for(lambda: cluster.job(job_id)["state"] == "cancelled", 30, "the cancel", cluster.logs)
-    wait_for(lambda: rank_processes(run_dir) == [], 20, "both nodes' processes to end", cluster.logs)
-    wait_for(lambda: not cluster.seats(job_id), 20, "every seat to go", cluster.logs)
+    wait_for(lambda: rank_processes(run_dir) == [], 60, "both nodes' processes to end", cluster.logs)
+    wait_for(lambda: not cluster.seats(job_id), 60, "every seat to go", cluster.logs)
     assert cluster.job(job_id)["termination_reason"] == "user_cancelled"
 
 

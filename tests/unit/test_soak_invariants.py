@@ -1,0 +1,222 @@
+"""The soak's invariant checkers (app/soak/invariants.py) on hand-written histories: a clean one holds every
+invariant; each violating one (a job that succeeded after its cancel, a telemetry step stored twice, a webhook
+delivered twice, a leaked process, ...) breaks exactly the invariant it is written against, which names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.soak.history import (
+    Deliveries,
+    Delivery,
+    Follower,
+    HistoryError,
+    HistoryWriter,
+    JobStates,
+    Leftovers,
+    Memory,
+    QueuedJob,
+    Record,
+    Request,
+    Snapshot,
+    StateChange,
+    Submitted,
+    Telemetry,
+    TelemetryRow,
+    WorkerLoad,
+    from_line,
+    read_history,
+)
+from app.soak.invariants import INVARIANTS, check_all, first_violated, least_squares_slope
+
+
+def changes(*pairs: tuple[float, str]) -> list[StateChange]:
+    return [StateChange(time, state) for time, state in pairs]
+
+
+def action(time: float, name: str, job_id: int, status: int = 200) -> Request:
+    return Request(time, "POST", f"/api/v1/jobs/{job_id}/{name}", status, 0.1, name, job_id)
+
+
+WORKER = WorkerLoad("worker-a", "host-a", devices=4, slots=2, busy=0, alive=True)
+
+
+def clean() -> list[Record]:
+    """Two jobs: one cancelled while queued (1); one paused while running, resumed, and finished (2)."""
+    return [
+        Submitted(1.0, 1, "custom"),
+        Submitted(1.0, 2, "compression"),
+        action(2.0, "cancel", 1),
+        action(3.0, "pause", 2),
+        action(10.0, "resume", 2),
+        Request(4.0, "POST", "/api/v1/jobs", 422, 0.05, "bad_request"),
+        JobStates(1, changes((1.0, "queued"), (2.05, "cancelled"))),
+        JobStates(
+            2,
+            changes(
+                (1.0, "queued"),
+                (1.5, "starting"),
+                (1.6, "running"),
+                (3.05, "pausing"),
+                (4.0, "paused"),
+                (10.05, "queued"),
+                (11.0, "starting"),
+                (11.1, "running"),
+                (20.0, "succeeded"),
+            ),
+        ),
+        Snapshot(5.0, [QueuedJob(3, 2)], [WorkerLoad("worker-a", "host-a", 4, 2, busy=2, alive=True)]),
+        Snapshot(50.0, [QueuedJob(3, 2)], [WORKER]),  # idle beside it, but only just
+        Snapshot(60.0, [], [WORKER]),
+        Telemetry(2, [TelemetryRow("distill", rank, seq) for rank in (0, 1) for seq in range(5)]),
+        Follower("f0", 2, seen=[1, 2, 3, 4], stored=[1, 2, 3, 4], reconnects=2),
+        Deliveries(
+            [Delivery(1, "job.queued", "succeeded"), Delivery(2, "job.running", "failed")],
+            received=[1],
+        ),
+        Leftovers(),
+        *[Memory(float(t), "api", 100 << 20) for t in range(0, 600, 10)],
+        # a worker killed at 300 s and started again: two processes, each flat (not one that grew by 580 MiB)
+        *[
+            Memory(float(t), "worker-a", (20 if t < 300 else 600) << 20, 11 if t < 300 else 12)
+            for t in range(0, 600, 10)
+        ],
+    ]
+
+
+def test_a_clean_history_holds_every_invariant() -> None:
+    verdicts = check_all(clean())
+    assert set(verdicts) == set(INVARIANTS)
+    assert {name: verdict.detail for name, verdict in verdicts.items() if not verdict.held} == {}
+    assert first_violated(verdicts) is None
+
+
+def replaced(records: list[Record], cls: type, *new: Record) -> list[Record]:
+    """`records` with those of `cls` swapped for `new` (matched per job where the record has one)."""
+    jobs = {getattr(record, "job_id", None) for record in new}
+    kept = [r for r in records if not (isinstance(r, cls) and getattr(r, "job_id", None) in jobs)]
+    return [*kept, *new]
+
+
+SUCCEEDED_AFTER_CANCEL = JobStates(
+    1, changes((1.0, "queued"), (1.5, "starting"), (1.6, "running"), (5.0, "succeeded"))
+)  # its cancel (answered at 2.1) was accepted while it ran: it should have gone to cancelling
+
+
+VIOLATIONS: dict[str, tuple[str, str, list[Record]]] = {
+    "job succeeded after its cancel": (
+        "terminal_states_allowed",
+        "cancelled, then running at 3.000 without a resume",
+        replaced(
+            clean(),
+            JobStates,
+            JobStates(1, changes((1.0, "queued"), (2.05, "cancelled"), (3.0, "running"), (5.0, "succeeded"))),
+        ),
+    ),
+    "job ran after an accepted cancel": (
+        "terminal_states_allowed",
+        "after its cancel was accepted",
+        replaced(
+            [r for r in clean() if not isinstance(r, Request) or r.action != "cancel"],
+            JobStates,
+            SUCCEEDED_AFTER_CANCEL,
+            action(1.2, "cancel", 1),
+        ),
+    ),
+    "paused job ran without a resume": (
+        "terminal_states_allowed",
+        "paused -> queued at 10.050 without a resume",
+        [r for r in clean() if not (isinstance(r, Request) and r.action == "resume")],
+    ),
+    "job stuck running": (
+        "terminal_states_allowed",
+        "still running when the soak ended",
+        replaced(clean(), JobStates, JobStates(1, changes((1.0, "queued"), (1.5, "starting"), (1.6, "running")))),
+    ),
+    "job queued beside an idle worker": (
+        "no_queued_job_beside_idle_worker",
+        "job 3 stayed queued 35.0 s (bound 30 s) while worker-a had a free slot",
+        [*clean(), Snapshot(95.0, [QueuedJob(3, 2)], [WORKER]), Snapshot(130.0, [QueuedJob(3, 2)], [WORKER])],
+    ),
+    "telemetry step stored twice": (
+        "telemetry_once",
+        "distill rank 1 step seq 3 stored 2 times",
+        [*clean(), Telemetry(2, [TelemetryRow("distill", 1, 3)] * 2)],
+    ),
+    "follower missed an event after a reconnect": (
+        "followers_saw_every_event",
+        "event 3 never sent",
+        [*clean(), Follower("f1", 2, seen=[1, 2, 4], stored=[1, 2, 3, 4], reconnects=1)],
+    ),
+    "follower sent an event twice": (
+        "followers_saw_every_event",
+        "event 2 sent 2 times",
+        [*clean(), Follower("f1", 2, seen=[1, 2, 2, 3, 4], stored=[1, 2, 3, 4], reconnects=1)],
+    ),
+    "follower saw them out of order": (
+        "followers_saw_every_event",
+        "out of order",
+        [*clean(), Follower("f1", 2, seen=[1, 3, 2, 4], stored=[1, 2, 3, 4], reconnects=1)],
+    ),
+    "webhook delivered twice": (
+        "webhooks_exactly_once",
+        "delivery 1 (job.queued) succeeded but was received 2 times",
+        replaced(clean(), Deliveries, Deliveries([Delivery(1, "job.queued", "succeeded")], received=[1, 1])),
+    ),
+    "webhook still pending": (
+        "webhooks_exactly_once",
+        "delivery 1 (job.queued) still pending",
+        replaced(clean(), Deliveries, Deliveries([Delivery(1, "job.queued", "pending")], received=[])),
+    ),
+    "a server error": (
+        "no_5xx",
+        "answered 500",
+        [*clean(), Request(7.0, "GET", "/api/v1/jobs/2/plan", 500, 0.2, "read", 2)],
+    ),
+    "a leaked process": (
+        "nothing_leaked",
+        "process left behind (1 in all), first: 4242 torchrun",
+        [*clean(), Leftovers(processes=["4242 torchrun --standalone ... job-2"])],
+    ),
+    "a leaked run lock": (
+        "nothing_leaked",
+        "run lock",
+        [*clean(), Leftovers(locks=["runs/job-2/.lock"])],
+    ),
+    "memory growing": (
+        "memory_bounded",
+        "api's resident memory grew",
+        [r for r in clean() if not isinstance(r, Memory)]
+        + [Memory(float(t), "api", (100 << 20) + t * (200 << 10)) for t in range(0, 600, 10)],
+    ),
+    "memory growing in a worker started again": (
+        "memory_bounded",
+        "worker-a's resident memory grew",
+        [*clean(), *[Memory(float(t), "worker-a", (20 << 20) + t * (200 << 10), 13) for t in range(600, 900, 10)]],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(VIOLATIONS))
+def test_each_checker_catches_the_history_written_against_it(case: str) -> None:
+    invariant, detail, records = VIOLATIONS[case]
+    verdicts = check_all(records)
+    assert [name for name, verdict in verdicts.items() if not verdict.held] == [invariant]
+    assert detail in (verdicts[invariant].detail or ""), verdicts[invariant].detail
+    assert first_violated(verdicts) == invariant
+
+
+def test_the_history_file_reads_back_the_records_written(tmp_path: Path) -> None:
+    writer = HistoryWriter(tmp_path / "history.jsonl")
+    writer.extend(clean())
+    writer.close()
+    assert read_history(tmp_path / "history.jsonl") == clean()
+    with pytest.raises(HistoryError, match=r"type 'Nonsense', version 1: this soak reads \['Deliveries'"):
+        from_line('{"type": "Nonsense", "v": 1}')
+
+
+def test_least_squares_slope() -> None:
+    assert least_squares_slope([0, 1, 2, 3], [1, 3, 5, 7]) == pytest.approx(2.0)
+    assert least_squares_slope([5], [1]) == 0.0 and least_squares_slope([1, 1], [0, 9]) == 0.0
