@@ -18,7 +18,7 @@ What the run holds:
     models     once a succeeded job's models are registered (app/core/registry.py), each one is also a version
                of the registered model `<job name>-<kind>` in MLflow's Model Registry, its source the run
                (`runs:/<run id>/pipebd`), tagged with its PipeBD id, files and content hash; the row records
-               `name/version`, so a retried job registers none twice (worker/model_versions.py)
+               `name/version`, so a retried job registers none twice (app/core/model_versions.py)
 
 A sync compares the run with the run directory and sends what is missing, so a sync that failed (the
 server was down) is simply made again at the next phase change; the last one, when the job ends, is
@@ -37,6 +37,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from app.core.json_types import JsonObject
+from app.core.model_versions import JOB_TAG, RUN_DIR_TAG
 from app.core.settings import Settings
 from app.core.states import CANCELLED, FAILED, PAUSED, QUEUED, RUNNING, SUCCEEDED
 from pipebd_core.documents.phases import ENDED, TRAINING_PHASES, PhaseRecord
@@ -55,7 +56,7 @@ PARAMS_PER_REQUEST = 100  # likewise
 MAX_PARAM_CHARS = 6000  # MLflow's longest parameter value
 DOCUMENTS = ("summary.json", "spec.json", "plan.json", "finetune_plan.json", "phases.json", "architecture.json")
 BACKOFF_S = 1.0  # the last sync's first retry waits this long, each next one twice as long
-JOB_TAG, RUN_DIR_TAG, PARENT_TAG = "pipebd.job_id", "pipebd.run_dir", "mlflow.parentRunId"
+PARENT_TAG = "mlflow.parentRunId"
 SWEEP_TAG = "pipebd.sweep_id"  # a sweep's parent run
 EXPORTED_TAG = "pipebd.exported."
 
@@ -210,7 +211,7 @@ class MlflowExport:
         if status in TERMINAL:
             client.set_terminated(run_id, status)
             if self.models:
-                from worker.model_versions import register_versions
+                from app.core.model_versions import register_versions
 
                 register_versions(client, self.database, run_id, self.models)
         else:

@@ -223,7 +223,8 @@ class ArtifactEntry(BaseModel):
     description: str = Field(description="what it holds")
     url: str = Field(description="the path to download it from")
     sha256_url: str | None = Field(
-        default=None, description="a folder's archive (`<folder>.tar`): the path of its sha256 (`sha256sum` line)"
+        default=None,
+        description="a folder's archive (`<folder>.tar`, `<folder>.zip`): the path of its sha256 (`sha256sum` line)",
     )
 
 

@@ -290,10 +290,16 @@ def unpack(args: argparse.Namespace, entry: dict[str, Any], target: Path) -> Pat
         archive.unlink(missing_ok=True)
 
 
+def is_folder_zip(name: str, entry: dict[str, Any]) -> bool:
+    return bool(entry.get("sha256_url")) and name.endswith(".zip")
+
+
 @handles_refusals
 def command_download(args: argparse.Namespace) -> int:
     listing = get_json(args.server, args.token, f"{JOBS}/{args.job_id}/artifacts")
     entries = {artifact["name"]: artifact for artifact in listing["data"]}
+    if args.name is None:  # a folder comes once, unpacked from its .tar; its .zip holds the same files
+        entries = {name: entry for name, entry in entries.items() if not is_folder_zip(name, entry)}
     if args.name is None and not entries:
         return fail(f"download job {args.job_id}: the job ({listing['state']}) has no artifacts yet")
     written = []

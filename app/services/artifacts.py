@@ -1,7 +1,7 @@
 """What a job leaves behind, by name: the documented outputs of its run directory and the metrics as CSV.
 
 The files are exactly `pipebd_core.rundir.OUTPUTS`, and the folders (model directories) exactly
-`FOLDER_OUTPUTS`, each offered as one archive `<name>.tar` (app/services/archives.py), so whatever the
+`FOLDER_OUTPUTS`, each offered as one archive `<name>.tar` or `<name>.zip` (app/services/archives.py), so whatever the
 engine documents can be listed and downloaded. The API serves them from the run directory, so the API and
 the workers must share the runs folder (one machine, or a shared volume as in docker-compose.yml).
 """
@@ -10,12 +10,25 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlmodel import Session, col, select
 
 from app.core.tables import Job, JobMetric
-from app.services.archives import TAR_MEDIA_TYPE, Entry, entries, tar_size
+from app.services.archives import (
+    TAR_MEDIA_TYPE,
+    ZIP_MEDIA_TYPE,
+    Entry,
+    entries,
+    tar_sha256,
+    tar_size,
+    tar_stream,
+    zip_sha256,
+    zip_size,
+    zip_stream,
+)
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.rundir import FOLDER_OUTPUTS, OUTPUTS, STEP_PHASES, Output, RunDir
@@ -25,12 +38,36 @@ METRICS_CSV = "metrics.csv"
 
 FILE_ARTIFACTS: dict[str, Output] = {output.name: output for output in OUTPUTS}
 CSV_ARTIFACT = Output(METRICS_CSV, "text/csv", "every distillation telemetry line of every rank")
-TAR = ".tar"
-# a folder output as an artifact: `<name>.tar`, a tar archive of the folder (its entries under `<name>/`)
-FOLDER_ARTIFACTS: dict[str, Output] = {
-    folder.name + TAR: Output(folder.name + TAR, TAR_MEDIA_TYPE, f"{folder.description} (a tar archive)")
-    for folder in FOLDER_OUTPUTS
+TAR, ZIP = ".tar", ".zip"
+
+
+@dataclass(frozen=True)
+class ArchiveFormat:
+    """How a folder output is offered as one file: `<folder><suffix>`, its entries under `<folder>/`."""
+
+    suffix: str
+    media_type: str
+    what: str
+    size: Callable[[list[Entry]], int]  # known before the first byte: the Content-Length
+    stream: Callable[[list[Entry]], Iterator[bytes]]
+    sha256: Callable[[list[Entry]], str]
+
+
+ARCHIVE_FORMATS = {
+    TAR: ArchiveFormat(TAR, TAR_MEDIA_TYPE, "a tar archive", tar_size, tar_stream, tar_sha256),
+    ZIP: ArchiveFormat(ZIP, ZIP_MEDIA_TYPE, "a zip archive", zip_size, zip_stream, zip_sha256),
 }
+# a folder output as artifacts: `<name>.tar` and `<name>.zip`, archives of the folder (entries under `<name>/`)
+FOLDER_ARTIFACTS: dict[str, Output] = {
+    folder.name + kind.suffix: Output(folder.name + kind.suffix, kind.media_type, f"{folder.description} ({kind.what})")
+    for folder in FOLDER_OUTPUTS
+    for kind in ARCHIVE_FORMATS.values()
+}
+
+
+def archive_format(name: str) -> ArchiveFormat:
+    """The format of folder artifact `name` (one of FOLDER_ARTIFACTS), by its suffix."""
+    return ARCHIVE_FORMATS[Path(name).suffix]
 
 
 def file_path(job: Job, name: str) -> Path | None:
@@ -42,10 +79,10 @@ def file_path(job: Job, name: str) -> Path | None:
 
 
 def folder_entries(job: Job, name: str) -> list[Entry] | None:
-    """The archive entries of folder artifact `name` (`<folder>.tar`), if the job has that folder."""
+    """The archive entries of folder artifact `name` (`<folder>.tar`, `<folder>.zip`), if the job has that folder."""
     if job.run_dir is None or name not in FOLDER_ARTIFACTS:
         return None
-    folder = RunDir(Path(job.run_dir)).folder_output(name.removesuffix(TAR))
+    folder = RunDir(Path(job.run_dir)).folder_output(name.removesuffix(archive_format(name).suffix))
     return entries(folder, folder.name) if folder.is_dir() else None
 
 
@@ -63,7 +100,7 @@ def available(session: Session, job: Job) -> list[tuple[Output, int | None]]:
     for name, artifact in FOLDER_ARTIFACTS.items():
         listing = folder_entries(job, name)
         if listing is not None:
-            found.append((artifact, tar_size(listing)))
+            found.append((artifact, archive_format(name).size(listing)))
     if has_metrics(session, job):
         found.append((CSV_ARTIFACT, None))
     return found

@@ -8,7 +8,8 @@ directory where the model has one, else a trained classifier's `teacher.pt` as `
 network its job trained), and names that path as allowed beyond the data roots for this spec only.
 
 Choosing again runs `python -m pipebd_core.distill.choose` in a child process (this process never imports
-torch), bounded by `CHOOSE_TIMEOUT_S`, then registers the choice (kind chosen, parent: the search's model).
+torch), bounded by `CHOOSE_TIMEOUT_S`, then registers the choice (kind chosen, parent: the search's model), in
+MLflow's registry too where the server exports to one (app/core/model_versions.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from app.core.model_versions import register_choice
 from app.core.registry import register_job
+from app.core.settings import Settings
 from app.core.states import SUCCEEDED
 from app.core.tables import Job, RegisteredModel
 from app.services.jobs import decode_cursor, encode_cursor
@@ -153,6 +156,19 @@ def model_folder(model: RegisteredModel) -> str | None:
     return min(folders, key=len) if folders else None
 
 
+def remote_code(model: RegisteredModel) -> bool:
+    """Whether the model's Hugging Face directory is PipeBD's own (`model_type: pipebd`: layers that differ, loaded
+    with trust_remote_code), which a transformer job does not take as its teacher."""
+    folder = model_folder(model)
+    if folder is None:
+        return False
+    try:
+        config = json.loads((Path(model.run_dir) / folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == "pipebd"
+
+
 def teacher_fields(session: Session, model: RegisteredModel, loc: list[str | int]) -> dict[str, Any]:
     """What `workload.teacher: {model: N}` stands for: {teacher: folder}, or for a trained classifier
     {teacher or config of its job, teacher_weights: its teacher.pt}."""
@@ -167,6 +183,14 @@ def teacher_fields(session: Session, model: RegisteredModel, loc: list[str | int
             {"model": model.id},
         )
     folder = model_folder(model)
+    if folder is not None and remote_code(model):
+        raise ModelRefused(
+            loc,
+            f"registered model {model.id} ({model.kind}) is a network of PipeBD's own layers ({folder}/ has model_type"
+            " pipebd, loaded with trust_remote_code), which a job does not take as its teacher yet; name a model"
+            " whose directory transformers builds as it is (a teacher trained here, a uniform compression)",
+            {"model": model.id},
+        )
     if folder is not None:
         return {"teacher": str(root / folder)}
     job = session.get(Job, model.job_id)
@@ -230,10 +254,15 @@ def choose_command(run_dir: str, budget: dict[str, float]) -> list[str]:
 
 
 def choose_again(
-    session: Session, job: Job, budget: dict[str, float], timeout_s: float = CHOOSE_TIMEOUT_S
+    session: Session,
+    job: Job,
+    budget: dict[str, float],
+    settings: Settings | None = None,
+    timeout_s: float = CHOOSE_TIMEOUT_S,
 ) -> RegisteredModel:
     """Choose a finished search's network again for `budget` (fractions by cost), in a child process; the
-    registered model of the choice (kind chosen, parent: the search's model)."""
+    registered model of the choice (kind chosen, parent: the search's model), also a version in MLflow's
+    registry linked to the search's run where `settings` sets PIPEBD_MLFLOW_URI."""
     if job.state != SUCCEEDED or job.run_dir is None:
         raise ChooseConflict(
             f"job {job.id} is {job.state}: only a succeeded search is chosen from again (its finalize phase"
@@ -264,4 +293,7 @@ def choose_again(
     chosen = models.get(f"choice-{index}")
     if chosen is None:
         raise ChooseRefused(f"choice {index} was written but holds no files to register")
+    if settings is not None and settings.mlflow_uri is not None and chosen.id is not None:
+        register_choice(settings, job, [chosen.id])
+        session.refresh(chosen)  # its mlflow_version, written in a session of its own
     return chosen

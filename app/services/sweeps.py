@@ -42,7 +42,15 @@ from app.services.jobs import ConflictError, QueueFull, discard_jobs, new_job, q
 from app.services.resume import PAUSABLE, pause_job, resume_job
 from app.services.search import Child, Objective, SearchError, SweepRequest, children, override_loc
 from app.services.specs import check_values, spec_hash, validate_document
-from app.services.submissions import Submitter, admit_rate, check_capacity, in_thread, preflight, queue_full
+from app.services.submissions import (
+    Submitter,
+    admit_rate,
+    check_capacity,
+    in_thread,
+    preflight,
+    queue_full,
+    resolve_references,
+)
 from pipebd_core.spec import Spec
 
 Checked = list[tuple[Child, Spec]]  # each child with its validated spec
@@ -88,7 +96,8 @@ def checked_children(request: SweepRequest, settings: Settings) -> Checked:
     for child in made:
         try:
             check_values(child.document)  # finite numbers, a bounded document: as a job's body is checked
-            checked.append((child, validate_document(child.document, settings)))
+            document, allowed = resolve_references(child.document, settings)  # {model: N}, as a job's
+            checked.append((child, validate_document(document, settings, allowed)))
         except ServiceError as error:
             if not error.errors:  # not about a field (a document too large): as it is
                 raise

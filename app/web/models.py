@@ -1,4 +1,5 @@
-"""The model pages: `/models` lists the registered models (app/core/registry.py), `/models/{id}` shows one: its
+"""The model pages: `/models` lists the registered models (app/core/registry.py), each that can be a teacher with
+its "Compress further" and "Fine-tune" links, and `/models/{id}` shows one: its
 chain (the root teacher down to it, then what was made from it), its figures beside its parent's, its files
 (each a link to its job's artifact download where it is one), and "Compress further" and "Fine-tune" links
 that open the New job editor filled with a spec naming the model (`workload.teacher: {model: N}`).
@@ -68,7 +69,7 @@ def next_specs(session: Session, model: RegisteredModel) -> dict[str, str]:
     """The New job editor's addresses for "compress further" and "fine-tune", where the model can be a teacher:
     a language model's directory (a transformer job), or a classifier trained here."""
     job = session.get(Job, model.job_id)
-    if job is None or service.missing_files(model):
+    if job is None or service.missing_files(model) or service.remote_code(model):
         return {}
     data = job.spec.get("data") or {}
     workload = job.spec.get("workload") or {}
@@ -108,7 +109,8 @@ def page_model(session: Session, model_id: int) -> RegisteredModel:
 @router.get("/models", response_class=HTMLResponse)
 def models_page(request: Request, viewer: ViewerDep, session: SessionDep) -> HTMLResponse:
     models, _ = service.list_models(session, limit=LISTED, cursor=None)
-    return render(request, "models/list.html", {"models": models, "figure": figure})
+    starts = {model.id: next_specs(session, model) for model in models}  # each row's Compress further, Fine-tune
+    return render(request, "models/list.html", {"models": models, "figure": figure, "next": starts})
 
 
 @router.get("/models/{model_id}", response_class=HTMLResponse)

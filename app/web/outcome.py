@@ -5,7 +5,8 @@ for a language model (and, once a finetune phase has run, the fine-tuned model's
 the data set has real labels. For a transformer search, from
 architecture.json: every layer's candidates with their held-out loss, parameters and KV-cache bytes per token,
 the chosen one marked, how it was chosen, and each cost the choice reached (a fraction of the teacher's
-layers') against its budget where one was set. A NAS search's choice is the architecture part's
+layers') against its budget where one was set, and the library's trade-off curve with every choice made
+from it marked (app/web/tradeoff_chart.py). A NAS search's choice is the architecture part's
 (app/web/architecture.py).
 """
 
@@ -16,9 +17,12 @@ from dataclasses import dataclass, field
 from app.core.summaries import read_summary
 from app.core.tables import Job
 from app.web import queries
+from app.web.tradeoff_chart import Choice, TradeoffChart, tradeoff_chart
 from pipebd_core.documents.architecture import Architecture, CandidateResult
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.summary import Summary
+from pipebd_core.spec import WorkloadSpec
+from pipebd_core.workloads.library import MEASURES
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class OutcomeView:
     costs: list[Cost] = field(default_factory=list)
     budgeted: bool = False
     error: str | None = None  # why architecture.json cannot be shown
+    tradeoff: TradeoffChart | None = None  # a transformer search: its library's curve, every choice marked
 
     @property
     def shown(self) -> bool:
@@ -123,7 +128,16 @@ def outcome_view(job: Job) -> OutcomeView:
     view.names, view.layers = layer_choices(architecture)
     view.chosen_by, view.costs = architecture.chosen_by, costs_of(architecture)
     view.budgeted = bool(architecture.budget)
+    view.tradeoff = tradeoff_of(job, architecture, summary)
     return view
+
+
+def tradeoff_of(job: Job, architecture: Architecture, summary: Summary | None) -> TradeoffChart | None:
+    """The search's library curve with its own choice and every choice made again from it marked."""
+    measure = MEASURES[WorkloadSpec.model_validate(job.spec.get("workload", {})).search_loss]
+    own = Choice("the search", architecture, summary.student_perplexity if summary is not None else None)
+    again = [Choice(f"choice {r.index}", found, r.perplexity) for r, found in queries.read_choices(job)]
+    return tradeoff_chart(architecture, measure, [own, *again])
 
 
 def costs_of(architecture: Architecture) -> list[Cost]:

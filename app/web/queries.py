@@ -13,8 +13,10 @@ from sqlmodel import Session, col, func, select
 from app.core.json_types import JsonObject
 from app.core.tables import Job, JobEvent, JobMetric
 from app.services.artifacts import file_path
+from pipebd_core.documents.architecture import Architecture
 from pipebd_core.documents.base import Document, DocumentError
 from pipebd_core.documents.calibration import Calibration
+from pipebd_core.documents.choice import ChoiceRecord
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.rundir import RunDir
@@ -78,6 +80,24 @@ def read_document(job: Job, name: str, kind: type[D]) -> D | None:
     DocumentError when another version of PipeBD wrote it."""
     data = read_json_artifact(job, name)
     return None if data is None else kind.from_json(data)
+
+
+def read_choices(job: Job) -> list[tuple[ChoiceRecord, Architecture]]:
+    """A search's choices made again (choices/<n>/), in order: each one whose choice.json is written (the last
+    file a choice writes) and readable, with its architecture.json."""
+    if job.run_dir is None:
+        return []
+    run_dir = RunDir(Path(job.run_dir))
+    found = []
+    indices = sorted(int(path.name) for path in run_dir.choices.glob("*") if path.name.isdigit())
+    for folder in (run_dir.choice(index) for index in indices):
+        try:
+            record = ChoiceRecord.from_json(json.loads(folder.record.read_text()))
+            architecture = Architecture.from_json(json.loads(folder.architecture.read_text()))
+        except (OSError, ValueError):  # being written, or another PipeBD's (DocumentError is a ValueError)
+            continue
+        found.append((record, architecture))
+    return found
 
 
 def engine_events(job: Job, limit: int = ENGINE_EVENTS) -> list[dict[str, Any]]:

@@ -11,7 +11,8 @@ names (paths relative to the repository root), leaving the rest of the page as i
 record (bench.json) renders as `pipebd bench --report` prints it, a service benchmark's result file
 (`"benchmark": "compare"`, from benchmarks/compare_500.py) as its latency table, a shaped-link result
 (`"benchmark": "shaped_link"`, benchmarks/shaped_link.py) as its predicted-against-measured table, a language
-model result (`"benchmark": "language_model"`, benchmarks/language_model.py) as its perplexity table; `pipebd bench
+model result (`"benchmark": "language_model"`, benchmarks/language_model.py) as its perplexity table, a search
+library's trade-off record (`"benchmark": "tradeoff"`, benchmarks/tradeoff.py) as its table of budgets; `pipebd bench
 --update-page docs/benchmarks.md` writes it back, and the suite checks that the page equals its
 regeneration, so no figure of a generated section is ever typed.
 """
@@ -20,10 +21,12 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
 from pipebd_core.bench.report import load_record, render
+from pipebd_core.documents.tradeoff_record import TradeoffRecord, TradeoffRow
 
 SECTION = re.compile(
     r"(?P<open><!-- pipebd bench --report (?P<paths>[^>]+?) -->\n)(?P<body>.*?)(?P<close><!-- end of report -->)",
@@ -55,6 +58,8 @@ def render_file(path: Path) -> str:
         return render_shaped_link(data)
     if isinstance(data, dict) and data.get("benchmark") == "language_model":
         return render_language_model(data)
+    if isinstance(data, dict) and data.get("benchmark") == "tradeoff":
+        return render_tradeoff(TradeoffRecord.from_json(data))
     return render([load_record(path)])
 
 
@@ -126,3 +131,64 @@ def render_language_model(record: dict[str, Any]) -> str:
             f"| {row['model']} | {row['perplexity']:.2f} | {params} | {kv} | {row['tokens_per_s']:,.0f} | {steps} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def render_tradeoff(record: TradeoffRecord) -> str:
+    """benchmarks/tradeoff.py's record: per budget chosen again from one search library, the chosen layers,
+    held-out perplexity, costs against the teacher's, tokens/s of the exported directory under `transformers`
+    and the time to choose; then the time to choose again beside the search's."""
+    machine, settings, search = record.machine, record.settings, record.search_job
+    teacher = record.rows[0]
+    gpus = ", ".join(machine.gpus) if machine.gpus else "no GPU"
+    phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in search.phase_s.items())
+    load = "**Shared**: some part ran while other processes used more than 0.15 cores" if record.shared else "Quiet"
+    lines = [
+        f"Commit `{record.commit or 'unknown'}`; {machine.cores} x {machine.cpu_model}, {gpus},"
+        f" {machine.memory_bytes / 2**30:.0f} GiB, Python {machine.python}, torch {machine.torch}. Teacher trained"
+        f" {settings.teacher_steps} steps ({record.teacher_job.wall_s:.0f} s); the search (`{settings.example}`,"
+        f" {settings.search_steps} steps) chose {', '.join(record.search_layers)} for"
+        f" {budget_text(record.search_budget)} in {search.wall_s:.0f} s ({phases}). tokens/s: greedy `generate()`"
+        f" with the KV cache, {settings.prompt_tokens}-token prompt, {settings.new_tokens} new tokens, one thread,"
+        f" median of {settings.repeats}. {load}.",
+        "",
+        "| budget | layers chosen | held-out perplexity | decoder-layer parameters | KV cache per token |"
+        " directory parameters | tokens/s | time to choose (command) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [tradeoff_row(row, teacher) for row in record.rows]
+    lines += ["", choosing_line(record)]
+    return "\n".join(lines) + "\n"
+
+
+def budget_text(budget: dict[str, float] | None) -> str:
+    return "teacher" if budget is None else ", ".join(f"{name} {value:g}" for name, value in budget.items())
+
+
+def tradeoff_row(row: TradeoffRow, teacher: TradeoffRow) -> str:
+    params = f"{row.params:,} ({row.params / teacher.params:.0%})"
+    kv = "-"
+    if teacher.kv_cache_bytes:
+        kv = f"{row.kv_cache_bytes} B ({row.kv_cache_bytes / teacher.kv_cache_bytes:.0%})"
+    chose = "-" if row.choose_s is None else f"{row.choose_s:.2f} s ({row.command_s or 0:.1f} s)"
+    return (
+        f"| {budget_text(row.budget)} | {', '.join(row.layers)} | {row.perplexity:.2f} | {params} | {kv} |"
+        f" {row.model_params:,} | {row.tokens_per_s:,.0f} | {chose} |"
+    )
+
+
+def choosing_line(record: TradeoffRecord) -> str:
+    """The time to choose again (median over the choices) beside the search job's, and whether the choice
+    for the search's own budget chose what the search chose."""
+    choices = [row for row in record.rows if row.budget is not None]
+    own = statistics.median(row.choose_s or 0.0 for row in choices)
+    command = statistics.median(row.command_s or 0.0 for row in choices)
+    wall = record.search_job.wall_s
+    line = (
+        f"Choosing again: {own:.2f} s a choice (median; the command, interpreter start included, {command:.1f} s),"
+        f" against {wall:.0f} s for the search job: {wall / command:.0f}x less."
+    )
+    same = [row for row in choices if row.budget == record.search_budget]
+    if same:
+        agrees = "the same as" if same[0].layers == record.search_layers else "**not** those"
+        line += f" Chosen again for the search's own budget, the layers are {agrees} the search chose."
+    return line

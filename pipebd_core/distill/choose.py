@@ -31,8 +31,7 @@ from pipebd_core.rank.metrics import perplexity
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Budget, Spec, SpecError
 from pipebd_core.workloads.candidates import Candidates
-from pipebd_core.workloads.library import choose_from, chosen_architecture, library_of
-from pipebd_core.workloads.transformer import MEASURES
+from pipebd_core.workloads.library import MEASURES, choose_from, chosen_architecture, library_of
 from pipebd_core.workloads.workload import Workload, build_workload
 
 

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 
 class BudgetError(ValueError):
@@ -53,6 +52,9 @@ def _solve(
     limits: Sequence[Limit],
 ) -> list[int]:
     """The mixed-integer program's choice, one candidate index per layer (BudgetError where none exists)."""
+    # imported here: the API draws a library's curve through this module (app/web/tradeoff_chart.py), never solving
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
     constraints = [LinearConstraint(one_per_layer, lb=np.ones(len(sizes)), ub=np.ones(len(sizes)))]
     constraints += [
         LinearConstraint(row[np.newaxis, :], lb=-np.inf, ub=bound) for row, bound in zip(rows, bounds, strict=True)

@@ -24,6 +24,10 @@ CHEAPER = {  # where a budget cannot be met: the replacements that cost less of 
     "kv_cache": "kv_1, linear_attention, no_attention, linear or noop",
     "latency": "linear or noop",
 }
+MEASURES = {  # workload.search_loss: what a candidate's loss in architecture.json is
+    "block": "held-out loss",
+    "logits_kl": "KL of the teacher's logits with the layer swapped in",
+}
 RECORDED = {"params": "params", "kv_cache": "kv_cache_bytes", "latency": "latency_s"}  # architecture.json's names
 
 
@@ -154,3 +158,22 @@ def chosen_architecture(library: Library, picks: Sequence[int], budget: Budget |
         budget=None if budget is None else budget.fractions(),
         reached={name: reached(layers, picks, library.teacher[name]) for name, layers in shown.items()},
     )
+
+
+def frontier(library: Library, cost: str) -> list[tuple[float, float]]:
+    """The library's trade-off curve on one cost: each (summed cost as a fraction of the teacher's, least summed
+    loss) that a choice of one candidate per layer reaches with no cheaper choice as good, cheapest first. A
+    budget on that cost alone at fraction f chooses the last point at or below f, so the curve is what every
+    such budget buys. Exact: layer by layer, the sums of the points so far with each candidate, the dominated
+    ones dropped (no solver)."""
+    teacher = library.teacher.get(cost)
+    if cost not in library.costs or not teacher:
+        raise SpecError(f"this library has no {cost} cost to draw a curve on (it has {', '.join(library.costs)})")
+    points = [(0.0, 0.0)]
+    for costs, losses in zip(library.costs[cost], library.losses, strict=True):
+        sums = sorted((at + c, sofar + loss) for at, sofar in points for c, loss in zip(costs, losses, strict=True))
+        points = []
+        for summed, loss in sums:  # cheapest first, and at one cost the least loss first
+            if not points or loss < points[-1][1]:
+                points.append((summed, loss))
+    return [(summed / teacher, loss) for summed, loss in points]

@@ -30,16 +30,19 @@ from pipebd_core.documents.architecture import Architecture
 from pipebd_core.documents.profile import Profile
 from pipebd_core.spec import TRANSFORMER_FAMILIES, Spec, SpecError
 from pipebd_core.workloads.candidates import Candidates, replaced_layer
-from pipebd_core.workloads.library import Costs, Library, check_fractions, choose_from, chosen_architecture
+from pipebd_core.workloads.library import (
+    MEASURES,
+    Costs,
+    Library,
+    check_fractions,
+    choose_from,
+    chosen_architecture,
+)
 from pipebd_core.workloads.replacements import build_replacement
 from pipebd_core.workloads.transformer_parts import ModelParts
 from pipebd_core.workloads.workload import Workload, block_seed
 
 DROPOUTS = ("attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
-MEASURES = {  # workload.search_loss: what a candidate's loss in architecture.json is
-    "block": "held-out loss",
-    "logits_kl": "KL of the teacher's logits with the layer swapped in",
-}
 DERIVE_SAMPLES = 16  # held-out sequences on which a search measures every candidate's loss
 _FIELD = "workload.teacher"
 

@@ -234,10 +234,11 @@ def folder_files(folder: Path) -> dict[str, bytes]:
     return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
 
 
-def test_a_model_folder_downloads_as_one_archive_and_unpacks(server: Server, tmp_path: Path) -> None:
+def test_a_model_folder_downloads_as_one_archive_tar_or_zip_and_unpacks(server: Server, tmp_path: Path) -> None:
     import hashlib
     import io
     import tarfile
+    import zipfile
 
     job_id = server.job("succeeded")
     run_dir = server.run_dir(job_id, ["plan_finetune", "finetune", "evaluate"], "evaluate")
@@ -258,6 +259,18 @@ def test_a_model_folder_downloads_as_one_archive_and_unpacks(server: Server, tmp
     with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:  # byte for byte, every file and no other
         got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
     assert got == {f"teacher_model/{name}": data for name, data in files.items()}
+    zipped = listed["teacher_model.zip"]  # the same folder as a zip: streamed, its size and sha256 exact
+    response = httpx.get(f"{server.url}{zipped['url']}")
+    assert response.status_code == 200 and response.headers["content-type"] == zipped["media_type"] == "application/zip"
+    assert int(response.headers["content-length"]) == len(response.content) == zipped["size"]
+    line = httpx.get(f"{server.url}{zipped['sha256_url']}").text
+    assert line == f"{hashlib.sha256(response.content).hexdigest()}  job-{job_id}-teacher_model.zip\n"
+    with zipfile.ZipFile(io.BytesIO(response.content)) as archive:
+        assert archive.testzip() is None  # every CRC-32 checks
+        got = {info.filename: archive.read(info) for info in archive.infolist() if not info.is_dir()}
+    assert got == {f"teacher_model/{name}": data for name, data in files.items()}
+    code, _, err = server.run("download", str(job_id), "teacher_model.zip", "-o", str(tmp_path / "one.zip"))
+    assert code == 0 and (tmp_path / "one.zip").read_bytes() == response.content, err
     folder = tmp_path / "all"
     code, out, _ = server.run("download", str(job_id), "-o", str(folder), "--json")
     assert code == 0, out

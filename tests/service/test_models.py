@@ -186,7 +186,13 @@ def test_a_chain_is_registered_once_and_served_with_its_lineage(client: TestClie
     assert "999999" in missing.json()["detail"]
 
     # pages: the list, the model with its chain and figures beside its parent's, the editor filled in
-    assert f'id="model-{tuned.id}"' in client.get("/models").text
+    listing = client.get("/models").text
+    assert f'id="model-{tuned.id}"' in listing
+    row = listing[listing.index(f'id="model-{teacher.id}"') :].split("</tr>")[0]  # a teacher: both links
+    assert 'class="compress-further" href="/jobs/new?spec=' in row and 'class="fine-tune" href="/jobs/new?spec=' in row
+    assert f"model%3A+{teacher.id}" in row  # the spec names it: workload.teacher {model: N}
+    row = listing[listing.index(f'id="model-{searched.id}"') :].split("</tr>")[0]
+    assert "compress-further" not in row  # no Hugging Face directory: it cannot be a teacher
     html = client.get(f"/models/{searched.id}").text
     assert 'data-kind="teacher"' in html and "20.00" in html and "13.00" in html
     assert 'id="compress-further"' not in html  # no Hugging Face directory yet: it cannot be a teacher
@@ -216,3 +222,50 @@ def test_a_spec_naming_an_unknown_or_lost_model_is_refused_naming_the_field(
     assert problem["loc"] == ["body", "workload", "teacher"]
     assert f"registered model {teacher.id}" in problem["message"] and "model.safetensors" in problem["message"]
     assert client.get(f"/api/v1/models/{teacher.id}").json()["files_present"] is False
+
+
+def test_a_sweep_names_a_registered_model_as_a_job_does(client: TestClient, settings: Settings) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    teacher_job, teacher_dir = train_teacher(settings)
+    config = AutoConfig.for_model(**TINY_LLAMA)  # weights the preflight loads: the tiny teacher itself
+    AutoModelForCausalLM.from_config(config).save_pretrained(str(teacher_dir.teacher_model))
+    (teacher,) = register(settings, teacher_job)
+    document = transformer_document(text_folder(settings))
+    del document["workload"]["config"]
+    document["workload"]["teacher"] = {"model": teacher.id}
+    answer = client.post("/api/v1/sweeps", json={"spec": document, "grid": {"train.lr": [0.01, 0.05]}})
+    assert answer.status_code == 202, answer.text
+    with Session(get_engine(settings.database)) as session:
+        children = session.exec(select(Job).where(Job.sweep_id == answer.json()["id"])).all()
+    assert [child.spec["train"]["lr"] for child in children] == [0.01, 0.05]
+    assert {child.spec["workload"]["teacher"] for child in children} == {str(teacher_dir.teacher_model)}
+    grid = {"workload.teacher": [{"model": teacher.id}, {"model": 424242}]}  # a child's override names it
+    answer = client.post("/api/v1/sweeps", json={"spec": document, "grid": grid})
+    assert answer.status_code == 422, answer.text
+    (problem,) = answer.json()["errors"]
+    assert problem["loc"] == ["body", "grid", "workload.teacher"] and "child 1" in problem["message"]
+    assert "registered model 424242 does not exist" in problem["message"]
+
+
+def test_a_network_of_pipebds_own_layers_is_refused_as_a_teacher_and_offers_no_links(
+    client: TestClient, settings: Settings
+) -> None:
+    document = transformer_document(text_folder(settings), workload={"replacements": ["keep", "noop"]})
+    search_job, run_dir = search_from(settings, document)
+    run_dir.searched_hf.mkdir()  # a search's mixed layers: PipeBD's own modeling code (auto_map)
+    (run_dir.searched_hf / "config.json").write_text(json.dumps({"model_type": "pipebd", "block_configs": []}))
+    (run_dir.searched_hf / "model.safetensors").write_bytes(b"searched weights")
+    searched = {model.kind: model for model in register(settings, search_job)}["searched"]
+    assert any(entry["path"] == "searched_hf/config.json" for entry in searched.files)
+    next_job = transformer_document(text_folder(settings))
+    del next_job["workload"]["config"]
+    next_job["workload"]["teacher"] = {"model": searched.id}
+    answer = client.post("/api/v1/jobs", json=next_job)
+    assert answer.status_code == 422, answer.text
+    (problem,) = answer.json()["errors"]
+    assert problem["loc"] == ["body", "workload", "teacher"] and "model_type pipebd" in problem["message"]
+    assert "a teacher trained here, a uniform compression" in problem["message"]  # what works
+    assert 'id="compress-further"' not in client.get(f"/models/{searched.id}").text
+    listing = client.get("/models").text
+    assert "compress-further" not in listing[listing.index(f'id="model-{searched.id}"') :].split("</tr>")[0]

@@ -141,6 +141,48 @@ def test_a_job_a_worker_runs_is_an_mlflow_run_and_has_tensorboard_files(tmp_path
     )
 
 
+def test_a_choice_made_again_is_a_version_linked_to_its_search_jobs_run(tmp_path: Path, mlflow_uri: str) -> None:
+    """The search's run directory and row as the engine and the worker leave them (no ranks), its run as the
+    worker opened it; the choice's registered model becomes a version of `<job name>-chosen` linked to that run,
+    once; with a tracking server that does not answer, the choice stands without a version."""
+    from app.core.database import migrate
+    from app.core.model_versions import JOB_TAG, RUN_DIR_TAG, register_choice
+    from app.core.registry import register_job
+    from tests.service.test_models import choose_written, search_from, text_folder
+    from tests.transformer_specs import transformer_document
+
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", mlflow_uri=mlflow_uri)
+    migrate(settings.database)
+    document = transformer_document(text_folder(settings), workload={"replacements": ["keep", "noop"]})
+    document["name"] = "chooser"
+    job, run_dir = search_from(settings, document)
+    choose_written(run_dir, 1)
+    with Session(get_engine(settings.database), expire_on_commit=False) as session:
+        chosen = {model.kind: model for model in register_job(session, job)}["chosen"]
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    found = client.get_experiment_by_name("pipebd")
+    experiment = found.experiment_id if found is not None else client.create_experiment("pipebd")
+    run = client.create_run(experiment, tags={JOB_TAG: str(job.id), RUN_DIR_TAG: str(run_dir.root)})
+    assert chosen.id is not None
+    for _ in range(2):  # a model that has its version is not sent again
+        register_choice(settings, job, [chosen.id])
+    with Session(get_engine(settings.database)) as session:
+        stored_model = session.get(RegisteredModel, chosen.id)
+    assert stored_model is not None and stored_model.mlflow_version == "chooser-chosen/1"
+    [version] = client.search_model_versions("name = 'chooser-chosen'")
+    assert version.run_id == run.info.run_id and version.tags["pipebd.model_id"] == str(chosen.id)
+    assert version.tags["pipebd.kind"] == "chosen" and version.tags["pipebd.content_hash"] == chosen.content_hash
+
+    down = make_settings(tmp_path, settings.database_url, mlflow_uri=f"http://127.0.0.1:{free_port()}")
+    choose_written(run_dir, 2)
+    with Session(get_engine(settings.database), expire_on_commit=False) as session:
+        second = {model.name: model for model in register_job(session, job)}["choice-2"]
+    assert second.id is not None
+    register_choice(down, job, [second.id])  # logged, never raised
+    with Session(get_engine(settings.database)) as session:
+        assert session.get(RegisteredModel, second.id).mlflow_version is None  # type: ignore[union-attr]
+
+
 def test_a_tracking_server_that_does_not_answer_costs_a_job_its_bound_and_fails_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipebd_core.bench.page import record_paths, regenerate
+from pipebd_core.bench.page import budget_text, record_paths, regenerate
 from pipebd_core.bench.report import load_record
+from pipebd_core.documents.tradeoff_record import TradeoffRecord
 from tests.helpers import pipebd_here
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,3 +65,15 @@ def test_update_page_rewrites_a_stale_section_and_refuses_a_page_without_one(
     stale.write_text("# Page without a generated section\n")
     code, _, err = pipebd_here("bench", "--update-page", str(stale))
     assert code != 0 and "no generated section" in err
+
+
+def test_the_tradeoff_record_renders_its_budgets_and_was_measured_quiet() -> None:
+    text = PAGE.read_text()
+    assert ["benchmarks/records/tiny-llama-tradeoff.json"] in record_paths(text)
+    record = TradeoffRecord.from_json(json.loads((ROOT / "benchmarks/records/tiny-llama-tradeoff.json").read_text()))
+    assert not record.shared, "a part of the trade-off record was measured on a busy machine"
+    assert record.rows[0].budget is None and len(record.rows) >= 4  # the teacher, then the budgets
+    for row in record.rows[1:]:
+        assert f"| {budget_text(row.budget)} | {', '.join(row.layers)} | {row.perplexity:.2f} |" in text
+    own = [row for row in record.rows if row.budget == record.search_budget]
+    assert own and own[0].layers == record.search_layers  # the search's own budget, chosen again: its choice

@@ -42,6 +42,7 @@ from pipebd_core.documents.webhook import WebhookJob, WebhookPayload, WebhookPha
 from pipebd_core.rundir import RunDir
 from tests.helpers import tiny_spec
 from tests.unit.plan_samples import FINETUNE_SAMPLE, PLAN_SAMPLE
+from tests.unit.test_tradeoff_report import record as tradeoff_record
 
 CALIBRATION = Calibration(
     blocks=[
@@ -241,6 +242,7 @@ SAMPLES: list[Document] = [
     ),
     BenchRecord.from_json(json.loads((BENCH_FIXTURES / "record.json").read_text())),
     ReplanBenchRecord.from_json(json.loads((BENCH_FIXTURES / "replan-record.json").read_text())),
+    tradeoff_record(["ffn_1/2", "noop"]),  # benchmarks/tradeoff.py's
     StopAt(step=6),
     StopAt(task=3),
     NodeToken(run_id="job-7-1", node=1, host="gpu-02", pid=4242),

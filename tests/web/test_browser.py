@@ -319,6 +319,10 @@ def test_a_transformer_search_page_shows_each_layers_choice_the_budget_and_perpl
         rows = page.locator("#outcome-layers tbody tr")
         assert [row.get_attribute("data-chosen") for row in rows.all()] == chosen
         assert page.locator("#outcome-layers td.chosen").count() == 4
+        # the library's trade-off curve per cost, the search's own choice marked on each (app/web/tradeoff_chart.py)
+        assert page.locator("#tradeoff-params circle[data-choice='the search']").count() == 1
+        assert page.locator("#tradeoff-kv_cache path.best-line").count() == 1
+        assert page.locator("#tradeoff-choices tbody tr").count() == 1
         assert page.locator("#outcome-layers thead th.mono").all_inner_texts() == ["keep", "ffn_1/2", "noop"]
         reached = architecture["reached"]["params"]
         assert page.locator("#outcome-reached-params").inner_text() == f"{100 * reached:.1f}%" and reached <= 0.6

@@ -1,5 +1,6 @@
 """Artifacts of a job: student weights, compressed model, plan, summary, metrics as CSV, model folders as
-tar archives (`<folder>.tar`, streamed with its Content-Length; its sha256 at `<folder>.tar.sha256`)."""
+tar or zip archives (`<folder>.tar`, `<folder>.zip`, streamed with its Content-Length; its sha256 at
+`<folder>.tar.sha256`, `<folder>.zip.sha256`)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 from app.api.deps import JobDep, ReadAccess, SessionDep
 from app.api.schemas import AUTH_ERRORS, JOB_ERRORS, ArtifactEntry, ArtifactList, Plan, job_errors
 from app.core.tables import Job
-from app.services.archives import tar_sha256, tar_size, tar_stream
 from app.services.artifacts import (
     CSV_ARTIFACT,
     FILE_ARTIFACTS,
     FOLDER_ARTIFACTS,
     METRICS_CSV,
+    archive_format,
     available,
     file_path,
     folder_entries,
@@ -83,9 +84,10 @@ def list_artifacts(job: JobDep, session: SessionDep, request: Request) -> Artifa
     responses={
         200: {
             "description": (
-                "the file, as an attachment named `job-<id>-<name>`; a folder `<folder>.tar` as a tar archive of"
-                " its files under `<folder>/`, streamed with its Content-Length; `<folder>.tar.sha256` that"
-                " archive's sha256 as one `sha256sum` line (`<hex>  job-<id>-<folder>.tar`)"
+                "the file, as an attachment named `job-<id>-<name>`; a folder `<folder>.tar` or `<folder>.zip`"
+                " as a tar or zip archive of its files under `<folder>/`, streamed with its Content-Length;"
+                " `<folder>.tar.sha256` (`.zip.sha256`) that archive's sha256 as one `sha256sum` line"
+                " (`<hex>  job-<id>-<folder>.tar`)"
             ),
             "content": {
                 media_type: {"schema": {"type": "string", "format": "binary"}} for media_type in DOWNLOAD_TYPES
@@ -112,15 +114,15 @@ def read_artifact(
 
 
 def read_archive(job: Job, name: str) -> Response:
-    """A folder artifact streamed as a tar (with its Content-Length), or that archive's sha256 line."""
+    """A folder artifact streamed as a tar or zip (with its Content-Length), or that archive's sha256 line."""
     archive = name.removesuffix(SHA256)
     listing = folder_entries(job, archive)
     if listing is None:
         raise ServiceError(
             404, f"job {job.id} ({job.state}) has no {archive} (yet); GET .../artifacts lists what it has"
         )
-    filename = f"job-{job.id}-{archive}"
+    filename, kind = f"job-{job.id}-{archive}", archive_format(archive)
     if name.endswith(SHA256):
-        return PlainTextResponse(f"{tar_sha256(listing)}  {filename}\n")
-    headers = {"Content-Disposition": f'attachment; filename="{filename}"', "Content-Length": str(tar_size(listing))}
-    return StreamingResponse(tar_stream(listing), media_type=FOLDER_ARTIFACTS[archive].media_type, headers=headers)
+        return PlainTextResponse(f"{kind.sha256(listing)}  {filename}\n")
+    headers = {"Content-Disposition": f'attachment; filename="{filename}"', "Content-Length": str(kind.size(listing))}
+    return StreamingResponse(kind.stream(listing), media_type=kind.media_type, headers=headers)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 
-from app.api.deps import Cursor, JobDep, PageSize, ReadAccess, SessionDep, SubmitAccess
+from app.api.deps import Cursor, JobDep, PageSize, ReadAccess, SessionDep, SettingsDep, SubmitAccess
 from app.api.model_schemas import (
     ChooseRequest,
     Lineage,
@@ -119,12 +119,14 @@ def read_lineage(request: Request, model: ModelDep, session: SessionDep) -> Line
         ),
     },
 )
-def choose(request: Request, response: Response, body: ChooseRequest, job: JobDep, session: SessionDep) -> ModelDetail:
+def choose(
+    request: Request, response: Response, body: ChooseRequest, job: JobDep, session: SessionDep, settings: SettingsDep
+) -> ModelDetail:
     """Choose a finished search's network again for another budget, from the candidates it trained: no rank
     is launched; seconds. The new network is a registered model (kind chosen)."""
     budget = {} if body.budget is None else body.budget.model_dump(exclude_none=True)
     try:
-        model = service.choose_again(session, job, budget)
+        model = service.choose_again(session, job, budget, settings)
     except service.ChooseConflict as error:
         raise ServiceError(status.HTTP_409_CONFLICT, str(error)) from None
     except service.ChooseRefused as error:
