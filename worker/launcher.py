@@ -200,7 +200,8 @@ class JobWatcher(Watcher):
         if self.runner.shutdown.is_set():
             worker = self.runner.settings.worker_name
             message = f"the worker {worker} was shut down during the {phase} phase"
-            return Stop("cancelled", "worker_shutdown", message, checkpoint=True)
+            grace = self.runner.settings.preempt_grace_s
+            return Stop("cancelled", "worker_shutdown", message, checkpoint=True, grace_s=grace)
         return None
 
     def drain(self, phase: str) -> None:

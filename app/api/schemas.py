@@ -366,8 +366,9 @@ class AttemptPublic(BaseModel):
     started_at: float = Field(description="When the worker claimed the job (ISO 8601, UTC)")
     ended_at: float | None = Field(description="When the job left that worker; null while it runs there")
     outcome: str | None = Field(
-        description="What the job became: succeeded, failed, cancelled, paused, or requeued (it went back to the"
-        " queue to resume from its checkpoints: an infrastructure fault, or its worker shut down)"
+        description="What the job became: succeeded, failed, cancelled, paused, requeued (it went back to the"
+        " queue to resume from its checkpoints after an infrastructure fault) or preempted (its worker was told to"
+        " stop: the ranks checkpointed at a step boundary and the job went back to the queue, no restart used)"
     )
     reason: str | None = Field(description="Why (a termination reason: worker_lost, rank_killed, user_paused, ...)")
     resumed_from: list[int] | None = Field(

@@ -1,9 +1,10 @@
 """A job's attempts: each run of a job on a worker, from its claim to the job leaving that worker.
 
 The lifecycle (app/core/lifecycle.py) opens one when a worker claims the job (`queued -> starting`) and
-closes it when the job moves off the worker (succeeded, failed, cancelled, paused, or requeued after a
-fault), in the same transaction as the move; the worker adds where each block resumed from, and node 0 of a
-job on several nodes the host of every node (`rank_hosts` says which host ran each rank).
+closes it when the job moves off the worker (succeeded, failed, cancelled, paused, requeued after a
+fault, or preempted: its worker was told to stop and checkpointed it), in the same transaction as the move;
+the worker adds where each block resumed from, and node 0 of a job on several nodes the host of every node
+(`rank_hosts` says which host ran each rank).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from sqlalchemy import update
 from sqlmodel import Session, col, func, select
 
+from app.core.states import QUEUED
 from app.core.tables import JobAttempt
 
 
@@ -26,6 +28,18 @@ def update_open(session: Session, job_id: int, **values: object) -> None:
         update(JobAttempt).where(col(JobAttempt.job_id) == job_id, col(JobAttempt.ended_at).is_(None)).values(**values)
     )
     session.execute(statement)
+
+
+PREEMPTED = "preempted"  # an attempt whose worker was told to stop (SIGTERM): requeued without using a restart
+PREEMPTION_REASONS = frozenset({"worker_shutdown"})
+
+
+def closing_outcome(target: str, reason: str | None) -> str:
+    """How an attempt ended when the job moved to `target` for `reason`: the state it moved to, `requeued`
+    for a move back to the queue, `preempted` when its worker was told to stop (docs/lifecycle.md)."""
+    if target != QUEUED:
+        return target
+    return PREEMPTED if reason in PREEMPTION_REASONS else "requeued"
 
 
 def close_attempt(session: Session, job_id: int, outcome: str, reason: str | None, stamp: float) -> None:

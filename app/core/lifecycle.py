@@ -30,7 +30,7 @@ from typing import TypedDict, Unpack
 from sqlalchemy import update
 from sqlmodel import Session
 
-from app.core.attempts import close_attempt, open_attempt
+from app.core.attempts import close_attempt, closing_outcome, open_attempt
 from app.core.states import (
     ACTIVE,
     CANCELLED,
@@ -133,8 +133,8 @@ def transition(
     if target == STARTING:
         open_attempt(session, job_id, fields.get("worker"), fields.get("host"), stamp)
     elif target not in ACTIVE:
-        outcome = "requeued" if target == QUEUED else target
-        close_attempt(session, job_id, outcome, note or fields.get("termination_reason"), stamp)
+        reason = note or fields.get("termination_reason")
+        close_attempt(session, job_id, closing_outcome(target, reason), reason, stamp)
     event = {"state": target, "termination_reason": fields.get("termination_reason")}
     if note is not None:
         event["reason"] = note
