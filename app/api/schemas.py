@@ -377,6 +377,14 @@ class AttemptPublic(BaseModel):
     hosts: list[str] | None = Field(
         None, description="The host id of each node it ran on, node 0 first (rank r ran on node r // nproc)"
     )
+    nodes: int | None = Field(None, description="The nodes it ran on (an elastic job's may change between attempts)")
+    nproc: int | None = Field(None, description="The ranks on each of those nodes")
+    plan: str | None = Field(None, description="Its plan's cut: each stage's blocks, e.g. `0-6 | 7-12`")
+    note: str | None = Field(
+        None,
+        description="How it ran differently from the attempt before: 'resumed on 1 node x 2 ranks (was 2 x 2),"
+        " plan 0-6 | 7-12' (an elastic job that lost nodes); null when on the same shape",
+    )
 
     @field_serializer("started_at", "ended_at")
     def _as_iso(self, value: float | None) -> str | None:

@@ -31,6 +31,7 @@ from sqlalchemy import update
 from sqlmodel import Session
 
 from app.core.attempts import close_attempt, closing_outcome, open_attempt
+from app.core.gangs import wanted_nodes
 from app.core.states import (
     ACTIVE,
     CANCELLED,
@@ -92,6 +93,7 @@ class JobChanges(TypedDict, total=False):
     worker_pid: int | None
     started_at: float | None
     run_dir: str | None
+    nodes: int
 
 
 class JobMove(JobChanges, total=False):
@@ -183,8 +185,12 @@ def requeue(
     session: Session, job_id: int, expected: Iterable[str], note: str | None, **fields: Unpack[JobChanges]
 ) -> bool:
     """Put a job back in the queue (resume, an automatic restart, a worker shutting down); the caller
-    publishes its id once this commits. The last attempt keeps why it ended (`note`)."""
+    publishes its id once this commits. The last attempt keeps why it ended (`note`). An elastic job that ran
+    on fewer nodes asks for all of its nodes again (app/core/gangs.py `wanted_nodes`)."""
     changes: JobChanges = {**REQUEUE_CLEARS, **fields}
+    job = session.get(Job, job_id)
+    if job is not None and job.max_nodes is not None:
+        changes["nodes"] = wanted_nodes(job)
     return transition(session, job_id, QUEUED, expected, note=note, **changes)
 
 
