@@ -14,7 +14,8 @@ the first holds two hosts, the second waits (its seat released and taken again) 
 Elastic jobs and preemption (docs/multinode.md, docs/lifecycle.md): a 2-node x 1-rank job with
 `elastic.min_nodes: 1` whose second node's worker is SIGKILLed and never comes back resumes on the first node
 alone, re-planned, and ends with the oracle's students; a worker sent SIGTERM mid-distillation checkpoints its
-job at a step boundary, the attempt is `preempted` (no restart used), and the resumed job stores every step once.
+job at a step boundary, the attempt is `preempted` (no restart used), and the resumed job stores every step once;
+so does a 2-node job whose follower's worker is sent SIGTERM (node 0 stops every node's ranks at the boundary).
 """
 
 from __future__ import annotations
@@ -312,4 +313,27 @@ def test_a_worker_sent_sigterm_mid_distillation_preempts_its_job_which_loses_no_
     seqs = stored_seqs(cluster, job_id)  # continuous, and no step stored twice
     assert sorted(seqs) == [0, 1], seqs
     assert all([step for _, step in lines] == list(range(48)) for lines in seqs.values()), seqs  # one task a step
+    assert rank_processes(str(run_dir.root)) == []
+
+
+def test_a_followers_worker_sent_sigterm_preempts_the_whole_job_at_a_step_boundary(cluster: Cluster) -> None:
+    keep_only(cluster, ["host-a", "host-b"])
+    document = slow_job("follower-preempted", nproc=1, nodes=2)
+    document["train"]["epochs"] = 12
+    job_id = cluster.client.post("/api/v1/jobs", json=document).json()["id"]
+    distilling = lambda: (job := cluster.job(job_id))["phase"] == "distill" and job["phase_progress"] > 0.2  # noqa: E731
+    wait_for(distilling, JOB_TIMEOUT_S, "the job to distil", cluster.logs)
+    follower = next(seat["host"] for seat in cluster.job(job_id)["gang"] if seat["node"] == 1)
+    cluster.workers.pop(follower).stop()  # SIGTERM: it says so on its seat, node 0 checkpoints every node's ranks
+    first = cluster.job(job_id)["attempts"][0]
+    assert (first["outcome"], first["reason"]) == ("preempted", "worker_shutdown"), (first, cluster.logs())
+    run_dir = RunDir(cluster.settings.runs / f"job-{job_id}")
+    assert not [event for event in run_dir.read_events() if event["event"] == "stop_past_grace"]
+    before = max(step for lines in stored_seqs(cluster, job_id).values() for _, step in lines)
+
+    cluster.start(follower)  # the gang forms again
+    done = cluster.end(job_id, "the preempted 2-node job to end")
+    assert done["state"] == "succeeded" and done["restarts"] == 0, (done["error"], cluster.logs())
+    assert set(done["attempts"][-1]["resumed_from"]) == {before + 1}
+    assert_same_weights(load_students(run_dir), plain_loop(run_dir.load_spec()))
     assert rank_processes(str(run_dir.root)) == []
