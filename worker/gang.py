@@ -103,6 +103,7 @@ class GangLeader(JobRunner):
         super().__init__(job_id, settings, shutdown, extra_env, publish)
         self.seat, self.nodes = seat, nodes
         self.last_look = 0.0  # when node 0 last looked for silent nodes
+        self.last_leaving_look = 0.0  # when node 0 last looked for nodes whose worker was told to stop
 
     def claim(self) -> bool:
         if not super().claim():
@@ -133,6 +134,9 @@ class GangLeader(JobRunner):
                 gangs.beat(session, self.seat.id)
 
     def leaving_node(self) -> str | None:
+        if self.nodes == 1 or time.time() - self.last_leaving_look < self.settings.heartbeat_s:
+            return None
+        self.last_leaving_look = time.time()
         with session_scope(self.database) as session:
             told = gangs.leaving(session, self.job_id)
         names = ", ".join(f"node {seat.node} (host {seat.host}, worker {seat.worker})" for seat in told)

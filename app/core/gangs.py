@@ -187,7 +187,8 @@ def waiting_for(session: Session, job: Job) -> str | None:
     if job.nodes <= 1 or job.id is None:
         return None
     gang = seats(session, job.id)
+    elastic = "" if job.min_nodes is None else f" (elastic: runs on {job.min_nodes} or more after the gang's bound)"
     if not gang:
-        return f"waiting for {job.nodes} workers on {job.nodes} distinct hosts"
+        return f"waiting for {job.nodes} workers on {job.nodes} distinct hosts{elastic}"
     hosts = ", ".join(seat.host for seat in gang)
-    return f"gang of {job.nodes} nodes: seated on {hosts}; waiting for {job.nodes - len(gang)} more host(s)"
+    return f"gang of {job.nodes} nodes: seated on {hosts}; waiting for {job.nodes - len(gang)} more host(s){elastic}"

@@ -135,6 +135,9 @@ def test_an_elastic_gang_with_its_minimum_seated_runs_with_them_at_the_bound(set
         assert gangs.release(session, job.id) is True  # one seat, below the minimum: released as ever
     a, b = take(settings, "a"), take(settings, "b")  # the third host never comes
     assert a is not None and b is not None
+    with Session(get_engine(settings.database)) as session:
+        waiting = gangs.waiting_for(session, job) or ""
+    assert "waiting for 1 more host(s) (elastic: runs on 2 or more after the gang's bound)" in waiting, waiting
     ready = gangs.wait_for_gang(settings.database, b, bound_s=0.3)
     assert ready is not None and [seat.host for seat in ready] == ["a", "b"]
     assert gangs.wait_for_gang(settings.database, a, bound_s=0.3) is not None  # the same gang, for node 0 too
