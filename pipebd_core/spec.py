@@ -365,6 +365,26 @@ class StageSpec(_Strict):
         return self
 
 
+def fit_replicas(stages: list[StageSpec], ranks: int) -> list[StageSpec]:
+    """`stages` with the same cuts and replicas summing to `ranks` (at least one each): the stage with the most
+    replicas gives one up first (the earliest of equals), the one with the fewest takes one first."""
+    if ranks < len(stages):
+        raise ValueError(f"{len(stages)} pinned stages need at least {len(stages)} ranks, not {ranks}")
+    replicas = [stage.replicas for stage in stages]
+    while sum(replicas) > ranks:
+        replicas[replicas.index(max(replicas))] -= 1
+    while sum(replicas) < ranks:
+        replicas[replicas.index(min(replicas))] += 1
+    return [stage.model_copy(update={"replicas": k}) for stage, k in zip(stages, replicas, strict=True)]
+
+
+class ElasticSpec(_Strict):
+    """How far a job on several nodes may shrink when it loses nodes (docs/multinode.md, "Elastic jobs")."""
+
+    min_nodes: int = Field(1, ge=1, le=64)  # the fewest nodes it goes on with, re-planned, after losing some
+    max_nodes: int | None = Field(None, ge=1, le=64)  # the most it runs on; None: schedule.nodes
+
+
 class ScheduleSpec(_Strict):
     mode: Mode = "tr_dpu"  # see docs/planning.md's table of modes
     nproc: int = Field(2, ge=1, le=1024)  # ranks per node: one per GPU, or CPU processes
@@ -376,6 +396,7 @@ class ScheduleSpec(_Strict):
     profile: bool = True  # measure blocks first (cached): plans from measured costs, predictions in plan.json
     replan: bool | None = None  # auto: re-plan mid-run when training measures another plan faster (default on)
     max_replans: int = Field(2, ge=0, le=10)  # re-plans per job at most (no oscillation)
+    elastic: ElasticSpec | None = None  # None: a job that loses a node waits for a gang of `nodes` again
 
     @field_validator("stages")
     @classmethod
@@ -413,7 +434,35 @@ class ScheduleSpec(_Strict):
                 f"replan: a job on {self.nodes} nodes runs the plan it starts with (re-planning across nodes is"
                 " not built yet); remove replan"
             )
+        if self.elastic is not None:
+            self._check_elastic(self.elastic)
         return self
+
+    def _check_elastic(self, elastic: ElasticSpec) -> None:
+        """Elastic bounds the job can run within: at most `nodes`, and enough ranks for pinned stages."""
+        if elastic.min_nodes > self.nodes:
+            raise ValueError(
+                f"elastic.min_nodes: {elastic.min_nodes} is above schedule.nodes ({self.nodes}): a job cannot need"
+                f" more nodes than it asks for; use min_nodes {self.nodes} or fewer"
+            )
+        if elastic.max_nodes is not None and elastic.max_nodes != self.nodes:
+            raise ValueError(
+                f"elastic.max_nodes: {elastic.max_nodes} differs from schedule.nodes ({self.nodes}); growing past"
+                f" the nodes a job asks for is not built yet: use max_nodes {self.nodes}, or leave it out"
+            )
+        if self.stages and elastic.min_nodes * self.nproc < len(self.stages):
+            fewest = -(-len(self.stages) // self.nproc)
+            raise ValueError(
+                f"elastic.min_nodes: {elastic.min_nodes} node(s) x {self.nproc} rank(s) is fewer ranks than the"
+                f" {len(self.stages)} stages pinned in schedule.stages (every stage needs a rank); use min_nodes"
+                f" {fewest} or more, or leave the stages to the planner"
+            )
+
+    def on_nodes(self, nodes: int) -> ScheduleSpec:
+        """This schedule on `nodes` nodes (an elastic job resumed on the nodes it has now): pinned stages keep
+        their cuts and give up or take back replicas, largest first, so the ranks still fill them."""
+        stages = None if self.stages is None else fit_replicas(self.stages, nodes * self.nproc)
+        return self.model_copy(update={"nodes": nodes, "stages": stages})
 
     @property
     def world_size(self) -> int:

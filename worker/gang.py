@@ -5,15 +5,18 @@ seat       `take_part` sits this worker's host (`pipebd worker --host-id`) in th
            (app/core/gangs.py: one seat per host, all or none); while the gang lacks seats it wakes one more
            worker (a broker message, as a submission does), and waits up to `gang_bound_s` for the rest; a gang
            still incomplete then is released whole, the job stays queued, and each worker that sat in it wakes
-           a worker again after the bound, so the gang is tried again while the job is queued
+           a worker again after the bound, so the gang is tried again while the job is queued; an elastic job's
+           gang with at least `min_nodes` seats runs with them instead (docs/multinode.md, "Elastic jobs")
 node 0     the first seat: `GangLeader`, the one-node JobRunner (claim, prepare, the phases, the outcome) with
            a NodeRole, so its supervisor hosts each rendezvous and every node's ranks write to the shared run
            directory it streams; it publishes its address on its seat, stops the job (node_lost, a fault of the
-           machine: restarted from checkpoints up to max_restarts) when another seat falls silent, and dissolves
-           the gang when the job leaves it
+           machine: restarted from checkpoints up to max_restarts) when another seat falls silent, preempts it
+           (every node's ranks checkpoint at a step boundary) when another seat's worker is told to stop, and
+           dissolves the gang when the job leaves it
 node k>0   `GangFollower`: waits for node 0 to start the job, then runs the supervisor's `follow` over the same
            run directory (its own agent for each of node 0's launches), beating its seat; a cancel or pause of
-           the job, or this worker shutting down, stops its ranks, and node 0 ends the job
+           the job stops its ranks, and node 0 ends the job; this worker told to stop says so on its seat
+           (node 0 then preempts the job) and keeps its ranks until node 0 has stopped them
 """
 
 from __future__ import annotations
@@ -67,9 +70,10 @@ def take_part(
                 publish_later(seat.job_id, job.queue, settings.gang_bound_s)
             log.info("job %s: its gang of %s nodes did not complete; released", seat.job_id, job.nodes)
             return RELEASED
+        nodes = len(gang)  # an elastic job's gang may be smaller than it asked for
         if seat.node == 0:
-            return GangLeader(seat.job_id, settings, shutdown, seat, job.nodes, extra_env, publish).run()
-        return GangFollower(settings, shutdown, seat, job.nodes, extra_env).run()
+            return GangLeader(seat.job_id, settings, shutdown, seat, nodes, extra_env, publish).run()
+        return GangFollower(settings, shutdown, seat, nodes, extra_env).run()
     finally:
         with session_scope(settings.database) as session:
             gangs.leave(session, seat.id)
@@ -99,6 +103,7 @@ class GangLeader(JobRunner):
         super().__init__(job_id, settings, shutdown, extra_env, publish)
         self.seat, self.nodes = seat, nodes
         self.last_look = 0.0  # when node 0 last looked for silent nodes
+        self.last_leaving_look = 0.0  # when node 0 last looked for nodes whose worker was told to stop
 
     def claim(self) -> bool:
         if not super().claim():
@@ -127,6 +132,15 @@ class GangLeader(JobRunner):
         if beating:
             with session_scope(self.database) as session:
                 gangs.beat(session, self.seat.id)
+
+    def leaving_node(self) -> str | None:
+        if self.nodes == 1 or time.time() - self.last_leaving_look < self.settings.heartbeat_s:
+            return None
+        self.last_leaving_look = time.time()
+        with session_scope(self.database) as session:
+            told = gangs.leaving(session, self.job_id)
+        names = ", ".join(f"node {seat.node} (host {seat.host}, worker {seat.worker})" for seat in told)
+        return f"the worker of {names} was shut down" if told else None
 
     def lost_node(self) -> str | None:
         if time.time() - self.last_look < self.settings.heartbeat_s:
@@ -204,7 +218,9 @@ class FollowerWatcher(Watcher):
 
     A cancel or pause is node 0's to carry out (it stops every node's ranks: its own, and the others through
     the connections they share, or at the next step boundary for a pause); a follower stops its ranks itself
-    only when node 0 has not done so `LEAD_S` plus the kill grace after the request (node 0's worker gone)."""
+    only when node 0 has not done so `LEAD_S` plus the kill grace after the request (node 0's worker gone).
+    So is this worker's preemption notice (it is shut down): its seat says so (`leave_soon`) and node 0 stops
+    every node's ranks at their next step boundary; past `LEAD_S` plus both graces it stops them at once."""
 
     LEAD_S = 5.0
 
@@ -212,6 +228,7 @@ class FollowerWatcher(Watcher):
         self.follower = follower
         self.last_beat = 0.0
         self.asked_at: float | None = None  # when this node first saw a cancel or pause of the job
+        self.leaving_since: float | None = None  # when this node's worker was told to stop
 
     def tick(self, phase: str) -> Stop | None:
         follower, settings = self.follower, self.follower.settings
@@ -228,7 +245,13 @@ class FollowerWatcher(Watcher):
             self.asked_at = self.asked_at or time.monotonic()
             if time.monotonic() - self.asked_at > self.LEAD_S + settings.kill_grace_s:
                 return Stop("cancelled", "user_cancelled" if state == CANCELLING else "user_paused")
-        if follower.shutdown.is_set():  # at once: a checkpoint stop here would pause every node's ranks
-            message = f"the worker {settings.worker_name} of node {follower.seat.node} was shut down"
-            return Stop("failed", "worker_lost", message)  # to node 0, a lost node: the job restarts
+        if follower.shutdown.is_set():  # a preemption notice: node 0 checkpoints every node's ranks and ends
+            if self.leaving_since is None:
+                self.leaving_since = time.monotonic()
+                with session_scope(settings.database) as session:
+                    gangs.leave_soon(session, follower.seat.id)
+            patience = self.LEAD_S + settings.preempt_grace_s + settings.kill_grace_s
+            if time.monotonic() - self.leaving_since > patience:  # node 0 did not: stop at once (a lost node)
+                message = f"the worker {settings.worker_name} of node {follower.seat.node} was shut down"
+                return Stop("failed", "worker_lost", message)
         return None

@@ -39,11 +39,11 @@ from typing import Any, Unpack
 from sqlalchemy import update
 from sqlmodel import col
 
-from app.core.attempts import record_resume
+from app.core.attempts import record_plan, record_resume, record_shape
 from app.core.database import DATABASE_DOWN, persist, session_scope
 from app.core.job_phases import PhaseEntry, phase_entries
 from app.core.lifecycle import JobChanges, settle, transition
-from app.core.plan_summary import summarize
+from app.core.plan_summary import cut, summarize
 from app.core.priority import wake_held
 from app.core.quotas import claim_quota
 from app.core.registry import register_job
@@ -67,6 +67,7 @@ from pipebd_core.distill.plan import Plan
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import PhaseRecord, current
+from pipebd_core.job.elastic import reshape
 from pipebd_core.job.isolated import StepDied
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.nodes import NodeRole
@@ -161,9 +162,12 @@ class JobWatcher(Watcher):
         progress = self.streamer.progress(name, records)
         data: PhaseEvent = {"phase": name, "phases": phase_entries(records), **progress}
         fields = dict(data)
-        if self.run_dir.plan.exists():
-            fields["plan_summary"] = summarize(self.run_dir.load_plan())
+        summary = summarize(self.run_dir.load_plan()) if self.run_dir.plan.exists() else None
+        if summary is not None:
+            fields["plan_summary"] = summary
         with session_scope(self.database) as session:
+            if summary is not None:  # the attempt's plan: an elastic job's differs between attempts
+                record_plan(session, self.job_id, cut(summary))
             stored = session.get(Job, self.job_id)
             before = None if stored is None else stored.phases
             session.execute(update(Job).where(col(Job.id) == self.job_id).values(**fields))
@@ -197,10 +201,12 @@ class JobWatcher(Watcher):
             return Stop("failed", "worker_lost", f"the job was ended elsewhere ({state or 'deleted'})")
         if state == PAUSING:
             return Stop("cancelled", "user_paused", f"paused during the {phase} phase", checkpoint=True)
-        if self.runner.shutdown.is_set():
+        leaving = self.runner.leaving_node()
+        if self.runner.shutdown.is_set() or leaving is not None:
             worker = self.runner.settings.worker_name
-            message = f"the worker {worker} was shut down during the {phase} phase"
-            return Stop("cancelled", "worker_shutdown", message, checkpoint=True)
+            message = leaving or f"the worker {worker} was shut down during the {phase} phase"
+            grace = self.runner.settings.preempt_grace_s
+            return Stop("cancelled", "worker_shutdown", message, checkpoint=True, grace_s=grace)
         return None
 
     def drain(self, phase: str) -> None:
@@ -296,6 +302,10 @@ class JobRunner:
         """Another node of the job that went silent, in words (worker/gang.py); never on one node."""
         return None
 
+    def leaving_node(self) -> str | None:
+        """Another node of the job whose worker was told to stop, in words (worker/gang.py); never on one node."""
+        return None
+
     def heartbeat(self, force: bool = False) -> None:
         if force or time.time() - self.last_heartbeat >= self.settings.heartbeat_s:
             record(self.database, self.job_id, heartbeat_at=now())
@@ -318,15 +328,21 @@ class JobRunner:
         with session_scope(self.database) as session:
             job = session.get(Job, self.job_id)
             assert job is not None
-            spec, previous = parse_spec(job.spec), job.run_dir
+            spec, previous, nodes = parse_spec(job.spec), job.run_dir, job.nodes
         try:
             if previous is not None and RunDir(Path(previous)).phases.exists():
                 run_dir = RunDir(Path(previous))
                 run_dir.append_event("resumed")
+                steps = resumed_from(run_dir) or []
+                reshape(run_dir, nodes)  # an elastic job on fewer nodes than before: re-planned for them
                 with session_scope(self.database) as session:
-                    record_resume(session, self.job_id, resumed_from(run_dir) or [])
+                    record_resume(session, self.job_id, steps)
             else:
+                if nodes != spec.schedule.nodes:  # an elastic job started on fewer nodes (app/core/gangs.py `release`)
+                    spec = spec.model_copy(update={"schedule": spec.schedule.on_nodes(nodes)})
                 run_dir = prepare_run(spec, free_run_dir(self.settings.runs, self.job_id), isolate=True)
+            with session_scope(self.database) as session:
+                record_shape(session, self.job_id, nodes, spec.schedule.nproc)
         except (SpecError, PlanError, DocumentError, StepDied) as error:  # DocumentError: an older PipeBD's plan.json
             move(self.database, self.job_id, FAILED, [STARTING], termination_reason="launch_error", error=str(error))
             return None

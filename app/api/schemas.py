@@ -368,8 +368,9 @@ class AttemptPublic(BaseModel):
     started_at: float = Field(description="When the worker claimed the job (ISO 8601, UTC)")
     ended_at: float | None = Field(description="When the job left that worker; null while it runs there")
     outcome: str | None = Field(
-        description="What the job became: succeeded, failed, cancelled, paused, or requeued (it went back to the"
-        " queue to resume from its checkpoints: an infrastructure fault, or its worker shut down)"
+        description="What the job became: succeeded, failed, cancelled, paused, requeued (it went back to the"
+        " queue to resume from its checkpoints after an infrastructure fault) or preempted (its worker was told to"
+        " stop: the ranks checkpointed at a step boundary and the job went back to the queue, no restart used)"
     )
     reason: str | None = Field(description="Why (a termination reason: worker_lost, rank_killed, user_paused, ...)")
     resumed_from: list[int] | None = Field(
@@ -377,6 +378,14 @@ class AttemptPublic(BaseModel):
     )
     hosts: list[str] | None = Field(
         None, description="The host id of each node it ran on, node 0 first (rank r ran on node r // nproc)"
+    )
+    nodes: int | None = Field(None, description="The nodes it ran on (an elastic job's may change between attempts)")
+    nproc: int | None = Field(None, description="The ranks on each of those nodes")
+    plan: str | None = Field(None, description="Its plan's cut: each stage's blocks, e.g. `0-6 | 7-12`")
+    note: str | None = Field(
+        None,
+        description="How it ran differently from the attempt before: 'resumed on 1 node x 2 ranks (was 2 x 2),"
+        " plan 0-6 | 7-12' (an elastic job that lost nodes); null when on the same shape",
     )
 
     @field_serializer("started_at", "ended_at")

@@ -8,12 +8,16 @@ both wait for (no deadlock). The first seat is node 0: it runs the phases and ho
 (pipebd_core/job/nodes.py), and publishes its address with `publish_endpoint`. Each seated worker then
 `wait_for_gang`: the gang is complete when it has `nodes` seats; one that is still incomplete `bound_s`
 after its first seat is released whole (`release`: every seat goes, the job stays queued), so an
-incomplete gang never keeps hosts from other jobs longer than that. `waiting_for` says what a queued gang
+incomplete gang never keeps hosts from other jobs longer than that; an elastic job's gang that has at least
+`min_nodes` seats then runs with them instead (its `nodes` becomes the seats'), and `wanted_nodes` is what it
+asks for again when it goes back to the queue. `waiting_for` says what a queued gang
 waits for (the job page's line).
 
 While the job runs every seated worker `beat`s its seat; node 0 stops the job (node_lost) when another seat
-falls `silent` (its worker or host gone: nothing else would tell, its ranks may live on). When the job leaves
-node 0 the gang is `dissolve`d, so a restart forms a new one; each worker `leave`s by its own seat's id.
+falls `silent` (its worker or host gone: nothing else would tell, its ranks may live on), and preempts it (a
+checkpoint at the next step boundary) when another seat's worker says it is `leave_soon` (told to stop).
+When the job leaves node 0 the gang is `dissolve`d, so a restart forms a new one; each worker `leave`s by its
+own seat's id.
 """
 
 from __future__ import annotations
@@ -71,13 +75,19 @@ def take_seat(
     return seat
 
 
-def release(session: Session, job_id: int) -> bool:
+def release(session: Session, job_id: int, may_shrink: bool = True) -> bool:
     """Give up every seat of the job's gang if it is still incomplete (all or none: a complete gang runs);
-    commits. True when it released them."""
+    commits. True when it released them. An elastic job's gang with at least `min_nodes` seats is complete
+    instead (`may_shrink`): the job runs on the nodes seated, re-planned for them (pipebd_core/job/elastic.py)."""
     hold(session, GANG_LOCK, now())
-    job = session.get(Job, job_id)
+    job = session.get(Job, job_id, populate_existing=True)
     taken = len(seats(session, job_id))
     if job is None or taken >= job.nodes:
+        session.commit()
+        return False
+    if may_shrink and job.min_nodes is not None and taken >= job.min_nodes:
+        job.nodes = taken
+        session.add(job)
         session.commit()
         return False
     session.execute(delete(GangSeat).where(col(GangSeat.job_id) == job_id))
@@ -109,6 +119,20 @@ def beat(session: Session, seat_id: int | None, at: float | None = None) -> bool
     return True
 
 
+def leave_soon(session: Session, seat_id: int | None, at: float | None = None) -> None:
+    """The seated worker was told to stop (SIGTERM: a preemption notice); node 0 preempts the job (commits)."""
+    seat = session.get(GangSeat, seat_id, populate_existing=True)
+    if seat is not None and seat.leaving_at is None:
+        seat.leaving_at = now() if at is None else at
+        session.add(seat)
+    session.commit()
+
+
+def leaving(session: Session, job_id: int) -> list[GangSeat]:
+    """The other nodes' seats whose worker was told to stop."""
+    return [seat for seat in seats(session, job_id) if seat.node != 0 and seat.leaving_at is not None]
+
+
 def silent(session: Session, job_id: int, stale_after_s: float, at: float | None = None) -> list[GangSeat]:
     """The other nodes' seats whose worker has said nothing for `stale_after_s` (since it sat down, before
     its first beat)."""
@@ -130,7 +154,8 @@ def wait_for_gang(
     database: str, seat: GangSeat, bound_s: float = GANG_BOUND_S, stop: Callable[[], bool] = lambda: False
 ) -> list[GangSeat] | None:
     """Wait until the seat's gang is complete (its seats, node 0 first); None when the gang was released,
-    by this worker after `bound_s` since its first seat (or at once when `stop()`), or by another one."""
+    by this worker after `bound_s` since its first seat (or at once when `stop()`), or by another one. An
+    elastic job's gang with `min_nodes` seats at the bound is complete with them (`release`)."""
     while True:
         with session_scope(database) as session:
             job = session.get(Job, seat.job_id)
@@ -139,8 +164,7 @@ def wait_for_gang(
                 return None
             if len(gang) >= job.nodes:
                 return gang
-            if now() - gang[0].joined_at > bound_s or stop():
-                release(session, seat.job_id)
+            if (now() - gang[0].joined_at > bound_s or stop()) and release(session, seat.job_id, not stop()):
                 return None
         time.sleep(POLL_S)
 
@@ -153,12 +177,18 @@ def publish_endpoint(session: Session, job_id: int, endpoint: str) -> None:
     session.commit()
 
 
+def wanted_nodes(job: Job) -> int:
+    """The nodes a job's next gang asks for: an elastic job's full size again (it shrinks only at the bound)."""
+    return job.max_nodes if job.max_nodes is not None else job.nodes
+
+
 def waiting_for(session: Session, job: Job) -> str | None:
     """What a queued gang job waits for, in words (None: a job on one node)."""
     if job.nodes <= 1 or job.id is None:
         return None
     gang = seats(session, job.id)
+    elastic = "" if job.min_nodes is None else f" (elastic: runs on {job.min_nodes} or more after the gang's bound)"
     if not gang:
-        return f"waiting for {job.nodes} workers on {job.nodes} distinct hosts"
+        return f"waiting for {job.nodes} workers on {job.nodes} distinct hosts{elastic}"
     hosts = ", ".join(seat.host for seat in gang)
-    return f"gang of {job.nodes} nodes: seated on {hosts}; waiting for {job.nodes - len(gang)} more host(s)"
+    return f"gang of {job.nodes} nodes: seated on {hosts}; waiting for {job.nodes - len(gang)} more host(s){elastic}"

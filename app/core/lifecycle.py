@@ -30,7 +30,8 @@ from typing import TypedDict, Unpack
 from sqlalchemy import update
 from sqlmodel import Session
 
-from app.core.attempts import close_attempt, open_attempt
+from app.core.attempts import close_attempt, closing_outcome, open_attempt
+from app.core.gangs import wanted_nodes
 from app.core.states import (
     ACTIVE,
     CANCELLED,
@@ -92,6 +93,7 @@ class JobChanges(TypedDict, total=False):
     worker_pid: int | None
     started_at: float | None
     run_dir: str | None
+    nodes: int
 
 
 class JobMove(JobChanges, total=False):
@@ -133,8 +135,8 @@ def transition(
     if target == STARTING:
         open_attempt(session, job_id, fields.get("worker"), fields.get("host"), stamp)
     elif target not in ACTIVE:
-        outcome = "requeued" if target == QUEUED else target
-        close_attempt(session, job_id, outcome, note or fields.get("termination_reason"), stamp)
+        reason = note or fields.get("termination_reason")
+        close_attempt(session, job_id, closing_outcome(target, reason), reason, stamp)
     event = {"state": target, "termination_reason": fields.get("termination_reason")}
     if note is not None:
         event["reason"] = note
@@ -183,8 +185,12 @@ def requeue(
     session: Session, job_id: int, expected: Iterable[str], note: str | None, **fields: Unpack[JobChanges]
 ) -> bool:
     """Put a job back in the queue (resume, an automatic restart, a worker shutting down); the caller
-    publishes its id once this commits. The last attempt keeps why it ended (`note`)."""
+    publishes its id once this commits. The last attempt keeps why it ended (`note`). An elastic job that ran
+    on fewer nodes asks for all of its nodes again (app/core/gangs.py `wanted_nodes`)."""
     changes: JobChanges = {**REQUEUE_CLEARS, **fields}
+    job = session.get(Job, job_id)
+    if job is not None and job.max_nodes is not None:
+        changes["nodes"] = wanted_nodes(job)
     return transition(session, job_id, QUEUED, expected, note=note, **changes)
 
 

@@ -47,3 +47,18 @@ def summarize(plan: PlanDocument) -> PlanSummary:
         summary["predicted_step_s"] = whole.get("predicted_step_s")
         summary["mode_step_s"] = whole.get("mode_step_s")
     return summary
+
+
+def cut(summary: PlanSummary) -> str:
+    """The plan in a few characters, as the attempts list shows it: each stage's blocks (`0-6 | 7-12`, with `x2`
+    after a stage two ranks share), or the mode of a plan without stages (`dp`, `ls`)."""
+    stages = summary.get("stages")
+    if not stages:
+        return str(summary.get("mode", "?"))
+    parts = []
+    for stage in stages:
+        start, stop, ranks = int(stage["start"]), int(stage["stop"]), stage.get("ranks")
+        blocks = str(start) if stop - start == 1 else f"{start}-{stop - 1}"
+        replicas = len(ranks) if isinstance(ranks, list) else 1
+        parts.append(blocks if replicas == 1 else f"{blocks} x{replicas}")
+    return " | ".join(parts)

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     reaper_interval_s: float = Field(5.0, gt=0)  # how often the API looks for lost jobs
     poll_s: float = Field(0.25, gt=0)  # worker: telemetry, logs and cancellation polling period
     kill_grace_s: float = Field(5.0, ge=0)  # cancel: SIGTERM, then SIGKILL survivors after this
+    # a worker told to stop (SIGTERM: a spot reclaim, a drain) waits this long for its ranks to checkpoint at a
+    # step boundary before it stops them at once (docs/lifecycle.md "Preemption")
+    preempt_grace_s: float = Field(30.0, gt=0)
     job_timeout_s: float = Field(24 * 3600.0, gt=0)  # wall-clock limit per job (a job past it fails: timeout)
     max_restarts: int = Field(2, ge=0)  # automatic restarts after infrastructure faults, for specs that give none
     outage_patience_s: float = Field(600.0, gt=0)  # a worker retries recording a job's end this long (database down)

@@ -73,6 +73,10 @@ class Job(SQLModel, table=True):
     state: str = Field(default="queued", max_length=20)
     nproc: int  # ranks the job needs per node: it goes to a worker with at least this many devices
     nodes: int = Field(default=1, sa_column_kwargs={"server_default": "1"})  # >1: a gang of workers on as many hosts
+    # an elastic job (schedule.elastic): `nodes` is what its next gang needs; a gang that has `min_nodes` seats
+    # at its bound runs with them (app/core/gangs.py), and a requeue asks for `max_nodes` again
+    min_nodes: int | None = None
+    max_nodes: int | None = None
     queue: str = Field(max_length=64)
     spec: JsonObject = Field(sa_column=Column(JSON, nullable=False))
     created_at: float = Field(default_factory=now)
@@ -125,6 +129,9 @@ class JobAttempt(SQLModel, table=True):
     reason: str | None = Field(default=None, max_length=32)  # a termination reason (pipebd_core.job.outcomes)
     resumed_from: list[int] | None = Field(default=None, sa_column=Column(JSON))  # per block: the step it resumed at
     hosts: list[str] | None = Field(default=None, sa_column=Column(JSON))  # each node's host id, node 0 first
+    nodes: int | None = None  # the nodes and ranks per node it ran on (an elastic job's may differ between attempts)
+    nproc: int | None = None
+    plan: str | None = Field(default=None, max_length=200)  # its plan's cut, e.g. "0-6 | 7-12" (plan_summary.cut)
 
 
 EVAL_SEQ = -1  # the `seq` of a finetune evaluation line (top-1 at an epoch's end): not a step, kept apart
@@ -195,6 +202,7 @@ class GangSeat(SQLModel, table=True):
     node: int  # 0 for the first seat taken: that worker runs the phases and hosts the rendezvous
     joined_at: float = Field(default_factory=now)
     endpoint: str | None = Field(default=None, max_length=300)  # node 0's address for the rendezvous, once known
+    leaving_at: float | None = None  # its worker was told to stop (a preemption notice): node 0 checkpoints the job
     heartbeat_at: float | None = None  # the seated worker's last word while its part runs (node 0 watches them)
 
 

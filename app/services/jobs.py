@@ -55,6 +55,8 @@ def new_job(spec: Spec, **fields: Any) -> Job:
         name=spec.name,
         nproc=spec.schedule.nproc,
         nodes=spec.schedule.nodes,
+        min_nodes=None if spec.schedule.elastic is None else spec.schedule.elastic.min_nodes,
+        max_nodes=None if spec.schedule.elastic is None else spec.schedule.nodes,
         queue=queue_name(spec.schedule.nproc),
         spec=spec.model_dump(mode="json"),
         priority=spec.priority,

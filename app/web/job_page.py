@@ -17,7 +17,7 @@ from sqlmodel import Session
 
 from app.api.deps import JobId, SessionDep, SettingsDep
 from app.core import gangs
-from app.core.attempts import attempts_of, rank_hosts
+from app.core.attempts import attempts_of, rank_hosts, shape_notes
 from app.core.states import FINAL, SUCCEEDED
 from app.core.tables import Job
 from app.services.artifacts import available
@@ -91,12 +91,14 @@ class JobParts:
     def status(self) -> dict[str, Any]:
         reason = waiting_reason(self.session, job=self.job, stale_after_s=self.stale_after_s)
         explanation = TERMINATION_REASONS.get(self.job.termination_reason or "")
+        attempts = attempts_of(self.session, self.job.id) if self.job.id is not None else []
         return {
             "row": job_row(self.job),
             "waiting": reason,
             "explanation": explanation,
             "phases": phase_timeline(self.job, replans=self.plan.details.replans if self.plan else ()),
-            "attempts": attempts_of(self.session, self.job.id) if self.job.id is not None else [],
+            "attempts": attempts,
+            "attempt_notes": shape_notes(attempts),
             "gang": gangs.seats(self.session, self.job.id) if self.job.id is not None and self.job.nodes > 1 else [],
         }
 

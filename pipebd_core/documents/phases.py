@@ -66,6 +66,11 @@ class PhaseRecord(BaseModel):
         self.state, self.outcome, self.reason = RUNNING, None, None
         self.started_at, self.ended_at = time.time(), None
 
+    def reset(self) -> None:
+        """To be run again, as if it never ran (an elastic job's plan for the nodes it has now)."""
+        self.state, self.outcome, self.reason = PENDING, None, None
+        self.started_at = self.ended_at = None
+
     def end(self, outcome: PhaseOutcome, reason: str | None = None) -> None:
         stamp = time.time()
         self.state, self.outcome, self.reason = ENDED, outcome, reason

@@ -57,6 +57,9 @@ class Stop:
     # True: stop the distill ranks at their next step boundary with every block saved (control.py), so a
     # later run resumes there; other phases are stopped at once (they start again on resume)
     checkpoint: bool = False
+    # a checkpoint stop that has not ended the ranks this many seconds after it was asked for stops them at once
+    # (a preemption notice: the machine goes away after its grace period); None: wait for the step boundary
+    grace_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -265,14 +268,17 @@ class Supervisor:
         distill phase asks the ranks to stop at a step boundary and waits for them (any other stop still
         ends it at once); its Stop is returned once they have exited."""
         asked: Stop | None = None
+        asked_at = 0.0
         while process.poll() is None:
             if monitor is not None:
                 monitor.tick()
             stop = self.watcher.tick(phase) or self._over_time() or self._peer_failed()
+            if asked is not None and asked.grace_s is not None and time.monotonic() - asked_at > asked.grace_s:
+                return self._past_grace(asked)
             if stop is not None and stop.checkpoint and phase == DISTILL:
                 if asked is None:
                     request_stop(self.run_dir, PAUSE)
-                    asked = stop
+                    asked, asked_at = stop, time.monotonic()
             elif stop is not None:
                 return replace(stop, checkpoint=False)  # stopped at once: nothing waits for a checkpoint
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -280,6 +286,13 @@ class Supervisor:
         if monitor is not None:
             monitor.tick(exited=True)  # what the ranks wrote after the last poll
         return asked
+
+    def _past_grace(self, asked: Stop) -> Stop:
+        """A checkpoint stop whose ranks did not reach a step boundary within its grace: stopped at once (the
+        blocks resume from their last periodic checkpoints)."""
+        message = f"{asked.message or asked.reason}; no step boundary within the grace of {asked.grace_s:g} s"
+        self.run_dir.append_event("stop_past_grace", reason=asked.reason, grace_s=asked.grace_s)
+        return replace(asked, message=message, checkpoint=False)
 
     def _peer_failed(self) -> Stop | None:
         """Another node's part of this launch failed: stop this node's ranks at once."""

@@ -142,6 +142,16 @@ def cost_model(spec: Spec, profile: Profile, topology: Topology | None = None) -
     return CostModel(profile, search.every if search else None, topology)
 
 
+def planned_machines(spec: Spec, profile: Profile) -> Topology:
+    """The machines to plan for: the profile's, or, for a job resumed on another rank count (an elastic job that
+    lost or regained nodes), the spec's nodes and ranks with the profile's block costs and link between nodes."""
+    measured = Topology.of(profile)
+    schedule = spec.schedule
+    if (measured.nodes, measured.per_node) == (schedule.nodes, schedule.nproc):
+        return measured
+    return Topology(schedule.nodes, schedule.nproc, measured.inter)
+
+
 def resolve_plan(spec: Spec, profile: Profile | None) -> Plan:
     """Check the data, build and probe the workload once (on CPU) and resolve the plan: from `profile`
     when given (with the ranked alternatives and every mode's prediction), else from FLOP estimates."""
@@ -149,7 +159,9 @@ def resolve_plan(spec: Spec, profile: Profile | None) -> Plan:
     workload = build_workload(spec)
     sample = build_dataset(spec)[0][0]
     probe = probe_workload(workload, sample)
-    model = CostModel(profile, steps.search.every if steps.search else None) if profile is not None else None
+    model = None
+    if profile is not None:
+        model = CostModel(profile, steps.search.every if steps.search else None, planned_machines(spec, profile))
     plan = make_plan(spec.schedule, workload.num_blocks, spec.data.batch_size, probe, model)
     plan.steps, plan.shapes, plan.block_names = steps, probe.shapes, workload.block_names
     plan.details = PlanDetails(estimates=Estimates(**probe.to_json()), warnings=workload.warnings)

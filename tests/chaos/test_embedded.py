@@ -133,7 +133,7 @@ def test_a_clean_shutdown_keeps_queued_jobs_queued_and_requeues_the_running_one(
     up.start()  # the API answers before the worker takes anything: it imports torch first
     for job_id in (running, other):
         attempt = up.get(f"/api/v1/jobs/{job_id}")["attempts"][0]
-        assert (attempt["outcome"], attempt["reason"]) == ("requeued", "worker_shutdown")
+        assert (attempt["outcome"], attempt["reason"]) == ("preempted", "worker_shutdown")
     queued = up.get(f"/api/v1/jobs/{waiting}")
     assert queued["state"] in ("queued", "starting", "running") and len(queued["attempts"]) <= 1
     assert all(attempt["outcome"] is None for attempt in queued["attempts"])  # never taken off the queue to fail

@@ -1,18 +1,22 @@
 """Service tier: gang claims of jobs on several nodes (app/core/gangs.py) on real SQLite and PostgreSQL: all N
 seats on N distinct hosts or none, the head gang filled before the next (two gangs never split the hosts),
-concurrent claimers that never deadlock nor overfill, and an incomplete gang released after its bound."""
+concurrent claimers that never deadlock nor overfill, and an incomplete gang released after its bound, unless
+the job is elastic and has its minimum seated (then it runs with them, and asks for all its nodes again when
+requeued); a follower's worker told to stop says so on its seat."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from sqlmodel import Session
+from sqlalchemy import update
+from sqlmodel import Session, col
 
 from app.core import gangs
 from app.core.database import get_engine, migrate
+from app.core.lifecycle import requeue
 from app.core.settings import Settings
-from app.core.tables import GangSeat
+from app.core.tables import GangSeat, Job
 from tests.service.factories import insert_job
 
 
@@ -119,3 +123,39 @@ def test_node_zero_hears_of_a_silent_seat_and_a_dissolved_gang_stops_the_beats(s
         gangs.dissolve(session, job.id)
         assert gangs.beat(session, one.id) is False  # node 0 ended the job: the follower hears it
     assert gang(settings, job.id) == []
+
+
+def test_an_elastic_gang_with_its_minimum_seated_runs_with_them_at_the_bound(settings: Settings) -> None:
+    migrate(settings.database)
+    job = insert_job(settings, nodes=3, min_nodes=2, max_nodes=3)
+    alone = take(settings, "a")
+    assert alone is not None
+    with Session(get_engine(settings.database)) as session:
+        assert gangs.release(session, job.id) is True  # one seat, below the minimum: released as ever
+    a, b = take(settings, "a"), take(settings, "b")  # the third host never comes
+    assert a is not None and b is not None
+    with Session(get_engine(settings.database)) as session:
+        waiting = gangs.waiting_for(session, job) or ""
+    assert "waiting for 1 more host(s) (elastic: runs on 2 or more after the gang's bound)" in waiting, waiting
+    ready = gangs.wait_for_gang(settings.database, b, bound_s=0.3)
+    assert ready is not None and [seat.host for seat in ready] == ["a", "b"]
+    assert gangs.wait_for_gang(settings.database, a, bound_s=0.3) is not None  # the same gang, for node 0 too
+    with Session(get_engine(settings.database)) as session:
+        assert session.get(Job, job.id).nodes == 2  # type: ignore[union-attr]
+        session.execute(update(Job).where(col(Job.id) == job.id).values(state="running"))  # it ran on 2
+        assert requeue(session, job.id, ["running"], "node_lost")
+        session.commit()
+        assert session.get(Job, job.id, populate_existing=True).nodes == 3  # type: ignore[union-attr]
+
+
+def test_a_follower_told_to_stop_says_so_on_its_seat(settings: Settings) -> None:
+    migrate(settings.database)
+    job = insert_job(settings, nodes=2)
+    zero, one = take(settings, "a"), take(settings, "b")
+    assert zero is not None and one is not None
+    with Session(get_engine(settings.database)) as session:
+        assert gangs.leaving(session, job.id) == []
+        gangs.leave_soon(session, one.id, at=123.0)
+        gangs.leave_soon(session, one.id, at=456.0)  # the first notice counts
+        gangs.leave_soon(session, zero.id)  # node 0 preempts the job itself: its seat is never "leaving"
+        assert [(seat.host, seat.leaving_at) for seat in gangs.leaving(session, job.id)] == [("b", 123.0)]

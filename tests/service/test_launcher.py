@@ -1,12 +1,16 @@
 """Service tier: the launcher in this process, on a real database with real torchrun jobs: the wall-clock
 limit stops every rank and fails the job; a worker shutting down (while the job distils, or while it
-profiles) stops every rank and puts the job back in the queue, checkpointed (tests/chaos resumes one)."""
+profiles) stops every rank and puts the job back in the queue, checkpointed (tests/chaos resumes one), its
+attempt `preempted`; ranks that reach no step boundary within the preemption grace are stopped at once."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 
+from app.core.attempts import attempts_of
+from app.core.database import session_scope
+from pipebd_core.rundir import RunDir
 from tests.service.conftest import make_settings
 from tests.service.factories import queued_job, stored, tiny_job
 from tests.service.slow_data import FACTORY as SLOW_DATA
@@ -42,6 +46,8 @@ def test_a_worker_shutting_down_checkpoints_its_job_and_requeues_it(tmp_path: Pa
     assert any(Path(job.run_dir, "checkpoints").rglob("step-*.pt"))  # every block saved where it stopped
     phases = {record["name"]: record for record in job.phases or []}
     assert (phases["distill"]["outcome"], phases["distill"]["reason"]) == ("cancelled", "worker_shutdown")
+    with session_scope(settings.database) as session:
+        assert [(a.outcome, a.reason) for a in attempts_of(session, job_id)] == [("preempted", "worker_shutdown")]
     published: list[tuple[int, str]] = []  # a worker shutting down takes no job: it puts the message back
     assert JobRunner(job_id, settings, shutdown, publish=lambda *m: published.append(m)).run() == "not claimed"
     assert published == [(job_id, job.queue)] and stored(settings, job_id).state == "queued"
@@ -65,3 +71,27 @@ def test_a_worker_shutting_down_while_profiling_stops_the_profiler(tmp_path: Pat
     assert outcome == ["queued"] and job.pid is None and rank_processes(run_dir) == []
     phases = {record["name"]: record for record in job.phases or []}
     assert phases["profile"]["outcome"] == "cancelled"  # measured again when it runs next
+
+
+def test_ranks_that_reach_no_step_boundary_within_the_preemption_grace_are_stopped_at_once(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", kill_grace_s=2.0, poll_s=0.1, preempt_grace_s=0.5
+    )
+    data = {"dataset": "custom", "factory": SLOW_DATA, "options": {"delay_s": 2.0}, "batch_size": 4}
+    job_id = queued_job(settings, tiny_job("slow-steps", data=data))  # a step loads for 8 s: no boundary soon
+    outcome: list[str] = []
+    shutdown = threading.Event()
+    runner = threading.Thread(target=lambda: outcome.append(JobRunner(job_id, settings, shutdown).run()))
+    runner.start()
+    wait_for(lambda: stored(settings, job_id).phase == "distill", 60, "the job to distill")
+    run_dir = stored(settings, job_id).run_dir
+    assert run_dir is not None
+    wait_for(lambda: len(rank_processes(run_dir)) >= 3, 60, "the agent and its 2 ranks")
+    shutdown.set()
+    runner.join(timeout=30)  # the grace, then the kill grace at most
+    job = stored(settings, job_id)
+    assert outcome == ["queued"] and job.restarts == 0 and rank_processes(run_dir) == []
+    past = [event for event in RunDir(Path(run_dir)).read_events() if event["event"] == "stop_past_grace"]
+    assert [(event["reason"], event["grace_s"]) for event in past] == [("worker_shutdown", 0.5)]
+    with session_scope(settings.database) as session:
+        assert [(a.outcome, a.reason) for a in attempts_of(session, job_id)] == [("preempted", "worker_shutdown")]

@@ -10,6 +10,12 @@ its resume forms a new gang that continues, and a cancel reaches both nodes and 
 stops the job (node_lost), and once a worker is back on that host the job restarts from its checkpoints and
 ends with the oracle's students, no process left. Two 2-node jobs submitted at once on three hosts both finish:
 the first holds two hosts, the second waits (its seat released and taken again) until they are free.
+
+Elastic jobs and preemption (docs/multinode.md, docs/lifecycle.md): a 2-node x 1-rank job with
+`elastic.min_nodes: 1` whose second node's worker is SIGKILLed and never comes back resumes on the first node
+alone, re-planned, and ends with the oracle's students; a worker sent SIGTERM mid-distillation checkpoints its
+job at a step boundary, the attempt is `preempted` (no restart used), and the resumed job stores every step once;
+so does a 2-node job whose follower's worker is sent SIGTERM (node 0 stops every node's ranks at the boundary).
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ from typing import Any
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from app.core import gangs
 from app.core.database import get_engine
 from app.core.settings import Settings
+from app.core.tables import EVAL_SEQ, JobMetric
 from app.main import create_app
 from pipebd_core.rundir import RunDir
 from tests.chaos.jobs import slow_job
@@ -228,3 +235,106 @@ def test_two_gangs_competing_for_three_hosts_both_finish(cluster: Cluster) -> No
     assert second_start >= first_end, spans  # 4 parts, 3 hosts: the second gang formed once the first was done
     assert all(len(set(end["attempts"][-1]["hosts"])) == 2 for end in ends)
     assert all(cluster.seats(job["id"]) == [] for job in jobs)
+
+
+def keep_only(cluster: Cluster, hosts: list[str]) -> None:
+    """Exactly these hosts' workers run."""
+    for host in [host for host in cluster.workers if host not in hosts]:
+        cluster.workers.pop(host).stop()
+    for host in hosts:
+        cluster.start(host)
+
+
+def stored_seqs(cluster: Cluster, job_id: int) -> dict[int, list[tuple[int, int]]]:
+    """Each rank's distill telemetry (seq, step) as the database holds them, in order (repeats kept)."""
+    query = select(JobMetric.rank, JobMetric.seq, JobMetric.step).where(
+        JobMetric.job_id == job_id, JobMetric.phase == "distill", JobMetric.seq != EVAL_SEQ
+    )
+    seqs: dict[int, list[tuple[int, int]]] = {}
+    with Session(get_engine(cluster.settings.database)) as session:
+        for rank, seq, step in session.exec(query.order_by(col(JobMetric.rank), col(JobMetric.seq))).all():
+            seqs.setdefault(rank, []).append((seq, step))
+    return seqs
+
+
+def test_an_elastic_job_that_loses_a_node_for_good_resumes_on_the_node_left_with_the_oracles_students(
+    cluster: Cluster,
+) -> None:
+    keep_only(cluster, ["host-a", "host-b"])  # a third host would make a full gang again
+    document = slow_job("elastic", nproc=1, nodes=2, elastic={"min_nodes": 1})
+    document["train"]["epochs"] = 12  # 48 steps of about 0.1 s: the fault lands mid-distillation
+    job_id = cluster.client.post("/api/v1/jobs", json=document).json()["id"]
+    distilling = lambda: (job := cluster.job(job_id))["phase"] == "distill" and job["phase_progress"] > 0.2  # noqa: E731
+    wait_for(distilling, JOB_TIMEOUT_S, "the job to distil", cluster.logs)
+    follower = next(seat["host"] for seat in cluster.job(job_id)["gang"] if seat["node"] == 1)
+    victim = cluster.workers.pop(follower)
+    os.kill(victim.process.pid, signal.SIGKILL)  # and it never comes back
+    victim.process.wait()
+
+    done = cluster.end(job_id, "the elastic job to end on the node left")
+    assert done["state"] == "succeeded", (done["termination_reason"], done["error"], cluster.logs())
+    first, last = done["attempts"][0], done["attempts"][-1]
+    assert (first["outcome"], first["reason"], first["nodes"], first["nproc"]) == ("requeued", "node_lost", 2, 1)
+    assert (last["nodes"], last["nproc"], last["hosts"]) == (1, 1, [done["host"]]) and done["host"] != follower
+    assert last["note"] == f"resumed on 1 node x 1 rank (was 2 x 1), plan {last['plan']}", last
+    assert min(last["resumed_from"]) > 0  # from checkpoints, not from the start
+    run_dir = RunDir(cluster.settings.runs / f"job-{job_id}")
+    assert run_dir.load_plan().to_json()["nproc"] == 1  # re-planned for the one rank left
+    assert_same_weights(load_students(run_dir), plain_loop(run_dir.load_spec()))
+    lines = stored_seqs(cluster, job_id)[0]  # rank 0's telemetry goes on to the last step, each seq once
+    assert len({seq for seq, _ in lines}) == len(lines) and max(step for _, step in lines) == 47, lines
+    page = cluster.client.get(f"/jobs/{job_id}").text
+    assert last["note"] in page
+    wait_for(lambda: rank_processes(str(run_dir.root)) == [], 30, "every rank to end", cluster.logs)
+
+
+def test_a_worker_sent_sigterm_mid_distillation_preempts_its_job_which_loses_no_step(cluster: Cluster) -> None:
+    keep_only(cluster, ["host-a"])  # nobody else resumes the job before its preemption is looked at
+    document = slow_job("preempted")
+    document["train"]["epochs"] = 12
+    job_id = cluster.client.post("/api/v1/jobs", json=document).json()["id"]
+    distilling = lambda: (job := cluster.job(job_id))["phase"] == "distill" and job["phase_progress"] > 0.2  # noqa: E731
+    wait_for(distilling, JOB_TIMEOUT_S, "the job to distil", cluster.logs)
+    host = next(host for host, worker in cluster.workers.items() if worker.name == cluster.job(job_id)["worker"])
+    cluster.workers.pop(host).stop()  # SIGTERM: the ranks checkpoint at their next step boundary
+    preempted = cluster.job(job_id)
+    assert preempted["state"] in ("queued", "starting", "running") and preempted["restarts"] == 0
+    first = preempted["attempts"][0]
+    assert (first["outcome"], first["reason"]) == ("preempted", "worker_shutdown"), first
+    run_dir = RunDir(cluster.settings.runs / f"job-{job_id}")
+    stop = [event for event in run_dir.read_events() if event["event"] == "stop_past_grace"]
+    assert stop == []  # stopped at a step boundary within the grace, not killed
+    before = max(step for lines in stored_seqs(cluster, job_id).values() for _, step in lines)
+
+    cluster.start(host)
+    done = cluster.end(job_id, "the preempted job to end")
+    assert done["state"] == "succeeded" and done["restarts"] == 0, (done["error"], cluster.logs())
+    assert set(done["attempts"][-1]["resumed_from"]) == {before + 1}  # every block from the step after the last
+    assert_same_weights(load_students(run_dir), plain_loop(run_dir.load_spec()))
+    seqs = stored_seqs(cluster, job_id)  # continuous, and no step stored twice
+    assert sorted(seqs) == [0, 1], seqs
+    assert all([step for _, step in lines] == list(range(48)) for lines in seqs.values()), seqs  # one task a step
+    assert rank_processes(str(run_dir.root)) == []
+
+
+def test_a_followers_worker_sent_sigterm_preempts_the_whole_job_at_a_step_boundary(cluster: Cluster) -> None:
+    keep_only(cluster, ["host-a", "host-b"])
+    document = slow_job("follower-preempted", nproc=1, nodes=2)
+    document["train"]["epochs"] = 12
+    job_id = cluster.client.post("/api/v1/jobs", json=document).json()["id"]
+    distilling = lambda: (job := cluster.job(job_id))["phase"] == "distill" and job["phase_progress"] > 0.2  # noqa: E731
+    wait_for(distilling, JOB_TIMEOUT_S, "the job to distil", cluster.logs)
+    follower = next(seat["host"] for seat in cluster.job(job_id)["gang"] if seat["node"] == 1)
+    cluster.workers.pop(follower).stop()  # SIGTERM: it says so on its seat, node 0 checkpoints every node's ranks
+    first = cluster.job(job_id)["attempts"][0]
+    assert (first["outcome"], first["reason"]) == ("preempted", "worker_shutdown"), (first, cluster.logs())
+    run_dir = RunDir(cluster.settings.runs / f"job-{job_id}")
+    assert not [event for event in run_dir.read_events() if event["event"] == "stop_past_grace"]
+    before = max(step for lines in stored_seqs(cluster, job_id).values() for _, step in lines)
+
+    cluster.start(follower)  # the gang forms again
+    done = cluster.end(job_id, "the preempted 2-node job to end")
+    assert done["state"] == "succeeded" and done["restarts"] == 0, (done["error"], cluster.logs())
+    assert set(done["attempts"][-1]["resumed_from"]) == {before + 1}
+    assert_same_weights(load_students(run_dir), plain_loop(run_dir.load_spec()))
+    assert rank_processes(str(run_dir.root)) == []

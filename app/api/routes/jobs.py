@@ -19,7 +19,7 @@ from app.api.schemas import (
     problem,
 )
 from app.core import gangs
-from app.core.attempts import attempts_of
+from app.core.attempts import attempts_of, shape_notes
 from app.core.database import get_engine
 from app.core.json_types import JsonObject
 from app.core.lifecycle import request_cancel, restart_budget
@@ -68,7 +68,11 @@ CREATED_LINKS = {  # what a client can do with the job it just created (its plan
 def detail_of(session: Session, settings: Settings, job: Job) -> JobDetail:
     """The job as GET /jobs/{id} answers it: with its attempts, restart budget and, when queued, its wait."""
     assert job.id is not None
-    attempts = [AttemptPublic(**attempt.model_dump()) for attempt in attempts_of(session, job.id)]
+    stored = attempts_of(session, job.id)
+    attempts = [
+        AttemptPublic(**attempt.model_dump(), note=note)
+        for attempt, note in zip(stored, shape_notes(stored), strict=True)
+    ]
     return JobDetail(
         **{**job.model_dump(), "phases": job.phases or [], "max_restarts": restart_budget(job, settings.max_restarts)},
         attempts=attempts,
