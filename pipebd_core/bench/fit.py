@@ -55,12 +55,13 @@ def fit(
         raise SpecError(f"--minutes {minutes:g}: give a positive number of minutes for a bench with arms")
     repeats = max(repeats, MIN_REPEATS)
     budget, per_step = minutes * 60, sum(step_s.values())
+    fewest = min(MIN_STEPS, max_steps)  # --steps below MIN_STEPS: the steps asked for, or nothing
     steps = min(max_steps, math.floor((budget / repeats - launch_s * len(step_s)) / per_step))
-    if steps < MIN_STEPS:
-        needed = predicted_s(step_s, MIN_STEPS, repeats, launch_s)
+    if steps < fewest:
+        needed = predicted_s(step_s, fewest, repeats, launch_s)
         raise SpecError(
             f"--minutes {minutes:g}: {len(step_s)} arms x {repeats} repeats need at least"
-            f" {math.ceil(needed / 60)} minutes for {MIN_STEPS} steps a run ({launch_s:.0f} s start-up a run and"
+            f" {math.ceil(needed / 60)} minutes for {fewest} steps a run ({launch_s:.0f} s start-up a run and"
             " the profile's predicted steps); give more minutes or fewer arms (--modes)"
         )
     while repeats < MAX_REPEATS and predicted_s(step_s, steps, repeats + 1, launch_s) <= budget:

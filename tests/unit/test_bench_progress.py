@@ -84,6 +84,8 @@ def test_minutes_choose_steps_and_repeats_within_the_budget() -> None:
     assert roomy.steps == 10 and roomy.repeats > MIN_REPEATS and roomy.predicted_s <= 30 * 60
     with pytest.raises(SpecError, match=r"--minutes 1: 3 arms x 3 repeats need at least 4 minutes"):
         fit(step_s, minutes=1, max_steps=40)
+    few = fit(step_s, minutes=4, max_steps=4)  # fewer steps asked for than MIN_STEPS: those, if they fit
+    assert few.steps == 4 and few.predicted_s <= 4 * 60
 
 
 def test_a_record_with_runs_left_reports_itself_incomplete_and_resume_refuses_what_it_cannot(tmp_path: Path) -> None:
