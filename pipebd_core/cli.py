@@ -85,7 +85,15 @@ def add_engine_commands(commands: Any) -> None:
         "--partitioners", help="finetune: comma-separated partitioners (even,pipedream,layerpipe,auto), one schedule"
     )
     bench.add_argument("--steps", type=int, default=20, help="optimiser steps (per block, for distill) each run")
-    bench.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every mode")
+    bench.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every arm (3: an interval)")
+    bench.add_argument(
+        "--minutes",
+        type=float,
+        help="choose the steps (up to --steps) and repeats (at least --repeats) that fit this many minutes",
+    )
+    bench.add_argument(
+        "--resume", metavar="RECORD", help="continue the bench whose record (bench.json) this is, where it stopped"
+    )
     bench.add_argument("--out", help="folder for the runs and bench.json (default runs/bench/<name>-<time>)")
     bench.add_argument("--keep", action="store_true", help="keep every run's directory")
     bench.add_argument(
@@ -104,6 +112,11 @@ def add_engine_commands(commands: Any) -> None:
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.add_argument(
         "--report", nargs="+", metavar="FILE", help="render the markdown tables of these records (bench.json), no run"
+    )
+    bench.add_argument(
+        "--check",
+        action="store_true",
+        help="with --report: recompute every prediction from the frozen profile committed beside each record",
     )
     bench.add_argument(
         "--update-page",

@@ -18,9 +18,11 @@ from pathlib import Path
 from types import FrameType
 
 from pipebd_core.bench import accuracy as bench_accuracy
+from pipebd_core.bench import check as bench_check
 from pipebd_core.bench import finetune as bench_finetune
 from pipebd_core.bench import finetune_accuracy as bench_finetune_accuracy
 from pipebd_core.bench import page as bench_page
+from pipebd_core.bench import progress as bench_progress
 from pipebd_core.bench import replan as bench_replan
 from pipebd_core.bench import report as bench_report
 from pipebd_core.bench.arms import RECORD
@@ -28,6 +30,7 @@ from pipebd_core.bench.distill import run_bench
 from pipebd_core.cli import comma_list, fail
 from pipebd_core.distill.plan import Plan
 from pipebd_core.documents.base import DocumentError
+from pipebd_core.documents.bench_record import BenchRecord
 from pipebd_core.documents.distill_plan import Replan, stages_line
 from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import DISTILL, FINETUNE, PLAN, TRAINING_PHASES, PhaseRecord
@@ -47,7 +50,7 @@ from pipebd_core.planning.topology import Topology, stated_link
 from pipebd_core.planning.trust import assess
 from pipebd_core.rank.checkpoint import resume_steps
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import MODES, PARTITIONERS, Spec, SpecError, load_spec
+from pipebd_core.spec import MODES, PARTITIONERS, Spec, SpecError, load_spec, parse_spec
 
 QUIET_PRINT_S = 5.0  # without a terminal, print progress this often
 
@@ -338,16 +341,36 @@ def command_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def command_report(paths: list[str]) -> int:
-    """`pipebd bench --report FILE...`: the benchmarks page's tables from benchmark records."""
+def command_report(paths: list[str], check: bool = False) -> int:
+    """`pipebd bench --report FILE...`: the benchmarks page's tables from benchmark records; with `check`,
+    every prediction recomputed from the profile committed beside its record (a difference fails)."""
     records = []
     for path in paths:
         try:
             records.append(bench_report.load_record(Path(path)))
         except (OSError, ValueError) as error:  # DocumentError and JSONDecodeError are ValueErrors
             return fail(f"--report {path}: not a benchmark record (bench.json of `pipebd bench`): {error}")
+    if check:
+        return command_check(paths, records)
     print(bench_report.render(records), end="")
     return 0
+
+
+def command_check(paths: list[str], records: list[BenchRecord]) -> int:
+    """`pipebd bench --report --check FILE...`: each record's predictions against its committed profile."""
+    failed = 0
+    for path, record in zip(paths, records, strict=True):
+        try:
+            differences = bench_check.check(Path(path), record)
+        except (OSError, ValueError, SpecError, PlanError) as error:
+            print(f"pipebd: --check {path}: its profile cannot be read or planned from: {error}", file=sys.stderr)
+            failed += 1
+            continue
+        for difference in differences:
+            print(f"pipebd: --check {path}: {difference.text()}", file=sys.stderr)
+        failed += bool(differences)
+        print(f"{path}: {'DIFFERS' if differences else 'every prediction recomputed from its profile'}")
+    return 1 if failed else 0
 
 
 def command_update_page(path: str) -> int:
@@ -373,7 +396,13 @@ def command_bench(args: argparse.Namespace) -> int:
     if args.report:
         if args.spec is not None:
             return fail("--report renders records already measured; give record files, not a spec")
-        return command_report(args.report)
+        return command_report(args.report, args.check)
+    if args.check:
+        return fail("--check recomputes the predictions of records: give it with --report FILE...")
+    if args.resume:
+        if args.spec is not None or args.modes or args.partitioners or args.accuracy or args.replan or args.minutes:
+            return fail("--resume continues the bench its record describes; give no spec, modes, kind or --minutes")
+        return command_resume(args)
     if args.spec is None:
         return fail("give a spec file to benchmark, or --report FILE... to render records")
     finetune = args.phase == "finetune"
@@ -407,11 +436,44 @@ def command_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_resume(args: argparse.Namespace) -> int:
+    """`pipebd bench --resume RECORD`: the runs its record does not hold yet, then the whole record."""
+    path = Path(args.resume)
+    try:
+        record = bench_progress.read_record(path)
+        with kill_is_cancel():
+            record = resumed(record, path.parent, args.keep)
+        print(f"pipebd: benchmark record {path}", file=sys.stderr)
+    except (SpecError, PlanError, ProfileError, RuntimeError, ValueError) as error:
+        return fail(str(error))
+    print(json.dumps(record.to_json(), indent=1) if args.json else bench_report.render([record]))
+    return 0
+
+
+def resumed(record: BenchRecord, out: Path, keep: bool) -> BenchRecord:
+    """The bench `record` describes, continued in `out` (its spec, arms, steps and repeats)."""
+    spec = parse_spec(record.spec)
+    arms = [arm.name for arm in record.arms]
+    steps, repeats = record.steps, record.repeats
+    if record.compares == "plans" and record.phase == "finetune":
+        return bench_finetune_accuracy.run_finetune_accuracy_bench(spec, steps, repeats, out, keep, resume=record)
+    if record.compares == "plans":
+        return bench_accuracy.run_accuracy_bench(spec, steps, repeats, out, keep, record.seed or 0, resume=record)
+    if record.compares == "partitioners":
+        strategies = [record.strategy] if record.strategy else []
+        return bench_finetune.run_finetune_bench(spec, strategies, steps, repeats, out, keep, arms, resume=record)
+    if record.phase == "finetune":
+        return bench_finetune.run_finetune_bench(spec, arms, steps, repeats, out, keep, resume=record)
+    return run_bench(spec, arms, steps, repeats, out, keep, resume=record)
+
+
 def bench_runs(
     args: argparse.Namespace, spec: Spec, out: Path, modes: list[str], partitioners: list[str]
 ) -> tuple[object, str]:
     """The benchmark the arguments ask for, run: its record's JSON and its report."""
     finetune = args.phase == "finetune"
+    if args.replan and args.minutes is not None:
+        raise SpecError("--minutes fits the side-by-side and accuracy benches; --replan runs its own steps")
     if args.replan:
         replanned = bench_replan.run_replan_bench(
             spec, args.steps, args.repeats, out, args.load_cores, args.trials, keep=args.keep
@@ -419,14 +481,16 @@ def bench_runs(
         return replanned.to_json(), bench_replan.format_table(replanned)
     if args.accuracy and finetune:
         record = bench_finetune_accuracy.run_finetune_accuracy_bench(
-            spec, args.steps, args.repeats, out, keep=args.keep
+            spec, args.steps, args.repeats, out, keep=args.keep, minutes=args.minutes
         )
     elif args.accuracy:
-        record = bench_accuracy.run_accuracy_bench(spec, args.steps, args.repeats, out, keep=args.keep, seed=args.seed)
+        record = bench_accuracy.run_accuracy_bench(
+            spec, args.steps, args.repeats, out, keep=args.keep, seed=args.seed, minutes=args.minutes
+        )
     elif finetune:
         record = bench_finetune.run_finetune_bench(
-            spec, modes, args.steps, args.repeats, out, keep=args.keep, partitioners=partitioners
+            spec, modes, args.steps, args.repeats, out, keep=args.keep, partitioners=partitioners, minutes=args.minutes
         )
     else:
-        record = run_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep)
+        record = run_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep, minutes=args.minutes)
     return record.to_json(), bench_report.render([record])

@@ -13,10 +13,14 @@ prediction of a plan is the step its own plan phase predicted from that profile;
 median of its repeats.
 
 Calibrated predictions, out of sample (CALIBRATION_RULE): each arm's run writes a calibration.json into
-its own run directory (nothing else reads it). Candidate j is predicted with the frozen profile
-calibrated by the calibration of the NEXT candidate's run in the list, cyclically (j+1, or the first
-one after it that wrote a calibration), never its own: the costs come from a different run than the
-one they are checked against. With several repeats, the donor's first repeat calibrates.
+its own run directory (nothing else reads it; its first repeat's is kept in out/first-runs). Candidate
+j is predicted with the frozen profile calibrated by the calibration of the NEXT candidate's run in the
+list, cyclically, that ran OTHER stages than j (a run of j's own stages, tr for tr_dpu, is j measuring
+itself): the costs come from a different plan than the one they are checked against. With several
+repeats, the donor's first repeat calibrates. The guard (planning/calibration_guard.py) then applies a
+calibration to a plan only where the calibrated prediction agrees with the profile's within max(5%,
+1.25 x the record's noise floor); elsewhere the calibrated figures use the profile's prediction, so a
+calibration cannot move a plan's prediction further than the measurement can tell.
 
 The figures (`Accuracy`, in the record): MAPE, the mean of |predicted - measured| / measured over the
 candidates; rank correlation, Kendall's tau-b between predicted and measured step times; the chosen
@@ -26,18 +30,29 @@ plan is the planner's first; with calibrated costs, the candidate with the lowes
 
 from __future__ import annotations
 
-import math
 import random
-import statistics
-from collections.abc import Sequence
+import shutil
+import sys
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from pipebd_core.bench.arms import RECORD, freeze
+from pipebd_core.bench.arms import BOUND
 from pipebd_core.bench.distill import bench_record, bench_spec, frozen_profile, run_arms
-from pipebd_core.distill.plan import Plan
-from pipebd_core.documents.bench_record import Accuracy, AccuracyFigures, Arm, BenchRecord, PlanAccuracy
+from pipebd_core.bench.doubt import apply_guard, guarded_predictions, kendall_tau, mape, noise_floor, regret
+from pipebd_core.bench.fit import fit
+from pipebd_core.bench.progress import begin, write_record
+from pipebd_core.distill.plan import Plan, build_stages
+from pipebd_core.documents.bench_record import (
+    Accuracy,
+    AccuracyFigures,
+    Arm,
+    ArmRun,
+    BenchRecord,
+    PlanAccuracy,
+    Reference,
+)
 from pipebd_core.documents.calibration import Calibration
 from pipebd_core.documents.distill_plan import StageSpan
 from pipebd_core.documents.profile import Profile
@@ -45,7 +60,7 @@ from pipebd_core.planning.distill_costmodel import CostModel
 from pipebd_core.planning.distill_planner import cost_model, mode_plans, timeline
 from pipebd_core.planning.distill_search import search
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import Spec
+from pipebd_core.spec import Spec, StageSpec
 
 MODE_CANDIDATES = ("dp", "ls", "ir", "tr", "tr_dpu")  # each mode's own plan (hybrid's is the planner's first)
 TOP = 5  # the planner's best plans
@@ -53,7 +68,8 @@ DRAWN = 5  # plans drawn with the seed
 DRAW_ATTEMPTS = 2_000  # draws tried before settling for fewer new plans (a small workload has few)
 CHOSEN = "top1"  # the planner's first plan: what auto runs
 CALIBRATION_RULE = (
-    "each plan predicted with the calibration of the next candidate's run (cyclically; never its own run)"
+    "each plan predicted with the calibration of the next candidate's run that ran other stages (cyclically),"
+    " applied only where it agrees with the profile within max(5%, 1.25 x the noise floor)"
 )
 
 Triple = tuple[int, int, int]  # (start, stop, replicas)
@@ -156,50 +172,23 @@ def candidate_spec(spec: Spec, candidate: Candidate, steps: int) -> Spec:
     return bench_spec(Spec.model_validate(document), "hybrid", steps)
 
 
-def mape(pairs: Sequence[tuple[float, float]]) -> float:
-    """Mean absolute percentage error of (predicted, measured) pairs, as a fraction."""
-    if not pairs:
-        raise ValueError("mape: no (predicted, measured) pairs; it needs at least one plan that ran")
-    return statistics.fmean(abs(predicted - measured) / measured for predicted, measured in pairs)
-
-
-def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Kendall's tau-b of two paired sequences (ties counted as neither agreeing nor disagreeing, and
-    taken out of the denominator); None under two pairs or when either sequence is all ties."""
-    if len(xs) != len(ys):
-        raise ValueError(f"kendall_tau: {len(xs)} values against {len(ys)}; give paired sequences")
-    concordant = discordant = tied_x = tied_y = 0
-    for i in range(len(xs)):
-        for j in range(i + 1, len(xs)):
-            dx, dy = xs[i] - xs[j], ys[i] - ys[j]
-            if dx == 0 and dy == 0:
-                continue
-            if dx == 0:
-                tied_x += 1
-            elif dy == 0:
-                tied_y += 1
-            elif (dx > 0) == (dy > 0):
-                concordant += 1
-            else:
-                discordant += 1
-    pairs = concordant + discordant
-    denominator = math.sqrt((pairs + tied_x) * (pairs + tied_y))
-    return (concordant - discordant) / denominator if denominator else None
-
-
-def regret(chosen_s: float, measured: Sequence[float]) -> float:
-    """How much slower the chosen plan measured than the fastest: chosen / best - 1."""
-    return chosen_s / min(measured) - 1
-
-
-def donors(names: Sequence[str], calibrated: set[str]) -> dict[str, str | None]:
+def donors(
+    names: Sequence[str], calibrated: set[str], stages: Mapping[str, Hashable] | None = None
+) -> dict[str, str | None]:
     """For each arm, the arm whose calibration predicts it: the next in `names` (cyclically) that wrote
-    one (`calibrated`), never itself; None when no other did."""
+    one (`calibrated`) and ran other stages (`stages`: by arm, what it ran), never itself; None when no
+    other did."""
     chosen: dict[str, str | None] = {}
     for index, name in enumerate(names):
         following = [names[(index + step) % len(names)] for step in range(1, len(names))]
-        chosen[name] = next((other for other in following if other in calibrated), None)
+        others = [other for other in following if stages is None or stages[other] != stages[name]]
+        chosen[name] = next((other for other in others if other in calibrated), None)
     return chosen
+
+
+def stage_key(candidate: Candidate) -> Hashable:
+    """What a candidate's run ran: its stages, or (dp, ls) its mode."""
+    return candidate.stages or (candidate.mode,)
 
 
 @dataclass(frozen=True)
@@ -235,14 +224,21 @@ def figures(plans: Sequence[PlanAccuracy], predicted: dict[str, float], chosen: 
 
 
 def accuracy_section(
-    plans: list[PlanAccuracy], seed: int, chosen: str | None = None, rule: str = CALIBRATION_RULE
+    plans: list[PlanAccuracy],
+    seed: int,
+    chosen: str | None = None,
+    rule: str = CALIBRATION_RULE,
+    floor: float | None = None,
 ) -> Accuracy:
     """The record's `accuracy` from every candidate's predictions and measurement; `chosen`: the arm the
-    planner runs (by default the one the planner's first plan is)."""
+    planner runs (by default the one the planner's first plan is). With the noise `floor` (doubt.py) the
+    guard (planning/calibration_guard.py) decides for each plan whether its calibration is applied; the
+    calibrated figures use the guarded predictions."""
     if chosen is None:
         chosen = next(plan.arm for plan in plans if CHOSEN in (plan.arm, *plan.also))
     alone = figures(plans, {plan.arm: plan.predicted_step_s for plan in plans}, chosen)
-    calibrated_s = {plan.arm: plan.calibrated_step_s for plan in plans if plan.calibrated_step_s is not None}
+    plans = apply_guard(plans, floor)
+    calibrated_s = guarded_predictions(plans)
     calibrated = None
     if calibrated_s:
         best = min(calibrated_s, key=lambda arm: calibrated_s[arm])
@@ -276,25 +272,70 @@ def plan_accuracy(
     )
 
 
+FIRST_RUNS = "first-runs"  # out/first-runs/<arm>/: the plan and calibration of each candidate's first run
+
+
+def candidate_plan(model: CostModel, candidate: Candidate) -> Plan:
+    """The plan `candidate` runs, built on `model` (dp and ls: their mode plans)."""
+    if candidate.mode in ("dp", "ls"):
+        return mode_plans(model)[candidate.mode]
+    stages = [StageSpec(start=start, stop=stop, replicas=k) for start, stop, k in candidate.stages]
+    built = build_stages(stages, model.nproc, model.num_blocks, model.batch_size)
+    return Plan(candidate.mode, model.nproc, model.num_blocks, model.batch_size, built, nodes=model.topology.nodes)
+
+
+def keep_first_run(out: Path, name: str, folder: Path) -> None:
+    """Copy the plan and the calibration of `name`'s run in `folder` to out/first-runs/<name> (once)."""
+    source, kept = RunDir(folder), RunDir(out / FIRST_RUNS / name)
+    if kept.plan.exists():
+        return
+    for path in (source.plan, source.calibration):
+        if path.exists():
+            target = kept.root / path.relative_to(source.root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+
+
 def run_accuracy_bench(
-    spec: Spec, steps: int, repeats: int, out: Path, keep: bool = False, seed: int = 0
+    spec: Spec,
+    steps: int,
+    repeats: int,
+    out: Path,
+    keep: bool = False,
+    seed: int = 0,
+    resume: BenchRecord | None = None,
+    minutes: float | None = None,
 ) -> BenchRecord:
     """Every candidate plan as an arm, and the bound, `repeats` times interleaved; the record with its
-    `accuracy` (also written to out/bench.json)."""
+    `accuracy` (out/bench.json, written after every run; `resume` and `minutes` as in distill.run_bench)."""
+    progress = begin(out, resume, lambda: frozen_profile(bench_spec(spec, "auto", steps)), Profile)
+    profile = progress.profile
+    model = cost_model(bench_spec(spec, "auto", steps), profile)
+    listed = candidates(model, seed)
+    fitted = None
+    if minutes is not None:
+        step_s = {c.name: timeline(candidate_plan(model, c), model).step_s for c in listed}
+        fitted = fit({**step_s, BOUND: model.ideal_step() * model.nproc}, minutes, steps, repeats)
+        steps, repeats = fitted.steps, fitted.repeats
+        print(f"pipebd: {fitted.says()}", file=sys.stderr)
     base = bench_spec(spec, "auto", steps)
-    profile = frozen_profile(base)
-    profile_hash = freeze(profile, out)
-    listed = candidates(cost_model(base, profile), seed)
     specs = {candidate.name: candidate_spec(spec, candidate, steps) for candidate in listed}
-    read: dict[str, RunRead] = {}
+
+    def build(runs: dict[str, list[ArmRun]], reference: Reference) -> BenchRecord:
+        record = bench_record(spec, runs, profile, steps, repeats, progress.profile_hash, reference)
+        says = fitted.says() if fitted else resume.fitted if resume else None
+        return record.model_copy(update={"compares": "plans", "seed": seed, "fitted": says})
 
     def keep_first(name: str, folder: Path) -> None:
-        read.setdefault(name, read_run(folder))
+        keep_first_run(out, name, folder)
 
-    runs = run_arms(spec, specs, profile, steps, repeats, out, keep, keep_first)
-    record = bench_record(spec, runs, profile, steps, repeats, profile_hash)
+    written = progress.writer(build)
+    runs = run_arms(spec, specs, profile, steps, repeats, out, keep, keep_first, progress.done, written)
+    record = build(runs, progress.reference(ended=True))
+    read = {c.name: read_run(out / FIRST_RUNS / c.name) for c in listed}
     arms = {arm.name: arm for arm in record.arms}
-    given = donors(list(specs), {name for name, run in read.items() if run.calibration is not None})
+    calibrated_runs = {name for name, run in read.items() if run.calibration is not None}
+    given = donors(list(specs), calibrated_runs, {c.name: stage_key(c) for c in listed})
     plans = []
     for candidate in listed:
         arm, donor = arms[candidate.name], given[candidate.name]
@@ -306,6 +347,7 @@ def run_accuracy_bench(
         if calibration is not None:
             calibrated = calibrated_prediction(read[candidate.name].plan, base, profile, calibration)
         plans.append(plan_accuracy(candidate, arm, predicted, calibrated, donor))
-    record = record.model_copy(update={"compares": "plans", "accuracy": accuracy_section(plans, seed)})
-    (out / RECORD).write_text(record.model_dump_json(indent=1))
+    floor = noise_floor(record.arms)
+    record = record.model_copy(update={"accuracy": accuracy_section(plans, seed, floor=floor)})
+    write_record(out, record)
     return record

@@ -116,16 +116,39 @@ def timed(
 Run = TypeVar("Run", bound=ArmRun)
 
 
-def rotate(
-    arms: dict[str, Spec], repeats: int, out: Path, keep: bool, run: Callable[[str, Spec, Path, int], Run]
-) -> dict[str, list[Run]]:
-    """Every arm `repeats` times, the order rotated each repeat; a run's folder is out/<arm>-<repeat>."""
-    names = list(arms)
-    runs: dict[str, list[Run]] = {name: [] for name in names}
+def rotation(names: Sequence[str], repeats: int) -> list[tuple[str, int]]:
+    """(arm, repeat) of every run in the order they run: each repeat every arm, rotated by one each repeat."""
+    names = list(names)
+    order = []
     for repeat in range(repeats):
-        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
-            folder = out / f"{name}-{repeat}"
-            runs[name].append(run(name, arms[name], folder, repeat))
-            if not keep:
-                shutil.rmtree(folder, ignore_errors=True)
+        order += [(name, repeat) for name in names[repeat % len(names) :] + names[: repeat % len(names)]]
+    return order
+
+
+def rotate(
+    arms: dict[str, Spec],
+    repeats: int,
+    out: Path,
+    keep: bool,
+    run: Callable[[str, Spec, Path, int], Run],
+    done: dict[str, list[Run]] | None = None,
+    written: Callable[[dict[str, list[Run]], list[str]], None] | None = None,
+) -> dict[str, list[Run]]:
+    """Every arm `repeats` times, the order rotated each repeat; a run's folder is out/<arm>-<repeat>.
+    The runs in `done` (a bench resumed) are not run again; after every run `written(runs, left)` gets
+    the runs so far and the folders of those left to run (progress.py writes the record)."""
+    order = rotation(list(arms), repeats)
+    runs: dict[str, list[Run]] = {name: list((done or {}).get(name, [])) for name in arms}
+    finished = {(name, run.repeat) for name, arm_runs in runs.items() for run in arm_runs}
+    left = [(name, repeat) for name, repeat in order if (name, repeat) not in finished]
+    if written is not None:
+        written(runs, [f"{name}-{repeat}" for name, repeat in left])  # the record exists from the start
+    for index, (name, repeat) in enumerate(left):
+        folder = out / f"{name}-{repeat}"
+        shutil.rmtree(folder, ignore_errors=True)  # what a stopped bench left of this run
+        runs[name].append(run(name, arms[name], folder, repeat))
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+        if written is not None:
+            written(runs, [f"{other}-{again}" for other, again in left[index + 1 :]])
     return runs

@@ -48,11 +48,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+FLAG_PREFIXES = ("avx512", "amx")  # the CPU flags that change what kernels torch runs, and how fast
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """The flags of FLAG_PREFIXES the CPU has (/proc/cpuinfo's first `flags` line, or `cpuinfo`), sorted;
+    empty where none is listed."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return sorted({flag for flag in line.split(":", 1)[1].split() if flag.startswith(FLAG_PREFIXES)})
+    return []
+
+
 def machine() -> Machine:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gpus = [torch.cuda.get_device_name(index) for index in range(count)]
     return Machine(
         cpu_model=cpu_model(),
+        cpu_flags=cpu_flags(),
         cores=psutil.cpu_count() or 1,
         memory_bytes=psutil.virtual_memory().total,
         gpus=gpus,

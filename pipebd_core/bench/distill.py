@@ -23,18 +23,21 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pipebd_core.bench.arms import BOUND, RECORD, WARMUP_STEPS, check_steps, freeze, rotate, run_in_own_dir, timed
+from pipebd_core.bench.arms import BOUND, WARMUP_STEPS, check_steps, rotate, run_in_own_dir, timed
 from pipebd_core.bench.conditions import commit, machine
-from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, TimingRule
+from pipebd_core.bench.fit import fit
+from pipebd_core.bench.progress import begin, write_record
+from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, Reference, TimingRule
 from pipebd_core.documents.distill_plan import StageSpan
 from pipebd_core.documents.phases import DISTILL, PLAN
 from pipebd_core.documents.profile import Profile
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.job.profiling import obtain_profile
-from pipebd_core.planning.distill_planner import cost_model, step_plan
+from pipebd_core.planning.distill_planner import cost_model, mode_plans, step_plan, timeline
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
 
@@ -90,15 +93,46 @@ def run_arm(spec: Spec, profile: Profile | None, out: Path, repeat: int) -> ArmR
     )
 
 
-def run_bench(spec: Spec, modes: list[str], steps: int, repeats: int, out: Path, keep: bool = False) -> BenchRecord:
-    """Every mode and the bound `repeats` times, interleaved; the record (also written to out/bench.json)."""
+def run_bench(
+    spec: Spec,
+    modes: list[str],
+    steps: int,
+    repeats: int,
+    out: Path,
+    keep: bool = False,
+    resume: BenchRecord | None = None,
+    minutes: float | None = None,
+) -> BenchRecord:
+    """Every mode and the bound `repeats` times, interleaved; the record (out/bench.json, written after
+    every run: progress.py). `resume`: the record of this bench stopped half-way; `minutes`: choose the
+    steps and repeats that fit (fit.py)."""
+    progress = begin(out, resume, lambda: frozen_profile(bench_spec(spec, modes[0], steps)), Profile)
+    fitted = None
+    if minutes is not None:
+        fitted = fit(predicted_steps(spec, modes, progress.profile), minutes, steps, repeats)
+        steps, repeats = fitted.steps, fitted.repeats
+        print(f"pipebd: {fitted.says()}", file=sys.stderr)
     specs = {mode: bench_spec(spec, mode, steps) for mode in modes}
-    profile = frozen_profile(specs[modes[0]])
-    profile_hash = freeze(profile, out)
-    runs = run_arms(spec, specs, profile, steps, repeats, out, keep)
-    record = bench_record(spec, runs, profile, steps, repeats, profile_hash)
-    (out / RECORD).write_text(record.model_dump_json(indent=1))
+
+    def build(runs: dict[str, list[ArmRun]], reference: Reference) -> BenchRecord:
+        record = bench_record(spec, runs, progress.profile, steps, repeats, progress.profile_hash, reference)
+        return record.model_copy(update={"fitted": fitted.says() if fitted else resume and resume.fitted})
+
+    written = progress.writer(build)
+    runs = run_arms(spec, specs, progress.profile, steps, repeats, out, keep, None, progress.done, written)
+    record = build(runs, progress.reference(ended=True))
+    write_record(out, record)
     return record
+
+
+def predicted_steps(spec: Spec, modes: list[str], profile: Profile) -> dict[str, float]:
+    """Each mode's step predicted from `profile` (auto and hybrid: the planner's best plan), and the
+    bound's (all the work on one rank)."""
+    model = cost_model(bench_spec(spec, modes[0], WARMUP_STEPS + 1), profile)
+    plans = mode_plans(model)
+    chosen = {mode: plans.get(mode, plans["hybrid"]) for mode in modes}  # auto: the planner's best, as hybrid's
+    predicted = {mode: timeline(plan, model).step_s for mode, plan in chosen.items()}
+    return {**predicted, BOUND: model.ideal_step() * model.nproc}
 
 
 def frozen_profile(spec: Spec) -> Profile:
@@ -115,9 +149,11 @@ def run_arms(
     out: Path,
     keep: bool,
     after: Callable[[str, Path], None] | None = None,
+    done: dict[str, list[ArmRun]] | None = None,
+    written: Callable[[dict[str, list[ArmRun]], list[str]], None] | None = None,
 ) -> dict[str, list[ArmRun]]:
-    """Every arm of `specs` and the bound (BOUND), rotated, `repeats` times; `after(arm, folder)` reads a
-    run's directory before it is removed."""
+    """Every arm of `specs` and the bound (BOUND), rotated, `repeats` times (but those `done`);
+    `after(arm, folder)` reads a run's directory before it is removed, `written` after every run."""
     arms = {**specs, BOUND: bound_spec(spec, steps)}
 
     def run(name: str, arm: Spec, folder: Path, repeat: int) -> ArmRun:
@@ -126,18 +162,25 @@ def run_arms(
             after(name, folder)
         return done
 
-    return rotate(arms, repeats, out, keep, run)
+    return rotate(arms, repeats, out, keep, run, done, written)
 
 
 def bench_record(
-    spec: Spec, runs: dict[str, list[ArmRun]], profile: Profile, steps: int, repeats: int, profile_hash: str
+    spec: Spec,
+    runs: dict[str, list[ArmRun]],
+    profile: Profile,
+    steps: int,
+    repeats: int,
+    profile_hash: str,
+    reference: Reference | None,
 ) -> BenchRecord:
     """The record of a distillation bench: every arm of `runs` in order, the bound from its BOUND runs."""
-    t1 = Arm(name=BOUND, runs=runs[BOUND]).step_s
+    t1 = Arm(name=BOUND, runs=runs[BOUND]).step_s if runs[BOUND] else None
     return BenchRecord(
         name=spec.name,
         commit=commit(),
         machine=machine(),
+        reference=reference,
         spec=spec.model_dump(mode="json"),
         nproc=spec.schedule.nproc,
         batch_size=spec.data.batch_size,
@@ -148,7 +191,7 @@ def bench_record(
         arms=[Arm(name=name, runs=arm_runs) for name, arm_runs in runs.items() if name != BOUND],
         bound=Bound(
             t1_s=t1,
-            ideal_s=t1 / spec.schedule.nproc,
+            ideal_s=t1 / spec.schedule.nproc if t1 is not None else None,
             runs=runs[BOUND],
             profile_ideal_s=cost_model(spec, profile).ideal_step(),
         ),

@@ -18,28 +18,23 @@ the network's layers.
 from __future__ import annotations
 
 import statistics
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pipebd_core.bench.arms import (
-    BOUND,
-    RECORD,
-    WARMUP_STEPS,
-    check_steps,
-    epoch_starts,
-    freeze,
-    rotate,
-    run_in_own_dir,
-    timed,
-)
+from pipebd_core.bench.arms import BOUND, WARMUP_STEPS, check_steps, epoch_starts, rotate, run_in_own_dir, timed
 from pipebd_core.bench.conditions import commit, machine
-from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound
+from pipebd_core.bench.fit import fit
+from pipebd_core.bench.progress import Progress, begin, write_record
+from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, Reference, TimingRule
 from pipebd_core.documents.distill_plan import StageSpan
 from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.documents.phases import FINETUNE, PLAN_FINETUNE
 from pipebd_core.documents.telemetry import FinetuneLine
 from pipebd_core.finetune.plan import PIPELINED, TrainPlan
 from pipebd_core.job.profiling import obtain_layer_profile
+from pipebd_core.planning.finetune_planner import resolve_train_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 
@@ -150,38 +145,70 @@ def run_finetune_bench(
     out: Path,
     keep: bool = False,
     partitioners: list[str] | None = None,
+    resume: BenchRecord | None = None,
+    minutes: float | None = None,
 ) -> BenchRecord:
     """Strategies side by side, or (`partitioners`) one pipelined strategy on each partitioner's cut, and
-    the bound; the record (also written to out/bench.json)."""
+    the bound; the record (out/bench.json, written after every run; `resume` and `minutes` as in
+    distill.run_bench)."""
     strategy = partitioner_strategy(spec, strategies) if partitioners else None
-    if partitioners:
-        specs = {name: bench_spec(spec, strategy or "zb", steps, name) for name in partitioners}
-    else:
-        specs = {name: bench_spec(spec, name, steps) for name in strategies}
-    profile, profile_hash = frozen_layer_profile(next(iter(specs.values())), out)
-    runs = run_with_bound(spec, specs, profile, steps, repeats, out, keep)
+
+    def arm_specs(steps: int) -> dict[str, Spec]:
+        if partitioners:
+            return {name: bench_spec(spec, strategy or "zb", steps, name) for name in partitioners}
+        return {name: bench_spec(spec, name, steps) for name in strategies}
+
+    progress = begin(out, resume, lambda: obtain_layer_profile(next(iter(arm_specs(steps).values()))), LayerProfile)
+    fitted = None
+    if minutes is not None:
+        fitted = fit(predicted_steps(arm_specs(steps), progress.profile, spec.schedule.nproc), minutes, steps, repeats)
+        steps, repeats = fitted.steps, fitted.repeats
+        print(f"pipebd: {fitted.says()}", file=sys.stderr)
+    specs = arm_specs(steps)
     compares: Literal["strategies", "partitioners"] = "partitioners" if partitioners else "strategies"
-    record = finetune_record(spec, runs, profile, profile_hash, steps, repeats, compares, strategy)
-    (out / RECORD).write_text(record.model_dump_json(indent=1))
+
+    def build(runs: dict[str, list[ArmRun]], reference: Reference) -> BenchRecord:
+        record = finetune_record(
+            spec, runs, progress.profile, progress.profile_hash, steps, repeats, compares, reference, strategy
+        )
+        return record.model_copy(update={"fitted": fitted.says() if fitted else resume and resume.fitted})
+
+    runs = run_with_bound(spec, specs, progress, steps, repeats, keep, progress.writer(build))
+    record = build(runs, progress.reference(ended=True))
+    write_record(out, record)
     return record
 
 
-def frozen_layer_profile(first: Spec, out: Path) -> tuple[LayerProfile, str]:
-    """The layer profile every arm plans from (cached, or measured now), frozen into `out`, and its hash."""
-    profile = obtain_layer_profile(first)
-    return profile, freeze(profile, out)
+def predicted_steps(specs: dict[str, Spec], profile: LayerProfile, nproc: int) -> dict[str, float]:
+    """Each arm's step as its plan phase predicts it from `profile`, and the bound's (ddp's on one rank:
+    its prediction at `nproc` ranks times `nproc`, or the slowest arm's where ddp is no arm)."""
+    predicted = {}
+    for name, arm in specs.items():
+        plan = resolve_train_plan(arm, None, profile)
+        predictions = plan.details.predictions if plan.details is not None else None
+        if predictions is None or predictions.predicted_step_s is None:
+            raise RuntimeError(f"bench --minutes: {name}'s plan has no prediction from the layer profile")
+        predicted[name] = predictions.predicted_step_s
+    return {**predicted, BOUND: predicted.get("ddp", max(predicted.values())) * nproc}
 
 
 def run_with_bound(
-    spec: Spec, specs: dict[str, Spec], profile: LayerProfile, steps: int, repeats: int, out: Path, keep: bool
+    spec: Spec,
+    specs: dict[str, Spec],
+    progress: Progress[LayerProfile],
+    steps: int,
+    repeats: int,
+    keep: bool,
+    written: Callable[[dict[str, list[ArmRun]], list[str]], None],
 ) -> dict[str, list[ArmRun]]:
-    """Every arm of `specs`, each planned from `profile`, and the bound, rotated `repeats` times."""
+    """Every arm of `specs`, each planned from the progress's profile, and the bound, rotated `repeats`
+    times (but the runs already done)."""
     arms = {**specs, BOUND: bound_spec(spec, steps)}
 
     def run(name: str, arm: Spec, folder: Path, repeat: int) -> ArmRun:
-        return run_arm(arm, None if name == BOUND else profile, folder, repeat)
+        return run_arm(arm, None if name == BOUND else progress.profile, folder, repeat)
 
-    return rotate(arms, repeats, out, keep, run)
+    return rotate(arms, repeats, progress.out, keep, run, progress.done, written)
 
 
 def finetune_record(
@@ -192,10 +219,11 @@ def finetune_record(
     steps: int,
     repeats: int,
     compares: Literal["strategies", "partitioners", "plans"],
+    reference: Reference | None,
     strategy: str | None = None,
 ) -> BenchRecord:
     """The record of an end-to-end training bench: every arm of `runs` in order, the bound from its BOUND runs."""
-    t1 = Arm(name=BOUND, runs=runs[BOUND]).step_s
+    t1 = Arm(name=BOUND, runs=runs[BOUND]).step_s if runs[BOUND] else None
     tune = spec.finetune
     assert tune is not None, "bench_spec refuses a spec without a finetune section"
     return BenchRecord(
@@ -206,14 +234,27 @@ def finetune_record(
         name=spec.name,
         commit=commit(),
         machine=machine(),
+        reference=reference,
         spec=spec.model_dump(mode="json"),
         nproc=spec.schedule.nproc,
         batch_size=tune.batch_size or spec.data.batch_size,
         steps=steps,
         repeats=repeats,
-        timing=runs[BOUND][0].timing,  # every arm's: the same steps, batch and data set
+        timing=timing_of(runs, steps),  # every arm's: the same steps, batch and data set
         profile_hash=profile_hash,
         arms=[Arm(name=name, runs=arm_runs) for name, arm_runs in runs.items() if name != BOUND],
-        bound=Bound(t1_s=t1, ideal_s=t1 / spec.schedule.nproc, runs=runs[BOUND], profile_ideal_s=None),
+        bound=Bound(
+            t1_s=t1,
+            ideal_s=t1 / spec.schedule.nproc if t1 is not None else None,
+            runs=runs[BOUND],
+            profile_ideal_s=None,
+        ),
         split_cost=split_cost(profile),
     )
+
+
+def timing_of(runs: dict[str, list[ArmRun]], steps: int) -> TimingRule:
+    """The timing every run was measured by: the bound's first run's (every arm's alike), or before any
+    bound ran, the first run's; before any run, the rule without its epoch starts."""
+    first = runs[BOUND][:1] or [run for arm_runs in runs.values() for run in arm_runs][:1]
+    return first[0].timing if first else TimingRule(warmup_steps=WARMUP_STEPS, timed_steps=steps - WARMUP_STEPS)

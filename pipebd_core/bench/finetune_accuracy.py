@@ -12,22 +12,28 @@ The figures are accuracy.py's: MAPE of each plan's prediction (its plan phase's,
 profile) against the median of its repeats, Kendall's tau-b, the chosen plan's regret. Calibrated, out of
 sample (accuracy.CALIBRATION_RULE): each plan is predicted again, on its own strategy, stages and moved
 shares, from the frozen layer profile calibrated (planning/finetune_calibration.py) by the first repeat of
-the NEXT candidate's run, cyclically, never its own: what each of that run's ranks measured of its
+the NEXT candidate's run, cyclically, that ran other stages (never its own, nor another strategy on the
+same cut), under the guard of planning/calibration_guard.py: what each of that run's ranks measured of its
 forwards and backwards against what the profile predicted for them.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from pipebd_core.bench import accuracy
-from pipebd_core.bench.arms import RECORD
-from pipebd_core.bench.finetune import bench_spec, finetune_record, frozen_layer_profile, plan_stages, run_with_bound
-from pipebd_core.documents.bench_record import Accuracy, Arm, BenchRecord, PlanAccuracy
+from pipebd_core.bench.arms import BOUND
+from pipebd_core.bench.doubt import noise_floor
+from pipebd_core.bench.finetune import bench_spec, finetune_record, plan_stages, run_with_bound
+from pipebd_core.bench.fit import fit
+from pipebd_core.bench.progress import begin, write_record
+from pipebd_core.documents.bench_record import Accuracy, Arm, ArmRun, BenchRecord, PlanAccuracy, Reference
 from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.finetune.plan import PIPELINED, TrainPlan
+from pipebd_core.job.profiling import obtain_layer_profile
 from pipebd_core.planning.finetune_calibration import calibrated_layer_profile
 from pipebd_core.planning.finetune_planner import resolve_train_plan
 from pipebd_core.spec import Spec, parse_spec
@@ -116,7 +122,8 @@ def calibrated_steps(
 ) -> dict[str, tuple[float, str]]:
     """Per candidate, its step predicted from `profile` calibrated on its donor's first run, and the donor."""
     parts = {c.name: arms[c.name].runs[0].part_s for c in candidates}
-    given = accuracy.donors([c.name for c in candidates], {name for name, part in parts.items() if part})
+    stages = {c.name: tuple(c.plan.stages) for c in candidates}
+    given = accuracy.donors([c.name for c in candidates], {name for name, part in parts.items() if part}, stages)
     by_name = {c.name: c for c in candidates}
     result = {}
     for candidate in candidates:
@@ -149,19 +156,42 @@ def accuracy_section(
     """The record's `accuracy`: every candidate's prediction, alone and calibrated, against its arm's
     measurement."""
     plans = [plan_accuracy(c, arms[c.name], calibrated.get(c.name)) for c in candidates]
-    return accuracy.accuracy_section(plans, seed=0, chosen=chosen)
+    floor = noise_floor([arms[c.name] for c in candidates])
+    return accuracy.accuracy_section(plans, seed=0, chosen=chosen, floor=floor)
 
 
-def run_finetune_accuracy_bench(spec: Spec, steps: int, repeats: int, out: Path, keep: bool = False) -> BenchRecord:
+def run_finetune_accuracy_bench(
+    spec: Spec,
+    steps: int,
+    repeats: int,
+    out: Path,
+    keep: bool = False,
+    resume: BenchRecord | None = None,
+    minutes: float | None = None,
+) -> BenchRecord:
     """Every candidate plan of end-to-end training as an arm, and the bound, `repeats` times interleaved;
-    the record with its `accuracy` (also written to out/bench.json)."""
-    profile, profile_hash = frozen_layer_profile(bench_spec(spec, AUTO, steps), out)
+    the record with its `accuracy` (out/bench.json, written after every run; `resume` and `minutes` as in
+    distill.run_bench)."""
+    progress = begin(out, resume, lambda: obtain_layer_profile(bench_spec(spec, AUTO, steps)), LayerProfile)
+    profile = progress.profile
     candidates, chosen = plan_candidates(spec, profile, steps)
+    fitted = None
+    if minutes is not None:
+        step_s = {c.name: c.predicted_step_s for c in candidates}
+        bound_s = step_s.get("ddp", max(step_s.values())) * spec.schedule.nproc
+        fitted = fit({**step_s, BOUND: bound_s}, minutes, steps, repeats)
+        steps, repeats = fitted.steps, fitted.repeats
+        print(f"pipebd: {fitted.says()}", file=sys.stderr)
     specs = {c.name: bench_spec(spec, c.strategy, steps, c.partitioner) for c in candidates}
-    runs = run_with_bound(spec, specs, profile, steps, repeats, out, keep)
-    record = finetune_record(spec, runs, profile, profile_hash, steps, repeats, "plans")
+
+    def build(runs: dict[str, list[ArmRun]], reference: Reference) -> BenchRecord:
+        record = finetune_record(spec, runs, profile, progress.profile_hash, steps, repeats, "plans", reference)
+        return record.model_copy(update={"fitted": fitted.says() if fitted else resume and resume.fitted})
+
+    runs = run_with_bound(spec, specs, progress, steps, repeats, keep, progress.writer(build))
+    record = build(runs, progress.reference(ended=True))
     arms = {arm.name: arm for arm in record.arms}
     calibrated = calibrated_steps(spec, candidates, arms, profile, steps)
     record = record.model_copy(update={"accuracy": accuracy_section(candidates, arms, chosen, calibrated)})
-    (out / RECORD).write_text(record.model_dump_json(indent=1))
+    write_record(out, record)
     return record

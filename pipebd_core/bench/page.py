@@ -7,7 +7,8 @@ A section of docs/benchmarks.md that comes from records sits between two markers
     <!-- end of report -->
 
 `regenerate` replaces what is between every pair with the report of the records its opening marker
-names (paths relative to the repository root), leaving the rest of the page as it is: a `pipebd bench`
+names (paths relative to the repository root; `<!-- pipebd bench --machines FILE... -->` opens the
+table of which of those records shared a machine, machines.py), leaving the rest of the page as it is: a `pipebd bench`
 record (bench.json) renders as `pipebd bench --report` prints it, a service benchmark's result file
 (`"benchmark": "compare"`, from benchmarks/compare_500.py) as its latency table, a shaped-link result
 (`"benchmark": "shaped_link"`, benchmarks/shaped_link.py) as its predicted-against-measured table, a language
@@ -25,11 +26,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from pipebd_core.bench.machines import machines_table
 from pipebd_core.bench.report import load_record, render
 from pipebd_core.documents.tradeoff_record import TradeoffRecord, TradeoffRow
 
 SECTION = re.compile(
-    r"(?P<open><!-- pipebd bench --report (?P<paths>[^>]+?) -->\n)(?P<body>.*?)(?P<close><!-- end of report -->)",
+    r"(?P<open><!-- pipebd bench --(?P<kind>report|machines) (?P<paths>[^>]+?) -->\n)(?P<body>.*?)"
+    r"(?P<close><!-- end of report -->)",
     re.DOTALL,
 )
 
@@ -43,7 +46,11 @@ def regenerate(page: str, root: Path) -> str:
     """The page with every generated section rendered again from its records under `root`."""
 
     def rendered(match: re.Match[str]) -> str:
-        reports = "\n".join(render_file(root / path) for path in match["paths"].split())
+        paths = match["paths"].split()
+        if match["kind"] == "machines":
+            reports = machines_table([(path, load_record(root / path)) for path in paths])
+        else:
+            reports = "\n".join(render_file(root / path) for path in paths)
         return match["open"] + "\n" + reports + "\n" + match["close"]
 
     return SECTION.sub(rendered, page)

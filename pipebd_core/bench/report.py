@@ -18,7 +18,23 @@ import json
 import statistics
 from pathlib import Path
 
-from pipebd_core.documents.bench_record import Accuracy, AccuracyFigures, Arm, ArmRun, BenchRecord, PlanAccuracy
+from pipebd_core.bench.doubt import (
+    FigureDoubt,
+    apply_guard,
+    figure_doubt,
+    guarded_predictions,
+    noise_floor,
+    speedup,
+    target,
+)
+from pipebd_core.documents.bench_record import (
+    Accuracy,
+    Arm,
+    ArmRun,
+    BenchRecord,
+    KernelSpeed,
+    PlanAccuracy,
+)
 from pipebd_core.documents.distill_plan import StageSpan, stages_line
 
 TITLES = {
@@ -41,6 +57,8 @@ def render(records: list[BenchRecord]) -> str:
 
 def render_record(record: BenchRecord) -> str:
     title = TITLES[record.compares] + (f" ({record.strategy})" if record.strategy else "")
+    if not record.complete:
+        return incomplete(record, title)
     if record.compares == "plans" and record.phase == "finetune":
         title = "end-to-end training, the planner's predictions checked"
     head = ["arm", "plan", "s/step: median (runs)", "spread", "samples/s", f"vs {record.baseline}", "efficiency"]
@@ -51,31 +69,88 @@ def render_record(record: BenchRecord) -> str:
     baseline = next((arm for arm in record.arms if arm.name == record.baseline), None)
     lines += [arm_row(record, arm, baseline) for arm in record.arms]
     lines += [bound_row(record), "", bound_line(record), "", fastest_line(record.arms), ""]
+    lines += [floor_line(record.arms), ""]
     if record.split_cost is not None:
         lines += [f"Split backward, (I + W) / B over the layers: {record.split_cost:.2f}.", ""]
     if record.accuracy is not None:
-        lines += accuracy_lines(record.accuracy)
+        lines += accuracy_lines(record.accuracy, {arm.name: arm for arm in record.arms})
     return "\n".join(lines)
 
 
-def accuracy_lines(accuracy: Accuracy) -> list[str]:
-    """The accuracy table: each candidate's predictions against its measured step, then the figures."""
+def incomplete(record: BenchRecord, title: str) -> str:
+    """A bench still under way (or stopped): how far it got; no figure until every run has run."""
+    done = sum(len(arm.runs) for arm in record.arms) + len(record.bound.runs)
+    return (
+        f"### {record.name}: {title} on {record.nproc} ranks\n\nIncomplete: {done} runs done,"
+        f" {len(record.runs_left)} left ({', '.join(record.runs_left)}); `pipebd bench --resume` on this record"
+        " runs them.\n"
+    )
+
+
+def accuracy_lines(accuracy: Accuracy, arms: dict[str, Arm]) -> list[str]:
+    """The accuracy table: each candidate's predictions against its measured step, then the figures, each
+    with its interval over the repeats, beside the noise floor and the target it sets."""
     head = ["plan", "from", "stages", "measured s/step", "predicted", "error", "calibrated", "error", "calibrated on"]
     lines = ["#### Predictions checked", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += [accuracy_row(plan) for plan in accuracy.plans]
-    alone = AccuracyFigures(
-        mape=accuracy.mape,
-        rank_correlation=accuracy.rank_correlation,
-        chosen=accuracy.chosen,
-        chosen_regret=accuracy.chosen_regret,
-    )
-    lines += ["", "From the profile alone: " + figures_text(alone, "the planner's first plan") + "."]
+    floor = noise_floor([arms[plan.arm] for plan in accuracy.plans])
+    alone = figure_doubt({plan.arm: plan.predicted_step_s for plan in accuracy.plans}, arms, accuracy.chosen)
+    lines += ["", "From the profile alone: " + doubt_text(alone, accuracy.chosen, "the planner's first plan", floor)]
     if accuracy.calibrated is None:
         lines += ["", "Calibrated: no run wrote a calibration.", ""]
         return lines
     rule = f"{accuracy.rule}; seed {accuracy.seed}"
-    calibrated = figures_text(accuracy.calibrated, "the lowest calibrated prediction")
-    return [*lines, "", f"Calibrated out of sample ({rule}): {calibrated}.", ""]
+    calibrated_s = guarded_predictions(accuracy.plans)
+    chosen = accuracy.calibrated.chosen
+    calibrated = doubt_text(figure_doubt(calibrated_s, arms, chosen), chosen, "the lowest calibrated prediction", floor)
+    lines += ["", f"Calibrated out of sample ({rule}): {calibrated}", ""]
+    if any(plan.calibration_applied is None for plan in accuracy.plans if plan.calibrated_step_s is not None):
+        lines += [guard_line(accuracy, arms, floor), ""]  # a record from before the guard
+    return lines
+
+
+def guard_line(accuracy: Accuracy, arms: dict[str, Arm], floor: float | None) -> str:
+    """What the guard (planning/calibration_guard.py) makes of a record's calibrated predictions that were
+    all applied: which it keeps, and the figures then."""
+    guarded = apply_guard(accuracy.plans, floor)
+    calibrated_s = guarded_predictions(guarded)
+    chosen = min(calibrated_s, key=lambda arm: calibrated_s[arm])
+    kept = [plan.arm for plan in guarded if plan.calibration_applied is False]
+    figures = doubt_text(figure_doubt(calibrated_s, arms, chosen), chosen, "the lowest guarded prediction", floor)
+    return (
+        f"With the guard (this record predates it: a calibration applied only within {target(floor):.1%} of the"
+        f" profile's prediction; the profile's kept for {', '.join(kept) or 'no plan'}): {figures}"
+    )
+
+
+def floor_line(arms: list[Arm]) -> str:
+    """The noise floor of the arms' repeats (doubt.py) and the MAPE target it sets."""
+    floor = noise_floor(arms)
+    if floor is None:
+        return "Noise floor: not measured (no arm has two repeats)."
+    return (
+        f"Noise floor (one repeat of an arm predicting another of the same arm, MAPE): {floor:.1%}; a"
+        f" prediction's target is max(5%, 1.25 x floor) = {target(floor):.1%}."
+    )
+
+
+def doubt_text(doubt: FigureDoubt, chosen: str, how: str, floor: float | None) -> str:
+    """MAPE, Kendall's tau and the chosen plan's regret, each with its interval over the repeats, in words."""
+    percent = "{:.1%}".format
+    mape = doubt.mape.text(percent) if doubt.mape else "-"
+    aim = target(floor)
+    if doubt.mape is not None:
+        verdict = "within" if doubt.mape.value <= aim else f"{doubt.mape.value - aim:.1%} over"
+        mape += f" ({verdict} the target {aim:.1%}" + (f", noise floor {floor:.1%})" if floor is not None else ")")
+    tau = doubt.rank_correlation.text("{:.2f}".format) if doubt.rank_correlation else "-"
+    regret = doubt.regret.text(percent) if doubt.regret else "-"
+    if doubt.chosen_fastest:
+        slower = f"the fastest measured (regret {regret})"
+    elif doubt.regret_in_noise:
+        slower = f"{regret} slower than the fastest measured, inside the noise (their intervals overlap)"
+    else:
+        slower = f"{regret} slower than the fastest measured"
+    return f"MAPE {mape}, Kendall's tau {tau}, chosen plan {chosen} ({how}) {slower}."
 
 
 def accuracy_row(plan: PlanAccuracy) -> str:
@@ -84,21 +159,12 @@ def accuracy_row(plan: PlanAccuracy) -> str:
     cells = [names, plan.source, stages_text(plan.stages), seconds(plan.measured_step_s)]
     cells += [seconds(plan.predicted_step_s), error(plan.predicted_step_s, plan.measured_step_s)]
     cells += [seconds(calibrated), error(calibrated, plan.measured_step_s)] if calibrated is not None else ["-", "-"]
-    cells.append(plan.calibrated_from or "-")
+    cells.append((plan.calibrated_from or "-") + (" (not applied)" if plan.calibration_applied is False else ""))
     return "| " + " | ".join(cells) + " |"
 
 
 def error(predicted: float, measured: float) -> str:
     return f"{(predicted - measured) / measured:+.0%}"
-
-
-def figures_text(figures: AccuracyFigures, how: str) -> str:
-    """MAPE, Kendall's tau and the chosen plan's regret, in words."""
-    tau = "-" if figures.rank_correlation is None else f"{figures.rank_correlation:.2f}"
-    return (
-        f"MAPE {figures.mape:.1%}, Kendall's tau {tau}, chosen plan {figures.chosen} ({how})"
-        f" {figures.chosen_regret:.1%} slower than the fastest measured"
-    )
 
 
 def bubbles(record: BenchRecord) -> bool:
@@ -114,11 +180,35 @@ def describe(record: BenchRecord) -> str:
     which = "step" if len(timing.left_out) == 1 else "steps"
     timed = f"{timing.timed_steps} timed" + (f" ({which} {skipped} left out: an epoch's first)" if skipped else "")
     return (
-        f"Commit `{record.commit or 'unknown'}`; {machine.cores} x {machine.cpu_model}, {gpus},"
-        f" {machine.memory_bytes / 2**30:.0f} GiB, Python {machine.python}, torch {machine.torch}."
+        f"Commit `{record.commit or 'unknown'}`; {machine.cores} x {machine.cpu_model} ({flags_text(record)}),"
+        f" {gpus}, {machine.memory_bytes / 2**30:.0f} GiB, Python {machine.python}, torch {machine.torch};"
+        f" {reference_text(record)}."
         f" Batch {record.batch_size}, {record.steps} steps a run ({timing.warmup_steps} warm-up, then"
         f" {timed}, every arm alike), {repeats}; every arm planned from profile"
         f" `{record.profile_hash}`. {shared_line(record)}"
+    )
+
+
+def flags_text(record: BenchRecord) -> str:
+    flags = record.machine.cpu_flags
+    if flags is None:
+        return "CPU flags not recorded"
+    return " ".join(flags) if flags else "no AVX-512 or AMX"
+
+
+def speed_text(speed: KernelSpeed) -> str:
+    return f"{speed.matmul_gflops:.1f} / {speed.conv_gflops:.1f}"
+
+
+def reference_text(record: BenchRecord) -> str:
+    """The reference speed at the bench's start and end (reference.py), or that it was not measured."""
+    reference = record.reference
+    if reference is None:
+        return "reference speed not measured (the record predates it)"
+    end = speed_text(reference.end) if reference.end is not None else "not reached"
+    return (
+        f"reference speed, one thread, matmul / conv GFLOP/s: {speed_text(reference.start)} at the start, {end}"
+        " at the end"
     )
 
 
@@ -143,7 +233,7 @@ def arm_row(record: BenchRecord, arm: Arm, baseline: Arm | None) -> str:
         spread(arm),
         f"{record.batch_size / arm.step_s:.1f}",
         versus(arm, baseline),
-        f"{record.bound.ideal_s / arm.step_s:.0%}",
+        f"{record.bound.ideal_s / arm.step_s:.0%}" if record.bound.ideal_s is not None else "-",
         seconds(predicted) if predicted else "-",
         error,
         peak_memory(arm.runs),
@@ -177,6 +267,8 @@ def bound_row(record: BenchRecord) -> str:
 
 def bound_line(record: BenchRecord) -> str:
     bound = record.bound
+    if bound.t1_s is None or bound.ideal_s is None:
+        return "Measured bound: not measured yet."
     work = "every teacher and student block" if record.phase == "distill" else "the whole network, the full batch"
     line = (
         f"Measured bound: T1 = {seconds(bound.t1_s)} s a step (one rank doing all the work of a global step:"
@@ -224,12 +316,16 @@ def overlap(a: Arm, b: Arm) -> bool:
 
 
 def versus(arm: Arm, baseline: Arm | None) -> str:
-    """Speed against the baseline (its step over this one's), unless their intervals overlap."""
+    """Speed against the baseline (its step over this one's) with its range over the repeats, unless their
+    intervals overlap."""
     if baseline is None:
         return "-"
     if arm is not baseline and overlap(arm, baseline):
         return f"overlaps {baseline.name}"
-    return f"{baseline.step_s / arm.step_s:.2f}x"
+    ratio = speedup(arm, baseline)
+    if ratio is None or arm is baseline or ratio.count < 2:
+        return f"{baseline.step_s / arm.step_s:.2f}x"
+    return f"{ratio.value:.2f}x ({ratio.low:.2f}-{ratio.high:.2f})"
 
 
 def measured(arm: Arm) -> str:

@@ -33,11 +33,26 @@ class Machine(Part):
     """What the bench ran on."""
 
     cpu_model: str
+    cpu_flags: list[str] | None = None  # the flags that change kernels' speed (avx512*, amx*); None: not recorded
     cores: int  # logical CPUs
     memory_bytes: int
     gpus: list[str]  # CUDA device names; empty without a GPU
     python: str
     torch: str
+
+
+class KernelSpeed(Part):
+    """The reference kernels' speed on one thread (pipebd_core/bench/reference.py)."""
+
+    matmul_gflops: float
+    conv_gflops: float
+
+
+class Reference(Part):
+    """The reference speed at the start of the bench and at its end (None while it runs)."""
+
+    start: KernelSpeed
+    end: KernelSpeed | None = None
 
 
 class TimingRule(Part):
@@ -103,8 +118,10 @@ class Bound(Part):
     """The measured bound: T1, one rank running all the teacher and student work of a global step alone
     (the same global batch, one stage of every block), measured in the same bench; ideal_s = T1 / nproc."""
 
-    t1_s: float  # the median of the one-rank runs (end-to-end training: ddp on one rank, the full batch)
-    ideal_s: float
+    # the median of the one-rank runs (end-to-end training: ddp on one rank, the full batch); None while a
+    # bench that has not run the bound yet is under way (its record's runs_left say so)
+    t1_s: float | None
+    ideal_s: float | None
     runs: list[ArmRun]
     profile_ideal_s: float | None  # the profile's own prediction of perfectly divided work (not a bound)
 
@@ -124,6 +141,10 @@ class PlanAccuracy(Part):
     measured_step_s: float  # the median of its repeats
     calibrated_step_s: float | None  # from the frozen profile with `calibrated_from`'s calibration
     calibrated_from: str | None  # the arm whose run calibrated it (never its own); None: no run calibrated
+    # whether the guard (planning/calibration_guard.py) applied that calibration: False where it disagreed
+    # with the profile beyond the noise (the calibrated figures then use the profile's prediction); None in
+    # a record from before the guard (always applied)
+    calibration_applied: bool | None = None
 
 
 class AccuracyFigures(Part):
@@ -163,6 +184,7 @@ class BenchRecord(Document):
     name: str  # the spec's
     commit: str | None  # git HEAD of the PipeBD that ran, "+dirty" with uncommitted changes; None outside git
     machine: Machine
+    reference: Reference | None = None  # the machine's reference speed at the start and end; None: not measured
     spec: dict[str, Any]
     nproc: int
     batch_size: int
@@ -175,6 +197,15 @@ class BenchRecord(Document):
     bound: Bound
     split_cost: float | None = None  # end-to-end training: (I + W) / B over the layers, from the profile
     accuracy: Accuracy | None = None  # compares plans: predictions against measurements (bench --accuracy)
+    fitted: str | None = None  # `--minutes`: what it chose (steps, repeats, the predicted minutes)
+    seed: int | None = None  # distillation's --accuracy: the seed that drew plans (what --resume draws again)
+    # the runs still to run ("<arm>-<repeat>", in the order they run): written after every run, so a bench
+    # stopped half-way leaves a valid record that `pipebd bench --resume` continues; empty: complete
+    runs_left: list[str] = Field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.runs_left
 
 
 class ReplanRun(ArmRun):

@@ -1,11 +1,17 @@
 """`pipebd bench` on the tiny workload: the benchmark record, independent arms, one timing rule, the
-measured bound, and the out-of-sample calibration of `bench --accuracy`. Tier: 2-rank gloo runs through
-torchrun; ONE bench (dp and tr_dpu, one repeat, and the one-rank bound) shared by every test here."""
+measured bound, the out-of-sample calibration of `bench --accuracy`, and a bench killed half-way that
+resumes. Tier: 2-rank gloo runs through torchrun; ONE bench (dp and tr_dpu, one repeat, and the
+one-rank bound) shared by every test here, and the same bench killed after its second run and resumed."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import signal
 import statistics
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +26,7 @@ from pipebd_core.planning import profiles
 from pipebd_core.planning.distill_planner import cost_model, timeline
 from pipebd_core.rundir import RunDir
 from tests.fake_profiles import fake_profile
-from tests.helpers import tiny_spec
+from tests.helpers import ROOT, pipebd_here, tiny_document, tiny_spec, write_spec
 
 MODES = ["dp", "tr_dpu"]
 STEPS = 8  # per block: 2 warm-up, 6 timed (enough for the monitor's calibration window, which must stay local)
@@ -45,6 +51,9 @@ def test_the_record_holds_commit_machine_spec_and_every_run(bench: tuple[BenchRe
     assert BenchRecord.from_json(json.loads((out / RECORD).read_text())) == record
     assert record.commit and len(record.commit.removesuffix("+dirty")) == 40
     assert record.machine.cores >= 1 and record.machine.cpu_model and record.machine.torch
+    assert record.machine.cpu_flags is not None
+    assert record.reference is not None and record.reference.end is not None  # measured at both ends
+    assert record.reference.start.matmul_gflops > 0 and record.reference.end.conv_gflops > 0
     assert record.spec["name"] == "tiny" and record.nproc == 2 and record.steps == STEPS
     assert [arm.name for arm in record.arms] == MODES
     for arm in record.arms:
@@ -116,3 +125,89 @@ def test_calibration_from_one_arms_run_predicts_another(bench: tuple[BenchRecord
         out_of_sample = calibrated_prediction(plan, spec, frozen, other)
         assert out_of_sample != calibrated_prediction(plan, spec, frozen, own)
         assert out_of_sample != arm.runs[0].predicted_step_s
+
+
+def runs_in(record: BenchRecord) -> list[tuple[str, int, str]]:
+    """(arm, repeat, stages) of every run a record holds, the bound's last."""
+    arms = [(arm.name, arm.runs) for arm in record.arms] + [("bound", record.bound.runs)]
+    return [(name, run.repeat, str(run.stages)) for name, runs in arms for run in runs]
+
+
+def test_a_bench_killed_after_its_second_run_resumes_to_the_uninterrupted_record(
+    bench: tuple[BenchRecord, Path, Path, bytes], tmp_path: Path
+) -> None:
+    """The module's bench again as `pipebd bench` (the same spec and cached profile), killed with SIGTERM
+    once its record holds two runs, then `pipebd bench --resume` on that record: the runs and the profile
+    of the uninterrupted bench, the two runs done before the kill kept as they were."""
+    whole = bench[0]
+    spec = write_spec(tmp_path, tiny_document(schedule={"nproc": 2, "profile": True}))
+    out, started = tmp_path / "killed", time.monotonic()
+    command = [sys.executable, "-m", "pipebd_core.cli", "bench", str(spec), "--modes", ",".join(MODES)]
+    command += ["--steps", str(STEPS), "--repeats", "1", "--out", str(out)]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (out / RECORD).exists() or len(runs_in(load(out / RECORD))) < 2:
+            assert process.poll() is None, f"the bench ended before its second run: {process.communicate()[1]}"
+            assert time.monotonic() - started < 300, "the bench's first two runs took over 5 minutes"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) != 0
+    finally:
+        process.kill()
+    stopped = load(out / RECORD)
+    assert runs_in(stopped) == runs_in(whole)[:2] and stopped.runs_left == ["bound-0"]
+    code, _, err = pipebd_here("bench", "--resume", str(out / RECORD))
+    assert code == 0, err
+    resumed = load(out / RECORD)
+    assert resumed.complete and resumed.profile_hash == whole.profile_hash
+    assert runs_in(resumed) == runs_in(whole)
+    assert [arm.runs for arm in resumed.arms] == [arm.runs for arm in stopped.arms]  # kept, not run again
+    assert resumed.reference is not None and stopped.reference is not None
+    assert resumed.reference.start == stopped.reference.start and resumed.reference.end is not None
+    code, _, err = pipebd_here("bench", "--resume", str(out / RECORD))
+    assert code == 2 and "the bench is complete" in err
+
+
+def load(path: Path) -> BenchRecord:
+    return BenchRecord.from_json(json.loads(path.read_text()))
+
+
+def test_report_check_recomputes_every_prediction_and_fails_when_the_committed_profile_is_edited(
+    bench: tuple[BenchRecord, Path, Path, bytes], tmp_path: Path
+) -> None:
+    """The bench's record and frozen profile committed as a page's records are (NAME.json beside
+    NAME.profile.json.gz): every prediction recomputes; an edited profile, or an edited prediction, fails."""
+    _, out, _, _ = bench
+    code, printed, err = pipebd_here("bench", "--report", str(out / RECORD), "--check")
+    assert code == 0 and "every prediction recomputed" in printed, err
+    record, profile = tmp_path / "tiny.json", tmp_path / "tiny.profile.json.gz"
+    record.write_bytes((out / RECORD).read_bytes())
+    profile.write_bytes(gzip.compress((out / FROZEN_PROFILE).read_bytes()))
+    assert pipebd_here("bench", "--report", str(record), "--check")[0] == 0
+    edited = json.loads((out / FROZEN_PROFILE).read_text())
+    for timing in edited["blocks"][0]["teacher_s"].values():
+        timing["median"] *= 1.5
+    profile.write_bytes(gzip.compress(json.dumps(edited).encode()))
+    code, _, err = pipebd_here("bench", "--report", str(record), "--check")
+    assert code == 1 and "it was edited" in err
+    profile.write_bytes(gzip.compress((out / FROZEN_PROFILE).read_bytes()))
+    document = json.loads(record.read_text())
+    document["arms"][1]["runs"][0]["predicted_step_s"] *= 1.01
+    record.write_text(json.dumps(document))
+    code, _, err = pipebd_here("bench", "--report", str(record), "--check")
+    assert code == 1 and "tr_dpu repeat 0: the record says" in err
+    (tmp_path / "tiny.profile.json.gz").unlink()
+    code, _, err = pipebd_here("bench", "--report", str(record), "--check")
+    assert code == 1 and "no frozen profile committed beside" in err
+
+
+def test_minutes_that_hold_no_bench_are_refused_before_any_run(
+    bench: tuple[BenchRecord, Path, Path, bytes], tmp_path: Path
+) -> None:
+    """`--minutes` with the module's cached profile: half a minute holds no 3 repeats of 3 arms' start-ups,
+    and the refusal says what would (nothing ran: no run folder)."""
+    spec = write_spec(tmp_path, tiny_document(schedule={"nproc": 2, "profile": True}))
+    out = tmp_path / "fitted"
+    code, _, err = pipebd_here("bench", str(spec), "--modes", "dp,tr_dpu", "--minutes", "0.5", "--out", str(out))
+    assert code == 2 and "--minutes 0.5: 3 arms x 3 repeats need at least" in err, err
+    assert sorted(path.name for path in out.iterdir()) == ["frozen-profile.json"]

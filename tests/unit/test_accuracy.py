@@ -136,7 +136,7 @@ def plan(
 
 def test_the_section_judges_the_planners_first_plan_and_the_lowest_calibrated_one() -> None:
     plans = [
-        plan("dp", 2.0, 2.0, 2.1),
+        plan("dp", 2.0, 2.0, 2.08),
         plan("tr_dpu", 0.5, 1.0, 0.95, also=(CHOSEN,)),  # the planner's first: 10% slower than ir
         plan("ir", 0.8, 0.9, 0.9),
     ]
@@ -144,9 +144,14 @@ def test_the_section_judges_the_planners_first_plan_and_the_lowest_calibrated_on
     assert section.chosen == "tr_dpu" and section.chosen_regret == pytest.approx(1.0 / 0.9 - 1)
     assert section.mape == pytest.approx((0.0 + 0.5 + 0.1 / 0.9) / 3)
     assert section.rank_correlation == pytest.approx(1 / 3)  # (dp, tr_dpu) and (dp, ir) agree; (tr_dpu, ir) not
+    # the guard (5% without a noise floor): dp's +4% applies; tr_dpu's +90% and ir's +12.5% do not
     calibrated = section.calibrated
-    assert calibrated is not None and calibrated.chosen == "ir" and calibrated.chosen_regret == 0.0
-    assert calibrated.rank_correlation == pytest.approx(1.0)
+    assert [plan.calibration_applied for plan in section.plans] == [True, False, False]
+    assert calibrated is not None and calibrated.chosen == "tr_dpu"
+    assert calibrated.mape == pytest.approx((0.08 / 2.0 + 0.5 + 0.1 / 0.9) / 3)
+    believed = accuracy_section(plans, seed=7, floor=0.8)  # a noise floor of 80%: every calibration within it
+    assert believed.calibrated is not None and believed.calibrated.chosen == "ir"
+    assert believed.calibrated.chosen_regret == 0.0 and believed.calibrated.rank_correlation == pytest.approx(1.0)
     uncalibrated = accuracy_section([plan("dp", 2.0, 2.0, None), plan("ir", 1.0, 1.1, None, (CHOSEN,))], seed=0)
     assert uncalibrated.calibrated is None
 
@@ -158,8 +163,8 @@ def test_the_report_renders_the_accuracy_table_from_the_record() -> None:
     again = BenchRecord.from_json(json.loads(stored.model_dump_json()))
     text = render([again])
     assert "the planner's predictions checked" in text and "#### Predictions checked" in text
-    assert "| tr_dpu = top1 | mode | - | 1 | 0.5 | -50% | 0.95 | -5% | dp |" in text
-    assert "From the profile alone: MAPE 25.0%, Kendall's tau 1.00, chosen plan tr_dpu" in text
+    assert "| tr_dpu = top1 | mode | - | 1 | 0.5 | -50% | 0.95 | -5% | dp (not applied) |" in text
+    assert "From the profile alone: MAPE " in text and "chosen plan tr_dpu (the planner's first plan)" in text
     assert "Calibrated out of sample (each plan predicted with the calibration of the next candidate's run" in text
     assert "#### Predictions checked" not in render([record])  # a record without accuracy has no such table
 

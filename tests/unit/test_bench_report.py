@@ -62,7 +62,7 @@ def test_a_comparison_is_ranked_only_when_the_intervals_are_apart() -> None:
 
     close, apart = scaled(0.95), scaled(0.5)
     assert versus(close, dp) == "overlaps dp"  # 0.039 to 0.043 against 0.041 to 0.045
-    assert versus(apart, dp) == "2.00x"
+    assert versus(apart, dp) == "2.00x (2.00-2.00)"  # with its range over the repeats
 
 
 def test_arms_that_ran_the_same_schedule_are_never_ranked() -> None:

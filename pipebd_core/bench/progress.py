@@ -1,0 +1,100 @@
+"""Benchmarks that survive being stopped: the record written after every run, and `pipebd bench --resume`.
+
+A bench writes its record (bench.json) when it starts and again after every run it finishes, each time
+whole (written beside and moved into place, so a kill never leaves half a file): the runs so far, and in
+`runs_left` the runs still to run ("<arm>-<repeat>", in rotation order). The record is valid after every
+run; the report renders a record with runs left as incomplete.
+
+`pipebd bench --resume RECORD` continues such a bench where it stopped: the same spec, arms, steps and
+repeats (all in the record), planned from the same frozen profile (frozen-profile.json beside the record,
+checked against the record's hash), skipping every run the record holds and running the others in the
+order the uninterrupted bench would have. The reference speed at the start stays the first start's; the
+end's is measured when the bench ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from pipebd_core.bench.arms import BOUND, FROZEN_PROFILE, RECORD, freeze
+from pipebd_core.bench.reference import reference_speed
+from pipebd_core.documents.base import Document
+from pipebd_core.documents.bench_record import ArmRun, BenchRecord, KernelSpeed, Reference
+
+P = TypeVar("P", bound=Document)
+Runs = dict[str, list[ArmRun]]
+
+
+def write_record(out: Path, record: BenchRecord) -> Path:
+    """out/bench.json, replaced whole."""
+    path = out / RECORD
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(record.model_dump_json(indent=1))
+    os.replace(partial, path)
+    return path
+
+
+def read_record(path: Path) -> BenchRecord:
+    """The record `--resume` continues; a ValueError naming the file when it is none or is complete."""
+    try:
+        record = BenchRecord.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--resume {path}: not a benchmark record (bench.json of `pipebd bench`): {error}") from None
+    if record.complete:
+        raise ValueError(f"--resume {path}: the bench is complete ({record.repeats} repeats of every arm)")
+    return record
+
+
+def recorded_runs(record: BenchRecord) -> Runs:
+    """The runs a record holds, by arm (the bound's under BOUND)."""
+    return {**{arm.name: list(arm.runs) for arm in record.arms}, BOUND: list(record.bound.runs)}
+
+
+@dataclass
+class Progress(Generic[P]):
+    """A bench under way: the profile every arm plans from, its hash, the reference speed at the start,
+    the runs already done (those of the record it resumes)."""
+
+    out: Path
+    profile: P
+    profile_hash: str
+    start: KernelSpeed
+    done: Runs
+
+    def reference(self, ended: bool) -> Reference:
+        return Reference(start=self.start, end=reference_speed() if ended else None)
+
+    def writer(self, build: Callable[[Runs, Reference], BenchRecord]) -> Callable[[Runs, list[str]], None]:
+        """What the rotation calls after every run: the record of the runs so far, `left` to run."""
+
+        def written(runs: Runs, left: list[str]) -> None:
+            record = build(runs, self.reference(ended=False))
+            write_record(self.out, record.model_copy(update={"runs_left": left}))
+
+        return written
+
+
+def begin(out: Path, resume: BenchRecord | None, measure: Callable[[], P], kind: type[P]) -> Progress[P]:
+    """A fresh bench (the reference speed, then the profile `measure` gives, frozen into `out`) or the
+    bench `resume` left in `out` (its frozen profile, which must still have the record's hash)."""
+    if resume is None:
+        start = reference_speed()
+        profile = measure()
+        return Progress(out, profile, freeze(profile, out), start, {})
+    path = out / FROZEN_PROFILE
+    try:
+        profile = kind.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError) as error:
+        raise RuntimeError(f"--resume: the frozen profile {path} cannot be read: {error}") from None
+    if profile.digest() != resume.profile_hash:
+        raise RuntimeError(
+            f"--resume: {path} has hash {profile.digest()}, the record planned every arm from"
+            f" {resume.profile_hash}; restore that profile or run the bench again"
+        )
+    start = resume.reference.start if resume.reference is not None else reference_speed()
+    return Progress(out, profile, resume.profile_hash, start, recorded_runs(resume))

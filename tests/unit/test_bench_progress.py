@@ -1,0 +1,106 @@
+"""Benchmarks that fit and resume, without running anything: the rotation that skips the runs a record
+holds and reports every run as it ends, `--minutes`' choice of steps and repeats, the report of a record
+with runs left, and `--resume`'s refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipebd_core.bench.arms import rotate, rotation
+from pipebd_core.bench.fit import LAUNCH_S, MIN_REPEATS, MIN_STEPS, fit, predicted_s
+from pipebd_core.bench.report import render
+from pipebd_core.documents.bench_record import ArmRun, BenchRecord, Load, TimingRule
+from pipebd_core.spec import Spec, SpecError
+from tests.helpers import pipebd_here, tiny_spec
+
+RECORD = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "record.json"
+ARMS = ["dp", "tr_dpu", "bound"]
+
+
+def made_run(name: str, repeat: int) -> ArmRun:
+    """A run whose figures say which arm and repeat made it."""
+    seconds = ARMS.index(name) + repeat / 10
+    return ArmRun(
+        repeat=repeat,
+        step_s=[seconds],
+        measured_step_s=seconds,
+        predicted_step_s=None,
+        profile_hash=None,
+        timing=TimingRule(warmup_steps=2, timed_steps=1),
+        load=Load(wall_s=1.0, other_cores=0.0, shared=False),
+        stages=[],
+        peak_mem_bytes=[1],
+    )
+
+
+class Stopped(Exception):
+    pass
+
+
+def test_the_rotation_resumed_from_what_was_written_runs_the_rest_in_the_same_order(tmp_path: Path) -> None:
+    arms = dict.fromkeys(ARMS, tiny_spec())
+    order: list[tuple[str, int]] = []
+    written: list[tuple[dict[str, list[ArmRun]], list[str]]] = []
+
+    def run(name: str, arm: Spec, folder: Path, repeat: int) -> ArmRun:
+        if len(order) == 4:  # killed during the fifth run
+            raise Stopped
+        order.append((name, repeat))
+        return made_run(name, repeat)
+
+    def write(runs: dict[str, list[ArmRun]], left: list[str]) -> None:
+        written.append(({name: list(done) for name, done in runs.items()}, left))
+
+    with pytest.raises(Stopped):
+        rotate(arms, 2, tmp_path, False, run, written=write)
+    assert order == rotation(ARMS, 2)[:4] == [("dp", 0), ("tr_dpu", 0), ("bound", 0), ("tr_dpu", 1)]
+    assert [left for _, left in written] == [
+        ["dp-0", "tr_dpu-0", "bound-0", "tr_dpu-1", "bound-1", "dp-1"],  # before the first run
+        ["tr_dpu-0", "bound-0", "tr_dpu-1", "bound-1", "dp-1"],
+        ["bound-0", "tr_dpu-1", "bound-1", "dp-1"],
+        ["tr_dpu-1", "bound-1", "dp-1"],
+        ["bound-1", "dp-1"],
+    ]
+    done = written[-1][0]
+    order.clear()
+    resumed = rotate(arms, 2, tmp_path, False, lambda n, a, f, r: order.append((n, r)) or made_run(n, r), done)
+    assert order == [("bound", 1), ("dp", 1)]
+    whole = rotate(arms, 2, tmp_path, False, lambda n, a, f, r: made_run(n, r))
+    assert resumed == whole
+
+
+def test_minutes_choose_steps_and_repeats_within_the_budget() -> None:
+    step_s = {"dp": 0.5, "tr_dpu": 0.3, "bound": 0.6}
+    chosen = fit(step_s, minutes=5, max_steps=40)
+    assert chosen.repeats >= MIN_REPEATS and MIN_STEPS <= chosen.steps <= 40
+    assert chosen.predicted_s == predicted_s(step_s, chosen.steps, chosen.repeats) <= 5 * 60
+    assert predicted_s(step_s, chosen.steps + 1, chosen.repeats) > 5 * 60  # as many steps as fit
+    assert chosen.predicted_s == chosen.repeats * (3 * LAUNCH_S + chosen.steps * 1.4)
+    assert "steps a run" in chosen.says() and f"{chosen.repeats} repeats of 3 arms" in chosen.says()
+    roomy = fit(step_s, minutes=30, max_steps=10)  # the steps asked for fit with room: more repeats
+    assert roomy.steps == 10 and roomy.repeats > MIN_REPEATS and roomy.predicted_s <= 30 * 60
+    with pytest.raises(SpecError, match=r"--minutes 1: 3 arms x 3 repeats need at least 4 minutes"):
+        fit(step_s, minutes=1, max_steps=40)
+    few = fit(step_s, minutes=4, max_steps=4)  # fewer steps asked for than MIN_STEPS: those, if they fit
+    assert few.steps == 4 and few.predicted_s <= 4 * 60
+
+
+def test_a_record_with_runs_left_reports_itself_incomplete_and_resume_refuses_what_it_cannot(tmp_path: Path) -> None:
+    whole = BenchRecord.from_json(json.loads(RECORD.read_text()))
+    first = whole.arms[0].model_copy(update={"runs": whole.arms[0].runs[:1]})
+    bound = whole.bound.model_copy(update={"runs": [], "t1_s": None, "ideal_s": None})
+    stopped = whole.model_copy(update={"arms": [first], "bound": bound, "runs_left": ["bound-0", "dp-1"]})
+    text = render([stopped])
+    assert "Incomplete: 1 runs done, 2 left (bound-0, dp-1)" in text and "s/step" not in text
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(whole.to_json()))
+    code, _, err = pipebd_here("bench", "--resume", str(path))
+    assert code == 2 and "the bench is complete" in err
+    path.write_text(json.dumps(stopped.to_json()))  # no frozen profile beside it
+    code, _, err = pipebd_here("bench", "--resume", str(path))
+    assert code == 2 and "frozen profile" in err and "cannot be read" in err
+    code, _, err = pipebd_here("bench", "examples/tiny-custom.yaml", "--resume", str(path))
+    assert code == 2 and "give no spec" in err
