@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipebd_core.bench.conditions import LoadMeter, commit, machine  # noqa: E402
+from pipebd_core.bench.conditions import commit, machine, measured_command  # noqa: E402
 from pipebd_core.bench.page import render_language_model  # noqa: E402
 from pipebd_core.planning.profiles import CACHE_ENV  # noqa: E402
 from pipebd_core.rundir import RunDir  # noqa: E402
@@ -93,20 +92,9 @@ def run(document: dict[str, Any], out: Path, env: dict[str, str]) -> tuple[RunDi
     """One job through `pipebd run`; its run directory and the load on the machine meanwhile."""
     path = out.with_suffix(".json")
     path.write_text(json.dumps(document))
-    meter = LoadMeter.open()
-    started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "pipebd_core.cli", "run", str(path), "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    wall = time.perf_counter() - started
-    if done.returncode:
-        raise SystemExit(f"language_model: {document['name']} failed:\n{done.stderr[-3000:]}")
-    return RunDir(out), {"wall_s": wall, "load": meter.load().model_dump()}
+    command = [sys.executable, "-m", "pipebd_core.cli", "run", str(path), "--out", str(out)]
+    done = measured_command(command, f"language_model: {document['name']}", REPO, env, RUN_TIMEOUT_S)
+    return RunDir(out), {"wall_s": done.wall_s, "load": done.load.model_dump()}
 
 
 def tokens_per_s(network: nn.Module, spec: Spec) -> float:

@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipebd_core.bench.conditions import LoadMeter, commit, machine  # noqa: E402
+from pipebd_core.bench.conditions import LoadMeter, commit, machine, measured_command  # noqa: E402
 from pipebd_core.bench.page import render_tradeoff  # noqa: E402
 from pipebd_core.documents.architecture import Architecture  # noqa: E402
 from pipebd_core.documents.choice import ChoiceRecord  # noqa: E402
@@ -84,22 +83,11 @@ def run(document: dict[str, Any], out: Path, env: dict[str, str]) -> tuple[RunDi
     """One job through `pipebd run`; its run directory, its wall and phase times and the load meanwhile."""
     path = out.with_suffix(".json")
     path.write_text(json.dumps(document))
-    meter = LoadMeter.open()
-    started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "pipebd_core.cli", "run", str(path), "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    wall = time.perf_counter() - started
-    if done.returncode:
-        raise SystemExit(f"tradeoff: {document['name']} failed:\n{done.stderr[-3000:]}")
+    command = [sys.executable, "-m", "pipebd_core.cli", "run", str(path), "--out", str(out)]
+    done = measured_command(command, f"tradeoff: {document['name']}", REPO, env, RUN_TIMEOUT_S)
     run_dir = RunDir(out)
     phases = {p.name: p.duration_s for p in run_dir.load_phases() if p.duration_s is not None and p.done}
-    return run_dir, TradeoffJob(wall_s=wall, phase_s=phases, load=meter.load())
+    return run_dir, TradeoffJob(wall_s=done.wall_s, phase_s=phases, load=done.load)
 
 
 def parse_budget(text: str) -> dict[str, float]:
@@ -111,19 +99,9 @@ def parse_budget(text: str) -> dict[str, float]:
 def choose(search: RunDir, budget: dict[str, float], env: dict[str, str]) -> tuple[ChoiceRecord, float]:
     """The choice made again for `budget` by the engine's command, and the command's wall time."""
     options = [item for name, value in budget.items() for item in (f"--{name.replace('_', '-')}", str(value))]
-    started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "pipebd_core.distill.choose", "--run-dir", str(search.root), *options],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    wall = time.perf_counter() - started
-    if done.returncode:
-        raise SystemExit(f"tradeoff: choosing {budget} failed:\n{done.stderr[-3000:]}")
-    return ChoiceRecord.from_json(json.loads(done.stdout)), wall
+    command = [sys.executable, "-m", "pipebd_core.distill.choose", "--run-dir", str(search.root), *options]
+    done = measured_command(command, f"tradeoff: choosing {budget}", REPO, env, RUN_TIMEOUT_S)
+    return ChoiceRecord.from_json(json.loads(done.stdout)), done.wall_s
 
 
 def generation(folder: Path, args: argparse.Namespace) -> tuple[float, int]:

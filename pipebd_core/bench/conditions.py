@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import platform
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -85,6 +87,15 @@ def tree_cpu_seconds() -> float:
     return float(times.user + times.system + times.children_user + times.children_system)
 
 
+@dataclass(frozen=True)
+class MeasuredCommand:
+    """A benchmark's command that ran to its end: what it printed, its wall time and the load meanwhile."""
+
+    stdout: str
+    wall_s: float
+    load: Load
+
+
 class LoadMeter(CpuWindow):
     """Opened before a run, read after it (once its processes have been reaped): the profiler's CPU window
     with the bench's whole process tree as its own."""
@@ -98,3 +109,17 @@ class LoadMeter(CpuWindow):
         others = window.node_busy_s - window.own_s
         cores = max(0.0, others) / window.wall_s if window.wall_s > 0 else 0.0
         return Load(wall_s=window.wall_s, other_cores=cores, shared=cores > SHARED_CORES)
+
+
+def measured_command(
+    command: list[str], what: str, cwd: Path, env: dict[str, str], timeout_s: float
+) -> MeasuredCommand:
+    """Run `command` to its end, timed, with the load on the machine meanwhile; a failure stops the
+    benchmark (SystemExit naming `what`, with the end of the command's stderr)."""
+    meter = LoadMeter.open()
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    wall = time.perf_counter() - started
+    if done.returncode:
+        raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
+    return MeasuredCommand(stdout=done.stdout, wall_s=wall, load=meter.load())
