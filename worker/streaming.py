@@ -3,7 +3,7 @@
 Each poll reads the complete telemetry lines the ranks appended since the last poll and writes, in
 one transaction, the `job_metric` rows (and the chart rollups they complete, app/core/rollups.py),
 one `metrics` event naming their id range, and the job's progress and samples/s (from
-pipebd_core.job.progress, as `pipebd run` computes them). Logs are not copied: a `log` event says which
+pipebd_core/figures.py over the stored lines: app/core/figures.py). Logs are not copied: a `log` event says which
 log of which phase grew to what size, and readers fetch the bytes from the run directory
 (`GET /api/v1/jobs/{id}/logs`). The event stream of the API replays exactly these events.
 
@@ -27,6 +27,7 @@ from sqlmodel import Session, col, func, select
 
 from app.core.database import DATABASE_DOWN, session_scope
 from app.core.downsample import to_point
+from app.core.figures import store_figures
 from app.core.rollups import RollupBuilder
 from app.core.tables import EVAL_SEQ, Job, JobEvent, JobMetric
 from pipebd_core.documents.phases import DISTILL, FINETUNE, PhaseRecord
@@ -60,10 +61,10 @@ class TelemetryStreamer:
         self.followers: dict[str, MetricsFollower] = {}
         self.rollups = {phase: RollupBuilder(job_id, phase) for phase in PHASES_WITH_METRICS}
         self.log_sizes: dict[tuple[str, str], int] = {}
+        self.samples_per_s: float | None = None  # the job's, as the last poll that stored lines computed it
         self.stored_seq, self.stored_evals = self._stored()
         self.unsent: dict[str, list[TelemetryLine]] = {}  # read, not yet stored (the database did not answer)
         self.refused: set[str] = set()  # phases whose files hold lines of another format version
-        self.samples_per_s: float | None = None  # of the training phase followed last
 
     def _stored(self) -> tuple[dict[tuple[str, int], int], set[tuple[str, int, int]]]:
         """What earlier attempts stored: the highest seq per (phase, rank), and the evaluations' epochs."""
@@ -78,6 +79,8 @@ class TelemetryStreamer:
                     JobMetric.job_id == self.job_id, JobMetric.seq == EVAL_SEQ
                 )
             ).all()
+            job = session.get(Job, self.job_id)
+            self.samples_per_s = job.samples_per_s if job is not None else None  # a restarted worker keeps it
         seqs = {(phase, rank): int(seq) for phase, rank, seq in highest}
         return seqs, {(phase, rank, epoch) for phase, rank, epoch in evals}
 
@@ -105,13 +108,10 @@ class TelemetryStreamer:
         return self.followers[phase]
 
     def progress(self, phase: str, records: list[PhaseRecord]) -> Progress:
-        """The job row's progress fields: the whole job's and `phase`'s fraction done, and samples/s: the
-        training phase's while one runs, afterwards the last training phase's as it stood at its last poll
-        (a finished job's list row shows what its distillation or fine-tuning reached, not a blank)."""
+        """The job row's progress fields: the whole job's and `phase`'s fraction done, and samples/s as the last
+        poll that stored lines computed it (app/core/figures.py: a finished job's row keeps its figures)."""
         follower = self.followers.get(phase)
         fraction = follower.progress.fraction if follower is not None else 0.0
-        if follower is not None:
-            self.samples_per_s = follower.progress.samples_per_s()
         return {
             "progress": job_fraction(records, fraction),
             "phase_progress": fraction,
@@ -177,6 +177,9 @@ class TelemetryStreamer:
         steps = [line for line in lines if not isinstance(line, EvalLine)]
         session.add_all(self.rollups[phase].add([to_point(line) for line in steps]))
         session.flush()
+        job = session.get(Job, self.job_id)
+        if job is not None:  # the figures over the lines stored so far, this poll's included, on the same row
+            self.samples_per_s = store_figures(session, job).samples_per_s
         progress = self.progress(phase, records)
         ids = [row.id for row in rows if row.id is not None]
         data = {"first_id": min(ids), "last_id": max(ids), "phase": phase, **progress}

@@ -11,7 +11,9 @@ What the run holds:
     params     the resolved spec, flattened to dotted paths (train.lr, schedule.mode, workload.kind, ...)
     metrics    each training phase's series (pipebd_core/tracking/scalars.py: loss per block and step,
                samples/s, memory per rank, finetune loss, accuracy and top-1) once the phase ends;
-               phase/<phase>/duration_s; summary/<field> from summary.json (final losses, top-1, ...)
+               phase/<phase>/duration_s; job/<figure> (samples_per_s, step_s, busy_share, peak_mem: the
+               figures the dashboard shows, app/core/figures.py) as a phase ends; summary/<field> from
+               summary.json (final losses, top-1, ...)
     artifacts  the job's small documents (summary.json, spec.json, plan.json, ...) under pipebd/, once it ends
     status     RUNNING while a worker runs it, SCHEDULED when it waits (queued again, paused), FINISHED,
                FAILED or KILLED (cancelled) when it ends
@@ -36,10 +38,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from app.core.database import session_scope
+from app.core.figures import step_of
 from app.core.json_types import JsonObject
 from app.core.model_versions import JOB_TAG, RUN_DIR_TAG
 from app.core.settings import Settings
 from app.core.states import CANCELLED, FAILED, PAUSED, QUEUED, RUNNING, SUCCEEDED
+from app.core.tables import Job
 from pipebd_core.documents.phases import ENDED, TRAINING_PHASES, PhaseRecord
 from pipebd_core.rundir import OUTPUTS, RunDir
 from pipebd_core.tracking.scalars import Scalar, run_scalars
@@ -83,6 +88,22 @@ def summary_metrics(summary: JsonObject) -> dict[str, float]:
         if math.isfinite(value) and text not in ("true", "false"):
             numbers[f"summary/{key.replace('.', '/')}"] = value
     return numbers
+
+
+def job_metrics(database: str, job_id: int) -> dict[str, float]:
+    """The job's figures as its row holds them (app/core/figures.py, the ones every page shows), as
+    `job/<figure>` metrics: samples_per_s, step_s, busy_share, peak_mem (bytes); those not known left out."""
+    with session_scope(database) as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return {}
+        values = {
+            "samples_per_s": job.samples_per_s,
+            "step_s": step_of(job),
+            "busy_share": job.busy_share,
+            "peak_mem": job.peak_mem,
+        }
+    return {f"job/{name}": float(value) for name, value in values.items() if value is not None}
 
 
 def phase_changes(ended: list[PhaseRecord]) -> tuple[dict[str, float], dict[str, str]]:
@@ -193,6 +214,8 @@ class MlflowExport:
         ends = {record.name: record.ended_at for record in records if record.state == ENDED}
         ends = {name: end for name, end in ends.items() if self.phase_ends.get(name) != end}
         metrics, tags = phase_changes([record for record in records if record.name in ends])
+        if ends:
+            metrics.update(job_metrics(self.database, self.job_id))
         tags["pipebd.state"] = self.state
         tags["mlflow.note.content"] = outputs_note(self.run_dir, self.job_id, self.public_url)
         summary = self.run_dir.summary

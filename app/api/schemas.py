@@ -30,12 +30,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_serializer
 
 from app.api.problems import PROBLEM_JSON
+from app.core.figures import step_of
 from app.core.json_types import JsonObject
 from app.core.objectives import Objective
 from app.core.plan_summary import PlanSummary
 from app.core.states import JobState
 from app.core.sweeps import SweepState
-from app.core.tables import iso_utc
+from app.core.tables import Job, iso_utc
 from app.services.errors import EXCERPT_CHARS
 
 Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
@@ -413,7 +414,19 @@ class JobPublic(BaseModel):
     phase: str | None = Field(description="The phase running now, or the one that ran last; null before any")
     phase_progress: float = Field(description="Fraction of the current phase done, 0 to 1")
     progress: float = Field(description="Fraction of the whole job done, 0 to 1 (phases weighted by their work)")
-    samples_per_s: float | None = Field(description="Recent throughput, samples through every block per second")
+    samples_per_s: float | None = Field(
+        description="Samples through every block per second over each rank's latest tasks (docs/api.md: figures)"
+    )
+    step_s: float | None = Field(
+        None,
+        description="The measured step: seconds one global batch takes through every block (batch / samples_per_s)",
+    )
+    busy_share: float | None = Field(
+        None,
+        description="The busiest rank's share of its time not waiting for other ranks nor idle between tasks, 0 to 1"
+        " (distillation only)",
+    )
+    peak_mem: int | None = Field(None, description="The largest peak memory any rank reported, in bytes")
     termination_reason: str | None = Field(
         description="Why it ended: user_cancelled, exit_code, rank_error, oom, timeout, worker_lost or launch_error"
     )
@@ -438,6 +451,12 @@ class GangSeatPublic(BaseModel):
     @field_serializer("heartbeat_at")
     def _heartbeat_iso(self, value: float | None) -> str | None:
         return iso(value)
+
+
+def job_fields(job: Job) -> JsonObject:
+    """A job row's fields as JobPublic and the models built on it take them, with its measured step
+    (app/core/figures.py)."""
+    return {**job.model_dump(), "step_s": step_of(job)}
 
 
 class JobDetail(JobPublic):
@@ -581,7 +600,10 @@ class CompareRow(BaseModel):
         description="dotted spec path -> this job's value (null where its spec lacks the field), for each of `fields`"
     )
     loss: dict[str, LossStat] = Field(description="per block (its index): the loss's min, max and final")
-    samples_per_s: float | None = Field(description="measured throughput, samples through every block per second")
+    samples_per_s: float | None = Field(description="the job's samples/s, as GET /api/v1/jobs/{id} gives it")
+    step_s: float | None = Field(None, description="the job's measured step, as GET /api/v1/jobs/{id} gives it")
+    busy_share: float | None = Field(None, description="the job's busy share, as GET /api/v1/jobs/{id} gives it")
+    peak_mem: int | None = Field(None, description="the job's peak memory in bytes, as GET /api/v1/jobs/{id} gives it")
     top1: Number | None = Field(
         description="top-1 after end-to-end training, else the compressed student's; null where none was measured"
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.client import ClientError, download, get_json, get_text, paged
-from app.cli.output import fields, percent, print_json, table
+from app.cli.output import fields, mebibytes, millis, percent, print_json, share, table
 from app.cli.responses import JobJson, LogChunkJson
 from pipebd_core.cli import fail
 
@@ -106,6 +106,9 @@ def describe(job: JobJson) -> str:
                 ("phase", job["phase"] and f"{job['phase']} ({percent(job['phase_progress'])})"),
                 ("progress", percent(job["progress"])),
                 ("samples/s", job["samples_per_s"]),
+                ("step", millis(job.get("step_s"))),
+                ("busy", share(job.get("busy_share"))),
+                ("peak memory", mebibytes(job.get("peak_mem"))),
                 ("ranks", ranks(job)),
                 ("hosts", hosts_of(job)),
                 ("mode", summary.get("mode")),

@@ -28,6 +28,21 @@ def percent(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction:.0%}"
 
 
+def millis(seconds: float | None) -> str | None:
+    """A measured step as `5.79 ms`; None (left out) without one."""
+    return None if seconds is None else f"{seconds * 1e3:.2f} ms"
+
+
+def share(fraction: float | None) -> str | None:
+    """A share as `77%`; None (left out) without one."""
+    return None if fraction is None else percent(fraction)
+
+
+def mebibytes(size: int | None) -> str | None:
+    """Bytes as `12.3 MiB`; None (left out) without a size."""
+    return None if size is None else f"{size / 2**20:.1f} MiB"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Columns padded to their widest cell, two spaces apart, headers in capitals."""
     cells = [[header.upper() for header in headers], *([cell(value) for value in row] for row in rows)]

@@ -49,7 +49,10 @@ class JobJson(TypedDict):
     phase: str | None
     phase_progress: float
     progress: float
-    samples_per_s: float | None
+    samples_per_s: float | None  # the job's figures (app/core/figures.py), as every page shows them
+    step_s: NotRequired[float | None]
+    busy_share: NotRequired[float | None]
+    peak_mem: NotRequired[int | None]
     termination_reason: str | None
     worker: str | None
     plan_summary: NotRequired[PlanSummaryJson | None]

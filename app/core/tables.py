@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, Column, Index
+from sqlalchemy import JSON, BigInteger, Column, Index
 from sqlmodel import Field, SQLModel
 
 from app.core.job_phases import PhaseEntry
@@ -93,7 +93,10 @@ class Job(SQLModel, table=True):
     phases: list[PhaseEntry] | None = Field(default=None, sa_column=Column(JSON))  # pipebd_core.job.phases records
     phase_progress: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})  # of the current phase
     progress: float = 0.0  # of the whole job (pipebd_core.job.phases.job_fraction)
+    # the job's figures (app/core/figures.py), stored by the worker with the telemetry lines they come from
     samples_per_s: float | None = None
+    busy_share: float | None = None
+    peak_mem: int | None = Field(default=None, sa_column=Column(BigInteger))  # bytes
     plan_summary: PlanSummary | None = Field(default=None, sa_column=Column(JSON))  # app/core/plan_summary.py
     termination_reason: str | None = Field(default=None, max_length=32)
     error: str | None = None

@@ -1,5 +1,5 @@
-"""Why a job runs as fast as it does: per-rank time shares from the ranks' phase times, the measured
-throughput, and a sentence naming the bottleneck rank and why.
+"""Why a job runs as fast as it does: per-rank time shares from the ranks' phase times (pipebd_core/figures.py's
+RankLoad), and a sentence naming the bottleneck rank and why, quoting the job's figures (app/core/figures.py).
 
 Each telemetry line is one task of one rank; it ends at `time`, and its phases (in execution order:
 data or recv_wait, teacher, send, student, allreduce, barrier, optim) sum to the task's duration.
@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.core.figures import step_of
+from app.core.tables import Job
 from app.web.templating import blocks as block_text
 from app.web.templating import millis
 from pipebd_core.documents.distill_plan import PlanDocument
 from pipebd_core.documents.telemetry import DistillLine
-from pipebd_core.rundir import STEP_PHASES
+from pipebd_core.figures import BETWEEN, RankLoad, spread
 
 WORK = ("data", "teacher", "student", "optim")  # computation a faster device would shorten
-WAITS = ("recv_wait", "barrier")  # time spent waiting for other ranks: not busy
-BETWEEN = "between"  # time between a rank's tasks, outside every timed phase
 LABELS = {
     "data": "loading data",
     "recv_wait": "waiting for input",
@@ -46,67 +46,9 @@ BALANCED_WITHIN = 0.05  # work shares closer than this: no single rank holds the
 NOTABLE_WAIT = 0.05  # waits below this share are not worth a sentence
 
 
-@dataclass
-class RankLoad:
-    """How one rank spent its recent wall time."""
-
-    rank: int
-    blocks: list[int]
-    tasks: int
-    wall_s: float  # from the first task's start to the last task's end
-    phase_s: dict[str, float]
-    distilled: float  # samples through all blocks: rows x blocks trained / blocks in the model
-
-    def share(self, phase: str) -> float:
-        if phase == BETWEEN:
-            return max(0.0, self.wall_s - sum(self.phase_s.values())) / self.wall_s
-        return self.phase_s.get(phase, 0.0) / self.wall_s
-
-    @property
-    def work_share(self) -> float:
-        return sum(self.share(phase) for phase in WORK)
-
-    @property
-    def busy_share(self) -> float:
-        """Everything but waiting for other ranks and the gaps between tasks."""
-        return max(0.0, 1.0 - sum(self.share(phase) for phase in (*WAITS, BETWEEN)))
-
-    def shares(self) -> list[tuple[str, float]]:
-        """(phase, share) in execution order, then the time between tasks; only non-zero ones."""
-        items = [(phase, self.share(phase)) for phase in (*STEP_PHASES, BETWEEN)]
-        return [(phase, share) for phase, share in items if share > 0.0005]
-
-    def largest(self, phases: tuple[str, ...]) -> tuple[str, float]:
-        return max(((phase, self.share(phase)) for phase in phases), key=lambda item: item[1])
-
-
-def rank_load(rank: int, lines: list[DistillLine], num_blocks: int) -> RankLoad | None:
-    """The load of one rank over its telemetry lines (oldest first); None without lines."""
-    if not lines:
-        return None
-    phase_s = dict.fromkeys(STEP_PHASES, 0.0)
-    trained: set[int] = set()
-    distilled = 0.0
-    for line in lines:
-        for phase, seconds in line.phases.items():
-            phase_s[phase] = phase_s.get(phase, 0.0) + seconds
-        trained.update(line.blocks)
-        distilled += (line.samples or 0) * len(line.blocks) / max(1, num_blocks)
-    first_start = lines[0].time - sum(lines[0].phases.values())
-    wall = max(lines[-1].time - first_start, sum(phase_s.values()), 1e-9)
-    return RankLoad(rank, sorted(trained), len(lines), wall, phase_s, distilled)
-
-
-def rank_loads(lines_by_rank: dict[int, list[DistillLine]], num_blocks: int) -> list[RankLoad]:
-    loads = (rank_load(rank, lines, num_blocks) for rank, lines in sorted(lines_by_rank.items()))
-    return [load for load in loads if load is not None]
-
-
-def samples_per_s(loads: list[RankLoad]) -> float | None:
-    """Samples distilled through every block per second, summed over the ranks' shares of the work."""
-    if not loads:
-        return None
-    return sum(load.distilled / load.wall_s for load in loads)
+def work_share(load: RankLoad) -> float:
+    """The share of a rank's wall time spent computing (what names the bottleneck)."""
+    return sum(load.share(phase) for phase in WORK)
 
 
 @dataclass
@@ -136,10 +78,15 @@ def _work_words(load: RankLoad) -> str:
     return ", ".join(named) or "short tasks"
 
 
+def _busy(load: RankLoad) -> str:
+    """`busy 77% of the time, computing 53%`: the busy share (the table's Busy column) and the work in it."""
+    return f"busy {100 * load.busy_share:.0f}% of the time, computing {100 * work_share(load):.0f}%"
+
+
 def _other_rank(load: RankLoad) -> str:
     phase, share = load.largest(("recv_wait", "send", "barrier", "allreduce", BETWEEN))
     if share < NOTABLE_WAIT:
-        return f"rank {load.rank} is busy too (works {100 * load.work_share:.0f}% of the time)"
+        return f"rank {load.rank} is busy too ({_busy(load)})"
     return f"rank {load.rank} {WAIT_WORDS[phase]} {100 * share:.0f}% of the time"
 
 
@@ -155,9 +102,7 @@ def predicted_bottleneck(plan: PlanDocument | None) -> tuple[int, float] | None:
     return ranked.bottleneck_stage, ranked.step_s
 
 
-def _prediction(plan: PlanDocument | None, loads: list[RankLoad], batch_size: int) -> str | None:
-    measured = samples_per_s(loads)
-    step_s = batch_size / measured if measured else None
+def _prediction(plan: PlanDocument | None, step_s: float | None) -> str | None:
     predicted = predicted_bottleneck(plan)
     if predicted is not None:
         stage, predicted_s = predicted
@@ -173,46 +118,48 @@ def _prediction(plan: PlanDocument | None, loads: list[RankLoad], batch_size: in
     return None
 
 
-def find_bottleneck(loads: list[RankLoad], plan: PlanDocument | None, batch_size: int, ended: bool = False) -> Finding:
-    """Which rank holds the job up and why, in sentences a newcomer can act on."""
+def find_bottleneck(
+    loads: list[RankLoad], plan: PlanDocument | None, step_s: float | None, ended: bool = False
+) -> Finding:
+    """Which rank holds the job up and why, in sentences a newcomer can act on; `step_s`: the job's measured
+    step (app/core/figures.py), quoted beside the prediction."""
     if not loads:
         if ended:
             return Finding(None, "No telemetry: the job ended before its ranks reported a step.", [])
         return Finding(None, "No telemetry yet: the bottleneck is named once the ranks report their first steps.", [])
-    top = max(loads, key=lambda load: (load.work_share, -load.rank))
-    prediction = _prediction(plan, loads, batch_size)
+    top = max(loads, key=lambda load: (work_share(load), -load.rank))
+    prediction = _prediction(plan, step_s)
     details = [prediction] if prediction else []
     if len(loads) == 1:
-        headline = (
-            f"One rank does all the work: rank {top.rank} works {100 * top.work_share:.0f}% of the time"
-            f" ({_work_words(top)})."
-        )
+        headline = f"One rank does all the work: rank {top.rank} is {_busy(top)} ({_work_words(top)})."
         return Finding(top.rank, headline, details)
     others = [load for load in loads if load.rank != top.rank]
-    runner_up = max(load.work_share for load in others)
-    if top.work_share - runner_up < BALANCED_WITHIN:
-        low, high = round(100 * min(load.work_share for load in loads)), round(100 * top.work_share)
-        spread = f"about {high}%" if low == high else f"{low}–{high}%"
+    runner_up = max(work_share(load) for load in others)
+    if work_share(top) - runner_up < BALANCED_WITHIN:
+        low, high = round(100 * min(work_share(load) for load in loads)), round(100 * work_share(top))
+        band = f"about {high}%" if low == high else f"{low}–{high}%"
         headline = (
-            f"The ranks are evenly loaded (each works {spread} of the time);"
+            f"The ranks are evenly loaded (each computes {band} of the time);"
             f" rank {top.rank} ({where(top, plan)}) is only marginally the busiest."
         )
         return Finding(top.rank, headline, [f"Meanwhile {_waits(others)}.", *details], balanced=True)
     else:
         headline = (
-            f"Rank {top.rank} ({where(top, plan)}) is the bottleneck: it works {100 * top.work_share:.0f}%"
-            f" of the time ({_work_words(top)}), more than any other rank."
+            f"Rank {top.rank} ({where(top, plan)}) is the bottleneck: it is {_busy(top)} ({_work_words(top)}),"
+            " more computing than any other rank."
         )
     return Finding(top.rank, headline, [f"Meanwhile {_waits(others)}.", *details])
 
 
 @dataclass
 class JobSummary:
-    """One row of the compare table."""
+    """One row of the compare table: the job's figures (app/core/figures.py) and its final losses."""
 
-    samples_per_s: float | None  # measured over the ranks' recent tasks
+    samples_per_s: float | None
     step_s: float | None
+    busy_share: float | None
     peak_mem: int | None  # the largest peak over the ranks (CUDA max allocated, or RSS on CPU)
+    spread: float | None  # how much its steps' pace varies (pipebd_core.figures.spread)
     final_loss: dict[str, float]
 
 
@@ -232,18 +179,13 @@ def latest_losses(lines_by_rank: dict[int, list[DistillLine]]) -> dict[str, floa
     return {str(block): sum(values) / len(values) for block, (_, values) in sorted(latest.items())}
 
 
-def summarize(
-    lines_by_rank: dict[int, list[DistillLine]],
-    num_blocks: int,
-    batch_size: int,
-    final_loss: dict[str, float] | None,
-) -> JobSummary:
-    loads = rank_loads(lines_by_rank, num_blocks)
-    speed = samples_per_s(loads)
-    memory = [line.peak_mem for lines in lines_by_rank.values() for line in lines]
+def summarize(job: Job, lines_by_rank: dict[int, list[DistillLine]], final_loss: dict[str, float] | None) -> JobSummary:
+    """The compare row of `job`: the figures stored on its row, the spread of its recent lines."""
     return JobSummary(
-        samples_per_s=speed,
-        step_s=batch_size / speed if speed else None,
-        peak_mem=max(memory) if memory else None,
+        samples_per_s=job.samples_per_s,
+        step_s=step_of(job),
+        busy_share=job.busy_share,
+        peak_mem=job.peak_mem,
+        spread=spread(lines_by_rank),
         final_loss=final_loss or latest_losses(lines_by_rank),
     )

@@ -5,7 +5,8 @@ Up to MAX_COMPARED jobs by id, the detailed view below with live curves. More id
 comparison as GET /api/v1/compare (app/services/compare.py), sorted and paged on the server, with the spec
 fields that differ (or all of them: `all_fields=true`) and the loss per block as min/max/final.
 
-One table (mode, ranks, measured samples/s and step time, speed-up over the baseline, peak memory,
+One table (mode, ranks, the jobs' figures as app/core/figures.py stores them: samples/s, measured step,
+busy share, speed-up over the baseline (or `within noise`), peak memory;
 final loss per block; for jobs that trained end to end, top-1 before and after with the teacher's,
 parameters; every phase's wall time) and overlaid curves drawn by the page's script, which follows each unfinished
 job's event stream and re-fetches the table (`/compare/partials/table`) as metrics arrive.
@@ -34,6 +35,7 @@ from app.web.routing import PageRoute
 from app.web.templating import render
 from app.web.views import PhaseStep, mode_text, phase_timeline, plan_detail
 from pipebd_core.documents.summary import FinetuneReport
+from pipebd_core.figures import Speedup, speedup
 
 MAX_COMPARED = 4  # each unfinished job holds an event stream open; browsers allow six connections per host
 PICKER_JOBS = 20  # recent jobs offered as checkboxes when no ids are given
@@ -49,7 +51,7 @@ class Compared:
     job: Job
     mode: str  # as submitted (`auto`, not what auto chose): `dp` jobs are the baseline
     summary: JobSummary
-    speedup: float | None = None
+    speedup: Speedup | None = None  # over the baseline's samples/s, `within noise` inside their spread
     baseline: bool = False
     shown_mode: str = ""  # `dp`, `auto → hybrid`: what the mode column and the curves' legend say
     plan: str | None = None  # the plan in a few words (its stages), once planned
@@ -83,9 +85,8 @@ def compared(session: Session, job: Job) -> Compared:
     final_loss = written.final_loss if written is not None else None
     plan = job.plan_summary or {}
     summary = summarize(
+        job,
         queries.recent_lines(session, job),
-        int(plan.get("num_blocks") or 1),
-        int(job.spec.get("data", {}).get("batch_size") or 1),
         {str(block): loss for block, loss in final_loss.items()} if final_loss else None,
     )
     mode = job.spec.get("schedule", {}).get("mode") or plan.get("mode") or "?"
@@ -101,15 +102,19 @@ def compared(session: Session, job: Job) -> Compared:
 
 
 def with_speedups(rows: list[Compared]) -> list[Compared]:
-    """Speed-up over the first measured `dp` job, or over the first measured job when none runs `dp`."""
+    """Speed-up over the first measured `dp` job, or over the first measured job when none runs `dp`; within
+    noise where the difference lies inside the two jobs' spread (pipebd_core.figures.speedup)."""
     measured = [row for row in rows if row.summary.samples_per_s]
     if not measured:
         return rows
     baseline = next((row for row in measured if row.mode == "dp"), measured[0])
     baseline.baseline = True
+    base = baseline.summary
     for row in rows:
-        if row.summary.samples_per_s and baseline.summary.samples_per_s:
-            row.speedup = row.summary.samples_per_s / baseline.summary.samples_per_s
+        if row is baseline:
+            row.speedup = Speedup(1.0, within_noise=False)  # 1.00: what the others are measured against
+        elif row.summary.samples_per_s and base.samples_per_s:
+            row.speedup = speedup(row.summary.samples_per_s, row.summary.spread, base.samples_per_s, base.spread)
     return rows
 
 

@@ -18,13 +18,14 @@ from sqlmodel import Session
 from app.api.deps import JobId, SessionDep, SettingsDep
 from app.core import gangs
 from app.core.attempts import attempts_of, rank_hosts, shape_notes
+from app.core.figures import step_of
 from app.core.states import FINAL, SUCCEEDED
 from app.core.tables import Job
 from app.services.artifacts import available
 from app.services.jobs import waiting_reason
 from app.web import queries
 from app.web.access import ViewerDep
-from app.web.analysis import LABELS, find_bottleneck, rank_loads
+from app.web.analysis import LABELS, find_bottleneck
 from app.web.architecture import MAX_COLUMNS, architecture_view, spaced
 from app.web.finetune import (
     FinetuneView,
@@ -42,6 +43,7 @@ from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.distill_plan import PlanDocument
 from pipebd_core.documents.phases import DISTILL, FINETUNE
 from pipebd_core.documents.telemetry import DistillLine
+from pipebd_core.figures import peak_mem, rank_loads
 from pipebd_core.job.outcomes import TERMINATION_REASONS
 from pipebd_core.job.phases import PHASE_KINDS
 
@@ -94,6 +96,7 @@ class JobParts:
         attempts = attempts_of(self.session, self.job.id) if self.job.id is not None else []
         return {
             "row": job_row(self.job),
+            "step_s": step_of(self.job),  # the job's figures (app/core/figures.py), as every page shows them
             "waiting": reason,
             "explanation": explanation,
             "phases": phase_timeline(self.job, replans=self.plan.details.replans if self.plan else ()),
@@ -110,15 +113,15 @@ class JobParts:
 
     def bottleneck(self) -> dict[str, Any]:
         lines = self.recent
-        loads = rank_loads(lines, self.num_blocks or 1)
-        memory = {rank: max(line.peak_mem for line in rank_lines) for rank, rank_lines in lines.items()}
-        finding = find_bottleneck(loads, self.plan, self.batch_size, ended=self.job.state in FINAL)
+        loads = rank_loads(lines)
+        memory = {rank: peak_mem({rank: rank_lines}) for rank, rank_lines in lines.items()}
+        finding = find_bottleneck(loads, self.plan, step_of(self.job), ended=self.job.state in FINAL)
         hosts = self.rank_hosts
         return {"loads": loads, "finding": finding, "labels": LABELS, "memory": memory, "hosts": hosts}
 
     def plan_part(self) -> dict[str, Any]:
         calibration = queries.read_calibration(self.job) if self.plan else None
-        view = plan_view(self.plan, calibration) if self.plan else None
+        view = plan_view(self.plan, calibration, step_of(self.job)) if self.plan else None
         return {"plan": view, "error": self._plan_error, "schedule": self.job.spec.get("schedule", {})}
 
     def artifacts(self) -> dict[str, Any]:
@@ -180,6 +183,7 @@ class JobParts:
             "batchSize": self.batch_size,
             "numBlocks": self.num_blocks,
             "startedAt": self.job.started_at,
+            "finishedAt": self.job.finished_at,
             "afterEventId": queries.last_event_id(self.session, self.job.id),
             "hasPlan": self.plan is not None,
             "predicted": self.predicted_timeline(),

@@ -2,7 +2,8 @@
 
 The distilled (or searched) network's quality beside its teacher's, from summary.json: held-out perplexity
 for a language model (and, once a finetune phase has run, the fine-tuned model's beside it), top-1 where
-the data set has real labels. For a transformer search, from
+the data set has real labels; a language model's parameters and KV-cache bytes per token, after
+distillation beside its teacher's (before). For a transformer search, from
 architecture.json: every layer's candidates with their held-out loss, parameters and KV-cache bytes per token,
 the chosen one marked, how it was chosen, and each cost the choice reached (a fraction of the teacher's
 layers') against its budget where one was set, and the library's trade-off curve with every choice made
@@ -64,9 +65,36 @@ class Cost:
         return f"{value * 1e3:,.2f}" if self.name == "latency" else f"{int(value):,}"
 
 
+@dataclass(frozen=True)
+class Size:
+    """A language model's size after distillation beside its teacher's (before): parameters, or KV-cache
+    bytes per token."""
+
+    what: str  # "Parameters", "KV cache per token"
+    unit: str  # "", " B"
+    student: int
+    teacher: int | None
+
+    @property
+    def reached(self) -> float | None:
+        """The distilled network's share of the teacher's."""
+        return self.student / self.teacher if self.teacher else None
+
+
+def sizes_of(summary: Summary) -> list[Size]:
+    """The sizes summary.json has (a language model's finalize measures them), distilled beside teacher."""
+    sizes = []
+    if summary.student_params is not None:
+        sizes.append(Size("Parameters", "", summary.student_params, summary.teacher_params))
+    if summary.student_kv_cache_bytes is not None:
+        sizes.append(Size("KV cache per token", " B", summary.student_kv_cache_bytes, summary.teacher_kv_cache_bytes))
+    return sizes
+
+
 @dataclass
 class OutcomeView:
     quality: list[Quality] = field(default_factory=list)
+    sizes: list[Size] = field(default_factory=list)  # a language model's, beside its perplexity
     names: list[str] = field(default_factory=list)  # the candidates, in the order of workload.replacements
     layers: list[LayerChoice] = field(default_factory=list)
     chosen_by: str | None = None
@@ -77,7 +105,7 @@ class OutcomeView:
 
     @property
     def shown(self) -> bool:
-        return bool(self.quality or self.layers or self.error)
+        return bool(self.quality or self.sizes or self.layers or self.error)
 
 
 def quality_of(summary: Summary) -> list[Quality]:
@@ -117,7 +145,9 @@ def layer_choices(architecture: Architecture) -> tuple[list[str], list[LayerChoi
 
 def outcome_view(job: Job) -> OutcomeView:
     summary = read_summary(job)
-    view = OutcomeView(quality=quality_of(summary) if summary is not None else [])
+    view = OutcomeView(
+        quality=quality_of(summary) if summary is not None else [], sizes=sizes_of(summary) if summary else []
+    )
     try:
         architecture = queries.read_document(job, "architecture.json", Architecture)
     except DocumentError as error:

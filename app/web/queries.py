@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from sqlmodel import Session, col, func, select
 
+from app.core import figures
 from app.core.json_types import JsonObject
 from app.core.tables import Job, JobEvent, JobMetric
 from app.services.artifacts import file_path
@@ -23,24 +24,14 @@ from pipebd_core.rundir import RunDir
 
 D = TypeVar("D", bound=Document)
 
-RECENT_TASKS = 40  # telemetry lines per rank behind the bottleneck analysis and the compare table
 ENGINE_EVENTS = 200  # lifecycle lines of events.jsonl shown on a job page, newest kept
 
 
-def recent_lines(session: Session, job: Job, per_rank: int = RECENT_TASKS) -> dict[int, list[DistillLine]]:
-    """The newest `per_rank` distillation telemetry lines of each rank, oldest first (one indexed query per rank)."""
-    result: dict[int, list[DistillLine]] = {}
-    for rank in range(job.world_size):
-        query = (
-            select(JobMetric.record)
-            .where(JobMetric.job_id == job.id, JobMetric.phase == DISTILL, JobMetric.rank == rank)
-            .order_by(col(JobMetric.seq).desc())
-            .limit(per_rank)
-        )
-        rows = [DistillLine.from_json(record) for record in session.exec(query).all()]
-        if rows:
-            result[rank] = rows[::-1]
-    return result
+def recent_lines(session: Session, job: Job) -> dict[int, list[DistillLine]]:
+    """The distillation lines every figure is computed over (app/core/figures.py): each rank's newest, oldest first."""
+    assert job.id is not None
+    found = figures.recent_lines(session, job.id, job.world_size, DISTILL)
+    return {rank: [line for line in lines if isinstance(line, DistillLine)] for rank, lines in found.items()}
 
 
 def last_event_id(session: Session, job_id: int) -> int:

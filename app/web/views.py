@@ -237,7 +237,7 @@ class PlanView:
     replans: list[ReplanView] = field(default_factory=list)
     calibration: list[BlockCalibration] = field(default_factory=list)
     calibrated_steps: list[int] | None = None  # the steps the calibration measured
-    measured_step_s: float | None = None  # the step time that calibration measured
+    measured_step_s: float | None = None  # the job's measured step (app/core/figures.py)
 
     @property
     def auto_choice(self) -> str | None:
@@ -314,7 +314,11 @@ def calibration_views(calibration: Calibration | None, names: list[str]) -> list
     ]
 
 
-def plan_view(plan: PlanDocument, calibration: Calibration | None = None) -> PlanView:
+def plan_view(
+    plan: PlanDocument, calibration: Calibration | None = None, measured_step_s: float | None = None
+) -> PlanView:
+    """The plan part; `measured_step_s`: the job's measured step (app/core/figures.py), the one the bottleneck
+    part quotes too."""
     names = plan.block_names or [f"block{i}" for i in range(plan.num_blocks)]
     stages = [
         StageView(index, block_text(range(s.start, s.stop)), list(s.ranks), list(s.rows))
@@ -338,5 +342,5 @@ def plan_view(plan: PlanDocument, calibration: Calibration | None = None) -> Pla
         replans=replan_views(plan),
         calibration=calibration_views(calibration, names),
         calibrated_steps=calibration.source.steps if calibration else None,
-        measured_step_s=calibration.measured_step_s if calibration else None,
+        measured_step_s=measured_step_s,
     )

@@ -58,12 +58,19 @@ def accuracy_report(spec: Spec, workload: Workload, compressed: nn.Module, devic
     if device.type == "cpu":
         torch.set_num_threads(os.cpu_count() or 1)  # every block is trained: the other ranks are idle
     if spec.data.dataset == "text":
+        from pipebd_core.workloads.transformer import network_costs  # a language model: transformers is there
+
+        params, kv_bytes = network_costs(compressed)
         report = AccuracyReport(
             top1_note="a language model: held-out perplexity instead of top-1",
             student_perplexity=perplexity(compressed, spec, device),
+            student_params=params,
+            student_kv_cache_bytes=kv_bytes,
         )
         if workload.teacher_network is not None:
-            report.teacher_perplexity = perplexity(workload.teacher_network(), spec, device)
+            teacher = workload.teacher_network()
+            report.teacher_perplexity = perplexity(teacher, spec, device)
+            report.teacher_params, report.teacher_kv_cache_bytes = network_costs(teacher)
         return report
     report = AccuracyReport(student_top1=top1_accuracy(compressed, spec, device))
     if workload.teacher_network is not None:

@@ -59,6 +59,12 @@ class AccuracyReport(BaseModel):
     top1_note: str | None = None  # why no top-1 is given
     student_perplexity: float | None = None
     teacher_perplexity: float | None = None
+    # a language model: the whole network's parameters and the bytes its attention layers add to the KV cache
+    # per token, the distilled one's and its teacher's (before and after, beside the perplexity)
+    student_params: int | None = None
+    teacher_params: int | None = None
+    student_kv_cache_bytes: int | None = None
+    teacher_kv_cache_bytes: int | None = None
 
 
 class Summary(Document):
@@ -79,6 +85,10 @@ class Summary(Document):
     top1_note: str | None = None  # why no top-1 is given (synthetic labels, a language model)
     student_perplexity: float | None = None  # text: the compressed student's held-out perplexity
     teacher_perplexity: float | None = None
+    student_params: int | None = None  # text: the distilled network's parameters, all of them
+    teacher_params: int | None = None
+    student_kv_cache_bytes: int | None = None  # text: KV-cache bytes per token of the distilled network's layers
+    teacher_kv_cache_bytes: int | None = None
     finetune: FinetuneReport | None = None  # once the evaluate phase ran
 
     def to_json(self) -> dict[str, Any]:

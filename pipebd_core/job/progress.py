@@ -8,12 +8,13 @@ finetune), and the service's workers store the same numbers; both read a phase's
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
+from pipebd_core import figures
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.telemetry import DistillLine, EvalLine, FileTail, StepLine, TelemetryLine, read_line
+from pipebd_core.figures import RECENT_TASKS
 from pipebd_core.rundir import RunDir
 
 
@@ -51,13 +52,14 @@ class PhaseSize:
     nproc: int
     total_steps: int
     batch_size: int
+    num_blocks: int = 1  # the network's blocks (a distillation line's samples are a share of them)
 
     @classmethod
     def of(cls, run_dir: RunDir, phase: str) -> PhaseSize:
         """From the phase's plan: plan.json for distillation, finetune_plan.json for end-to-end training."""
         if phase == DISTILL:
             plan = run_dir.load_plan()
-            return cls(plan.nproc, plan.total_steps, plan.batch_size)
+            return cls(plan.nproc, plan.total_steps, plan.batch_size, plan.num_blocks)
         finetune = run_dir.load_finetune_plan()
         return cls(finetune.nproc, finetune.steps.total_steps, finetune.batch_size)
 
@@ -67,14 +69,17 @@ class Progress:
     """The latest state of every rank of a phase, folded from their telemetry lines."""
 
     size: PhaseSize
-    started: float = field(default_factory=time.time)
     latest: dict[int, StepLine] = field(default_factory=dict)
+    recent: dict[int, list[StepLine]] = field(default_factory=dict)  # each rank's newest RECENT_TASKS lines
     losses: dict[str, float] = field(default_factory=dict)  # per block (distill), or "network" (finetune)
 
     def add(self, line: TelemetryLine) -> None:
         if isinstance(line, EvalLine):  # an evaluation, not a step
             return
         self.latest[line.rank] = line
+        window = self.recent.setdefault(line.rank, [])
+        window.append(line)
+        del window[:-RECENT_TASKS]
         if isinstance(line, DistillLine):
             self.losses.update({str(block): value for block, value in line.loss.items()})
         elif line.loss is not None:
@@ -84,18 +89,19 @@ class Progress:
     def fraction(self) -> float:
         return phase_fraction(self.latest, self.size.nproc)
 
-    def samples_per_s(self) -> float:
-        """Samples taken through every block (the whole network) per second, the same unit in every mode."""
-        elapsed = max(1e-9, time.time() - self.started)
-        counts = TaskCounts.of(self.latest, self.size.nproc)  # this attempt's work only
-        return counts.done / counts.whole * self.size.total_steps * self.size.batch_size / elapsed
+    def samples_per_s(self) -> float | None:
+        """Samples taken through every block (the whole network) per second: pipebd_core/figures.py's
+        definition, the one the service shows; None before the first step."""
+        return figures.samples_per_s(self.recent, self.size.num_blocks)
 
     def describe(self) -> str:
         slowest = min(self.latest.values(), key=lambda line: line.done / max(1, line.total), default=None)
         where = f"epoch {slowest.epoch} step {slowest.step}" if slowest else "starting"
         loss = sum(self.losses.values()) / len(self.losses) if self.losses else float("nan")
         what = "loss" if "network" in self.losses else "mean block loss"
-        return f"{self.fraction:6.1%} {where} | {what} {loss:.4g} | {self.samples_per_s():.1f} samples/s"
+        speed = self.samples_per_s()
+        rate = f"{speed:.1f} samples/s" if speed is not None else "— samples/s"
+        return f"{self.fraction:6.1%} {where} | {what} {loss:.4g} | {rate}"
 
 
 class MetricsFollower:

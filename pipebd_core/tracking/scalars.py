@@ -8,8 +8,9 @@ slash), and each of its points has an integer step and the wall time of the last
     finetune/loss, finetune/train_acc   likewise, over the ranks that compute a loss (a pipeline: the last stage)
     finetune/top1                   rank 0's evaluation after `step` (EvalLine)
     finetune/perplexity             likewise, a language model's held-out perplexity (workload kind transformer)
-    <phase>/samples_per_s           samples taken through the whole network per second, in windows of
-                                    wall time (about WINDOWS of them); step: seconds since the phase began
+    <phase>/samples_per_s           samples taken through the whole network per second (pipebd_core/figures.py's
+                                    samples), in windows of wall time (about WINDOWS of them); step: seconds
+                                    since the phase began
     <phase>/memory_mib/rank_<r>     the rank's memory in use, and .../peak_mib/rank_<r> its peak so far;
     <phase>/gpu_util/rank_<r>       percent (CUDA ranks); step: the rank's task count (`seq`, which only grows)
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pipebd_core.data.streams import even_ranges
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.telemetry import DistillLine, EvalLine, StepLine, TelemetryLine, read_line
+from pipebd_core.figures import network_samples, task_seconds
 from pipebd_core.job.progress import PhaseSize
 from pipebd_core.rundir import RunDir
 
@@ -121,10 +123,10 @@ def throughput(steps: list[StepLine], num_blocks: int) -> list[tuple[int, float,
     """(seconds since the first line, samples per second, window end) per window of wall time with work in
     it: each line adds its samples times the share of the network it trained (its blocks of `num_blocks`;
     a finetune step trains the whole network) to the window it was written in."""
-    timed = [(line.time, _network_samples(line, num_blocks)) for line in steps if line.samples is not None]
+    timed = [(line.time, network_samples(line, num_blocks)) for line in steps if line.samples is not None]
     if not timed:
         return []
-    start = min(time for time, _ in timed) - min(_seconds(line) for line in steps)
+    start = min(time for time, _ in timed) - min(task_seconds(line) for line in steps)
     span = max(time for time, _ in timed) - start
     width = max(MIN_WINDOW_S, span / WINDOWS)
     last = max(0, math.ceil(span / width) - 1)
@@ -135,17 +137,6 @@ def throughput(steps: list[StepLine], num_blocks: int) -> list[tuple[int, float,
         (round((index + 1) * width), samples / width, start + (index + 1) * width)
         for index, samples in sorted(windows.items())
     ]
-
-
-def _network_samples(line: StepLine, num_blocks: int) -> float:
-    """Samples through the whole network that `line` stands for."""
-    share = len(line.blocks) / max(1, num_blocks) if isinstance(line, DistillLine) else 1.0
-    return (line.samples or 0) * share
-
-
-def _seconds(line: StepLine) -> float:
-    """The seconds the line's task took (its first window starts when the earliest task began)."""
-    return sum(line.phases.values()) if isinstance(line, DistillLine) else line.elapsed
 
 
 def thinned(scalars: list[Scalar], max_points: int) -> list[Scalar]:

@@ -235,6 +235,13 @@ def kv_cache_bytes(block: nn.Module) -> int:
     return 2 * heads * head_dim * next(attention.parameters()).element_size()
 
 
+def network_costs(network: nn.Module) -> tuple[int, int]:
+    """A language model's parameters (all of them) and the bytes its attention layers add to the KV cache per
+    token (summed over its decoder blocks, as kv_cache_bytes counts one)."""
+    params = sum(p.numel() for p in network.parameters())
+    return params, sum(kv_cache_bytes(module) for module in network.modules() if hasattr(module, "layer"))
+
+
 def candidate_costs(students: Sequence[nn.Module]) -> dict[str, list[list[int]]]:
     """Per cost, per layer, each candidate's: its parameters (block 0's shared embedding is the teacher's:
     not counted) and its KV-cache bytes per token."""

@@ -11,6 +11,7 @@ import redis
 from sqlmodel import Session, func, select
 
 from app.core.database import get_engine, migrate
+from app.core.figures import store_figures
 from app.core.queue import queue_name
 from app.core.settings import Settings
 from app.core.tables import Job, JobEvent, JobMetric, Sweep
@@ -105,6 +106,9 @@ def insert_metrics(settings: Settings, job_id: int, rank: int, losses: list[floa
             )
         session.add_all(rows)
         session.flush()
+        job = session.get(Job, job_id)
+        if job is not None:
+            store_figures(session, job)
         data = {"first_id": rows[0].id, "last_id": rows[-1].id, "progress": 0.5, "samples_per_s": 10.0}
         session.add(JobEvent(job_id=job_id, kind="metrics", data=data))
         session.commit()
@@ -120,6 +124,9 @@ def store_lines(settings: Settings, job_id: int, lines: list[DistillLine], event
         ]
         session.add_all(rows)
         session.flush()
+        job = session.get(Job, job_id)
+        if job is not None:  # the job's figures over its lines, on its row, as the worker stores them
+            store_figures(session, job)
         data = {"first_id": rows[0].id, "last_id": rows[-1].id, **(event or {})}
         session.add(JobEvent(job_id=job_id, kind="metrics", data=data))
         session.commit()

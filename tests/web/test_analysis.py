@@ -8,21 +8,14 @@ from typing import Any
 import pytest
 
 from app.core.tables import Job
-from app.web.analysis import (
-    JobSummary,
-    find_bottleneck,
-    latest_losses,
-    predicted_bottleneck,
-    rank_load,
-    rank_loads,
-    summarize,
-)
+from app.web.analysis import JobSummary, find_bottleneck, latest_losses, predicted_bottleneck, summarize
 from app.web.architecture import block_history, candidate_names, spaced
 from app.web.compare import Compared, with_speedups
-from app.web.templating import blocks, duration, size
+from app.web.templating import blocks, duration, millis, size
 from app.web.views import chosen_mode, job_row, mode_text, plan_text, plan_view, stages_text
 from pipebd_core.documents.distill_plan import PlanDocument, StageSpan
 from pipebd_core.documents.telemetry import DistillLine
+from pipebd_core.figures import rank_load, rank_loads, samples_per_s, step_s
 from tests.telemetry_lines import distill_line
 
 ZERO = {
@@ -63,14 +56,13 @@ def pipeline(steps: int = 10) -> dict[int, list[DistillLine]]:
 
 
 def test_rank_load_splits_wall_time_into_phases_and_gaps() -> None:
-    load = rank_load(0, pipeline()[0], num_blocks=4)
+    load = rank_load(0, pipeline()[0])
     assert load is not None
     assert load.tasks == 10
     # wall: from the first task's start (0.06 - 0.09) to the last task's end (0.96)
     assert load.wall_s == pytest.approx(0.96 - (0.06 - 0.09))
     assert load.share("send") == pytest.approx(0.5 / load.wall_s)
     assert sum(share for _, share in load.shares()) == pytest.approx(1.0, abs=0.01)
-    assert load.distilled == pytest.approx(10 * 12 * 2 / 4)
 
 
 def plan_document(**fields: Any) -> PlanDocument:
@@ -90,16 +82,21 @@ def ranked(stages: list[dict[str, int]], step_s: float, bottleneck: int) -> dict
 
 
 def test_the_bottleneck_is_the_rank_that_works_most_and_others_say_how_they_wait() -> None:
-    loads = rank_loads(pipeline(), num_blocks=4)
+    loads = rank_loads(pipeline())
     ranks = [
         {"rank": 0, "blocks": [0, 1], "rows": [0, 12], "stage": 0, "role": "stage"},
         {"rank": 1, "blocks": [2, 3], "rows": [0, 12], "stage": 1, "role": "stage"},
     ]
     plan = plan_document(ranks=ranks)
-    finding = find_bottleneck(loads, plan, batch_size=12)
+    measured = step_s(12, samples_per_s(pipeline(), 4))
+    finding = find_bottleneck(loads, plan, measured)
     assert finding.rank == 1
     assert finding.headline.startswith("Rank 1 (stage 1, blocks 2–3) is the bottleneck")
     assert "student work" in finding.headline
+    # the busy share the sentence quotes is the table's Busy column (one figure, one name)
+    busy = next(load for load in loads if load.rank == 1).busy_share
+    assert f"busy {100 * busy:.0f}% of the time" in finding.headline
+    assert f"Measured: {millis(measured)} per step" in finding.details[1]
     assert "rank 0 is held up sending its output on (send)" in finding.details[0]
     assert "no prediction" in finding.details[1]
 
@@ -110,7 +107,7 @@ def test_a_downstream_rank_waiting_for_input_is_named_as_waiting() -> None:
         record.phases.update(recv_wait=0.06, student=0.015)  # rank 1 now mostly waits
     for record in records[0]:
         record.phases.update(send=0.0, student=0.08)
-    finding = find_bottleneck(rank_loads(records, 4), None, 12)
+    finding = find_bottleneck(rank_loads(records), None, None)
     assert finding.rank == 0
     assert "rank 1 waits for its input (recv_wait)" in finding.details[0]
 
@@ -119,14 +116,14 @@ def test_even_ranks_are_reported_as_balanced() -> None:
     records = {
         rank: [line(rank, s, 0.1 * (s + 1), [rank], teacher=0.05, student=0.05) for s in range(5)] for rank in (0, 1)
     }
-    finding = find_bottleneck(rank_loads(records, 2), None, 10)
-    assert finding.balanced and finding.headline.startswith("The ranks are evenly loaded (each works about 100%")
+    finding = find_bottleneck(rank_loads(records), None, None)
+    assert finding.balanced and finding.headline.startswith("The ranks are evenly loaded (each computes about 100%")
 
 
 def test_no_telemetry_and_a_single_rank() -> None:
-    assert find_bottleneck([], None, 10).rank is None
-    single = rank_loads({0: [line(0, 0, 1.0, [0, 1], teacher=0.2, student=0.6)]}, 2)
-    finding = find_bottleneck(single, None, 10)
+    assert find_bottleneck([], None, None).rank is None
+    single = rank_loads({0: [line(0, 0, 1.0, [0, 1], teacher=0.2, student=0.6)]})
+    finding = find_bottleneck(single, None, 0.5)
     assert finding.rank == 0 and finding.headline.startswith("One rank does all the work")
 
 
@@ -140,20 +137,20 @@ def test_the_prediction_of_the_chosen_plan_is_quoted() -> None:
         ],
     )
     assert predicted_bottleneck(plan) == (1, 0.08)
-    finding = find_bottleneck(rank_loads(pipeline(), 4), plan, 12)
+    finding = find_bottleneck(rank_loads(pipeline()), plan, 0.1)
     assert "predicted stage 1 as the bottleneck at 80.00 ms per step" in finding.details[1]
 
 
-def test_summary_measures_throughput_memory_and_final_losses() -> None:
+def test_the_compare_summary_is_the_job_s_stored_figures_and_final_losses() -> None:
     records = pipeline()
-    summary = summarize(records, num_blocks=4, batch_size=12, final_loss=None)
-    loads = rank_loads(records, 4)
-    expected = sum(load.distilled / load.wall_s for load in loads)
-    assert summary.samples_per_s == pytest.approx(expected)
-    assert summary.step_s == pytest.approx(12 / expected)
-    assert summary.peak_mem == 2000 + 9
+    spec = {"data": {"batch_size": 12}}
+    job = Job(id=1, name="a", state="succeeded", nproc=2, queue="q", spec=spec, samples_per_s=120.0, busy_share=0.5)
+    job.peak_mem = 2009
+    summary = summarize(job, records, final_loss=None)
+    assert (summary.samples_per_s, summary.step_s, summary.busy_share) == (120.0, pytest.approx(0.1), 0.5)
+    assert summary.peak_mem == 2009 and summary.spread is not None
     assert summary.final_loss == {"0": 0.1, "1": 0.1, "2": 0.1, "3": 0.1}
-    assert summarize(records, 4, 12, {"0": 0.5}).final_loss == {"0": 0.5}
+    assert summarize(job, records, {"0": 0.5}).final_loss == {"0": 0.5}
 
 
 def test_latest_losses_average_replicas_and_skip_architecture_rounds() -> None:
@@ -259,16 +256,19 @@ def test_template_filters() -> None:
     assert blocks([1, 2, 3]) == "1–3" and blocks([0, 2]) == "0, 2" and blocks([4]) == "4"
 
 
-def test_speed_ups_are_over_the_first_measured_dp_job() -> None:
-    def row(job_id: int, mode: str, speed: float | None) -> Compared:
+def test_speed_ups_are_over_the_first_measured_dp_job_and_within_noise_inside_the_spread() -> None:
+    def row(job_id: int, mode: str, speed: float | None, spread: float | None = 0.01) -> Compared:
         job = Job(id=job_id, name="j", state="succeeded", nproc=2, queue="q", spec={})
-        return Compared(job, mode, JobSummary(speed, None, None, {}))
+        return Compared(job, mode, JobSummary(speed, None, None, None, spread, {}))
 
     rows = with_speedups([row(1, "dp", None), row(2, "tr_dpu", 300.0), row(3, "dp", 100.0)])
     assert [r.baseline for r in rows] == [False, False, True]  # the dp job without telemetry cannot be it
-    assert [r.speedup for r in rows] == [None, 3.0, 1.0]
+    assert [r.speedup.text() if r.speedup else None for r in rows] == [None, "×3.00", "×1.00"]
     unmeasured = with_speedups([row(4, "dp", None)])
     assert unmeasured[0].speedup is None and not unmeasured[0].baseline
+    noisy = with_speedups([row(5, "dp", 100.0, spread=1.0), row(6, "ir", 280.0, spread=1.0)])
+    assert noisy[1].speedup is not None and noisy[1].speedup.text() == "within noise"  # ln 2.8 < sqrt 2
+    assert noisy[1].speedup.ratio == pytest.approx(2.8)
 
 
 def test_architecture_history_columns_names_and_leaders() -> None:

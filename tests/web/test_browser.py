@@ -218,10 +218,12 @@ def test_compare_page_puts_jobs_side_by_side(browser: Any, service: str) -> None
         assert page.locator("#compare-rows tbody tr").evaluate_all("rows => rows.map(r => r.dataset.job)") == [
             str(i) for i in ids
         ]
-        # each measured job has a numeric speed-up over the baseline (itself 1.00); the mode is as submitted
+        # each measured job has a speed-up over the baseline (itself 1.00), or is within noise of it (two tiny
+        # jobs on a shared machine may well be); the mode is as submitted
         cells = page.locator("#compare-rows tbody tr").evaluate_all(COMPARE_CELLS)
         measured = [row for row in cells if row["rate"] != "—"]
-        assert measured and all(re.fullmatch(r"×\d+\.\d\d", row["speedup"]) for row in measured), cells
+        speedups = [row["speedup"] for row in measured]
+        assert measured and all(re.fullmatch(r"×\d+\.\d\d|within noise", text) for text in speedups), cells
         assert [row["speedup"] for row in cells if row["baseline"]] == ["×1.00"], cells
         submitted = [api_job(service, job_id)["spec"]["schedule"]["mode"] for job_id in ids]
         assert [row["mode"].split(" → ")[0] for row in cells] == submitted, cells

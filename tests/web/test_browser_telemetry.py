@@ -24,7 +24,9 @@ from app.core.database import get_engine
 from app.core.settings import Settings
 from app.core.tables import Job
 from app.main import create_app
+from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.telemetry import DistillLine
+from pipebd_core.rundir import RunDir
 from tests.service.conftest import make_settings
 from tests.service.factories import insert_job, store_lines
 from tests.service.live import serve
@@ -194,4 +196,62 @@ def test_nas_heat_maps_show_candidate_history_grow_live_and_take_the_keyboard(
         page.wait_for_timeout(300)
         assert watched.overflow() == 0
         watched.screenshot("job-nas-390")
+        assert watched.errors == []
+
+
+@pytest.fixture(scope="module")
+def short_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """A finished 15 s job whose distillation took 60 ms at its 10th second (a tiny language model: most of
+    the job is start-up), with block losses near 1.4e-5, and a progress bar redrawn with carriage returns
+    in its distillation's log."""
+    folder: Path = tmp_path_factory.mktemp("short")
+    settings = make_settings(folder, f"sqlite:///{folder / 'pipebd.db'}")
+    app = create_app(settings)
+    run = RunDir(folder / "run")
+    run.log(0, DISTILL).parent.mkdir(parents=True)
+    run.log(0, DISTILL).write_bytes(PROGRESS_LOG)  # rank 0's: the log the panel opens on
+    job = insert_job(settings, "succeeded", started_at=1000.0, finished_at=1015.0, progress=1.0, run_dir=str(run.root))
+    assert job.id is not None
+    lines = [
+        distill_line(
+            rank, step, time=1010.10 + 0.01 * step, loss={rank: (1.2 + 0.05 * step) * 1e-5}, blocks=[rank],
+            phases={"teacher": 0.004, "student": 0.005}, samples=5, cur_mem=64 * MIB, peak_mem=80 * MIB,
+            done=step + 1, total=7,
+        )
+        for step in range(7)
+        for rank in (0, 1)
+    ]  # fmt: skip
+    store(settings, job.id, lines)
+    with serve(app) as url:
+        yield url, job.id
+
+
+PROGRESS_LOG = b"starting\n  0% loss nan\r 50% loss 1.2e-05\r100% loss 1.4e-05\r\nwrote the students\n"
+
+
+def test_a_short_job_s_charts_have_points_on_its_own_time_axis_readable_small_labels_and_last_state_logs(
+    browser: Any, short_job: tuple[str, int]
+) -> None:
+    url, job_id = short_job
+    with watched_page(browser, url) as watched:
+        page = watched.page
+        open_job_page(page, job_id)
+        page.wait_for_selector("#chart-throughput[data-drawn]:not([data-drawn='0'])")
+        page.wait_for_selector("#chart-loss[data-y-labels]")
+        # the samples/s of seven 10 ms tasks per rank: several windows, each a point, not one lone value
+        assert int(page.locator("#chart-throughput").get_attribute("data-drawn") or 0) >= 3
+        # busy and memory on the job's time axis: from its start to its end, 15 s, not 10.10-10.16 s
+        for chart in ("throughput", "util", "memory"):
+            low, high = map(float, (page.locator(f"#chart-{chart}").get_attribute("data-x-range") or "").split("|"))
+            assert low == 0 and high >= 15, (chart, low, high)
+        labels = (page.locator("#chart-loss").get_attribute("data-y-labels") or "").split("|")
+        shown = [label for label in labels if label]
+        assert len(set(shown)) == len(shown), labels  # no two ticks read the same
+        nonzero = [float(label) for label in shown if float(label) != 0]
+        assert len(nonzero) >= 2 and all(1e-6 < value < 1e-4 for value in nonzero), labels
+        # the log panel shows a carriage-return progress line as its last state
+        page.wait_for_function("document.getElementById('log-text').textContent.includes('wrote the students')")
+        log = page.locator("#log-text").text_content() or ""
+        assert log.splitlines() == ["starting", "100% loss 1.4e-05", "wrote the students"], log
+        watched.screenshot("job-short-1280")
         assert watched.errors == []

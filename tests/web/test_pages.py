@@ -30,7 +30,7 @@ from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.rundir import RunDir
 from tests.service.conftest import make_settings
-from tests.service.factories import insert_job, insert_metrics, store_lines
+from tests.service.factories import insert_job, insert_metrics, store_lines, write_summary
 from tests.telemetry_lines import distill_line
 
 SUBMIT_TOKEN = "submit-token-0123456789abcdef"
@@ -561,17 +561,20 @@ def test_job_page_says_how_far_the_profile_is_trusted_what_training_measured_and
     calibration = Calibration(blocks=[block] * 4, measured_step_s=0.0125, source=source)
     (run / "calibration.json").write_text(json.dumps(calibration.to_json()))
     phases = [{"name": "distill", "state": "running", "started_at": time.time() - 10}]
-    job = insert_job(sqlite_settings, "running", started_at=time.time() - 10, run_dir=str(run), phases=phases)
+    # the job's figures: 800 samples/s at batches of 10 is a measured step of 12.5 ms
+    job = insert_job(
+        sqlite_settings, "running", started_at=time.time() - 10, run_dir=str(run), phases=phases, samples_per_s=800.0
+    )
     html = web.get(f"/jobs/{job.id}").text
     assert 'id="profile-trust" data-flags="noisy busy"' in html and "Profile: noisy, busy" in html
     assert "block 1 student at batch 10 spread 1.70" in html
     assert "At step 40: <strong>0–2 | 3</strong> → <strong>0–1 | 2–3</strong>" in html
     assert 'data-count="1"' in html and "re-planned at step 40: 0–1 | 2–3" in html  # also on the timeline
     rows = re.findall(r'<tr data-block="(\d)">.*?×([\d.]+)</td>.*?×([\d.]+)</td>', html, re.S)
-    assert rows == [(str(b), "1.50", "0.80") for b in range(4)] and "Steps 2–40: a step took 12.50 ms" in html
+    assert rows == [(str(b), "1.50", "0.80") for b in range(4)] and "Measured over steps 2–40." in html
     step = re.search(r'<span id="plan-step">(.*?)</span>', html, re.S)  # predicted beside measured, no bound
     assert step is not None and "Predicted step: <strong>12.00 ms</strong>" in step.group(1)
-    assert 'measured: <strong id="plan-measured">12.50 ms</strong> (steps 2–40)' in step.group(1)
+    assert 'measured: <strong id="plan-measured">12.50 ms</strong> (over each rank' in step.group(1)
     assert "15.00 ms, a prediction, not a bound (this plan is predicted below it" in step.group(1)
 
 
@@ -607,3 +610,26 @@ def test_the_outcome_part_shows_each_budget_and_cost_reached_with_every_candidat
     assert "kv_cache 50.0% (64 of 128 KV-cache bytes per token)" in budget
     chosen = re.findall(r'<td class="chosen">([0-9.]+) <small>([0-9,]+) · (\d+) B</small>', part)
     assert chosen == [("0", "1,000", "64"), ("1.3", "1,128", "0")]
+
+
+def test_a_language_model_s_outcome_shows_parameters_and_kv_cache_before_and_after_beside_perplexity(
+    web: TestClient, sqlite_settings: Settings
+) -> None:
+    job = insert_submitted(sqlite_settings, "tr_dpu", state="succeeded")
+    assert job.id is not None
+    summary = Summary(
+        name="lm",
+        student_perplexity=14.25,
+        teacher_perplexity=13.5,
+        student_params=60_000,
+        teacher_params=80_000,
+        student_kv_cache_bytes=512,
+        teacher_kv_cache_bytes=1024,
+    )
+    write_summary(sqlite_settings, job.id, summary)
+    part = web.get(f"/jobs/{job.id}/partials/outcome").text
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", part))
+    assert "Held-out perplexity: distilled 14.25, teacher 13.50" in text
+    assert "Parameters: distilled 60,000, teacher 80,000 (75.0% of it)" in text
+    assert "KV cache per token: distilled 512 B, teacher 1,024 B (50.0% of it)" in text
+    assert part.index('id="outcome-perplexity"') < part.index('id="outcome-sizes"')  # beside the perplexity

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import PageSize, ReadAccess, SessionDep
 from app.api.schemas import AUTH_ERRORS, ComparePage, CompareRow, LossStat, problem
+from app.core.figures import step_of
 from app.core.states import JobState
 from app.core.tables import DB_INT_MAX, Sweep
 from app.services.compare import SORT_NAMES, CompareError, Comparison, Selection, compare, parse_ids
@@ -27,6 +28,9 @@ def page_of(comparison: Comparison) -> ComparePage:
             fields=row.fields,
             loss={block: LossStat(**vars(stat)) for block, stat in row.loss.items()},
             samples_per_s=row.job.samples_per_s,
+            step_s=step_of(row.job),
+            busy_share=row.job.busy_share,
+            peak_mem=row.job.peak_mem,
             top1=row.top1,
             perplexity=row.perplexity,
         )

@@ -16,6 +16,7 @@ from app.api.schemas import (
     JobPublic,
     JobsPublic,
     job_errors,
+    job_fields,
     problem,
 )
 from app.core import gangs
@@ -74,7 +75,7 @@ def detail_of(session: Session, settings: Settings, job: Job) -> JobDetail:
         for attempt, note in zip(stored, shape_notes(stored), strict=True)
     ]
     return JobDetail(
-        **{**job.model_dump(), "phases": job.phases or [], "max_restarts": restart_budget(job, settings.max_restarts)},
+        **{**job_fields(job), "phases": job.phases or [], "max_restarts": restart_budget(job, settings.max_restarts)},
         attempts=attempts,
         gang=[GangSeatPublic(**seat.model_dump()) for seat in gangs.seats(session, job.id)],
         waiting_reason=waiting_reason(session, job=job, stale_after_s=settings.stale_after_s),
@@ -134,7 +135,7 @@ def read_jobs(
         jobs, next_cursor = list_jobs(session, state=state, limit=limit, cursor=cursor)
     except ValueError as error:
         raise invalid(["query", "cursor"], str(error)) from None
-    return JobsPublic(data=[JobPublic(**job.model_dump()) for job in jobs], next_cursor=next_cursor)
+    return JobsPublic(data=[JobPublic(**job_fields(job)) for job in jobs], next_cursor=next_cursor)
 
 
 @router.get("/{job_id}", response_model=JobDetail, dependencies=[ReadAccess], responses=job_errors())

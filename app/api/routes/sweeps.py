@@ -20,6 +20,7 @@ from app.api.schemas import (
     SweepProgress,
     SweepPublic,
     SweepsPublic,
+    job_fields,
     problem,
 )
 from app.core.database import get_engine
@@ -69,7 +70,7 @@ def public_of(view: SweepView) -> SweepPublic:
 def detail_of(view: SweepView) -> SweepDetail:
     jobs = [
         SweepChild(
-            **job.model_dump(),
+            **job_fields(job),
             overrides=job.sweep_overrides or {},
             objective_value=view.values.get(job.id) if job.id is not None else None,
         )

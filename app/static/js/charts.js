@@ -2,10 +2,12 @@
 // the next animation frame; the page itself is never reloaded. Series differ by colour (Okabe-Ito)
 // and by dash pattern, and each is named in the legend.
 import uPlot from "../vendor/uplot-1.6.32/uPlot.esm.js";
+import { axisLabels, compact } from "./format.js";
 
 export const PALETTE = ["#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#000000", "#f0e442"];
 const DASHES = [[], [8, 4], [2, 3], [12, 3, 3, 3]];
 const HEIGHT = 230;
+const FEW_POINTS = 40; // a series with at most this many points marks each one (a short job's few are seen)
 
 export function seriesStyle(index) {
   return { stroke: PALETTE[index % PALETTE.length], dash: DASHES[index % DASHES.length], width: 2 };
@@ -29,24 +31,33 @@ function companionOf(key, keys) {
   return null;
 }
 
-function stylesOf(keys) {
+// few: mark each point of the main series (a line through one or two points is hardly seen)
+function stylesOf(keys, few = false) {
   const main = keys.filter((key) => !companionOf(key, keys));
   return keys.map((key) => {
     const companion = companionOf(key, keys);
-    if (!companion) return { ...seriesStyle(main.indexOf(key)), points: { show: false } };
+    if (!companion) return { ...seriesStyle(main.indexOf(key)), points: few ? { show: true, size: 6 } : { show: false } };
     const stroke = PALETTE[main.indexOf(companion.owner) % PALETTE.length];
     const points = { show: false, stroke, ...companion.style.points };
     return { ...companion.style, stroke, points };
   });
 }
 
+// The x range asked for, widened to take in every point drawn.
+function widened(range, min, max) {
+  if (!range) return [min, max];
+  const [low, high] = range;
+  return [Math.min(low, min ?? low), Math.max(high, max ?? high)];
+}
+
 export class LiveChart {
   // figure: a <figure> with a `.plot` element; source: {keys, points, data()}
-  constructor(figure, source, { xLabel, yLabel, log = false, yRange = null, format = null }) {
+  // xRange: a function giving the x axis's [min, max] (e.g. 0 to the job's duration), null to fit the points
+  constructor(figure, source, { xLabel, yLabel, log = false, yRange = null, format = null, xRange = null }) {
     this.figure = figure;
     this.plot = figure.querySelector(".plot");
     this.source = source;
-    this.options = { xLabel, yLabel, yRange, format };
+    this.options = { xLabel, yLabel, yRange, format, xRange };
     this.log = log;
     this.chart = null;
     this.emptyText = "No points yet: they appear as the ranks report.";
@@ -61,29 +72,43 @@ export class LiveChart {
 
   build() {
     this.chart?.destroy();
-    const { xLabel, yLabel, yRange, format } = this.options;
-    const yAxis = { label: yLabel, size: 60 };
-    if (format) yAxis.values = (_, splits) => splits.map(format);
+    const { xLabel, yLabel, yRange, format, xRange } = this.options;
+    // the labels drawn are also kept on the figure (data-y-labels), for tests and assistive tools
+    const yValues = (_, splits) => {
+      const labels = format ? splits.map(format) : axisLabels(splits);
+      this.figure.dataset.yLabels = labels.join("|");
+      return labels;
+    };
+    const yAxis = { label: yLabel, size: 60, values: yValues };
     const y = this.log ? { distr: 3, log: 10 } : yRange ? { range: yRange } : {};
-    const styles = stylesOf(this.source.keys);
+    const x = { time: false };
+    if (xRange) x.range = (_, min, max) => widened(xRange(), min, max);
+    const data = this.source.data();
+    const few = data[0].length <= FEW_POINTS;
+    const styles = stylesOf(this.source.keys, few);
     const options = {
       width: this.width(),
       height: HEIGHT,
-      scales: { x: { time: false }, y },
-      axes: [{ label: xLabel }, yAxis],
+      scales: { x, y },
+      axes: [{ label: xLabel, values: (_, splits) => axisLabels(splits) }, yAxis],
       legend: { live: true },
+      hooks: {
+        // the x range drawn, kept on the figure like the labels (data-x-range="min|max")
+        setScale: [(u, key) => { if (key === "x") this.figure.dataset.xRange = `${u.scales.x.min}|${u.scales.x.max}`; }],
+      },
       series: [
         { label: xLabel },
         ...this.source.keys.map((key, index) => {
           const series = { label: String(key), ...styles[index], spanGaps: true };
-          if (format) series.value = (_, v) => (v === null || v === undefined ? "—" : format(v));
+          series.value = (_, v) => (v === null || v === undefined ? "—" : (format ?? compact)(v));
           return series;
         }),
       ],
     };
     this.plot.replaceChildren();
-    this.chart = new uPlot(options, this.source.data(), this.plot);
+    this.chart = new uPlot(options, data, this.plot);
     this.drawnKeys = this.source.keys.length;
+    this.few = few;
   }
 
   // Draw the source's current data on the next frame (many appends in one frame draw once).
@@ -93,12 +118,16 @@ export class LiveChart {
     requestAnimationFrame(() => {
       this.pending = false;
       this.figure.dataset.points = String(this.source.points);
+      const values = this.source.data().slice(1).flat().filter((value) => value !== null && value !== undefined);
+      this.figure.dataset.drawn = String(values.length); // the values on the canvas (a window of a rate is one)
       if (this.source.points === 0) {
         if (!this.chart) this.plot.innerHTML = `<p class="waiting">${this.emptyText}</p>`;
         return;
       }
-      if (!this.chart || this.drawnKeys !== this.source.keys.length) this.build();
-      else this.chart.setData(this.source.data());
+      const data = this.source.data();
+      const few = data[0].length <= FEW_POINTS;
+      if (!this.chart || this.drawnKeys !== this.source.keys.length || few !== this.few) this.build();
+      else this.chart.setData(data);
     });
   }
 

@@ -18,16 +18,25 @@ let predicted = config.predicted; // the planner's simulated schedule, when the 
 let state = config.state;
 const ended = () => config.final || state === "ended";
 
+// The job's own time axis: from its start to its end (to now while it runs), whatever part of it the
+// ranks' tasks took up (a short distillation after minutes of profiling is a narrow band, not the axis).
+function jobTime() {
+  if (config.startedAt === null || config.startedAt === undefined) return null;
+  const end = config.finishedAt ?? Date.now() / 1000;
+  return [0, Math.max(0, end - config.startedAt)];
+}
+
 const charts = {
   loss: new LiveChart(document.getElementById("chart-loss"), telemetry.loss, { xLabel: "step", yLabel: "loss" }),
   throughput: new LiveChart(document.getElementById("chart-throughput"), telemetry.rate, {
-    xLabel: "s since start", yLabel: "samples/s",
+    xLabel: "s since start", yLabel: "samples/s", xRange: jobTime,
   }),
   util: new LiveChart(document.getElementById("chart-util"), telemetry.util, {
     xLabel: "s since start", yLabel: "busy / GPU util", yRange: [0, 1], format: (v) => `${Math.round(v * 100)}%`,
+    xRange: jobTime,
   }),
   memory: new LiveChart(document.getElementById("chart-memory"), telemetry.memory, {
-    xLabel: "s since start", yLabel: "memory", format: mebibytes,
+    xLabel: "s since start", yLabel: "memory", format: mebibytes, xRange: jobTime,
   }),
 };
 // each chart's text equivalent: a collapsed table of the latest values under it

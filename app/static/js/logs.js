@@ -6,6 +6,16 @@ import { getJSON } from "./server.js";
 const TAIL_BYTES = 64 * 1024;
 const MAX_SHOWN = 400 * 1024; // characters kept in the panel
 
+// A log as a terminal shows it: a carriage return (a progress bar redrawing itself) goes back to the
+// start of the line and the text after it overwrites what was there, so each line shows its last state.
+export function lastStates(text) {
+  return text
+    .replace(/\r\n/g, "\n")
+    .split("\n")
+    .map((line) => line.split("\r").reduce((shown, part) => part + shown.slice(part.length)))
+    .join("\n");
+}
+
 export class LogPanel {
   // available: the job has a run directory (a worker started it); before that the API has no logs.
   constructor({ jobId, select, phaseSelect, follow, output, available }) {
@@ -17,6 +27,7 @@ export class LogPanel {
     this.follow = follow;
     this.output = output;
     this.offset = 0;
+    this.raw = ""; // the text read, carriage returns and all (a chunk may end inside a redrawn line)
     this.busy = false;
     this.again = false;
     select.addEventListener("change", () => this.load());
@@ -65,9 +76,10 @@ export class LogPanel {
 
   show(text, append) {
     const atBottom = this.output.scrollTop + this.output.clientHeight >= this.output.scrollHeight - 8;
-    let value = append ? this.output.textContent + text : text;
+    let value = append ? this.raw + text : text;
     if (value.length > MAX_SHOWN) value = value.slice(value.length - MAX_SHOWN);
-    this.output.textContent = value;
+    this.raw = value;
+    this.output.textContent = lastStates(value);
     if (atBottom || !append) this.output.scrollTop = this.output.scrollHeight;
   }
 

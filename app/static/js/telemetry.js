@@ -40,10 +40,14 @@ export class JobTelemetry {
     this.rankLatest = new Map(); // rank -> {step, busy, gpuUtil, curMem, peakMem} of its latest line
   }
 
-  // The rate windows' width, chosen once from the span of the history (about 150 windows).
+  // The rate windows' width, chosen once from the span of the history: about 150 windows, fewer for
+  // fewer lines (about two per rank in each), so that a short job's few tasks still make several points.
   startRate(points) {
     const times = points.map((p) => p.time).filter(Number.isFinite);
-    if (times.length > 1) this.rate.width = Math.max(0.5, (Math.max(...times) - Math.min(...times)) / 150);
+    const span = times.length > 1 ? Math.max(...times) - Math.min(...times) : 0;
+    if (!(span > 0)) return;
+    const windows = Math.min(150, Math.max(2, Math.floor(times.length / (2 * Math.max(1, this.nproc)))));
+    this.rate.width = Math.max(span / windows, 1e-3);
   }
 
   blocksInModel(point) {
