@@ -97,11 +97,11 @@ class Progress:
     def describe(self) -> str:
         slowest = min(self.latest.values(), key=lambda line: line.done / max(1, line.total), default=None)
         where = f"epoch {slowest.epoch} step {slowest.step}" if slowest else "starting"
-        loss = sum(self.losses.values()) / len(self.losses) if self.losses else float("nan")
         what = "loss" if "network" in self.losses else "mean block loss"
+        loss = f"{sum(self.losses.values()) / len(self.losses):.4g}" if self.losses else "—"  # none before a step
         speed = self.samples_per_s()
         rate = f"{speed:.1f} samples/s" if speed is not None else "— samples/s"
-        return f"{self.fraction:6.1%} {where} | {what} {loss:.4g} | {rate}"
+        return f"{self.fraction:6.1%} {where} | {what} {loss} | {rate}"
 
 
 class MetricsFollower:

@@ -80,7 +80,8 @@ def test_spread_measures_the_pace_s_variation_and_a_speed_up_inside_it_is_noise(
 
 def test_pipebd_run_s_progress_line_uses_the_same_definition() -> None:
     progress = Progress(PhaseSize(nproc=1, total_steps=100, batch_size=8, num_blocks=2))
-    assert "— samples/s" in progress.describe()  # before the first step
+    before = progress.describe()  # before the first step: no loss and no rate yet, and no "nan"
+    assert "— samples/s" in before and "mean block loss — |" in before and "nan" not in before
     lines = [task(0, s, 0.5 * (s + 1), [0], teacher=0.5) for s in range(RECENT_TASKS + 5)]
     for line in lines:
         progress.add(line)
