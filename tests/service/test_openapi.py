@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 from sqlmodel import Session, col, select
 
-from app.api import schemas
+from app.api import compare_schemas, schemas
 from app.core.database import get_engine
 from app.core.downsample import to_point
 from app.core.rollups import RollupBuilder, chart_points
@@ -186,11 +187,12 @@ def test_schema_says_what_the_server_accepts(client: TestClient, settings: Setti
     assert event["properties"]["data"]["contentMediaType"] == "application/json"
 
 
-def test_models_describe_every_field() -> None:
-    answers = [getattr(schemas, name) for name in dir(schemas)]
+@pytest.mark.parametrize("module", [schemas, compare_schemas], ids=lambda module: module.__name__)
+def test_models_describe_every_field(module: ModuleType) -> None:
+    answers = [getattr(module, name) for name in dir(module)]
     for model in answers:
         name = getattr(model, "__name__", "")
-        ours = model.__module__ == schemas.__name__ if isinstance(model, type) else False
+        ours = model.__module__ == module.__name__ if isinstance(model, type) else False
         if ours and issubclass(model, BaseModel):
             assert model.__doc__, name
             missing = [field for field, info in model.model_fields.items() if not info.description]

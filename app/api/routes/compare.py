@@ -7,8 +7,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from app.api.compare_schemas import ComparePage, CompareRow, LossStat
 from app.api.deps import PageSize, ReadAccess, SessionDep
-from app.api.schemas import AUTH_ERRORS, ComparePage, CompareRow, LossStat, problem
+from app.api.schemas import AUTH_ERRORS, problem
 from app.core.figures import step_of
 from app.core.states import JobState
 from app.core.tables import DB_INT_MAX, Sweep
