@@ -75,6 +75,11 @@ def add_engine_commands(commands: Any) -> None:
     what_if.add_argument("--link-latency-ms", type=float, help="its one-way latency (default: the node's, measured)")
     plan.set_defaults(handler=engine_handler("plan"))
 
+    add_bench_command(commands)
+
+
+def add_bench_command(commands: Any) -> None:
+    """`pipebd bench`: modes or strategies side by side, resumable, fitted to minutes, checked from records."""
     bench = commands.add_parser("bench", help="run modes (or strategies) side by side and report measured ratios")
     add_spec_arguments(bench)
     bench.add_argument("--phase", choices=("distill", "finetune"), default="distill", help="what to benchmark")
