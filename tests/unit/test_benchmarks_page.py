@@ -4,6 +4,7 @@ and every record they name is committed and quiet."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,31 @@ def test_the_tradeoff_record_renders_its_budgets_and_was_measured_quiet() -> Non
         assert f"| {budget_text(row.budget)} | {', '.join(row.layers)} | {row.perplexity:.2f} |" in text
     own = [row for row in record.rows if row.budget == record.search_budget]
     assert own and own[0].layers == record.search_layers  # the search's own budget, chosen again: its choice
+
+
+def arm_speedup(record: str, arm: str) -> str:
+    """The `vs dp` figure (e.g. `4.14x`) of `arm` in the page's generated report of `record`."""
+    text = PAGE.read_text()
+    section = text.split(f"<!-- pipebd bench --report benchmarks/records/{record} -->", 1)[1]
+    section = section.split("<!-- end of report -->", 1)[0]
+    row = next(line for line in section.splitlines() if line.startswith(f"| {arm} |"))
+    return re.split(r"(?<!\\)\|", row)[6].split()[0]  # cells split at pipes a plan does not escape
+
+
+@pytest.mark.parametrize(
+    ("workload", "record", "arm"),
+    [
+        ("the VGG-16 compression", "vgg16-dsconv.json", "auto"),
+        ("the NAS supernet", "nas-mobilenetv2-cifar.json", "auto"),
+        ("the tiny Llama (where `tr_dpu` measured", "tiny-llama-text.json", "tr_dpu"),
+        ("the tiny Llama", "tiny-llama-text.json", "auto"),
+        ("the tiny ViT", "tiny-vit-digits.json", "auto"),
+    ],
+)
+def test_the_readme_headline_gives_the_pages_measured_speedups(workload: str, record: str, arm: str) -> None:
+    readme = " ".join((ROOT / "README.md").read_text().split())  # its line breaks as spaces
+    figure = arm_speedup(record, arm)
+    if arm == "auto":
+        assert f"{figure} for {workload}" in readme, f"the README should say {figure} for {workload} ({record})"
+    else:
+        assert f"{workload} {figure})" in readme, f"the README should say {workload} {figure} ({record})"
