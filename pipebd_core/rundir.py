@@ -42,7 +42,7 @@ onto a run directory (a test checks it).
                                        as a Hugging Face model directory, as distilled_hf/
     teacher.pt                         kind train: the trained network's state_dict (a classifier: torchvision format)
     teacher_model/                     kind train of a language model (workload.config): the trained model as a
-                                       Hugging Face model directory (config.json, model.safetensors)
+                                       Hugging Face model directory, as distilled_hf/
     summary.json                       final losses, accuracies, wall time
     choices/<n>/                       a transformer search chosen again for another budget (distill/choose.py):
                                        choice.json, architecture.json, searched_model.pt, distilled_state.pt,

@@ -79,21 +79,28 @@ def write_model_directory(spec: Spec, network: nn.Module, names: Sequence[str], 
     config = teacher_config(spec)
     projection: Any = head.projection
     tied = bool(config.tie_word_embeddings) and torch.equal(embedding.tokens.weight, projection.weight)
-    eos, bos = special_tokens(spec, config)
-    config.eos_token_id, config.pad_token_id, config.bos_token_id = eos, eos, bos
     uniform = uniform_fields(config, layers, names)
     model = (
         uniform_model(config, uniform, embedding, layers, head, tied)
         if uniform is not None
         else remote_model(config, embedding, layers, names, head, tied)
     )
+    save_model_directory(spec, model, folder, teacher=config)
+    if uniform is None:
+        for name in REMOTE_FILES:
+            shutil.copyfile(REMOTE / name, folder / name)
+
+
+def save_model_directory(spec: Spec, model: Any, folder: Path, teacher: Any = None) -> None:
+    """A `transformers` model as the directory every language model a job makes is (distilled_hf/,
+    searched_hf/, finetuned_hf/, teacher_model/), replacing what was in `folder`: config.json and
+    generation_config.json with the data's special tokens, model.safetensors, and the data's tokenizer.
+    `teacher`: the config whose special tokens stand where the data is not text (default: the model's)."""
+    eos, bos = special_tokens(spec, model.config if teacher is None else teacher)
     for holder in (model.config, model.generation_config):
         holder.eos_token_id, holder.pad_token_id, holder.bos_token_id = eos, eos, bos
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(str(folder), safe_serialization=True)
-    if uniform is None:
-        for name in REMOTE_FILES:
-            shutil.copyfile(REMOTE / name, folder / name)
     if spec.data.dataset == "text":
         write_tokenizer(spec, folder)
 

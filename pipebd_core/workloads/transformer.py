@@ -431,11 +431,13 @@ def language_model_to_train(spec: Spec) -> nn.Module:
 
 
 def save_language_model(spec: Spec, state: dict[str, torch.Tensor], folder: Path) -> None:
-    """The trained layers of `language_model_to_train` as a Hugging Face model directory (config.json and
-    safetensors weights) that `workload.teacher` of a transformer job loads."""
+    """The trained layers of `language_model_to_train` as a Hugging Face model directory that `workload.teacher`
+    of a transformer job loads, with the data's special tokens and tokenizer (hf_directory.py)."""
+    from pipebd_core.workloads.hf_directory import save_model_directory  # it imports this module
+
     model, network = _trainable(spec)
     network.load_state_dict(state)  # the layers are the model's own modules: its weights now
-    model.save_pretrained(str(folder), safe_serialization=True)
+    save_model_directory(spec, model, folder)
 
 
 def _trainable(spec: Spec) -> tuple[Any, nn.Module]:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from pipebd_core.data.text import BYTE_EOS, read_documents, tokenizer_of
 from pipebd_core.job.launch import preflight
 from pipebd_core.rank.metrics import perplexity
 from pipebd_core.rank.network import build_network, teacher_network
@@ -142,3 +144,18 @@ def test_a_language_model_trained_here_is_a_teacher_a_transformer_job_loads(
     ids = torch.randint(0, 257, (2, 8))
     with torch.no_grad():
         torch.testing.assert_close(teacher(ids), network.eval()(ids))
+    assert_carries_the_data_s_tokenizer(run_dir.teacher_model, teacher_spec)
+
+
+def assert_carries_the_data_s_tokenizer(folder: Path, spec: Spec) -> None:
+    """AutoTokenizer loads `folder` and gives the ids the job's data was encoded with; generation_config.json
+    ends a document where the data does (the byte-level 256, not the Llama config's 2)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    assert spec.data.root is not None and not spec.data.tokenizer  # the byte-level default
+    text = read_documents(Path(spec.data.root))[0] + " ¿sí? 🙂"
+    assert tokenizer(text)["input_ids"] == tokenizer_of(spec).encode(text) == list(text.encode("utf-8"))
+    generation = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+    assert tokenizer.eos_token_id == generation.eos_token_id == generation.pad_token_id == BYTE_EOS
+    assert generation.bos_token_id is None
