@@ -8,24 +8,12 @@ import pytest
 
 from pipebd_core.bench.doubt import figure_doubt, noise_floor, speedup, target
 from pipebd_core.bench.report import floor_line, versus
-from pipebd_core.documents.bench_record import Arm, ArmRun, Load, TimingRule
+from pipebd_core.documents.bench_record import Arm
+from tests.unit.bench_samples import measured_run
 
 
 def arm(name: str, steps: list[float]) -> Arm:
-    runs = [
-        ArmRun(
-            repeat=repeat,
-            step_s=[step],
-            measured_step_s=step,
-            predicted_step_s=None,
-            profile_hash=None,
-            timing=TimingRule(warmup_steps=2, timed_steps=1),
-            load=Load(wall_s=1.0, other_cores=0.0, shared=False),
-            stages=[],
-            peak_mem_bytes=[1],
-        )
-        for repeat, step in enumerate(steps)
-    ]
+    runs = [measured_run(repeat, step) for repeat, step in enumerate(steps)]
     return Arm(name=name, runs=runs)
 
 

@@ -12,9 +12,10 @@ import pytest
 from pipebd_core.bench.arms import rotate, rotation
 from pipebd_core.bench.fit import LAUNCH_S, MIN_REPEATS, MIN_STEPS, fit, predicted_s
 from pipebd_core.bench.report import render
-from pipebd_core.documents.bench_record import ArmRun, BenchRecord, Load, TimingRule
+from pipebd_core.documents.bench_record import ArmRun, BenchRecord
 from pipebd_core.spec import Spec, SpecError
 from tests.helpers import pipebd_here, tiny_spec
+from tests.unit.bench_samples import measured_run
 
 RECORD = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "record.json"
 ARMS = ["dp", "tr_dpu", "bound"]
@@ -23,17 +24,7 @@ ARMS = ["dp", "tr_dpu", "bound"]
 def made_run(name: str, repeat: int) -> ArmRun:
     """A run whose figures say which arm and repeat made it."""
     seconds = ARMS.index(name) + repeat / 10
-    return ArmRun(
-        repeat=repeat,
-        step_s=[seconds],
-        measured_step_s=seconds,
-        predicted_step_s=None,
-        profile_hash=None,
-        timing=TimingRule(warmup_steps=2, timed_steps=1),
-        load=Load(wall_s=1.0, other_cores=0.0, shared=False),
-        stages=[],
-        peak_mem_bytes=[1],
-    )
+    return measured_run(repeat, seconds)
 
 
 class Stopped(Exception):

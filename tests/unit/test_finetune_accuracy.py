@@ -19,7 +19,7 @@ from pipebd_core.bench.finetune_accuracy import (
     listed,
     plan_candidates,
 )
-from pipebd_core.documents.bench_record import Arm, ArmRun, Load, TimingRule
+from pipebd_core.documents.bench_record import Arm
 from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.planning.finetune_calibration import calibrated_layer_profile, predicted_parts
 from pipebd_core.planning.finetune_planner import resolve_train_plan
@@ -27,6 +27,7 @@ from pipebd_core.spec import Spec, parse_spec
 from tests.fake_profiles import fake_layer_profile
 from tests.helpers import pipebd_here
 from tests.ranks.test_finetune import e2e_document
+from tests.unit.bench_samples import measured_run
 
 STEPS = 10
 
@@ -67,18 +68,7 @@ def test_every_candidate_is_planned_once_and_auto_s_plan_is_the_chosen_one(spec:
 
 def arm(name: str, measured: list[float], part_s: list[dict[str, float]] | None = None) -> Arm:
     runs = [
-        ArmRun(
-            repeat=repeat,
-            step_s=[step],
-            measured_step_s=step,
-            predicted_step_s=None,
-            profile_hash="h",
-            timing=TimingRule(warmup_steps=2, timed_steps=8),
-            load=Load(wall_s=1.0, other_cores=0.0, shared=False),
-            stages=[],
-            peak_mem_bytes=[0],
-            part_s=part_s,
-        )
+        measured_run(repeat, step, timed_steps=8, profile_hash="h", peak_mem=0, part_s=part_s)
         for repeat, step in enumerate(measured)
     ]
     return Arm(name=name, runs=runs)
