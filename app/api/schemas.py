@@ -394,6 +394,13 @@ class AttemptPublic(BaseModel):
         return iso(value)
 
 
+class JobChange(BaseModel):
+    """What PATCH /api/v1/jobs/{id} changes: its priority, for its next claim."""
+
+    model_config = ConfigDict(extra="forbid")
+    priority: int = Field(ge=-1000, le=1000, description="Higher runs first, as the spec's priority")
+
+
 class JobPublic(BaseModel):
     """A job in lists: its state, current phase and progress, never its spec."""
 

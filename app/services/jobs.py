@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
@@ -23,7 +23,7 @@ from app.core.fairshare import Share, Waiting, claim_order, queued, shares
 from app.core.limits import QUEUE, hold
 from app.core.queue import queue_name
 from app.core.quotas import held_tenants, label, quotas
-from app.core.states import AT_REST, QUEUED
+from app.core.states import AT_REST, CANCELLED, FAILED, PAUSED, QUEUED
 from app.core.sweeps import held_back
 from app.core.tables import DB_INT_MAX, GangSeat, Job, JobAttempt, JobEvent, JobMetric, JobMetricRollup, Worker
 from app.core.webhooks import forget_job, notify_state
@@ -198,6 +198,25 @@ def queue_position(session: Session, *, job: Job) -> int | None:
         return None
     order = [waiting.id for waiting in queue_order(session)]
     return order.index(job.id) if job.id in order else None
+
+
+REPRIORITIZABLE = (QUEUED, PAUSED, FAILED, CANCELLED)  # waiting, or may wait again once resumed
+
+
+def change_priority(session: Session, *, job: Job, priority: int) -> None:
+    """Set a job's priority for its next claim: a queued job moves in the queue at once; a paused, failed or
+    cancelled one waits at it once resumed. A job that has started (or ended well) keeps its own: ConflictError.
+    One conditional UPDATE, so a worker claiming the job meanwhile wins cleanly."""
+    changed = session.exec(
+        update(Job).where(col(Job.id) == job.id, col(Job.state).in_(REPRIORITIZABLE)).values(priority=priority)
+    )
+    session.commit()
+    if changed.rowcount == 0:
+        session.refresh(job)
+        raise ConflictError(
+            f"the job is {job.state}: only a queued job, or a paused, failed or cancelled one (for when it is"
+            " resumed), takes a new priority"
+        )
 
 
 def ordinal(number: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import yaml
 from fastapi.testclient import TestClient
 
+from app.core.priority import next_queued
 from app.core.settings import Settings
 from app.core.states import FAILED, QUEUED, RUNNING, STARTING
 from app.core.tables import Job, JobEvent
@@ -178,3 +179,19 @@ def events_of(client: TestClient, job_id: int) -> list[dict]:  # type: ignore[ty
     from tests.service.sse import read_events
 
     return [event for event in read_events(client.get(f"{JOBS}/{job_id}/events").text) if event["event"] != "end"]
+
+
+def test_patch_changes_a_queued_jobs_priority_and_its_place(client: TestClient, settings: Settings) -> None:
+    first, second = (client.post(JOBS, json=tiny_job(name=name)).json()["id"] for name in ("first", "second"))
+    assert client.get(f"{JOBS}/{second}").json()["queue_position"] == 1  # jobs ahead of it
+    changed = client.patch(f"{JOBS}/{second}", json={"priority": 5})
+    assert changed.status_code == 200 and changed.json()["priority"] == 5
+    assert changed.json()["queue_position"] == 0 and client.get(f"{JOBS}/{first}").json()["queue_position"] == 1
+    assert next_queued(settings.database, devices=2) == second
+    for body in ({"priority": "high"}, {"priority": 5000}, {"priority": 1, "nproc": 4}, {}):
+        assert client.patch(f"{JOBS}/{first}", json=body).status_code == 422, body
+    running = insert_job(settings, state=RUNNING)
+    refused = client.patch(f"{JOBS}/{running.id}", json={"priority": 9})
+    assert refused.status_code == 409 and "the job is running: only a queued job" in refused.json()["detail"]
+    assert client.get(f"{JOBS}/{running.id}").json()["priority"] == 0
+    assert client.patch(f"{JOBS}/999999", json={"priority": 1}).status_code == 404

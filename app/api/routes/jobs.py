@@ -1,4 +1,5 @@
-"""Jobs: submit (JSON or YAML, idempotent with a key), list (cursor pages), read, cancel, pause, resume, delete."""
+"""Jobs: submit (JSON or YAML, idempotent with a key), list (cursor pages), read, change priority, cancel, pause,
+resume, delete."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from app.api.schemas import (
     AUTH_ERRORS,
     AttemptPublic,
     GangSeatPublic,
+    JobChange,
     JobDetail,
     JobPublic,
     JobsPublic,
@@ -28,7 +30,7 @@ from app.core.settings import Settings
 from app.core.states import JobState
 from app.core.tables import Job
 from app.services.errors import ServiceError, invalid
-from app.services.jobs import ConflictError, delete_job, list_jobs, queue_position, waiting_reason
+from app.services.jobs import ConflictError, change_priority, delete_job, list_jobs, queue_position, waiting_reason
 from app.services.resume import pause_job, resume_job
 from app.services.submissions import submit
 
@@ -150,6 +152,25 @@ def cancel_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobDe
     assert job.id is not None
     request_cancel(session, job.id)
     session.commit()
+    session.refresh(job)
+    return detail_of(session, settings, job)
+
+
+@router.patch(
+    "/{job_id}",
+    response_model=JobDetail,
+    dependencies=[SubmitAccess],
+    responses=job_errors(
+        conflict="the job has started or succeeded: only a queued, paused, failed or cancelled job takes a new priority"
+    ),
+)
+def change_job(change: JobChange, job: JobDep, session: SessionDep, settings: SettingsDep) -> JobDetail:
+    """Change a job's priority: a queued job moves in the queue at once; a paused, failed or cancelled one
+    waits at its new priority once resumed."""
+    try:
+        change_priority(session, job=job, priority=change.priority)
+    except ConflictError as error:
+        raise ServiceError(status.HTTP_409_CONFLICT, str(error)) from None
     session.refresh(job)
     return detail_of(session, settings, job)
 
