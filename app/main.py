@@ -30,6 +30,7 @@ from app.api.schemas import SERVER_ERROR
 from app.api.sse import Feed
 from app.core.database import migrate
 from app.core.deliveries import run_deliveries
+from app.core.priority import rewake_stranded
 from app.core.queue import enqueue, make_celery
 from app.core.quotas import release_budgets
 from app.core.reaper import reap_lost_jobs
@@ -45,6 +46,7 @@ def run_reaper(settings: Settings, celery: Celery, stop: threading.Event) -> Non
     def publish(job_id: int, queue: str) -> None:
         enqueue(celery, job_id, queue)
 
+    woken: dict[int, float] = {}
     while not stop.wait(settings.reaper_interval_s):
         try:
             for job_id in reap_lost_jobs(
@@ -53,6 +55,10 @@ def run_reaper(settings: Settings, celery: Celery, stop: threading.Event) -> Non
                 log.warning("job %s: its worker was lost", job_id)
             for job_id in release_budgets(settings.database, publish):
                 log.info("job %s: its tenant's device-hour budget frees again; published", job_id)
+            for job_id in rewake_stranded(
+                settings.database, publish, settings.rewake_after_s, settings.stale_after_s, woken
+            ):
+                log.warning("job %s: queued beside a worker with room (its broker message lost?); published", job_id)
         except Exception:  # keep reaping after a database hiccup
             log.exception("the lost-job reaper failed; retrying")
 

@@ -1,6 +1,7 @@
 """`pipebd soak --minutes M --seed S --out FILE`: a real service driven by a seeded mix of jobs, user actions and
 faults (app/soak/), its history checked against the invariants; the result document goes to FILE, the history
-beside it. Exits 1 naming the first invariant violated."""
+beside it. Exits 1 naming the first invariant violated. `--resume` runs one more segment of the soak whose history
+is named (its service, its webhook): an hour measured as segments, the record and the invariants over them all."""
 
 from __future__ import annotations
 
@@ -24,11 +25,22 @@ def add_soak_command(commands: Any) -> None:
         "--max-active", type=int, default=12, help="no submission while this many jobs are not at rest (default 12)"
     )
     soak.add_argument("--folder", help="the service's data folder and logs (default: a new temporary folder)")
+    soak.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the soak of the history: the same service, minutes added, every invariant over all of it",
+    )
+    soak.add_argument(
+        "--embedded",
+        action="store_true",
+        help="run the service on SQLite and its SQLite broker (default: PostgreSQL and Redis of its own, restarted"
+        " as faults)",
+    )
     soak.set_defaults(handler=command_soak)
 
 
 def command_soak(args: argparse.Namespace) -> int:
-    from app.soak.driver import Soak, SoakOptions
+    from app.soak.driver import Soak, SoakError, SoakOptions
     from app.soak.invariants import first_violated
     from app.soak.record import write_record
 
@@ -38,8 +50,18 @@ def command_soak(args: argparse.Namespace) -> int:
         return fail(f"--max-active {args.max_active}: give at least 1 (jobs not at rest before submissions wait)")
     out = Path(args.out)
     history = Path(args.history) if args.history else out.with_suffix(".history.jsonl")
+    if args.resume and not history.exists():
+        return fail(f"--resume: no history at {history}; run `pipebd soak` once without --resume first")
+    if args.resume and args.folder:
+        return fail("--resume takes the service's folder from the history: leave --folder out")
     folder = Path(args.folder) if args.folder else Path(tempfile.mkdtemp(prefix="pipebd-soak-"))
-    result = Soak(SoakOptions(args.minutes, args.seed, folder.resolve(), history, args.max_active)).run()
+    options = SoakOptions(
+        args.minutes, args.seed, folder.resolve(), history, args.max_active, args.embedded, args.resume
+    )
+    try:
+        result = Soak(options).run()
+    except SoakError as error:
+        return fail(str(error))
     write_record(out, result.record)
     print(json.dumps({"jobs": result.record["jobs"], "faults": result.record["faults"]}), flush=True)
     violated = first_violated(result.verdicts)

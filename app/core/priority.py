@@ -9,18 +9,23 @@ message priorities) and a requeued job runs on any worker with enough devices. E
 one message on the broker, and each message starts at most one job; a message that finds nothing to
 start is dropped, so a job held back by its sweep or its tenant's quota is published again when what
 held it ends (`wake_held`, and app/core/quotas.py `release_budgets` for a device-hour budget).
+
+A broker that lost its messages (Redis restarted without persistence) would leave queued jobs asleep beside idle
+workers: the API publishes again every job queued for `rewake_after_s` while a live worker has room and devices
+for it (`rewake_stranded`, at most once per `rewake_after_s` a job); an extra wake starts nothing.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import or_
-from sqlmodel import col
+from sqlmodel import col, select
 
 from app.core.database import session_scope
 from app.core.fairshare import claim_order, queued, shares
 from app.core.quotas import Publish, held_at_claim, next_of_tenant, quotas
+from app.core.states import QUEUED
 from app.core.sweeps import has_room, wake
-from app.core.tables import Job, now
+from app.core.tables import Job, Worker, now
 
 
 def next_queued(database: str, devices: int, skip: frozenset[int] = frozenset()) -> int | None:
@@ -60,3 +65,26 @@ def wake_held(database: str, job_id: int, publish: Publish | None) -> None:
     tenant's next job (an extra wake starts nothing)."""
     wake(database, job_id, publish)
     wake_tenant(database, job_id, publish)
+
+
+def rewake_stranded(
+    database: str, publish: Publish, after_s: float, alive_s: float, woken: dict[int, float]
+) -> list[int]:
+    """Publish every job queued for `after_s` or more while a worker heard from within `alive_s` has a free slot
+    and enough devices for it, unless `woken` (job -> when, kept by the caller) says it was woken within
+    `after_s`; returns their ids."""
+    stamp = now()
+    with session_scope(database) as session:
+        workers = session.exec(select(Worker).where(col(Worker.last_seen) >= stamp - alive_s)).all()
+        room = max((w.devices for w in workers if w.running < w.slots), default=0)
+        query = select(Job.id, Job.queue).where(Job.state == QUEUED, col(Job.updated_at) <= stamp - after_s)
+        waiting = session.exec(query.where(col(Job.nproc) <= room)).all()
+    stranded = [
+        (job_id, queue) for job_id, queue in waiting if job_id is not None and woken.get(job_id, 0.0) <= stamp - after_s
+    ]
+    for job_id, queue in stranded:
+        publish(job_id, queue)
+        woken[job_id] = stamp
+    for job_id in set(woken) - {job_id for job_id, _ in waiting}:
+        del woken[job_id]  # started or left the queue
+    return [job_id for job_id, _ in stranded]

@@ -50,6 +50,7 @@ class Settings(BaseSettings):
     heartbeat_s: float = Field(2.0, gt=0)  # how often a worker says a job is still alive
     stale_after_s: float = Field(30.0, gt=0)  # a running job without heartbeat this long is worker_lost
     reaper_interval_s: float = Field(5.0, gt=0)  # how often the API looks for lost jobs
+    rewake_after_s: float = Field(60.0, gt=0)  # a job queued this long beside a worker with room is published again
     poll_s: float = Field(0.25, gt=0)  # worker: telemetry, logs and cancellation polling period
     kill_grace_s: float = Field(5.0, ge=0)  # cancel: SIGTERM, then SIGKILL survivors after this
     # a worker told to stop (SIGTERM: a spot reclaim, a drain) waits this long for its ranks to checkpoint at a

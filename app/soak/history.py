@@ -10,6 +10,9 @@
     Deliveries   the webhook deliveries the server logged, and those the soak's receiver answered 2xx
     Leftovers    what outlived the service: processes, listening ports, shared-memory segments, run locks
     Memory       one process's resident memory at one moment
+    Segment      the start of one run of `pipebd soak` (a resumed soak appends a segment to the same history)
+    Outage       a server (PostgreSQL, Redis) the soak stopped, and when it answered again
+    Outputs      a succeeded job's weights compared with those of the same spec run undisturbed afterwards
 
 Only this module turns records into JSON and back: the checkers (invariants.py) read the dataclasses.
 """
@@ -152,10 +155,67 @@ class Memory:
     pid: int = 0  # which start of it (a worker started again is a new process, its memory counted anew)
 
 
-Record = Request | Submitted | Fault | Snapshot | JobStates | Telemetry | Follower | Deliveries | Leftovers | Memory
+@dataclass(frozen=True)
+class Segment:
+    time: float
+    index: int  # 0 for the first run, then 1, 2, ... for each --resume
+    minutes: float  # of mix in this segment
+    seed: int
+    folder: str  # the service's data folder (a resumed soak starts the same service again)
+    servers_folder: str | None  # PostgreSQL's and Redis's (None: the embedded database and broker)
+    hook_id: int  # the soak's webhook, and the port its receiver listens on
+    receiver_port: int
+
+
+@dataclass(frozen=True)
+class Outage:
+    server: str  # postgres, redis
+    start: float  # when the soak stopped it
+    end: float  # when it answered again
+
+
+@dataclass(frozen=True)
+class Outputs:
+    job_id: int
+    kind: str
+    reference_id: int  # the same spec, submitted again after the drain and run undisturbed
+    compared: list[str] = field(default_factory=list)  # the weight files compared (student.pt, ...)
+    differing: list[str] = field(default_factory=list)  # "file:tensor: why" for each tensor not within tolerance
+    reference_state: str = "succeeded"  # the reference run's final state
+
+
+Record = (
+    Request
+    | Submitted
+    | Fault
+    | Snapshot
+    | JobStates
+    | Telemetry
+    | Follower
+    | Deliveries
+    | Leftovers
+    | Memory
+    | Segment
+    | Outage
+    | Outputs
+)
 RECORD_TYPES: dict[str, type[Any]] = {
     cls.__name__: cls
-    for cls in (Request, Submitted, Fault, Snapshot, JobStates, Telemetry, Follower, Deliveries, Leftovers, Memory)
+    for cls in (
+        Request,
+        Submitted,
+        Fault,
+        Snapshot,
+        JobStates,
+        Telemetry,
+        Follower,
+        Deliveries,
+        Leftovers,
+        Memory,
+        Segment,
+        Outage,
+        Outputs,
+    )
 }
 NESTED: dict[str, type[Any]] = {
     cls.__name__: cls for cls in (QueuedJob, WorkerLoad, StateChange, TelemetryRow, Delivery)
@@ -195,13 +255,14 @@ def from_line(line: str) -> Record:
 
 
 class HistoryWriter:
-    """Appends records to a history file as they happen (each line flushed: a soak that dies keeps its past)."""
+    """Appends records to a history file as they happen (each line flushed: a soak that dies keeps its past).
+    With `resume`, the file's records come first and the new ones follow them."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, resume: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.handle: IO[str] = path.open("w")
-        self.records: list[Record] = []
+        self.records: list[Record] = read_history(path) if resume else []
+        self.handle: IO[str] = path.open("a" if resume else "w")
 
     def add(self, record: Record) -> None:
         self.records.append(record)

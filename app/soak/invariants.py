@@ -11,8 +11,12 @@ a failed soak names them.
     followers_saw_every_event  every SSE follower was sent each of its job's events once, in order, across
                                its reconnects with Last-Event-ID
     webhooks_exactly_once      every delivery in the server's log ended (none pending); a succeeded one was
-                               answered 2xx by the receiver exactly once, a failed one never
-    no_5xx                     no request answered with a server error
+                               answered 2xx by the receiver exactly once, a failed one never (over every
+                               segment of a resumed soak: the last log, what the receiver got in each)
+    outputs_equal_undisturbed  each sampled succeeded job's weights equal (within WEIGHT_RTOL, WEIGHT_ATOL) those
+                               of its spec run again undisturbed after the drain
+    no_5xx                     no request answered with a server error, but 503 (with its reason) while the
+                               soak had PostgreSQL or Redis stopped, or within OUTAGE_GRACE_S of its return
     nothing_leaked             no process, listening port, shared-memory segment or run lock left behind
     memory_bounded             each process's resident memory grew by at most MEMORY_SLOPE_BYTES_PER_S over the
                                run (least squares over its samples after WARMUP_S and the next WARMUP_FRACTION,
@@ -33,6 +37,8 @@ from app.soak.history import (
     JobStates,
     Leftovers,
     Memory,
+    Outage,
+    Outputs,
     Record,
     Request,
     Snapshot,
@@ -45,6 +51,8 @@ MEMORY_SLOPE_BYTES_PER_S = 64 * 1024  # 3.75 MiB a minute, 225 MiB an hour: more
 WARMUP_S = 60.0  # a process's first minute (imports, pools, caches filling) is not counted in its slope
 WARMUP_FRACTION = 0.2  # nor the first fifth of the samples after it
 MIN_SPAN_S = 60.0  # a slope over fewer seconds of samples than this is noise: not judged
+OUTAGE_GRACE_S = 15.0  # after a server answers again, the API's pool reconnects within this
+WEIGHT_RTOL, WEIGHT_ATOL = 1e-5, 1e-7  # the suite's equivalence tolerance (tests/helpers.py assert_same_weights)
 RUNS = frozenset({STARTING, RUNNING})
 T = TypeVar("T")
 
@@ -165,30 +173,48 @@ def followers_saw_every_event(records: Sequence[Record]) -> Verdict:
 
 
 def webhooks_exactly_once(records: Sequence[Record]) -> Verdict:
-    for deliveries in of_type(records, Deliveries):
-        received = Counter(deliveries.received)
-        logged = {delivery.delivery_id for delivery in deliveries.logged}
-        for delivery in sorted(deliveries.logged, key=lambda d: d.delivery_id):
-            count = received[delivery.delivery_id]
-            if delivery.state == "pending":
-                return violated(f"delivery {delivery.delivery_id} ({delivery.event}) still pending at the end")
-            if delivery.state == "succeeded" and count != 1:
-                return violated(
-                    f"delivery {delivery.delivery_id} ({delivery.event}) succeeded but was received {count} times"
-                )
-            if delivery.state == "failed" and count != 0:
-                return violated(
-                    f"delivery {delivery.delivery_id} ({delivery.event}) logged failed but was received {count} times"
-                )
-        unknown = sorted(set(received) - logged)
-        if unknown:
-            return violated(f"delivery {unknown[0]} received but not in the server's delivery log")
+    segments = of_type(records, Deliveries)
+    if not segments:
+        return HELD
+    received: Counter[int] = Counter()
+    for segment in segments:
+        received.update(segment.received)
+    logged = {delivery.delivery_id for delivery in segments[-1].logged}
+    for delivery in sorted(segments[-1].logged, key=lambda d: d.delivery_id):
+        count = received[delivery.delivery_id]
+        if delivery.state == "pending":
+            return violated(f"delivery {delivery.delivery_id} ({delivery.event}) still pending at the end")
+        if delivery.state == "succeeded" and count != 1:
+            return violated(
+                f"delivery {delivery.delivery_id} ({delivery.event}) succeeded but was received {count} times"
+            )
+        if delivery.state == "failed" and count != 0:
+            return violated(
+                f"delivery {delivery.delivery_id} ({delivery.event}) logged failed but was received {count} times"
+            )
+    unknown = sorted(set(received) - logged)
+    if unknown:
+        return violated(f"delivery {unknown[0]} received but not in the server's delivery log")
+    return HELD
+
+
+def outputs_equal_undisturbed(records: Sequence[Record]) -> Verdict:
+    for outputs in of_type(records, Outputs):
+        job = f"job {outputs.job_id} ({outputs.kind}) against its undisturbed rerun {outputs.reference_id}"
+        if outputs.reference_state != "succeeded":
+            return violated(f"{job}: the rerun ended {outputs.reference_state}")
+        if not outputs.compared:
+            return violated(f"{job}: no weight file to compare")
+        if outputs.differing:
+            return violated(f"{job}: {len(outputs.differing)} tensors differ, first {outputs.differing[0]}")
     return HELD
 
 
 def no_5xx(records: Sequence[Record]) -> Verdict:
+    outages = of_type(records, Outage)
     for request in of_type(records, Request):
-        if request.status >= 500:
+        during = any(o.start <= request.answered_at and request.time <= o.end + OUTAGE_GRACE_S for o in outages)
+        if request.status >= 500 and not (request.status == 503 and during):
             return violated(f"{request.method} {request.path} ({request.action}) answered {request.status}")
     return HELD
 
@@ -242,6 +268,7 @@ INVARIANTS: dict[str, Callable[[Sequence[Record]], Verdict]] = {
     "telemetry_once": telemetry_once,
     "followers_saw_every_event": followers_saw_every_event,
     "webhooks_exactly_once": webhooks_exactly_once,
+    "outputs_equal_undisturbed": outputs_equal_undisturbed,
     "no_5xx": no_5xx,
     "nothing_leaked": nothing_leaked,
     "memory_bounded": memory_bounded,

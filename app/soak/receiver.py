@@ -11,8 +11,8 @@ from app.soak.service import free_port
 
 
 class Receiver:
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()  # a resumed soak's receiver answers on its first segment's port
         self.received: list[int] = []  # delivery ids answered 2xx, in the order they came
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None

@@ -1,7 +1,9 @@
-"""The service a soak drives: `pipebd api` and workers (one of two host ids each, so two-node jobs form gangs)
-on one embedded data folder (SQLite database and broker), each its own process group so that the soak can
-SIGKILL or SIGTERM one and start it again. Also what the soak reads of it directly: its database (the queue
-and the workers, job states, telemetry rows, deliveries), its processes' memory, and what outlived it."""
+"""The service a soak drives: `pipebd api` and workers (one of two host ids each, so two-node jobs form gangs),
+each its own process group so that the soak can SIGKILL or SIGTERM one and start it again, on a throw-away
+PostgreSQL and Redis of the soak's own (app/core/throwaway.py; the soak restarts them as faults) or, with
+`embedded`, on one data folder's SQLite database and broker. Also what the soak reads of it directly: its
+database (the queue and the workers, job states, telemetry rows, deliveries), its processes' memory, and what
+outlived it."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from sqlmodel import Session, col, select
 from app.core.database import get_engine
 from app.core.states import ACTIVE, QUEUED
 from app.core.tables import EVAL_SEQ, GangSeat, Job, JobEvent, JobMetric, WebhookDelivery, Worker
+from app.core.throwaway import Server, throwaway_postgres, throwaway_redis
 from app.soak.history import (
     Delivery,
     JobStates,
@@ -44,6 +47,7 @@ SERVICE_ENV = {  # fast polls and short grace periods: many faults and jobs fit 
     "PIPEBD_HEARTBEAT_S": "0.5",
     "PIPEBD_STALE_AFTER_S": "6",
     "PIPEBD_REAPER_INTERVAL_S": "0.5",
+    "PIPEBD_REWAKE_AFTER_S": "10",
     "PIPEBD_KILL_GRACE_S": "3",
     "PIPEBD_MAX_RESTARTS": "5",
     "PIPEBD_WEBHOOK_TIMEOUT_S": "2",
@@ -74,10 +78,15 @@ def free_port() -> int:
         return port
 
 
+SERVERS = ("redis", "postgres")
+
+
 @dataclass
 class Service:
     folder: Path
+    servers_folder: Path | None = None  # PostgreSQL's and Redis's data; None: the embedded database and broker
     port: int = field(default_factory=free_port)
+    servers: dict[str, Server] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     starts: dict[str, int] = field(default_factory=dict)
     seen_pids: set[int] = field(default_factory=set)  # every process of the service ever seen (its shm names)
@@ -92,6 +101,8 @@ class Service:
 
     @property
     def database(self) -> str:
+        if "postgres" in self.servers:
+            return str(self.servers["postgres"].url).replace("postgresql://", "postgresql+psycopg://", 1)
         return f"sqlite:///{(self.data_dir / 'pipebd.db').resolve()}"
 
     def log(self, name: str) -> Path:
@@ -102,6 +113,9 @@ class Service:
         env.update(SERVICE_ENV)
         env["PIPEBD_DATA_DIR"] = str(self.data_dir)
         env["PIPEBD_CACHE_DIR"] = str(self.folder / "cache")
+        if self.servers:
+            env["PIPEBD_DATABASE_URL"] = self.database
+            env["PIPEBD_BROKER_URL"] = f"{self.servers['redis'].url}/0"
         return env
 
     def _launch(self, name: str, arguments: list[str], extra: dict[str, str] | None = None) -> None:
@@ -117,8 +131,25 @@ class Service:
                 start_new_session=True,
             )
 
+    def start_servers(self) -> None:
+        """PostgreSQL (its cluster kept in `servers_folder`, so a resumed soak finds its jobs) and Redis (empty
+        at every start, as after a restart)."""
+        assert self.servers_folder is not None
+        for name, start in (("postgres", throwaway_postgres), ("redis", throwaway_redis)):
+            server = start(self.servers_folder / name)
+            if server.url is None:
+                self.stop_servers()
+                raise RuntimeError(f"the soak could not start its {name}: {server.reason} (or run it --embedded)")
+            self.servers[name] = server
+
+    def stop_servers(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.servers_folder is not None:
+            self.start_servers()
         self._launch("api", ["api", "--port", str(self.port)])
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._healthy():
@@ -197,13 +228,14 @@ class Service:
         return samples
 
     def stop(self) -> None:
-        """Workers first (SIGTERM: they requeue what runs), then the API."""
+        """Workers first (SIGTERM: they requeue what runs), then the API, then PostgreSQL and Redis."""
         for group in ([w.name for w in WORKERS], ["api"]):
             running = [name for name in group if name in self.processes and not self.ended(name)]
             for name in running:
                 self.signal_worker(name, signal.SIGTERM)
             for name in running:
                 self.wait_ended(name)
+        self.stop_servers()
 
     def leftovers(self, grace_s: float = LEFTOVER_GRACE_S) -> Leftovers:
         """After stop(): what is still there of the service once `grace_s` has passed (or nothing is)."""

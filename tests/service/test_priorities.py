@@ -4,9 +4,12 @@ are not in the queue. Every job the service tests run goes through this choice (
 
 from __future__ import annotations
 
-from app.core.database import migrate
-from app.core.priority import next_queued
+from sqlmodel import Session
+
+from app.core.database import get_engine, migrate
+from app.core.priority import next_queued, rewake_stranded
 from app.core.settings import Settings
+from app.core.tables import Worker, now
 from tests.service.factories import insert_job
 
 
@@ -30,3 +33,30 @@ def test_a_free_worker_takes_the_highest_priority_job_that_fits_oldest_first(set
     assert next_queued(settings.database, 2, frozenset({high})) == low  # another worker claimed `high` first
     assert next_queued(settings.database, 2, frozenset({high, low})) == low_too
     assert next_queued(settings.database, 1, frozenset({low, low_too})) is None
+
+
+def test_a_job_queued_long_beside_a_worker_with_room_is_published_again_once_an_interval(settings: Settings) -> None:
+    """A broker that lost its messages (Redis restarted) must not leave queued jobs asleep beside idle workers."""
+    migrate(settings.database)
+    stamp = now()
+    old, fresh, big = ids(
+        insert_job(settings, nproc=2, updated_at=stamp - 100),
+        insert_job(settings, nproc=2, updated_at=stamp),  # its own message is still on its way
+        insert_job(settings, nproc=4, updated_at=stamp - 100),  # no worker has 4 devices
+    )
+    insert_job(settings, "paused", nproc=1, updated_at=stamp - 100)
+    with Session(get_engine(settings.database)) as session:
+        session.add(Worker(name="busy", host="h1", devices=8, slots=1, queues="", running=1, last_seen=stamp))
+        session.add(Worker(name="gone", host="h2", devices=8, slots=1, queues="", last_seen=stamp - 100))
+        session.add(Worker(name="idle", host="h3", devices=2, slots=2, queues="", running=1, last_seen=stamp))
+        session.commit()
+    published: list[tuple[int, str]] = []
+    woken: dict[int, float] = {}
+
+    def rewake() -> list[int]:
+        return rewake_stranded(settings.database, lambda *m: published.append(m), 60, 30, woken)
+
+    assert rewake() == [old] and published == [(old, "pipebd.ranks-2")]
+    assert rewake() == [] and published == [(old, "pipebd.ranks-2")]  # not again within the interval
+    woken[old] -= 61
+    assert rewake() == [old] and fresh not in woken and big not in woken

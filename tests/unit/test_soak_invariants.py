@@ -17,6 +17,8 @@ from app.soak.history import (
     JobStates,
     Leftovers,
     Memory,
+    Outage,
+    Outputs,
     QueuedJob,
     Record,
     Request,
@@ -52,6 +54,10 @@ def clean() -> list[Record]:
         action(3.0, "pause", 2),
         action(10.0, "resume", 2),
         Request(4.0, "POST", "/api/v1/jobs", 422, 0.05, "bad_request"),
+        Outage("postgres", 30.0, 34.0),
+        Request(33.0, "GET", "/api/v1/jobs", 503, 0.05, "read"),  # the database was down: 503, not a fault
+        Request(40.0, "GET", "/api/v1/jobs/2", 503, 0.05, "read", 2),  # its pool reconnecting, within the grace
+        Outputs(2, "compression", 3, compared=["student.pt", "compressed_model.pt"]),
         JobStates(1, changes((1.0, "queued"), (2.05, "cancelled"))),
         JobStates(
             2,
@@ -175,6 +181,35 @@ VIOLATIONS: dict[str, tuple[str, str, list[Record]]] = {
         "answered 500",
         [*clean(), Request(7.0, "GET", "/api/v1/jobs/2/plan", 500, 0.2, "read", 2)],
     ),
+    "a 503 with no outage": (
+        "no_5xx",
+        "GET /api/v1/jobs/2 (read) answered 503",
+        [*clean(), Request(70.0, "GET", "/api/v1/jobs/2", 503, 0.05, "read", 2)],
+    ),
+    "outputs differ from the undisturbed rerun": (
+        "outputs_equal_undisturbed",
+        "job 2 (compression) against its undisturbed rerun 3: 1 tensors differ, first student.pt:b.0.w: differs",
+        replaced(
+            clean(),
+            Outputs,
+            Outputs(2, "compression", 3, ["student.pt"], ["student.pt:b.0.w: differs by up to 0.01"]),
+        ),
+    ),
+    "the undisturbed rerun failed": (
+        "outputs_equal_undisturbed",
+        "the rerun ended failed",
+        replaced(clean(), Outputs, Outputs(2, "compression", 3, ["student.pt"], [], "failed")),
+    ),
+    "no weights to compare": (
+        "outputs_equal_undisturbed",
+        "no weight file to compare",
+        replaced(clean(), Outputs, Outputs(2, "compression", 3, [], [])),
+    ),
+    "webhook received again in a resumed segment": (
+        "webhooks_exactly_once",
+        "delivery 1 (job.queued) succeeded but was received 2 times",
+        [*clean(), Deliveries([Delivery(1, "job.queued", "succeeded"), Delivery(2, "job.running", "failed")], [1])],
+    ),
     "a leaked process": (
         "nothing_leaked",
         "process left behind (1 in all), first: 4242 torchrun",
@@ -206,6 +241,26 @@ def test_each_checker_catches_the_history_written_against_it(case: str) -> None:
     assert [name for name, verdict in verdicts.items() if not verdict.held] == [invariant]
     assert detail in (verdicts[invariant].detail or ""), verdicts[invariant].detail
     assert first_violated(verdicts) == invariant
+
+
+def test_a_resumed_soak_s_deliveries_count_over_its_segments() -> None:
+    """Each segment's receiver saw its own deliveries; the last segment's log holds them all."""
+    later = Deliveries([Delivery(1, "job.queued", "succeeded"), Delivery(3, "job.queued", "succeeded")], [3])
+    assert check_all([*clean(), later])["webhooks_exactly_once"].held
+    assert not check_all([*clean(), Deliveries([Delivery(3, "job.queued", "succeeded")], [])])[
+        "webhooks_exactly_once"
+    ].held
+
+
+def test_a_resumed_history_appends_to_the_records_before_it(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    first = HistoryWriter(path)
+    first.extend(clean()[:3])
+    first.close()
+    again = HistoryWriter(path, resume=True)
+    again.add(Submitted(99.0, 7, "nas"))
+    again.close()
+    assert again.records == [*clean()[:3], Submitted(99.0, 7, "nas")] == read_history(path)
 
 
 def test_the_history_file_reads_back_the_records_written(tmp_path: Path) -> None:
