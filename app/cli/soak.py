@@ -31,6 +31,11 @@ def add_soak_command(commands: Any) -> None:
         help="continue the soak of the history: the same service, minutes added, every invariant over all of it",
     )
     soak.add_argument(
+        "--reruns",
+        type=int,
+        help="at most this many succeeded jobs rerun undisturbed to compare weights (default: one per kind)",
+    )
+    soak.add_argument(
         "--embedded",
         action="store_true",
         help="run the service on SQLite and its SQLite broker (default: PostgreSQL and Redis of its own, restarted"
@@ -50,13 +55,15 @@ def command_soak(args: argparse.Namespace) -> int:
         return fail(f"--max-active {args.max_active}: give at least 1 (jobs not at rest before submissions wait)")
     out = Path(args.out)
     history = Path(args.history) if args.history else out.with_suffix(".history.jsonl")
+    if args.reruns is not None and args.reruns < 0:
+        return fail(f"--reruns {args.reruns}: give 0 or more (succeeded jobs rerun to compare their weights)")
     if args.resume and not history.exists():
         return fail(f"--resume: no history at {history}; run `pipebd soak` once without --resume first")
     if args.resume and args.folder:
         return fail("--resume takes the service's folder from the history: leave --folder out")
     folder = Path(args.folder) if args.folder else Path(tempfile.mkdtemp(prefix="pipebd-soak-"))
     options = SoakOptions(
-        args.minutes, args.seed, folder.resolve(), history, args.max_active, args.embedded, args.resume
+        args.minutes, args.seed, folder.resolve(), history, args.max_active, args.embedded, args.resume, args.reruns
     )
     try:
         result = Soak(options).run()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 import signal
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -90,12 +91,20 @@ class SoakOptions:
     max_active: int = MAX_ACTIVE
     embedded: bool = False  # SQLite and kombu's SQLite broker instead of the soak's PostgreSQL and Redis
     resume: bool = False  # continue the history's soak: its service, its webhook, one segment more
+    reruns: int | None = None  # at most this many succeeded jobs rerun undisturbed (None: one per kind)
 
 
 @dataclass(frozen=True)
 class SoakResult:
     record: SoakRecord
     verdicts: dict[str, Verdict]
+
+
+def servers_folder() -> str:
+    """A new folder for PostgreSQL's cluster and Redis, kept after the soak (a resumed soak starts them again; the
+    history's Segment names it). Its own, under the temporary folder: PostgreSQL runs as the postgres user when
+    the soak runs as root, and must reach it."""
+    return tempfile.mkdtemp(prefix="pipebd-soak-servers-")
 
 
 class SoakError(RuntimeError):
@@ -112,7 +121,7 @@ class Soak:
         self.index = len(previous)
         first = previous[0] if previous else None
         folder = Path(first.folder) if first else options.folder
-        servers = (first.servers_folder if first else None) or (None if options.embedded else str(folder / "servers"))
+        servers = first.servers_folder if first else (None if options.embedded else servers_folder())
         self.random = random.Random(f"{options.seed}:{self.index}")
         self.service = Service(folder, Path(servers) if servers else None)
         self.receiver = Receiver(previous[-1].receiver_port if previous else None)
@@ -397,6 +406,7 @@ class Soak:
         run undisturbed, its weights compared with the soak's run (outputs_equal_undisturbed)."""
         mine = {job_id: kind for job_id, kind in self.kinds.items() if job_id not in self.last_segment_jobs}
         chosen = sample([self.service.job_states(job_id) for job_id in sorted(mine)], mine, self.random)
+        chosen = chosen[: self.options.reruns] if self.options.reruns is not None else chosen
         reruns: dict[int, int] = {}
         for job_id in chosen:
             detail = self.request("rerun", "GET", f"/api/v1/jobs/{job_id}", job_id)

@@ -1,17 +1,18 @@
 """Chaos tier, the short soak: `pipebd soak` (the real command) for a fixed seed and 24 s of mix, then its
-drain: a real API and two workers (two host ids) on the embedded database and broker, tiny jobs, cancels,
-pauses and resumes, workers SIGKILLed and SIGTERMed, ranks SIGKILLed, the webhook receiver down, SSE followers
-reconnecting, bad requests. Every invariant holds on its history, and the record has the issue's fields.
-About 90 s on a quiet machine (the service's start, the mix, the drain, the stop)."""
+drain and one undisturbed rerun: a real API and two workers (two host ids) on the soak's own PostgreSQL and
+Redis, tiny jobs of several kinds, cancels, pauses, resumes and priority changes, workers SIGKILLed and
+SIGTERMed, ranks SIGKILLed, PostgreSQL or Redis restarted, the webhook receiver down, SSE followers
+reconnecting, bad requests. Every invariant holds on its history, and the record has the issue's fields."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from app.soak.history import Fault, Request, read_history
+from app.soak.history import Fault, Outputs, Request, Segment, read_history
 from app.soak.invariants import INVARIANTS
 from tests.service.workers import REPO
 
@@ -22,8 +23,12 @@ HANG_S = 600  # the soak's mix, drain and stop; only a hang takes this long
 def test_a_short_soak_holds_every_invariant(tmp_path: Path) -> None:
     out, history = tmp_path / "soak.json", tmp_path / "soak.history.jsonl"
     command = [sys.executable, "-m", "app.cli", "soak", "--minutes", "0.4", "--seed", str(SEED), "--out", str(out)]
-    command += ["--max-active", "2", "--folder", str(tmp_path / "service"), "--history", str(history)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    command += ["--max-active", "2", "--folder", str(tmp_path / "service"), "--history", str(history), "--reruns", "1"]
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    finally:
+        for segment in (r for r in read_history(history) if isinstance(r, Segment)) if history.exists() else ():
+            shutil.rmtree(segment.servers_folder or tmp_path / "none", ignore_errors=True)  # PostgreSQL's cluster
     logged = sorted((tmp_path / "service" / "service-logs").glob("*.log"))
     logs = "\n".join(path.read_text(errors="replace")[-2000:] for path in logged)
     assert out.exists(), f"{done.stdout}\n{done.stderr}\n{logs}"
@@ -36,6 +41,8 @@ def test_a_short_soak_holds_every_invariant(tmp_path: Path) -> None:
     assert sum(record["jobs"]["submitted"].values()) >= 3 and sum(record["jobs"]["finished"].values()) >= 1
     records = read_history(history)
     assert any(isinstance(r, Fault) for r in records) and record["faults"]
+    assert [r.index for r in records if isinstance(r, Segment)] == [0] and record["minutes"] == 0.4
+    assert len([r for r in records if isinstance(r, Outputs)]) == 1  # a succeeded job rerun, its weights equal
     assert any(isinstance(r, Request) and r.action == "bad_request" and 400 <= r.status < 500 for r in records)
     assert set(record["memory"]["start"]) >= {"api", "worker-a", "worker-b"}
     assert 0 < record["api_latency_ms"]["p50"] <= record["api_latency_ms"]["p99"] <= record["api_latency_ms"]["max"]
