@@ -61,7 +61,8 @@ def command_soak(args: argparse.Namespace) -> int:
         return fail(f"--resume: no history at {history}; run `pipebd soak` once without --resume first")
     if args.resume and args.folder:
         return fail("--resume takes the service's folder from the history: leave --folder out")
-    folder = Path(args.folder) if args.folder else Path(tempfile.mkdtemp(prefix="pipebd-soak-"))
+    fresh = not (args.folder or args.resume)  # a resumed soak's folder is its history's
+    folder = Path(tempfile.mkdtemp(prefix="pipebd-soak-")) if fresh else Path(args.folder or ".")
     options = SoakOptions(
         args.minutes, args.seed, folder.resolve(), history, args.max_active, args.embedded, args.resume, args.reruns
     )

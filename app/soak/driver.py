@@ -20,6 +20,7 @@ same service again, appends a segment to the same history and checks it all: an 
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import tempfile
@@ -104,7 +105,9 @@ def servers_folder() -> str:
     """A new folder for PostgreSQL's cluster and Redis, kept after the soak (a resumed soak starts them again; the
     history's Segment names it). Its own, under the temporary folder: PostgreSQL runs as the postgres user when
     the soak runs as root, and must reach it."""
-    return tempfile.mkdtemp(prefix="pipebd-soak-servers-")
+    folder = tempfile.mkdtemp(prefix="pipebd-soak-servers-")
+    os.chmod(folder, 0o755)  # mkdtemp's 0700 would keep the postgres user out
+    return folder
 
 
 class SoakError(RuntimeError):

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from app.cli.main import main
 from app.soak.history import Fault, Memory, Request, Submitted
 from app.soak.invariants import HELD, Verdict
 from app.soak.record import build_record, percentile
@@ -59,3 +62,16 @@ def test_the_reliability_page_shows_the_committed_record() -> None:
     assert all(f"{kind} {count}" in page for kind, count in record["faults"].items())
     assert all(verdict["held"] for verdict in record["invariants"].values()) and "all eight held" in page
     assert f"p50 {record['api_latency_ms']['p50']:.0f} ms" in page
+
+
+def test_a_soak_refuses_to_resume_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "soak.json")
+    assert main(["soak", "--minutes", "1", "--out", out, "--resume"]) == 2
+    assert "--resume: no history at" in capsys.readouterr().err
+    (tmp_path / "soak.history.jsonl").write_text("")
+    assert main(["soak", "--minutes", "1", "--out", out, "--resume"]) == 2
+    assert "holds no soak segment; run once without --resume first" in capsys.readouterr().err
+    assert main(["soak", "--minutes", "1", "--out", out, "--resume", "--folder", str(tmp_path)]) == 2
+    assert "leave --folder out" in capsys.readouterr().err
+    assert main(["soak", "--minutes", "1", "--out", out, "--reruns", "-1"]) == 2
+    assert "--reruns -1: give 0 or more" in capsys.readouterr().err
