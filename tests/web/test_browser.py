@@ -6,8 +6,7 @@ to its line, the page fitting a phone screen) and followed on its page until `su
 loss chart gains points without a reload; the schedules have one row per rank and the bottleneck is
 named; a running job is cancelled from the list with the keyboard; the compare page shows both, each
 measured one with a numeric speed-up and its mode as submitted (the values themselves are checked
-from known telemetry in test_pages.py). No console errors; screenshots go to test-output/. A transformer
-search's page is followed in test_models_page.py, on the registry chain's search job (one search, not two).
+from known telemetry in test_pages.py). No console errors; screenshots go to test-output/.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import httpx
 import pytest
 
 from app.core.states import FINAL
-from pipebd_core.documents.layer_profile import LayerProfile
 from tests.service.factories import long_job, tiny_job
 from tests.service.workers import wait_for
 from tests.web.browser import DESKTOP, NETWORK_ERROR, PHONE, Watched, pipebd_up, watched_page
@@ -261,6 +259,8 @@ def test_a_finetune_job_page_shows_its_accuracy_curves_and_micro_batch_schedule(
         assert page.locator("#finetune-strategies tbody tr").count() == 4
         # its layer profile, measured by this job: every layer, and the co-run curve (one rank alone is 1 by
         # definition; both ranks at once measured, not assumed: a ratio of two timings, its size the machine's)
+        from pipebd_core.documents.layer_profile import LayerProfile
+
         measured = httpx.get(f"{service}/api/v1/jobs/{job_id}/artifacts/layer_profile.json", timeout=30).json()
         profile = LayerProfile.from_json(measured)
         assert len(profile.layers) == 11 and all(layer.microbatch.F.median > 0 for layer in profile.layers)
