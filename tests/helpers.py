@@ -22,10 +22,12 @@ from pipebd_core.data.batches import global_batch_indices, total_steps
 from pipebd_core.data.datasets import build_dataset
 from pipebd_core.distill.finalize import load_final_students
 from pipebd_core.distill.plan import Plan
+from pipebd_core.finetune.plan import TrainPlan
+from pipebd_core.finetune.rank import load_trained
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.outcomes import SUCCEEDED
 from pipebd_core.job.supervisor import Supervisor
-from pipebd_core.rank.network import StudentBlocks
+from pipebd_core.rank.network import StudentBlocks, build_network
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.workloads.losses import LOSSES, block_loss
@@ -110,6 +112,16 @@ def checkpointed_students(run_dir: RunDir) -> dict[str, torch.Tensor]:
     total = Plan.from_document(run_dir.load_plan()).step_plan.total
     students, _ = load_final_students(run_dir, build_workload(run_dir.load_spec()), total)  # finalize's own gathering
     return StudentBlocks(students).state_dict()
+
+
+def checkpointed_finetune(run_dir: RunDir) -> dict[str, torch.Tensor]:
+    """The network as the finetune phase's last checkpoints hold it, loaded as the evaluate phase loads it
+    before saving finetuned_model.pt: what a run stopped after finetune (`until=FINETUNE`) trained, without
+    an evaluate process."""
+    plan = TrainPlan.from_document(run_dir.load_finetune_plan())
+    network = build_network(run_dir.load_spec(), run_dir)
+    load_trained(network, run_dir, plan, plan.steps.total)
+    return network.model.state_dict()
 
 
 def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], rtol: float = 1e-5) -> None:

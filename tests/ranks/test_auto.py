@@ -1,13 +1,16 @@
-"""`schedule.mode: auto` end to end, and the profile cache. Tier: 2-rank gloo runs through torchrun."""
+"""`schedule.mode: auto` end to end (from a frozen profile, tests/fixtures/tiny_profile.json), and the profile
+cache (measured here). Tier: 2-rank gloo runs through torchrun."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from pipebd_core.documents.profile import Profile
 from pipebd_core.job.profiling import obtain_profile
-from pipebd_core.planning.profiles import CACHE_ENV, cache_path, profile_key
+from pipebd_core.planning.profiles import CACHE_ENV, cache_path, profile_key, store
 from tests.helpers import assert_same_weights, load_students, plain_loop, run_job, tiny_spec
 
 
@@ -42,8 +45,14 @@ def test_profile_key_counts_what_the_measurements_depend_on() -> None:
     assert profile_key(tiny_spec(schedule={"nproc": 2, "profile": True}, train={"lr": 0.5})) == profile_key(spec)
 
 
+# The profile of the spec below, measured once on a 2-core machine: auto plans from it as from a fresh
+# measurement (the measurement itself is the test above's), and the same plan whatever else the machine runs.
+FROZEN_PROFILE = Path(__file__).parents[1] / "fixtures" / "tiny_profile.json"
+
+
 def test_auto_plans_from_the_profile_runs_and_trains_the_same_students(cache: Path, tmp_path: Path) -> None:
     spec = tiny_spec(schedule={"mode": "auto", "nproc": 2, "profile": True})
+    store(spec, Profile.from_json(json.loads(FROZEN_PROFILE.read_text())))
     code, run_dir = run_job(spec, tmp_path / "run")
     assert code == 0, run_dir.rank_errors()
     plan = run_dir.read_json(run_dir.plan)

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipebd_core.documents.phases import DISTILL
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.workloads.workload import build_workload
-from tests.helpers import assert_same_weights, load_students, plain_loop
+from tests.helpers import assert_same_weights, checkpointed_students, load_students, plain_loop
 from tests.transformer_specs import TINY_GPT2, TINY_LLAMA, TINY_VIT, transformer_document, vit_document, write_text
 
 SEARCH = ["keep", "ffn_1/4", "kv_1", "linear_attention", "no_attention", "linear", "noop"]
@@ -77,12 +78,12 @@ def test_a_data_parallel_gpt2_search_equals_the_plain_loop(
     assert network(torch.zeros((2, 8), dtype=torch.long)).shape == (2, 8, 260)
 
 
-def test_a_layerwise_scheduled_vit_search_equals_the_plain_loop(finished_run: Callable[[Spec], RunDir]) -> None:
+def test_a_layerwise_scheduled_vit_search_equals_the_plain_loop(finished_run: Callable[..., RunDir]) -> None:
     document = vit_document(schedule={"mode": "ls", "nproc": 2})
     document["workload"] = {"kind": "transformer", "config": TINY_VIT, "replacements": ["ffn_1/2", "kv_2", "linear"]}
     spec = parse_spec(document)
-    run = finished_run(spec)
-    assert_same_weights(load_students(run), plain_loop(spec))
+    run = finished_run(spec, until=DISTILL)  # the students from the checkpoints: no finalize process
+    assert_same_weights(checkpointed_students(run), plain_loop(spec))
     plan = run.read_json(run.plan)
     assert plan["mode"] == "ls" and sorted(b for blocks in plan["assignment"] for b in blocks) == [0, 1, 2, 3]
     assert all(plan["assignment"])  # both ranks train blocks
@@ -90,11 +91,11 @@ def test_a_layerwise_scheduled_vit_search_equals_the_plain_loop(finished_run: Ca
 
 @pytest.mark.parametrize(("config", "mode"), [(TINY_LLAMA, "ir"), (TINY_GPT2, "tr")], ids=["llama-ir", "gpt2-tr"])
 def test_a_compression_in_internal_or_teacher_relaying_equals_the_plain_loop(
-    config: dict[str, object], mode: str, text_root: Path, finished_run: Callable[[Spec], RunDir]
+    config: dict[str, object], mode: str, text_root: Path, finished_run: Callable[..., RunDir]
 ) -> None:
     document = transformer_document(text_root, schedule={"mode": mode, "nproc": 2})
     document["workload"]["config"] = config
     spec = parse_spec(document)
-    run = finished_run(spec)
-    assert_same_weights(load_students(run), plain_loop(spec))
+    run = finished_run(spec, until=DISTILL)  # the students from the checkpoints: no finalize process
+    assert_same_weights(checkpointed_students(run), plain_loop(spec))
     assert run.read_json(run.plan)["mode"] == mode

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 from torch import nn
 
+from pipebd_core.documents.phases import FINETUNE
 from pipebd_core.job.launch import preflight
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import Spec, SpecError, parse_spec
-from tests.helpers import assert_same_weights
-from tests.ranks.test_finetune import e2e_document, full_batch_training, trained
+from pipebd_core.spec import SpecError, parse_spec
+from tests.helpers import assert_same_weights, checkpointed_finetune
+from tests.ranks.test_finetune import e2e_document, full_batch_training
 
 FACTORY = "tests.ranks.test_moved:make_network"
 
@@ -60,11 +61,11 @@ CASES = [
 
 @pytest.mark.parametrize(("strategy", "nproc", "stages", "moved"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_a_moved_delta_share_trains_what_full_batch_training_trains(
-    strategy: str, nproc: int, stages: list[int], moved: list[float], finished_run: Callable[[Spec], RunDir]
+    strategy: str, nproc: int, stages: list[int], moved: list[float], finished_run: Callable[..., RunDir]
 ) -> None:
     spec = parse_spec(moved_document(strategy, nproc, stages, moved))
-    run_dir = finished_run(spec)
-    assert_same_weights(trained(run_dir), full_batch_training(spec))
+    run_dir = finished_run(spec, until=FINETUNE)  # its weights from the finetune phase's last checkpoints
+    assert_same_weights(checkpointed_finetune(run_dir), full_batch_training(spec))
     plan = run_dir.read_json(run_dir.finetune_plan)
     widths = [getattr(layer, "in_channels", getattr(layer, "in_features", 0)) for layer in make_network().children()]
     channels = [round(share * widths[start - 1]) for share, start in zip(moved, stages[1:], strict=True)]
@@ -81,9 +82,9 @@ def lines(run_dir: RunDir, rank: int) -> list[dict[str, Any]]:
     return [record for record in records if "elapsed" in record]
 
 
-def test_the_plan_says_what_moves_and_what_it_adds_to_a_step(finished_run: Callable[[Spec], RunDir]) -> None:
+def test_the_plan_says_what_moves_and_what_it_adds_to_a_step(finished_run: Callable[..., RunDir]) -> None:
     strategy, nproc, stages, moved = CASES[0]
-    run_dir = finished_run(parse_spec(moved_document(strategy, nproc, stages, moved)))
+    run_dir = finished_run(parse_spec(moved_document(strategy, nproc, stages, moved)), until=FINETUNE)  # the run above
     partition = run_dir.read_json(run_dir.finetune_plan)["partition"]
     (move,) = partition["moves"]
     conv = list(make_network().children())[4]

@@ -22,6 +22,8 @@ from pipebd_core.data.batches import stream_batch_indices
 from pipebd_core.data.datasets import build_dataset
 from pipebd_core.data.streams import StepPlan
 from pipebd_core.distill.schedule import arch_update_index
+from pipebd_core.documents.profile import Profile
+from pipebd_core.planning import profiles
 from pipebd_core.planning.distill_planner import step_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
@@ -269,8 +271,16 @@ def paths_drawn(run_dir: RunDir, nproc: int) -> dict[tuple[int, str, str], list[
     return drawn
 
 
-def test_auto_plans_and_runs_the_search(reference: Path, tmp_path: Path) -> None:
+# The supernet's block profile on 2 ranks, measured once on a 2-core machine (`pipebd profile` of the spec
+# below): auto plans from it as from a fresh measurement, without a profiling job each run. Measuring a
+# search's blocks (arch rounds, each candidate's forward) is the held-out benchmark's (docs/benchmarks.md).
+FROZEN_PROFILE = Path(__file__).parents[1] / "fixtures" / "nas_profile.json"
+
+
+def test_auto_plans_and_runs_the_search(reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = parse_spec(nas_document(schedule={"mode": "auto", "nproc": 2, "profile": True}))
+    monkeypatch.setenv(profiles.CACHE_ENV, str(tmp_path / "cache"))
+    profiles.store(spec, Profile.from_json(json.loads(FROZEN_PROFILE.read_text())))
     code, run_dir = run_job(spec, tmp_path / "run")
     assert code == 0, run_dir.rank_errors()
     plan = run_dir.read_json(run_dir.plan)

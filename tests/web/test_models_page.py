@@ -1,6 +1,7 @@
 """The model registry end to end, against the real service (`pipebd up`: API, worker, torchrun ranks on the
 CPU) and Chromium: a tiny Llama teacher trained by one job; a budgeted search distilled from it by a second
-job that names it as `workload.teacher: {model: N}`, fine-tuned in the same job; the chain teacher -> searched
+job of 2 ranks that names it as `workload.teacher: {model: N}`, fine-tuned with KD in the same job and followed
+on its job page while it runs (each layer's choice, the budget, the perplexities); the chain teacher -> searched
 -> fine-tuned through the lineage endpoint and on the /models pages; the search chosen again for another budget
 (201, its architecture, a registered model whose parent is the search); a missing id is a 422 naming the
 field, a budget on a cost the search did not measure the engine's 422.
@@ -20,7 +21,8 @@ import yaml
 
 from app.cli.main import main as pipebd
 from tests.transformer_specs import TINY_LLAMA, transformer_document, write_text
-from tests.web.browser import pipebd_up, watched_page
+from tests.web.browser import DESKTOP, PHONE, pipebd_up, watched_page
+from tests.web.test_browser import api_job, wait_until_ready
 
 pytestmark = pytest.mark.timeout(600)
 JOB_TIMEOUT_S = 240
@@ -41,12 +43,18 @@ def finished(service: str, document: dict[str, Any]) -> int:
     created = httpx.post(f"{service}/api/v1/jobs", json=document, timeout=120)
     assert created.status_code == 202, created.text
     job_id: int = created.json()["id"]
+    finished_job(service, job_id)
+    return job_id
+
+
+def finished_job(service: str, job_id: int) -> None:
+    """Wait until the job ends; it must have succeeded."""
     deadline = time.time() + JOB_TIMEOUT_S
     while time.time() < deadline:
         job = httpx.get(f"{service}/api/v1/jobs/{job_id}", timeout=30).json()
         if job["state"] in ("succeeded", "failed", "cancelled"):
             assert job["state"] == "succeeded", job["error"]
-            return job_id
+            return
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} did not finish within {JOB_TIMEOUT_S} s")
 
@@ -57,25 +65,91 @@ def models(service: str, **query: Any) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def chain(service: str, folder: Path) -> dict[str, Any]:
-    """The teacher job, the search job and their registered models, once for the module."""
+def teacher(service: str, folder: Path) -> dict[str, Any]:
+    """The teacher job, trained here, and its registered model."""
     text = write_text(folder / "data" / "datasets" / "text")  # inside the server's data roots
     teacher_doc = transformer_document(text)
     teacher_doc["name"] = "registry-teacher"
     teacher_doc["workload"] = {"kind": "train", "config": TINY_LLAMA}
     teacher_doc["finetune"] = {"strategy": "ddp", "max_steps": 3, "lr": 0.3, "profile": False}
     teacher_job = finished(service, teacher_doc)
-    (teacher,) = models(service, job_id=teacher_job)
-    search_doc = transformer_document(text)
-    search_doc["name"] = "registry-search"
+    (model,) = models(service, job_id=teacher_job)
+    return {"teacher_job": teacher_job, "teacher": model}
+
+
+@pytest.fixture(scope="module")
+def search_job(service: str, folder: Path, teacher: dict[str, Any]) -> int:
+    """The budgeted search of 2 ranks distilled from the registered teacher and fine-tuned with KD, submitted
+    and not waited for: the first test follows it on its page (the search page test, which once ran a search
+    of its own from a random teacher in test_browser.py)."""
+    search_doc = transformer_document(folder / "data" / "datasets" / "text", schedule={"nproc": 2})
+    search_doc["name"] = "llama-search"
     del search_doc["workload"]["config"]
     search_doc["workload"].update(
-        {"teacher": {"model": teacher["id"]}, "replacements": ["keep", "ffn_1/2", "noop"], "budget": {"params": 0.6}}
+        {"teacher": {"model": teacher["teacher"]["id"]}, "replacements": ["keep", "ffn_1/2", "noop"]}
     )
-    search_doc["finetune"] = {"strategy": "ddp", "max_steps": 3, "lr": 0.05, "profile": False}
-    search_job = finished(service, search_doc)
+    search_doc["workload"]["budget"] = {"params": 0.6}
+    search_doc["finetune"] = {"strategy": "ddp", "loss": "kd", "max_steps": 3, "lr": 0.05, "profile": False}
+    created = httpx.post(f"{service}/api/v1/jobs", json=search_doc, timeout=120)
+    assert created.status_code == 202, created.text
+    job_id: int = created.json()["id"]
+    return job_id
+
+
+@pytest.fixture(scope="module")
+def chain(service: str, teacher: dict[str, Any], search_job: int) -> dict[str, Any]:
+    """The teacher job, the search job and their registered models, once for the module."""
+    finished_job(service, search_job)
     registered = {model["kind"]: model for model in models(service, job_id=search_job)}
-    return {"teacher_job": teacher_job, "search_job": search_job, "teacher": teacher, **registered}
+    return {**teacher, "search_job": search_job, **registered}
+
+
+def test_a_transformer_search_page_shows_each_layers_choice_the_budget_and_perplexity_distilled_and_finetuned(
+    browser: Any, service: str, search_job: int
+) -> None:
+    job_id = search_job  # submitted just now: the page below follows it from the start
+    with watched_page(browser, service) as watched:
+        page = watched.page
+        page.goto(f"/jobs/{job_id}")
+        wait_until_ready(watched)
+        page.wait_for_selector("body[data-stream-ended='1']", timeout=JOB_TIMEOUT_S * 1000)
+        assert api_job(service, job_id)["state"] == "succeeded"
+        page.wait_for_selector("#part-outcome #outcome-layers")  # shown without a reload once finalize ran
+        assert page.evaluate("window.__sameDocument") is True
+        architecture = httpx.get(f"{service}/api/v1/jobs/{job_id}/artifacts/architecture.json", timeout=30).json()
+        chosen = [block["layers"][0] for block in architecture["blocks"]]
+        rows = page.locator("#outcome-layers tbody tr")
+        assert [row.get_attribute("data-chosen") for row in rows.all()] == chosen
+        assert page.locator("#outcome-layers td.chosen").count() == 4
+        # the library's trade-off curve per cost, the search's own choice marked on each (app/web/tradeoff_chart.py)
+        assert page.locator("#tradeoff-params circle[data-choice='the search']").count() == 1
+        assert page.locator("#tradeoff-kv_cache path.best-line").count() == 1
+        assert page.locator("#tradeoff-choices tbody tr").count() == 1
+        assert page.locator("#outcome-layers thead th.mono").all_inner_texts() == ["keep", "ffn_1/2", "noop"]
+        reached = architecture["reached"]["params"]
+        assert page.locator("#outcome-reached-params").inner_text() == f"{100 * reached:.1f}%" and reached <= 0.6
+        assert "params at most 60.0% of the teacher's layers" in page.locator("#outcome-budget").inner_text()
+        summary = httpx.get(f"{service}/api/v1/jobs/{job_id}/artifacts/summary.json", timeout=30).json()
+        distilled, teacher = summary["student_perplexity"], summary["teacher_perplexity"]
+        assert f"distilled {distilled:.2f}, teacher {teacher:.2f}" in page.locator("#outcome-perplexity").inner_text()
+        assert page.locator("#artifact-list a", has_text="searched_model.pt").count() == 1
+        tuned = summary["finetune"]  # the fine-tuned language model: perplexity, charted and reported
+        assert page.locator("#chart-ft-acc .u-legend", has_text="eval perplexity").count() == 1
+        assert page.locator("#chart-ft-acc .u-legend", has_text="top-1").count() == 0
+        assert page.locator("#chart-ft-acc .u-legend", has_text="train batch").count() == 0
+        assert int(page.locator("#chart-ft-acc").get_attribute("data-points") or 0) >= 1
+        assert page.locator("#finetune-perplexity").inner_text() == f"{tuned['perplexity_after']:.2f}"
+        assert "perplexity" in page.locator("#chart-ft-acc figcaption").inner_text()
+        watched.screenshot("job-transformer-search-1280")
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(300)
+        assert watched.overflow() == 0
+        watched.screenshot("job-transformer-search-390")
+        page.set_viewport_size(DESKTOP)
+        page.goto("/compare?name=llama-search")  # the paged comparison's perplexity column: the fine-tuned one
+        cell = page.locator(f'tr[data-job="{job_id}"] td.perplexity')
+        assert cell.inner_text() == f"{tuned['perplexity_after']:.2f}" != f"{distilled:.2f}"
+        assert watched.errors == []
 
 
 def test_a_teacher_compressed_from_its_registered_model_and_fine_tuned_is_one_chain(
