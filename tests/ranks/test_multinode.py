@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.nodes import NodeRole
@@ -166,3 +167,29 @@ def test_pipebd_run_on_two_nodes_from_the_command_line(tmp_path: Path) -> None:
     assert sorted(event["node"] for event in started) == [0, 1]  # one rank on each node's agent
     assert run_dir.launcher_log("distill", 1).exists() and run_dir.launcher_log("distill", 0).exists()
     assert processes_mentioning(str(run)) == []
+
+
+def test_end_to_end_training_on_two_nodes_trains_the_full_batch(tmp_path: Path) -> None:
+    """The finetune phases on two emulated nodes of one rank each, under ddp and under 1f1b (its layers profiled
+    across both nodes, the link between them measured and planned with): each trains exactly what full-batch
+    training on one process trains."""
+    from tests.ranks.test_finetune import e2e_document, full_batch_training
+
+    reference = full_batch_training(parse_spec(e2e_document("ddp", 1)))
+    for strategy, profiled in (("ddp", False), ("1f1b", True)):
+        document = e2e_document(strategy, 1, profile=profiled)
+        document["schedule"]["nodes"] = 2
+        run_dir = prepare_run(parse_spec(document), tmp_path / strategy)
+        outcome, followed, _ = run_nodes(run_dir)
+        assert (outcome.result, followed.result) == ("succeeded", "succeeded"), (outcome, followed)
+        plan = run_dir.read_json(run_dir.finetune_plan)
+        assert plan["strategy"] == strategy and plan["nproc"] == 2
+        assert_same_weights(torch.load(run_dir.finetuned_model, weights_only=True), reference)
+        started = [e for e in run_dir.read_events() if e["event"] == "rank_started" and e.get("phase") == "finetune"]
+        assert sorted(event["rank"] for event in started) == [0, 1]
+        assert run_dir.launcher_log("finetune", 1).exists()  # node 1's agent ran its rank
+    profile = run_dir.load_layer_profile()
+    assert (profile.nodes, profile.nproc) == (2, 2) and not profile.p2p_s  # no two ranks share a node
+    assert profile.inter is not None and len(profile.inter.points) >= 2 and profile.inter.bytes_per_s > 0
+    assert plan["predicted_step_s"] > 0 and len(plan["stages"]) == 2
+    assert processes_mentioning(str(tmp_path)) == []
