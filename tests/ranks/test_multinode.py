@@ -193,3 +193,38 @@ def test_end_to_end_training_on_two_nodes_trains_the_full_batch(tmp_path: Path) 
     assert profile.inter is not None and len(profile.inter.points) >= 2 and profile.inter.bytes_per_s > 0
     assert plan["predicted_step_s"] > 0 and len(plan["stages"]) == 2
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_finetune_resumed_on_fewer_ranks_is_recut_and_ends_with_the_uninterrupted_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 1f1b finetune on two nodes of one rank checkpoints at the end of its first epoch (step 5) and fails at
+    step 7 (rank 1 raises); continued on one node as an elastic job is (reshape), its plan_finetune runs again
+    for the one rank left: one stage of every layer, the two stages' checkpoints re-cut into it, and `pipebd
+    run --resume` ends with the weights of uninterrupted full-batch training."""
+    from pipebd_core.job.elastic import reshape
+    from tests.helpers import pipebd
+    from tests.ranks.test_finetune import e2e_document, full_batch_training
+
+    document = e2e_document("1f1b", 1, epochs=2, max_steps=None)
+    document["data"]["batch_size"] = 240  # 5 steps an epoch over the 1,438 training digits: a checkpoint at 5
+    document["schedule"]["nodes"] = 2
+    spec = parse_spec(document)
+    run_dir = prepare_run(spec, tmp_path / "run")
+    monkeypatch.setenv("PIPEBD_INJECT_FAULT", "1:7")
+    outcome, _, _ = run_nodes(run_dir)
+    assert outcome.result == FAILED and not run_dir.finetuned_model.exists()
+    was = run_dir.read_json(run_dir.finetune_plan)["stages"]
+    monkeypatch.delenv("PIPEBD_INJECT_FAULT")
+    reshaped = reshape(run_dir, 1)
+    assert reshaped is not None and reshaped.nodes == 1
+    result = pipebd("run", "--resume", str(run_dir.root))
+    assert result.returncode == 0, result.stderr
+    assert_same_weights(torch.load(run_dir.finetuned_model, weights_only=True), full_batch_training(spec))
+    assert len(was) == 2 and run_dir.read_json(run_dir.finetune_plan)["stages"] == [[0, 11]]
+    events = run_dir.read_events()
+    (recut,) = [event for event in events if event["event"] == "finetune_recut"]
+    assert (recut["step"], recut["from_stages"], recut["stages"]) == (5, was, [[0, 11]])
+    starts = [e["start_step"] for e in events if e["event"] == "rank_started" and e.get("phase") == "finetune"]
+    assert starts == [0, 0, 5]  # both nodes' ranks began at 0; the one rank left resumed at the first epoch's end
+    assert processes_mentioning(str(tmp_path)) == []
