@@ -50,13 +50,11 @@ def workload_problems(spec: Spec) -> list[str]:
 
 def finetune_problems(spec: Spec) -> list[str]:
     """`field.path: reason` for each way the finetune section does not fit the rest of the spec."""
-    tune, kind, nproc = spec.finetune, spec.workload.kind, spec.schedule.nproc
+    tune, kind, nproc = spec.finetune, spec.workload.kind, spec.schedule.world_size  # every rank of every node
     if tune is None and kind == "train":
         return ["finetune: workload kind 'train' trains the network in the finetune phase; add finetune: {}"]
     if tune is None:
         return []
-    if spec.schedule.nodes > 1:
-        return [f"finetune: a job on {spec.schedule.nodes} nodes distils only for now; remove finetune or use nodes: 1"]
     problems = []
     if tune.loss == "kd" and kind in ("train", "custom"):
         problems.append(f"finetune.loss: 'kd' needs a teacher network, which kind {kind!r} has not; use 'ce'")

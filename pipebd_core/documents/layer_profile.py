@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipebd_core.documents.base import Document
-from pipebd_core.documents.profile import Timing
+from pipebd_core.documents.profile import LinkFit, Timing
 
 LayerBatch = Literal["microbatch", "shard"]
 TimedPart = Literal["F", "B", "I", "W", "optim"]
@@ -73,13 +73,17 @@ class LayerProfile(Document):
     NAME = "layer profile"
     VERSION = 1
 
-    nproc: int
+    nproc: int  # ranks in all, on every node
+    nodes: int = 1  # the nodes they spanned: ranks numbered node by node, nproc / nodes on each
     batches: LayerBatches
     device: str
     device_memory_bytes: int
     shapes: list[list[int]]  # per boundary (the data first), one sample's tensor shape
     layers: list[LayerProfileEntry]
-    p2p_s: dict[int, Timing]  # one-way send, by the tensor's size in float32 elements (none without peers)
+    p2p_s: dict[
+        int, Timing
+    ]  # one-way send inside a node, by the tensor's size in float32 elements (none without peers)
+    inter: LinkFit | None = None  # the link between nodes, fitted to sends from rank 0 to the next node's first rank
     allreduce_s: Timing  # the whole network's gradients over all ranks (trials 0: one rank)
     # per count k of ranks computing at once (1 .. nproc), how much slower each computes than one alone; the
     # layer times were measured with every rank computing (co_run[-1]). Empty: not measured (no slowdown)

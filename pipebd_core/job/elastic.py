@@ -5,7 +5,9 @@ directory's spec.json for them (pinned stages keep their cuts: `ScheduleSpec.on_
 distillation has not ended, sets the plan phase to run again, so the ranks left are re-planned from the job's
 profile (its block costs and link between nodes, pipebd_core/planning/distill_planner.py `planned_machines`).
 Every block then continues from its checkpoints under the new plan: what is learned does not depend on the
-plan, so the students are those of an uninterrupted run. events.jsonl records `reshaped {from_nodes, nodes,
+plan, so the students are those of an uninterrupted run. Likewise, while the end-to-end training has not ended,
+the plan_finetune phase runs again: its strategy and cut are planned for the ranks left and the finetune
+checkpoints re-cut for them (pipebd_core/finetune/recut.py). events.jsonl records `reshaped {from_nodes, nodes,
 nproc}`.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipebd_core.documents.phases import DISTILL, PLAN
+from pipebd_core.documents.phases import DISTILL, FINETUNE, PLAN, PLAN_FINETUNE
 from pipebd_core.rundir import RunDir
 
 
@@ -37,9 +39,10 @@ def reshape(run_dir: RunDir, nodes: int) -> Reshaped | None:
     run_dir.write_json(run_dir.spec, spec.model_copy(update={"schedule": schedule}).model_dump(mode="json"))
     records = run_dir.load_phases()
     distilled = any(record.name == DISTILL and record.done for record in records)
+    trained = any(record.name == FINETUNE and record.done for record in records)
     for record in records:
-        if record.name == PLAN and not distilled:
-            record.reset()
+        if (record.name == PLAN and not distilled) or (record.name == PLAN_FINETUNE and not trained):
+            record.reset()  # planned again for the ranks it has (a finetune's checkpoints re-cut: finetune/recut.py)
     run_dir.save_phases(records)
     run_dir.append_event("reshaped", from_nodes=was, nodes=nodes, nproc=schedule.nproc)
     return Reshaped(was, nodes, schedule.nproc, replanned=not distilled)

@@ -21,13 +21,14 @@ import torch
 
 from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import PLAN, PLAN_FINETUNE, PROFILE, PROFILE_FINETUNE
+from pipebd_core.finetune.recut import recut_checkpoints
 from pipebd_core.job.isolated import in_child
 from pipebd_core.job.phases import PHASE_KINDS, job_phases, new_records
 from pipebd_core.job.processes import Rendezvous, rank_environment, torchrun_command
 from pipebd_core.planning import profiles
 from pipebd_core.planning.distill_planner import resolve_plan
 from pipebd_core.planning.finetune_planner import check_labels, resolve_train_plan
-from pipebd_core.rank.network import finetune_view
+from pipebd_core.rank.network import build_network, finetune_view
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 
@@ -142,8 +143,7 @@ def run_local(run_dir: RunDir, spec: Spec, phase: str, isolate: bool = False) ->
 def plan_step(run_dir: RunDir, spec: Spec, phase: str) -> None:
     """What `run_local` runs in its child: the phase's planner, which builds the workload or network."""
     if phase == PLAN_FINETUNE:
-        measured = run_dir.load_layer_profile() if run_dir.layer_profile.exists() else None
-        run_dir.write_json(run_dir.finetune_plan, resolve_train_plan(spec, run_dir, measured).to_json())
+        plan_finetune(run_dir, spec)
         return
     assert phase == PLAN, f"phase {phase!r} does not run locally"
     profile = run_dir.load_profile() if spec.schedule.profile else None
@@ -153,6 +153,20 @@ def plan_step(run_dir: RunDir, spec: Spec, phase: str) -> None:
 
         check_latency_budget(spec, profile)
     run_dir.write_json(run_dir.plan, resolve_plan(spec, profile).to_json())
+
+
+def plan_finetune(run_dir: RunDir, spec: Spec) -> None:
+    """Write finetune_plan.json; a plan made again (a job resumed on another rank count) whose stages differ
+    from those the checkpoints were saved under re-cuts them for the new stages (finetune/recut.py)."""
+    measured = run_dir.load_layer_profile() if run_dir.layer_profile.exists() else None
+    earlier = run_dir.load_finetune_plan() if run_dir.finetune_plan.exists() else None
+    plan = resolve_train_plan(spec, run_dir, measured)
+    folder = run_dir.finetune_checkpoints
+    if earlier is not None and list(earlier.stages) != list(plan.stages) and folder.root.exists():
+        step = recut_checkpoints(folder, build_network(spec, run_dir), list(earlier.stages), list(plan.stages))
+        was = {"from_strategy": earlier.strategy, "from_stages": earlier.stages}
+        run_dir.append_event("finetune_recut", step=step, **was, strategy=plan.strategy, stages=plan.stages)
+    run_dir.write_json(run_dir.finetune_plan, plan.to_json())
 
 
 def phase_command(

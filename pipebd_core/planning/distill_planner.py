@@ -145,11 +145,7 @@ def cost_model(spec: Spec, profile: Profile, topology: Topology | None = None) -
 def planned_machines(spec: Spec, profile: Profile) -> Topology:
     """The machines to plan for: the profile's, or, for a job resumed on another rank count (an elastic job that
     lost or regained nodes), the spec's nodes and ranks with the profile's block costs and link between nodes."""
-    measured = Topology.of(profile)
-    schedule = spec.schedule
-    if (measured.nodes, measured.per_node) == (schedule.nodes, schedule.nproc):
-        return measured
-    return Topology(schedule.nodes, schedule.nproc, measured.inter)
+    return Topology.of(profile).on(spec.schedule.nodes, spec.schedule.nproc)
 
 
 def resolve_plan(spec: Spec, profile: Profile | None) -> Plan:

@@ -8,7 +8,9 @@ preflight of every launch): it checks what can only be checked against the netwo
 measured layer costs, or over FLOP estimates without a profile) and writes each rank's action list.
 With a layer profile it predicts every strategy by replaying its schedule on its partition
 (planning/finetune_simulate.py; partitioner `auto`: on every partitioner's, keeping the fastest),
-rejects what does not fit in memory, ranks the rest, and `auto` runs the fastest; the partition, the
+rejects what does not fit in memory, ranks the rest, and `auto` runs the fastest (on several nodes, the
+sends between stages on different nodes and DDP's all-reduce are charged at the link between them:
+planning/topology.py); the partition, the
 ranking, the predicted step and stage times and the predicted timelines go into finetune_plan.json.
 """
 
@@ -35,6 +37,7 @@ from pipebd_core.planning.finetune_simulate import (
     simulate_ddp,
     simulate_pipeline,
 )
+from pipebd_core.planning.topology import Topology
 from pipebd_core.rank.network import Network, build_network, finetune_view
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
@@ -95,7 +98,7 @@ def step_counts(view: Spec) -> StepPlan:
 
 def feasible(spec: Spec, strategy: str, layers: int) -> str | None:
     """Why `strategy` cannot run this spec, or None."""
-    tune, nproc = spec.finetune, spec.schedule.nproc
+    tune, nproc = spec.finetune, spec.schedule.world_size
     assert tune is not None
     batch = tune.batch_size or spec.data.batch_size
     if strategy == "ddp":
@@ -121,7 +124,7 @@ class Candidate:
 
 def candidates(spec: Spec, strategy: str, layers: Layers) -> list[Candidate]:
     """A strategy predicted on every partition it may run (ddp: the whole network on every rank)."""
-    nproc, costs = spec.schedule.nproc, layers.costs
+    nproc, costs = spec.schedule.world_size, layers.costs
     assert costs is not None
     if strategy == "ddp":
         whole = Partition("whole", [(0, len(layers.flops))], [])
@@ -138,7 +141,7 @@ def simulate_partition(spec: Spec, strategy: str, layers: Layers, partition: Par
     times = moved_times(costs, rounded.stages, rounded.moved, tune.microbatches)
     comm = max(max(link.forward, link.backward) for link in links(costs, rounded.stages, rounded.moved))
     stage_costs = [StageCosts(t.f, t.i, t.w) for t in times]
-    lists = rank_actions(strategy, spec.schedule.nproc, tune.microbatches, stage_costs, comm)
+    lists = rank_actions(strategy, spec.schedule.world_size, tune.microbatches, stage_costs, comm)
     prediction = simulate_pipeline(strategy, rounded.stages, lists, costs, rounded.moved)
     return Candidate(rounded, channels, prediction, lists)
 
@@ -190,6 +193,12 @@ def partition_candidates(spec: Spec, layers: Layers, strategy: str) -> dict[str,
     }
 
 
+def train_costs(spec: Spec, measured: LayerProfile) -> TrainCosts:
+    """The cost model of `measured` for the machines `spec` runs on: the profile's, or, for a job resumed on
+    another rank count, the spec's nodes and ranks with the profile's layer costs and link between nodes."""
+    return TrainCosts(measured, Topology.of_layers(measured).on(spec.schedule.nodes, spec.schedule.nproc))
+
+
 def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: LayerProfile | None = None) -> TrainPlan:
     """The finetune plan of `spec` (its network as `run_dir` holds it, or freshly initialised), from the
     layer profile `measured` when there is one."""
@@ -201,7 +210,7 @@ def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: LayerProfil
     network = build_network(spec, run_dir)
     sample = build_dataset(view)[0][0]
     shapes, flops = layer_probe(network, sample)
-    layers = Layers(network, shapes, flops, TrainCosts(measured) if measured is not None else None)
+    layers = Layers(network, shapes, flops, train_costs(spec, measured) if measured is not None else None)
     details = FinetuneDetails(layer_flops=flops, requested_strategy=tune.strategy)
     strategy = tune.strategy
     if layers.costs is not None:
@@ -213,7 +222,7 @@ def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: LayerProfil
                 raise SpecError(f"finetune.strategy: no strategy can run this network here: {best.reason}")
             strategy = best.strategy
     assert strategy != "auto", "the spec refuses auto without a profile"
-    nproc, pipelined = spec.schedule.nproc, strategy in PIPELINED
+    nproc, pipelined = spec.schedule.world_size, strategy in PIPELINED
     microbatches = tune.microbatches if pipelined else 1
     if layers.costs is not None:
         candidate = predict(spec, strategy, layers)

@@ -53,12 +53,13 @@ class Layers:
 
 def stage_cuts(spec: Spec, flops: list[float]) -> list[tuple[int, int]]:
     """One stage of contiguous layers per rank: finetune.stages, or balanced on FLOP estimates."""
-    tune, layers, nproc = spec.finetune, len(flops), spec.schedule.nproc
+    tune, layers, nproc = spec.finetune, len(flops), spec.schedule.world_size  # every rank of every node
     assert tune is not None
     if nproc > layers:
+        fewer = f"--nproc {layers}" if spec.schedule.nodes == 1 else f"{layers} ranks in all (nodes x nproc)"
         raise SpecError(
             f"schedule.nproc: {nproc} pipeline stages need at least {nproc} layers, the network has {layers};"
-            f" use --nproc {layers} or fewer, or finetune.strategy 'ddp'"
+            f" use {fewer} or fewer, or finetune.strategy 'ddp'"
         )
     if tune.stages is None:
         try:
@@ -104,7 +105,7 @@ def is_movable(costs: TrainCosts, layer: nn.Module, index: int, delta: float, mi
 def partitions(spec: Spec, layers: Layers, strategy: str) -> list[Partition]:
     """The partitions a pipelined strategy may run: the given stages and shares, or the partitioner's
     (every partitioner's for `auto`, which the planner then picks from by predicted step)."""
-    tune, nproc = spec.finetune, spec.schedule.nproc
+    tune, nproc = spec.finetune, spec.schedule.world_size
     assert tune is not None
     stages = stage_cuts(spec, layers.flops)  # refuses too few layers and stages past the network
     if tune.stages is not None:

@@ -3,7 +3,8 @@
 `TrainCosts` reads a layer profile (profile/layers.py): per layer F, B, I, W and SGD-step
 seconds at one micro-batch and at the largest DDP shard, bytes of outputs, input gradients, weights,
 parameters and what autograd keeps, what splitting a layer's delta costs, and the one-way time of a
-tensor between ranks by its size. `simulate_pipeline` replays the per-rank action lists the ranks run
+tensor between ranks by its size (between two nodes, the link the profile measured between them, or that
+of the machines planned for: planning/topology.py). `simulate_pipeline` replays the per-rank action lists the ranks run
 (finetune/schedules.py): a rank does its actions in order, each when its input has come (a forward after
 the previous stage's forward of that micro-batch and the send between them; a backward after the next
 stage's backward or, on the last stage, its own forward), so the waits the schedule really has, the
@@ -17,7 +18,8 @@ times, measured with every rank computing, are that slowdown times the work alon
 less delta work and the next stage more (each piece of the split with its own cost), the weight slice
 travels with micro-batch 0's activation and each micro-batch's partial input gradient with its output
 gradient. `simulate_ddp` is a forward and a backward of one
-shard, the gradients' all-reduce and the optimiser step. Both give the step time, each rank's busy
+shard, the gradients' all-reduce (over ranks on several nodes, at least a ring over the link between them)
+and the optimiser step. Both give the step time, each rank's busy
 share and compute seconds, its peak memory estimate and Gantt segments (rank, kind, micro-batch, start,
 end).
 """
@@ -31,6 +33,7 @@ from typing import Any
 
 from pipebd_core.documents.layer_profile import LayerBatch, LayerProfile, TimedPart
 from pipebd_core.finetune.schedules import Action
+from pipebd_core.planning.topology import Topology, ring_allreduce_s
 
 MEMORY_COPIES = 3  # parameters, their gradients and SGD's momentum
 FINISHED = 1e-12  # seconds of work left below which (relative to the clock) an action has ended
@@ -61,11 +64,13 @@ class Link:
 class TrainCosts:
     """Seconds and bytes of layers and stages, from a layer profile."""
 
-    def __init__(self, profile: LayerProfile) -> None:
+    def __init__(self, profile: LayerProfile, machines: Topology | None = None) -> None:
         self.profile = profile
         self.layers = profile.layers
         self.batches = profile.batches
         self.memory_limit = profile.device_memory_bytes
+        # where the ranks are: the profile's machines, or those a job resumed on another rank count plans for
+        self.machines = machines or Topology.of_layers(profile)
 
     def slowdown(self, computing: int) -> float:
         """How much slower each rank computes while `computing` ranks do than one alone (the profile's
@@ -90,21 +95,27 @@ class TrainCosts:
             param_bytes=sum(self.layers[i].param_bytes for i in layers),
         )
 
-    def send_s(self, nbytes: float) -> float:
-        """One-way seconds of a float32 tensor of `nbytes` between ranks: the measured size nearest to it,
-        scaled up linearly beyond it (0 without peers, or for nothing to send)."""
-        table = self.profile.p2p_s
-        if not table or nbytes <= 0:
+    def send_s(self, nbytes: float, crossing: bool = False) -> float:
+        """One-way seconds of a float32 tensor of `nbytes` between ranks: between nodes (`crossing`), the link
+        between them, latency + bytes / bandwidth; inside a node (or with no figure for that link), the measured
+        size nearest to it, scaled up linearly beyond it (0 without peers, or for nothing to send)."""
+        inter, table = self.machines.inter, self.profile.p2p_s
+        if nbytes <= 0:
+            return 0.0
+        if crossing and inter is not None:
+            return inter.send_s(nbytes)
+        if not table:
             return 0.0
         elements = nbytes / 4
         nearest = min(sorted(table), key=lambda size: abs(size - elements))
         return table[nearest].median * max(1.0, elements / max(1, nearest))
 
-    def p2p(self, layer: int) -> float:
-        """One-way seconds of the tensor leaving layer `layer - 1` at one micro-batch (0 without peers)."""
+    def p2p(self, layer: int, crossing: bool = False) -> float:
+        """One-way seconds of the tensor leaving layer `layer - 1` at one micro-batch (0 without peers), sent
+        to another node when `crossing`."""
         if layer == 0:
             return 0.0
-        return self.send_s(self.batches.microbatch * self.layers[layer - 1].output_bytes_per_sample)
+        return self.send_s(self.batches.microbatch * self.layers[layer - 1].output_bytes_per_sample, crossing)
 
     def parts(self, index: int, split: bool) -> tuple[float, float, float]:
         """(F, delta, G) of a layer per micro-batch: the input gradient I and weight gradient W of a split
@@ -133,7 +144,13 @@ class TrainCosts:
         return weight, grad
 
     def allreduce(self) -> float:
-        return self.profile.allreduce_s.median
+        """The whole network's gradients all-reduced over every rank: as measured or, where the ranks span
+        nodes, as a ring over the link between them, whichever is more."""
+        measured, machines = self.profile.allreduce_s.median, self.machines
+        if machines.nodes == 1 or machines.inter is None:
+            return measured
+        nbytes = sum(layer.param_bytes for layer in self.layers)
+        return max(measured, ring_allreduce_s(nbytes, machines.ranks, machines.inter))
 
     def layer_work(self, index: int, split: bool) -> float:
         """What a layer costs a pipeline stage per micro-batch: F + B, or F + I + W for a split backward."""
@@ -202,8 +219,9 @@ def links(costs: TrainCosts, stages: list[tuple[int, int]], moved: Sequence[floa
     for s in range(1, len(stages)):
         share = moved[s - 1] if s - 1 < len(moved) else 0.0
         weight, grad = costs.move_bytes(stages[s][0] - 1, share) if share > 0 else (0, 0)
-        boundary = costs.p2p(stages[s][0])
-        result.append(Link(boundary, costs.send_s(weight), boundary + costs.send_s(grad)))
+        crossing = costs.machines.crosses(s - 1, s)  # stage s runs on rank s
+        boundary = costs.p2p(stages[s][0], crossing)
+        result.append(Link(boundary, costs.send_s(weight, crossing), boundary + costs.send_s(grad, crossing)))
     return result
 
 

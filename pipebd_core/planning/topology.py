@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pipebd_core.data.streams import even_ranges
+from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.documents.profile import LinkFit, Profile
 
 
@@ -30,6 +31,18 @@ class Topology:
         """The machines a profile was measured on."""
         return cls(profile.nodes, profile.nproc // profile.nodes, profile.links.get("inter"))
 
+    @classmethod
+    def of_layers(cls, profile: LayerProfile) -> Topology:
+        """The machines a layer profile (the finetune phase's) was measured on."""
+        return cls(profile.nodes, profile.nproc // profile.nodes, profile.inter)
+
+    def on(self, nodes: int, per_node: int) -> Topology:
+        """These machines, or, for a job resumed on another rank count (an elastic job that lost or regained
+        nodes), `nodes` of `per_node` ranks joined by the same link between nodes."""
+        if (self.nodes, self.per_node) == (nodes, per_node):
+            return self
+        return Topology(nodes, per_node, self.inter)
+
     @property
     def ranks(self) -> int:
         return self.nodes * self.per_node
@@ -38,8 +51,8 @@ class Topology:
         return rank // self.per_node
 
     def crosses(self, src: int, dst: int) -> bool:
-        """Whether a send from `src` to `dst` leaves its node."""
-        return self.node_of(src) != self.node_of(dst)
+        """Whether a send from `src` to `dst` leaves its node (never on one node)."""
+        return self.nodes > 1 and self.node_of(src) != self.node_of(dst)
 
     def spans(self, ranks: Iterable[int]) -> bool:
         """Whether a group of ranks lies on more than one node."""

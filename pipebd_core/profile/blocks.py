@@ -44,7 +44,16 @@ from pipebd_core.data.batches import BatchLoader
 from pipebd_core.data.datasets import build_dataset
 from pipebd_core.documents.phases import PROFILE
 from pipebd_core.documents.profile import BlockProfile, Conditions, LinkFit, Profile, Timing
-from pipebd_core.profile.measure import NOISY_SPREAD, WARMUP, fit_link, saved_bytes, spread_of, summarise, timed_once
+from pipebd_core.profile.measure import (
+    NOISY_SPREAD,
+    WARMUP,
+    fit_link,
+    ping_pong,
+    saved_bytes,
+    spread_of,
+    summarise,
+    timed_once,
+)
 from pipebd_core.rank.batchnorm import with_sync_batchnorm
 from pipebd_core.rank.process import exit_now, gather_on_rank_zero, join_process_group, phase_entry, pick_device
 from pipebd_core.rank.students import StudentBlock
@@ -205,16 +214,6 @@ def measure_data(spec: Spec, batch_sizes: list[int], trials: int, device: torch.
         loader = iter(BatchLoader(spec, dataset, (0, batch), steps, device))
         result[batch] = timed(functools.partial(next, loader), trials, device)
     return result
-
-
-def ping_pong(buffer: torch.Tensor, peer: int, first: bool) -> None:
-    """One round trip of `buffer` with `peer` (`first`: this rank sends first)."""
-    if first:
-        dist.send(buffer, peer)
-        dist.recv(buffer, peer)
-    else:
-        dist.recv(buffer, peer)
-        dist.send(buffer, peer)
 
 
 def send_pairs(shapes: list[list[int]], batch_sizes: list[int]) -> list[tuple[int, int]]:

@@ -10,10 +10,12 @@ no gradient, as in training. Per layer also the bytes per sample of its output a
 input gradient), of its weight and parameters, its SGD step, and for a layer whose delta can be split
 along its input channels (moved.split_channels) the input-gradient kernel whole (I_kernel) and in two
 channel halves put back together (I_halves): what LayerPipe's move costs beyond the work it moves.
-Between rank pairs, the one-way time of each boundary tensor at the micro-batch size and of each such
-weight (what a moved share sends); over all ranks, the all-reduce of the whole network's gradients;
-and the co-run curve: one forward and backward of the whole network at the micro-batch timed on rank 0
-while k ranks run it at once, k = 1 .. N, over its time alone (co_run; the replay shares the node by it).
+Between rank pairs of one node, the one-way time of each boundary tensor at the micro-batch size and of each
+such weight (what a moved share sends); on several nodes, the same sizes sent between rank 0 and the next
+node's first rank, fitted as the link between nodes (`inter`, latency + bytes / bandwidth); over all ranks,
+the all-reduce of the whole network's gradients; and the co-run curve: one forward and backward of the
+whole network at the micro-batch timed on rank 0 while k ranks run it at once, k = 1 .. N, over its time
+alone (co_run; the replay shares the node by it).
 Each value: median of the trials after a warm-up, with its spread (p90 - p10) / median.
 """
 
@@ -39,7 +41,7 @@ from pipebd_core.data.datasets import build_dataset
 from pipebd_core.documents.layer_profile import LayerBatches, LayerProfile, LayerProfileEntry, LayerTimes
 from pipebd_core.documents.phases import PROFILE_FINETUNE
 from pipebd_core.documents.profile import Timing
-from pipebd_core.profile.measure import WARMUP, saved_bytes, summarise, timed_once
+from pipebd_core.profile.measure import WARMUP, fit_link, ping_pong, saved_bytes, summarise, timed_once
 from pipebd_core.rank.channels import channel_dim, split_channels, weight_of, with_channels
 from pipebd_core.rank.deferred import defer_weight_gradients, input_gradient
 from pipebd_core.rank.network import Network, build_network, finetune_view
@@ -54,7 +56,7 @@ def layer_batches(spec: Spec) -> LayerBatches:
     """The batches a finetune plan can give a layer: one micro-batch, and the largest DDP shard."""
     tune, view = spec.finetune, finetune_view(spec)
     assert tune is not None
-    batch, nproc = view.data.batch_size, spec.schedule.nproc
+    batch, nproc = view.data.batch_size, spec.schedule.world_size  # a DDP shard: the batch over every rank
     return LayerBatches(microbatch=max(1, batch // tune.microbatches), shard=-(-batch // nproc))
 
 
@@ -83,7 +85,8 @@ class LayerRankMeasurements:
     batches: LayerBatches
     layers: dict[str, list[LayerTrials]]  # per batch ("microbatch", "shard"), per layer
     co_run: list[float]  # rank 0's seconds of a whole step while k = 1 .. N ranks run it ([] alone)
-    p2p: dict[int, list[float]]  # one-way seconds per tensor size (float32 elements)
+    p2p: dict[int, list[float]]  # one-way seconds per tensor size (float32 elements), inside a node
+    inter: list[tuple[int, float]]  # (bytes, one-way seconds) of sends to another node; rank 0 only
     allreduce: list[float]  # the whole network's gradients
 
 
@@ -194,24 +197,33 @@ def _w_time(layer: nn.Module, weights: Any, x: torch.Tensor, grad: torch.Tensor,
     return time.perf_counter() - started
 
 
-def measure_p2p(sizes: list[int], trials: int, device: torch.device) -> dict[int, list[float]]:
-    """One-way seconds per tensor of `size` float32 elements: ping-pong between ranks (0,1), (2,3), ..."""
+def measure_p2p(sizes: list[int], trials: int, device: torch.device, per_node: int) -> dict[int, list[float]]:
+    """One-way seconds per tensor of `size` float32 elements: ping-pong between ranks (0,1), (2,3), ... of
+    one node (ranks are numbered node by node; a pair that spans two nodes measures nothing here)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     peer, result = rank ^ 1, {}
-    for size in sizes if peer < world else []:
+    same_node = peer < world and peer // per_node == rank // per_node
+    for size in sizes if same_node else []:
         buffer = torch.zeros(max(1, size), device=device)
-
-        def ping_pong(buffer: torch.Tensor = buffer) -> None:
-            if rank % 2 == 0:
-                dist.send(buffer, peer)
-                dist.recv(buffer, peer)
-            else:
-                dist.recv(buffer, peer)
-                dist.send(buffer, peer)
-
-        result[size] = [t / 2 for t in timed_once(ping_pong, trials, device)]
+        trip = functools.partial(ping_pong, buffer, peer, rank % 2 == 0)
+        result[size] = [t / 2 for t in timed_once(trip, trials, device)]
     dist.barrier()
     return result
+
+
+def measure_inter_node(sizes: list[int], trials: int, device: torch.device, per_node: int) -> list[tuple[int, float]]:
+    """(bytes, one-way seconds) of sends between rank 0 and rank `per_node`, the first rank of the next node,
+    at every size a plan can send, the other ranks waiting; [] on every other rank."""
+    rank = dist.get_rank()
+    points: list[tuple[int, float]] = []
+    if rank in (0, per_node):
+        for size in sizes:
+            buffer = torch.zeros(max(1, size), device=device)
+            trip = functools.partial(ping_pong, buffer, per_node if rank == 0 else 0, rank == 0)
+            nbytes = buffer.numel() * buffer.element_size()
+            points += [(nbytes, 0.5 * seconds) for seconds in timed_once(trip, trials, device)]
+    dist.barrier()
+    return points if rank == 0 else []
 
 
 def measure_co_run(
@@ -262,9 +274,14 @@ def measure_rank(
     flat = torch.zeros(max(1, params), device=device)
     microbatch = batches.microbatch
     co_run = measure_co_run(network, shapes[0], microbatch, trials, device, data_dtype) if distributed else []
-    p2p = measure_p2p(sorted(sizes), trials, device) if distributed else {}
+    per_node = spec.schedule.nproc
+    p2p = measure_p2p(sorted(sizes), trials, device, per_node) if distributed else {}
+    several = distributed and spec.schedule.nodes > 1
+    inter = measure_inter_node(sorted(sizes), trials, device, per_node) if several else []
     allreduce = timed_once(functools.partial(dist.all_reduce, flat), trials, device) if distributed else []
-    return LayerRankMeasurements(batches=batches, layers=layers, co_run=co_run, p2p=p2p, allreduce=allreduce)
+    return LayerRankMeasurements(
+        batches=batches, layers=layers, co_run=co_run, p2p=p2p, inter=inter, allreduce=allreduce
+    )
 
 
 def pool(
@@ -309,7 +326,9 @@ def pool(
     allreduce = [t for m in measured for t in m.allreduce]
     alone, *together = first.co_run or [1.0]
     return LayerProfile(
-        nproc=spec.schedule.nproc,
+        nproc=spec.schedule.world_size,
+        nodes=spec.schedule.nodes,
+        inter=fit_link(first.inter),
         batches=first.batches,
         device="cpu" if device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(device)}",
         device_memory_bytes=_device_memory(device, spec.schedule.nproc),

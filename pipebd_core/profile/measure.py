@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from pipebd_core.documents.profile import LinkFit, Timing
@@ -86,3 +87,13 @@ def spread_of(samples: list[float]) -> float:
     median = statistics.median(ordered)
     low, high = ordered[int(0.1 * (len(ordered) - 1))], ordered[round(0.9 * (len(ordered) - 1))]
     return (high - low) / median if median > 0 else 0.0
+
+
+def ping_pong(buffer: torch.Tensor, peer: int, first: bool) -> None:
+    """One round trip of `buffer` with `peer` (`first`: this rank sends first)."""
+    if first:
+        dist.send(buffer, peer)
+        dist.recv(buffer, peer)
+    else:
+        dist.recv(buffer, peer)
+        dist.send(buffer, peer)

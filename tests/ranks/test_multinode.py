@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.nodes import NodeRole
@@ -166,3 +167,64 @@ def test_pipebd_run_on_two_nodes_from_the_command_line(tmp_path: Path) -> None:
     assert sorted(event["node"] for event in started) == [0, 1]  # one rank on each node's agent
     assert run_dir.launcher_log("distill", 1).exists() and run_dir.launcher_log("distill", 0).exists()
     assert processes_mentioning(str(run)) == []
+
+
+def test_end_to_end_training_on_two_nodes_trains_the_full_batch(tmp_path: Path) -> None:
+    """The finetune phases on two emulated nodes of one rank each, under ddp and under 1f1b (its layers profiled
+    across both nodes, the link between them measured and planned with): each trains exactly what full-batch
+    training on one process trains."""
+    from tests.ranks.test_finetune import e2e_document, full_batch_training
+
+    reference = full_batch_training(parse_spec(e2e_document("ddp", 1)))
+    for strategy, profiled in (("ddp", False), ("1f1b", True)):
+        document = e2e_document(strategy, 1, profile=profiled)
+        document["schedule"]["nodes"] = 2
+        run_dir = prepare_run(parse_spec(document), tmp_path / strategy)
+        outcome, followed, _ = run_nodes(run_dir)
+        assert (outcome.result, followed.result) == ("succeeded", "succeeded"), (outcome, followed)
+        plan = run_dir.read_json(run_dir.finetune_plan)
+        assert plan["strategy"] == strategy and plan["nproc"] == 2
+        assert_same_weights(torch.load(run_dir.finetuned_model, weights_only=True), reference)
+        started = [e for e in run_dir.read_events() if e["event"] == "rank_started" and e.get("phase") == "finetune"]
+        assert sorted(event["rank"] for event in started) == [0, 1]
+        assert run_dir.launcher_log("finetune", 1).exists()  # node 1's agent ran its rank
+    profile = run_dir.load_layer_profile()
+    assert (profile.nodes, profile.nproc) == (2, 2) and not profile.p2p_s  # no two ranks share a node
+    assert profile.inter is not None and len(profile.inter.points) >= 2 and profile.inter.bytes_per_s > 0
+    assert plan["predicted_step_s"] > 0 and len(plan["stages"]) == 2
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_finetune_resumed_on_fewer_ranks_is_recut_and_ends_with_the_uninterrupted_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 1f1b finetune on two nodes of one rank checkpoints at the end of its first epoch (step 5) and fails at
+    step 7 (rank 1 raises); continued on one node as an elastic job is (reshape), its plan_finetune runs again
+    for the one rank left: one stage of every layer, the two stages' checkpoints re-cut into it, and `pipebd
+    run --resume` ends with the weights of uninterrupted full-batch training."""
+    from pipebd_core.job.elastic import reshape
+    from tests.helpers import pipebd
+    from tests.ranks.test_finetune import e2e_document, full_batch_training
+
+    document = e2e_document("1f1b", 1, epochs=2, max_steps=None)
+    document["data"]["batch_size"] = 240  # 5 steps an epoch over the 1,438 training digits: a checkpoint at 5
+    document["schedule"]["nodes"] = 2
+    spec = parse_spec(document)
+    run_dir = prepare_run(spec, tmp_path / "run")
+    monkeypatch.setenv("PIPEBD_INJECT_FAULT", "1:7")
+    outcome, _, _ = run_nodes(run_dir)
+    assert outcome.result == FAILED and not run_dir.finetuned_model.exists()
+    was = run_dir.read_json(run_dir.finetune_plan)["stages"]
+    monkeypatch.delenv("PIPEBD_INJECT_FAULT")
+    reshaped = reshape(run_dir, 1)
+    assert reshaped is not None and reshaped.nodes == 1
+    result = pipebd("run", "--resume", str(run_dir.root))
+    assert result.returncode == 0, result.stderr
+    assert_same_weights(torch.load(run_dir.finetuned_model, weights_only=True), full_batch_training(spec))
+    assert len(was) == 2 and run_dir.read_json(run_dir.finetune_plan)["stages"] == [[0, 11]]
+    events = run_dir.read_events()
+    (recut,) = [event for event in events if event["event"] == "finetune_recut"]
+    assert (recut["step"], recut["from_stages"], recut["stages"]) == (5, was, [[0, 11]])
+    starts = [e["start_step"] for e in events if e["event"] == "rank_started" and e.get("phase") == "finetune"]
+    assert starts == [0, 0, 5]  # both nodes' ranks began at 0; the one rank left resumed at the first epoch's end
+    assert processes_mentioning(str(tmp_path)) == []

@@ -29,8 +29,20 @@ def test_a_spec_on_several_nodes_counts_every_nodes_ranks_and_refuses_what_is_no
     assert profiled.schedule.profile and not profiled.schedule.replans  # profiled across nodes, never re-planned
     with pytest.raises(SpecError, match="replan: a job on 2 nodes runs the plan it starts with"):
         parse_spec(tiny_document(schedule={"nproc": 1, "nodes": 2, "mode": "auto", "profile": True, "replan": True}))
-    with pytest.raises(SpecError, match="finetune: a job on 2 nodes distils only for now"):
-        parse_spec(tiny_document(schedule={"nodes": 2, "profile": False}, finetune={"epochs": 1}))
+    # end-to-end training counts every node's ranks too: 4 pipeline stages need 4 micro-batches or more
+    parse_spec(
+        tiny_document(
+            schedule={"nproc": 2, "nodes": 2, "profile": False}, finetune={"strategy": "1f1b", "microbatches": 5}
+        )
+    )
+    with pytest.raises(
+        SpecError, match=r"finetune\.microbatches: 1f1b on 4 stages needs at least 4 micro-batches, got 2"
+    ):
+        parse_spec(
+            tiny_document(
+                schedule={"nproc": 2, "nodes": 2, "profile": False}, finetune={"strategy": "1f1b", "microbatches": 2}
+            )
+        )
     too_many = parse_spec(tiny_document(schedule={"nproc": 3, "nodes": 2, "mode": "tr", "profile": False}))
     with pytest.raises(PlanError, match=r"6 ranks .* use 4 ranks in all \(nodes x nproc\) or fewer"):
         resolve_plan(too_many, None)

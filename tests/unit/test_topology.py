@@ -148,3 +148,31 @@ def test_pipebd_plan_predicts_several_nodes_from_a_profile_of_one(
     assert "no profile measured across 2 nodes is cached" in capsys.readouterr().err
     assert main(["plan", str(spec_path), "--nodes", "2", "--link-gbps", "-1"]) == 2
     assert "--link-gbps: a link of -1.0 Gbit/s carries nothing" in capsys.readouterr().err
+
+
+def test_end_to_end_training_charges_sends_and_all_reduces_between_nodes_at_their_link() -> None:
+    """Two stages of two layers (F 1 s, B 2 s each a micro-batch; sends inside a node free) under 1f1b over 2
+    micro-batches: 18 s on one node. On two nodes of one rank, each 4-byte boundary tensor takes the link's
+    0.5 s + 4 B / (4 B/s) = 1.5 s each way, handed over once the receiver has posted its receive: stage 1's
+    F0 begins at 3.5 and B0 ends at 9.5, its F1 at 11-13, B1 at 13-17; stage 0's B0 runs 11-15 and B1
+    18.5-22.5. DDP's all-reduce of the 1,600 bytes of parameters over the two nodes is the ring's
+    2 x 0.5 s + 1,600 B / (4 B/s) = 401 s (the profile measured 0 s on one node)."""
+    from pipebd_core.finetune.schedules import rank_actions
+    from pipebd_core.planning.finetune_simulate import TrainCosts, simulate_ddp, simulate_pipeline
+    from tests.fake_profiles import fake_layer_profile
+
+    profile = fake_layer_profile(layers=4, f=1.0, i=1.0, w=1.0, b=2.0).profile.model_copy(update={"nproc": 2})
+    link = LinkFit(latency_s=0.5, bytes_per_s=4.0)
+    one_node, two_nodes = TrainCosts(profile), TrainCosts(profile, Topology(2, 1, link))
+    cuts, lists = [(0, 2), (2, 4)], rank_actions("1f1b", 2, 2)
+    assert simulate_pipeline("1f1b", cuts, lists, one_node).step_s == pytest.approx(18.0)
+    across = simulate_pipeline("1f1b", cuts, lists, two_nodes)
+    spans = {(s["rank"], s["kind"], s["microbatch"]): (s["start"], s["end"]) for s in across.segments}
+    assert spans[(1, "F", 0)] == pytest.approx((3.5, 5.5)) and spans[(1, "F", 1)] == pytest.approx((11.0, 13.0))
+    assert spans[(0, "B", 0)] == pytest.approx((11.0, 15.0)) and across.step_s == pytest.approx(22.5)
+    assert simulate_ddp(one_node, 4, 2).step_s == pytest.approx(3 * 4.0)  # F + B of the shard, nothing to reduce
+    assert simulate_ddp(two_nodes, 4, 2).step_s == pytest.approx(3 * 4.0 + 401.0)
+    # a layer profile measured across nodes carries its link: the machines planned for are its own
+    measured = profile.model_copy(update={"nodes": 2, "inter": link})
+    assert TrainCosts(measured).machines == Topology(2, 1, link) == Topology(2, 1, link).on(2, 1)
+    assert Topology.of_layers(measured).on(1, 1) == Topology(1, 1, link)  # resumed on one node: no send crosses
