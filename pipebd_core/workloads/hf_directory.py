@@ -59,7 +59,10 @@ def layer_names(spec: Spec, architecture: Architecture | None) -> list[str]:
         return [block.layers[0] for block in architecture.blocks]
     replacements = spec.workload.replacements
     assert len(replacements) == 1, "a search's layers are named by its architecture.json"
-    return [replacements[0]] * teacher_config(spec).num_hidden_layers
+    config = teacher_config(spec)
+    if config.model_type == MODEL_TYPE:  # a teacher of PipeBD's own layers: its no-op layers are no blocks
+        return [replacements[0]] * sum(block["kind"] != "noop" for block in config.block_configs)
+    return [replacements[0]] * config.num_hidden_layers
 
 
 def teacher_config(spec: Spec) -> Any:

@@ -12,7 +12,8 @@ blocks have, one per `block_configs` entry, holding the directory's weights:
     decoder (linear)    the same with linear attention (linear_attention.py) and the block's feature maps
     ffn_only            FFNOnly: the norm and FFN of a layer without attention
     linear              nn.Linear of the hidden state
-    noop                nn.Identity
+    noop                no layer at all: it computes nothing, so it is no block (a block without
+                        weights has nothing to train), and the next job's network has one layer fewer
 
 so its blocks distill, replace and write back (hf_directory.py) as a family teacher's replacements do.
 """
@@ -150,10 +151,9 @@ def ffn_only_layer(config: Any, block: dict[str, Any]) -> nn.Module:
 
 
 def teacher_layer(config: Any, block: dict[str, Any], index: int, stored: nn.Module) -> nn.Module:
-    """Layer `index` as the block describes it, holding the weights of `stored` (the directory's layer)."""
+    """Layer `index` as the block describes it (not a no-op), holding the weights of `stored` (the
+    directory's layer)."""
     kind = block["kind"]
-    if kind == "noop":
-        return nn.Identity()
     layer: nn.Module
     if kind == "decoder":
         layer = decoder_layer(config, block, index)
@@ -175,7 +175,10 @@ def split_pipebd_model(model: Any) -> ModelParts:
     layers = [
         teacher_layer(config, block, index, stored)
         for index, (block, stored) in enumerate(zip(config.block_configs, body.layers, strict=True))
+        if block["kind"] != "noop"
     ]
+    if not layers:
+        raise SpecError(f"{_FIELD}: every layer of this network of PipeBD's own layers is a no-op: nothing to distil")
     gpt2 = config.family == "gpt2"
     embedding = TokenEmbedding(body.embed_tokens, body.embed_positions if gpt2 else None)
     head = LMHead(body.norm, model.lm_head)

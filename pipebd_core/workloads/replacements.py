@@ -17,9 +17,9 @@ vision transformer's encoder layer has an `MLP` (Linear, GELU, Dropout, Linear, 
 `nn.MultiheadAttention`, which `kv_N` and `linear_attention` replace with vision_transformer.py's attention.
 
 A teacher of PipeBD's own layers (pipebd_teacher.py: a searched network) may have layers that are already
-replacements (FFN-only, linear, no-op): `linear` and `noop` replace them, `ffn_P/Q` narrows an FFN-only
-layer's FFN, and a replacement of what such a layer does not have (`kv_N`, `linear_attention` and
-`no_attention` of its attention, `ffn_P/Q` of a linear or no-op layer's FFN) leaves it as it is.
+replacements (FFN-only, linear; its no-op layers are no blocks): `linear` and `noop` replace them, `ffn_P/Q`
+narrows an FFN-only layer's FFN, and a replacement of what such a layer does not have (`kv_N`,
+`linear_attention` and `no_attention` of its attention, `ffn_P/Q` of a linear layer's FFN) leaves it as it is.
 """
 
 from __future__ import annotations

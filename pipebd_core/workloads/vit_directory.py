@@ -28,10 +28,17 @@ from pipebd_core.documents.architecture import Architecture
 from pipebd_core.spec import Spec
 
 
-def encoder_layers(network: nn.Module) -> tuple[Any, list[nn.Module], Any]:
-    """(patch embedding, encoder layers, class-token head) of a vision transformer job's network."""
+def encoder_layers(network: nn.Module) -> tuple[Any, list[nn.Module], Any] | None:
+    """(patch embedding, encoder layers, class-token head) of a vision transformer job's network; None where it
+    is not laid out so."""
+    from pipebd_core.workloads.vision_transformer import ClassTokenHead, PatchEmbedding
+
     blocks = list(network.children())
-    first: Any = blocks[0]
+    first: Any = blocks[0] if blocks else None
+    if not isinstance(first, nn.Sequential) or len(first) != 2 or not isinstance(first[0], PatchEmbedding):
+        return None
+    if not isinstance(blocks[-1], ClassTokenHead):
+        return None
     return first[0], [first[1], *blocks[1:-1]], blocks[-1]
 
 
@@ -39,7 +46,8 @@ def vit_layer_names(spec: Spec, network: nn.Module, architecture: Architecture |
     """Each layer's replacement: a search's choices, or a compression's one name for every layer."""
     if architecture is not None:
         return [block.layers[0] for block in architecture.blocks]
-    return [spec.workload.replacements[0]] * len(encoder_layers(network)[1])
+    parts = encoder_layers(network)
+    return [spec.workload.replacements[0]] * (len(parts[1]) if parts is not None else 0)
 
 
 def expressible(layers: Sequence[nn.Module], names: Sequence[str], head: Any) -> bool:
@@ -146,9 +154,10 @@ def image_processor(spec: Spec) -> Any:
 def write_vit_directory(spec: Spec, network: nn.Module, names: Sequence[str], folder: Path) -> bool:
     """`network` (a vision transformer job's, layers `names`) as a ViTForImageClassification directory in
     `folder`, replacing what was there, where it is a plain torchvision ViT; False (nothing written) where not."""
-    embedding, layers, head = encoder_layers(network)
-    if not expressible(layers, names, head):
+    parts = encoder_layers(network)
+    if parts is None or not names or not expressible(parts[1], names, parts[2]):
         return False
+    embedding, layers, head = parts
     model = vit_model(spec, embedding, layers, head)
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(str(folder), safe_serialization=True)
