@@ -32,13 +32,15 @@ onto a run directory (a test checks it).
     distilled_model.pt2                transformer: the same network as a torch.export program (token ids in)
     distilled_hf/                      a language model's compression: the distilled network as a Hugging Face
                                        model directory (config.json, model.safetensors, generation_config.json,
-                                       the tokenizer; workloads/hf_directory.py)
+                                       the tokenizer; workloads/hf_directory.py); a vision transformer's where it
+                                       is a plain torchvision ViT (ViTForImageClassification: config.json,
+                                       model.safetensors, preprocessor_config.json; workloads/vit_directory.py)
     searched_hf/                       a language model's search: the searched network likewise
     layer_profile.json                 finetune: every layer's F, B, I and W times and bytes (measured or cached)
     finetune_plan.json                 finetune: strategy, stage cuts, micro-batches, every rank's actions
     finetuned_model.pt                 finetune: the trained network's state_dict
     finetuned_model.pt2                finetune: the same network as a torch.export program
-    finetuned_hf/                      finetune of a language model's compression or search: the trained network
+    finetuned_hf/                      finetune of a transformer job's compression or search: the trained network
                                        as a Hugging Face model directory, as distilled_hf/
     teacher.pt                         kind train: the trained network's state_dict (a classifier: torchvision format)
     teacher_model/                     kind train of a language model (workload.config): the trained model as a
@@ -133,9 +135,9 @@ class FolderOutput:
 # A model folder a job writes joins the downloads by one line here.
 FOLDER_OUTPUTS: tuple[FolderOutput, ...] = (
     FolderOutput("teacher_model", "kind train: the trained language model, a Hugging Face model directory"),
-    FolderOutput("distilled_hf", "transformer: the compressed language model, a Hugging Face model directory"),
+    FolderOutput("distilled_hf", "transformer: the compressed network, a Hugging Face model directory"),
     FolderOutput("searched_hf", "transformer search: the chosen language model, a Hugging Face model directory"),
-    FolderOutput("finetuned_hf", "finetune of a language model: the trained network, a Hugging Face model directory"),
+    FolderOutput("finetuned_hf", "finetune of a transformer job: the trained network, a Hugging Face model directory"),
 )
 
 

@@ -5,7 +5,9 @@ them into problem details.
 A spec starts from a registered model with `workload.teacher: {model: N}`: before the spec is validated,
 `resolve_models` replaces it with the model's files, a path inside the runs folder (a Hugging Face model
 directory where the model has one, else a trained classifier's `teacher.pt` as `teacher_weights`, with the
-network its job trained), and names that path as allowed beyond the data roots for this spec only.
+network its job trained), and names that path as allowed beyond the data roots for this spec only. A directory
+of PipeBD's own layers (a search's) is taken where its version is one this PipeBD reads back
+(workloads/remote_format.py); the job builds it with PipeBD's own modeling code, without trust_remote_code.
 
 Choosing again runs `python -m pipebd_core.distill.choose` in a child process (this process never imports
 torch), bounded by `CHOOSE_TIMEOUT_S`, then registers the choice (kind chosen, parent: the search's model), in
@@ -31,6 +33,7 @@ from app.core.tables import Job, RegisteredModel
 from app.services.jobs import decode_cursor, encode_cursor
 from app.services.preflight import REPO
 from pipebd_core.rundir import OUTPUTS, RunDir
+from pipebd_core.workloads.remote_format import is_pipebd_config, pipebd_config_problem
 
 CHOOSE_TIMEOUT_S = 300.0  # choosing again loads the search's checkpoints and evaluates one network: seconds
 LINEAGE_MAX = 1000  # models at most in one lineage answer (a chain, and the descendants breadth first)
@@ -156,17 +159,20 @@ def model_folder(model: RegisteredModel) -> str | None:
     return min(folders, key=len) if folders else None
 
 
-def remote_code(model: RegisteredModel) -> bool:
-    """Whether the model's Hugging Face directory is PipeBD's own (`model_type: pipebd`: layers that differ, loaded
-    with trust_remote_code), which a transformer job does not take as its teacher."""
+def remote_code_problem(model: RegisteredModel) -> str | None:
+    """Why the model's Hugging Face directory, one of PipeBD's own layers (`model_type: pipebd`: layers that
+    differ), cannot be a job's teacher (not PipeBD's auto_map, a version this PipeBD does not read); None where
+    it can, or where the directory is a family's."""
     folder = model_folder(model)
     if folder is None:
-        return False
+        return None
     try:
         config = json.loads((Path(model.run_dir) / folder / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("model_type") == "pipebd"
+        return None
+    if not isinstance(config, dict) or not is_pipebd_config(config):
+        return None
+    return pipebd_config_problem(config)
 
 
 def teacher_fields(session: Session, model: RegisteredModel, loc: list[str | int]) -> dict[str, Any]:
@@ -183,12 +189,12 @@ def teacher_fields(session: Session, model: RegisteredModel, loc: list[str | int
             {"model": model.id},
         )
     folder = model_folder(model)
-    if folder is not None and remote_code(model):
+    problem = remote_code_problem(model)
+    if folder is not None and problem is not None:
         raise ModelRefused(
             loc,
             f"registered model {model.id} ({model.kind}) is a network of PipeBD's own layers ({folder}/ has model_type"
-            " pipebd, loaded with trust_remote_code), which a job does not take as its teacher yet; name a model"
-            " whose directory transformers builds as it is (a teacher trained here, a uniform compression)",
+            f" pipebd), but {problem}",
             {"model": model.id},
         )
     if folder is not None:

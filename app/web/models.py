@@ -69,7 +69,7 @@ def next_specs(session: Session, model: RegisteredModel) -> dict[str, str]:
     """The New job editor's addresses for "compress further" and "fine-tune", where the model can be a teacher:
     a language model's directory (a transformer job), or a classifier trained here."""
     job = session.get(Job, model.job_id)
-    if job is None or service.missing_files(model) or service.remote_code(model):
+    if job is None or service.missing_files(model) or service.remote_code_problem(model) is not None:
         return {}
     data = job.spec.get("data") or {}
     workload = job.spec.get("workload") or {}

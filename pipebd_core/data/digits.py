@@ -41,15 +41,27 @@ def read_digits() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @functools.lru_cache(maxsize=4)
-def _images(image_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(images N x 3 x S x S normalised, labels, permutation) of the whole set at this size."""
+def _scaled(image_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float]:
+    """(images N x 1 x S x S in [0, 1], labels, permutation, the training split's mean and spread)."""
     pixels, labels = read_digits()
     images = pixels.reshape(-1, 1, 8, 8) / 16.0
     if image_size != images.shape[-1]:
         images = F.interpolate(images, size=(image_size, image_size), mode="bilinear", align_corners=False)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(SPLIT_SEED))
     train = images[order[: round(TRAIN_FRACTION * len(order))]]
-    images = (images - train.mean()) / train.std()
+    return images, labels, order, float(train.mean()), float(train.std())
+
+
+def normalisation(image_size: int) -> tuple[float, float]:
+    """The mean and spread every pixel in [0, 1] is normalised with (the training split's at this size)."""
+    return _scaled(image_size)[3:]
+
+
+@functools.lru_cache(maxsize=4)
+def _images(image_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(images N x 3 x S x S normalised, labels, permutation) of the whole set at this size."""
+    images, labels, order, mean, std = _scaled(image_size)
+    images = (images - mean) / std
     return images.expand(-1, 3, -1, -1).contiguous(), labels, order
 
 

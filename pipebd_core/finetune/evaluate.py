@@ -52,12 +52,19 @@ def export(model: nn.Module, sample: torch.Tensor, run_dir: RunDir) -> None:
 
 def write_finetuned_directory(spec: Spec, model: nn.Module, run_dir: RunDir) -> None:
     """finetuned_hf/: the trained language model as a Hugging Face model directory, its layers named as
-    the distillation named them (a search's by its architecture.json)."""
+    the distillation named them (a search's by its architecture.json); a vision transformer's where it is a
+    plain torchvision ViT."""
     from pipebd_core.documents.architecture import Architecture
     from pipebd_core.workloads.hf_directory import layer_names, write_model_directory
 
     searched = run_dir.architecture.exists() and len(spec.workload.replacements) > 1
     architecture = Architecture.from_json(run_dir.read_json(run_dir.architecture)) if searched else None
+    if spec.workload.vision_transformer:  # where it is a plain torchvision ViT (vit_directory.py)
+        from pipebd_core.workloads.vit_directory import vit_layer_names, write_vit_directory
+
+        network = model.cpu().eval()
+        write_vit_directory(spec, network, vit_layer_names(spec, network, architecture), run_dir.finetuned_hf)
+        return
     write_model_directory(spec, model.cpu().eval(), layer_names(spec, architecture), run_dir.finetuned_hf)
 
 
@@ -103,7 +110,7 @@ def run_evaluate(run_dir: RunDir) -> FinetuneReport:
             save_language_model(spec, network.model.state_dict(), run_dir.teacher_model)
             report.teacher_perplexity = report.perplexity_after
     export(network.model, sample, run_dir)
-    if spec.workload.kind == "transformer" and language:  # also for transformers (workloads/hf_directory.py)
+    if spec.workload.kind == "transformer":  # also for transformers (hf_directory.py, vit_directory.py)
         write_finetuned_directory(spec, network.model, run_dir)
     report.phase_s = phase_seconds(run_dir)
     summary = run_dir.load_summary() if run_dir.summary.exists() else Summary(name=spec.name)

@@ -9,7 +9,10 @@ replacement per layer, then the final norm and LM head) becomes, so that `transf
 - Anything else (a search's mixed choices, `linear_attention`, `no_attention`, `linear`, `noop`): config.json
   has `model_type` `pipebd`, one block description per layer in `block_configs`, and `auto_map` to the
   directory's own `configuration_pipebd.py` and `modeling_pipebd.py` (hf_remote/, copied verbatim, their
-  VERSION in `pipebd_version`); it loads with `from_pretrained(dir, trust_remote_code=True)`.
+  VERSION in `pipebd_version`); it loads with `from_pretrained(dir, trust_remote_code=True)`. The teacher's
+  rope scaling is stored where the remote code computes it (every static type, and `dynamic`); another type
+  (longrope) is refused, naming it. Such a directory is also a later job's teacher (pipebd_teacher.py), and
+  what that job writes is PipeBD's remote code again.
 
 Beside config.json: model.safetensors; generation_config.json with the data's end-of-document token (256
 with the byte-level tokenizer) as `eos_token_id` and `pad_token_id`; and the tokenizer the data was
@@ -20,6 +23,7 @@ exactly the ids the model was trained on.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,16 +33,14 @@ import torch
 from torch import nn
 
 from pipebd_core.documents.architecture import Architecture
-from pipebd_core.spec import Spec
+from pipebd_core.spec import Spec, SpecError
+from pipebd_core.workloads.remote_format import AUTO_MAP, MODEL_TYPE
 from pipebd_core.workloads.replacements import FFNOnly
 from pipebd_core.workloads.transformer import DecoderBlock, LMHead, TokenEmbedding
 
 REMOTE = Path(__file__).parent / "hf_remote"
 REMOTE_FILES = ("configuration_pipebd.py", "modeling_pipebd.py")
-AUTO_MAP = {
-    "AutoConfig": "configuration_pipebd.PipeBDConfig",
-    "AutoModelForCausalLM": "modeling_pipebd.PipeBDForCausalLM",
-}
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inverse frequencies and a scaling fixed at load: stored
 EOS_TOKEN = "<|endoftext|>"  # the byte-level tokenizer's name for its end-of-document token
 TOKENIZER_FILES = (  # what a data.tokenizer folder may hold that AutoTokenizer reads
     "tokenizer.json",
@@ -57,7 +59,10 @@ def layer_names(spec: Spec, architecture: Architecture | None) -> list[str]:
         return [block.layers[0] for block in architecture.blocks]
     replacements = spec.workload.replacements
     assert len(replacements) == 1, "a search's layers are named by its architecture.json"
-    return [replacements[0]] * teacher_config(spec).num_hidden_layers
+    config = teacher_config(spec)
+    if config.model_type == MODEL_TYPE:  # a teacher of PipeBD's own layers: its no-op layers are no blocks
+        return [replacements[0]] * sum(block["kind"] != "noop" for block in config.block_configs)
+    return [replacements[0]] * config.num_hidden_layers
 
 
 def teacher_config(spec: Spec) -> Any:
@@ -68,7 +73,12 @@ def teacher_config(spec: Spec) -> Any:
     if w.config is not None:
         options = {key: value for key, value in w.config.items() if key != "model_type"}
         return AutoConfig.for_model(w.config["model_type"], **options)
-    return AutoConfig.from_pretrained(str(Path(w.teacher).expanduser()), local_files_only=True)
+    folder = Path(w.teacher).expanduser()
+    if json.loads((folder / "config.json").read_text()).get("model_type") == MODEL_TYPE:  # PipeBD's own layers
+        from pipebd_core.workloads.hf_remote.configuration_pipebd import PipeBDConfig
+
+        return PipeBDConfig.from_pretrained(str(folder), local_files_only=True)
+    return AutoConfig.from_pretrained(str(folder), local_files_only=True)
 
 
 def write_model_directory(spec: Spec, network: nn.Module, names: Sequence[str], folder: Path) -> None:
@@ -118,6 +128,8 @@ def uniform_fields(config: Any, layers: Sequence[nn.Module], names: Sequence[str
     """The teacher config's fields to change where every layer has one replacement its family expresses
     (keep, ffn_P/Q, kv_N); None where the layers need PipeBD's own modeling code."""
     name = names[0]
+    if config.model_type == MODEL_TYPE:  # a teacher of PipeBD's own layers has no family to express it
+        return None
     if any(other != name for other in names) or not (name == "keep" or name.startswith(("ffn_", "kv_"))):
         return None
     layer: Any = layers[0]
@@ -174,24 +186,16 @@ def remote_model(
     from pipebd_core.workloads.hf_remote.configuration_pipebd import VERSION, PipeBDConfig
     from pipebd_core.workloads.hf_remote.modeling_pipebd import PipeBDForCausalLM
 
-    gpt2 = config.model_type == "gpt2"
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    fields = family_fields(config) | biases(layers)
+    gpt2, head_dim = fields["family"] == "gpt2", fields["head_dim"]
     rotary = next((layer.rotary for layer in layers if isinstance(layer, DecoderBlock) and layer.rotary), None)
     remote = PipeBDConfig(
-        family="gpt2" if gpt2 else "llama",
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_attention_heads=heads,
-        head_dim=head_dim,
-        max_position_embeddings=config.max_position_embeddings,
-        norm_eps=config.layer_norm_epsilon if gpt2 else config.rms_norm_eps,
-        hidden_act=config.activation_function if gpt2 else config.hidden_act,
+        **fields,
         rope_attention_scaling=float(getattr(rotary, "attention_scaling", 1.0)),
+        rope_dynamic=None if gpt2 else rope_dynamic(config),
         block_configs=[block_config(layer, name, head_dim) for layer, name in zip(layers, names, strict=True)],
         tie_word_embeddings=tied,
         pipebd_version=VERSION,
-        **biases(layers),
     )
     remote.auto_map = dict(AUTO_MAP)
     model = PipeBDForCausalLM(remote).float()
@@ -200,8 +204,8 @@ def remote_model(
     if gpt2:
         assert embedding.positions is not None, "GPT-2 embeds positions"
         body.embed_positions.load_state_dict(embedding.positions.state_dict())
-    elif rotary is not None:
-        body.rotary_inv_freq.copy_(rotary.inv_freq)
+    elif rotary is not None:  # dynamic rope's buffer changes with long sequences: its original
+        body.rotary_inv_freq.copy_(getattr(rotary, "original_inv_freq", rotary.inv_freq))
     for target, layer in zip(body.layers, layers, strict=True):
         source = layer.layer if isinstance(layer, DecoderBlock) else layer
         (target.linear if isinstance(layer, nn.Linear) else target).load_state_dict(source.state_dict())
@@ -209,6 +213,70 @@ def remote_model(
     if not tied:
         model.lm_head.load_state_dict(head.projection.state_dict())
     return model
+
+
+def family_fields(config: Any) -> dict[str, Any]:
+    """PipeBDConfig's fields the teacher's config gives: its layout, sizes, norm and activation (a PipeBD
+    teacher's are its own)."""
+    if config.model_type == MODEL_TYPE:
+        names = ("family", "vocab_size", "hidden_size", "num_attention_heads", "head_dim", "max_position_embeddings")
+        return {name: getattr(config, name) for name in (*names, "norm_eps", "hidden_act")}
+    gpt2, heads = config.model_type == "gpt2", config.num_attention_heads
+    return {
+        "family": "gpt2" if gpt2 else "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": heads,
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
+        "max_position_embeddings": config.max_position_embeddings,
+        "norm_eps": config.layer_norm_epsilon if gpt2 else config.rms_norm_eps,
+        "hidden_act": config.activation_function if gpt2 else config.hidden_act,
+    }
+
+
+def rope_type(config: Any) -> str:
+    """The teacher's rope scaling type ("default" where it has none)."""
+    parameters = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return str(parameters.get("rope_type") or parameters.get("type") or "default")
+
+
+def check_rope(config: Any) -> None:
+    """Refuse a rope scaling PipeBD's remote code does not compute, naming it and the ones it does."""
+    if config.model_type in (MODEL_TYPE, "gpt2"):
+        return
+    kind = rope_type(config)
+    if kind not in (*STATIC_ROPE, "dynamic"):
+        raise SpecError(
+            f"workload.teacher: the teacher's rope scaling {kind!r} is not one PipeBD's Hugging Face directory of"
+            f" mixed layers computes ({', '.join((*STATIC_ROPE, 'dynamic'))}); choose replacements that keep every"
+            " layer's shape (keep, ffn_P/Q or kv_N alone), whose directory is the teacher's family"
+        )
+
+
+def check_exportable(spec: Spec, config: Any) -> None:
+    """Before training: refuse a teacher rope scaling that the job's directory, where it is PipeBD's remote code
+    (a search, a replacement its family cannot express, a teacher of PipeBD's own layers), could not carry."""
+    names = spec.workload.replacements
+    if len(names) > 1 or not (names[0] == "keep" or names[0].startswith(("ffn_", "kv_"))):
+        check_rope(config)
+
+
+def rope_dynamic(config: Any) -> dict[str, float] | None:
+    """Dynamic NTK scaling's parameters for the remote code, None for a static rope; other types refused."""
+    if config.model_type == MODEL_TYPE:
+        dynamic: dict[str, float] | None = config.rope_dynamic
+        return dynamic
+    check_rope(config)
+    if rope_type(config) != "dynamic":
+        return None
+    parameters = config.rope_parameters
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {
+        "rope_theta": float(parameters["rope_theta"]),
+        "factor": float(parameters["factor"]),
+        "original_max_position_embeddings": int(config.max_position_embeddings),
+        "dim": int(head_dim * parameters.get("partial_rotary_factor", 1.0)),
+    }
 
 
 def block_config(layer: nn.Module, name: str, head_dim: int) -> dict[str, Any]:
@@ -233,7 +301,7 @@ def block_config(layer: nn.Module, name: str, head_dim: int) -> dict[str, Any]:
     return {"kind": "noop", "replacement": name}
 
 
-def biases(layers: Sequence[nn.Module]) -> dict[str, bool]:
+def biases(layers: Sequence[nn.Module]) -> dict[str, Any]:
     """Which of the Llama family's projections carry a bias (Qwen2: q, k and v), read off the layers."""
     found = {"qkv_bias": False, "output_bias": False, "mlp_bias": False}
     modules: list[Any] = [module for layer in layers for module in layer.modules()]

@@ -15,6 +15,11 @@ have a gated FFN (`gate_proj`, `up_proj`, `down_proj`) and separate `k_proj`/`v_
 `c_fc`/`c_proj` (transposed `Conv1D` weights) and its attention has no grouped KV heads. A torchvision
 vision transformer's encoder layer has an `MLP` (Linear, GELU, Dropout, Linear, Dropout) and an
 `nn.MultiheadAttention`, which `kv_N` and `linear_attention` replace with vision_transformer.py's attention.
+
+A teacher of PipeBD's own layers (pipebd_teacher.py: a searched network) may have layers that are already
+replacements (FFN-only, linear; its no-op layers are no blocks): `linear` and `noop` replace them, `ffn_P/Q`
+narrows an FFN-only layer's FFN, and a replacement of what such a layer does not have (`kv_N`,
+`linear_attention` and `no_attention` of its attention, `ffn_P/Q` of a linear layer's FFN) leaves it as it is.
 """
 
 from __future__ import annotations
@@ -153,6 +158,8 @@ def build_replacement(
 ) -> nn.Module:
     """The candidate `name` for teacher layer `layer` (a decoder's or a vision transformer's encoder's);
     `wrap` turns a layer into a block (a decoder's: positions and rotary embeddings from the sequence)."""
+    if isinstance(layer, FFNOnly | nn.Linear | nn.Identity):
+        return replace_replaced(name, layer, hidden_size)
     attention, ffn, norm = _parts(layer)
     if name == "keep":
         return wrap(copy.deepcopy(layer))
@@ -171,3 +178,17 @@ def build_replacement(
         return linear_map(hidden_size)
     assert name == "noop", f"spec validation lets only known replacements through, got {name!r}"
     return nn.Identity()
+
+
+def replace_replaced(name: str, layer: nn.Module, hidden_size: int) -> nn.Module:
+    """The candidate `name` for a teacher layer that is a replacement already (FFN-only, linear or no-op): `linear`
+    and `noop` replace it, `ffn_P/Q` narrows an FFN-only layer's FFN, and a replacement of a part the layer does
+    not have (attention, or an FFN) leaves it as it is."""
+    if name == "linear":
+        return linear_map(hidden_size)
+    if name == "noop":
+        return nn.Identity()
+    if name.startswith("ffn_") and isinstance(layer, FFNOnly):
+        top, bottom = name.removeprefix("ffn_").split("/")
+        return FFNOnly(copy.deepcopy(layer.norm), narrow_ffn(layer.mlp, int(top) / int(bottom)))
+    return copy.deepcopy(layer)

@@ -1,10 +1,11 @@
 """Transformer workload: distil a Hugging Face decoder language model, or a vision transformer, layer by layer.
 
 The teacher is a local model directory (config.json and safetensors weights, read with local files
-only and without remote code) or a random model built from `workload.config`; or a torchvision vision
-transformer (vision_transformer.py: images in, class logits out, the rest as here). Blocks are its decoder
-layers: block 0 embeds the token ids first (its student shares the teacher's frozen embedding), and
-the final norm and the LM head follow the last block (in the assembled network only). A block takes
+only and without remote code; a directory of PipeBD's own layers, as a search writes, is built by PipeBD's
+own copy of its modeling code: pipebd_teacher.py) or a random model built from `workload.config`; or a
+torchvision vision transformer (vision_transformer.py: images in, class logits out, the rest as here).
+Blocks are its decoder layers: block 0 embeds the token ids first (its student shares the teacher's frozen
+embedding), and the final norm and the LM head follow the last block (in the assembled network only). A block takes
 and returns hidden states (batch, tokens, hidden): the causal mask, the positions and the rotary
 embeddings are recomputed in every block from the sequence length (packed sequences have no padding),
 so only the hidden state is relayed between ranks.
@@ -38,6 +39,7 @@ from pipebd_core.workloads.library import (
     choose_from,
     chosen_architecture,
 )
+from pipebd_core.workloads.remote_format import MODEL_TYPE
 from pipebd_core.workloads.replacements import build_replacement
 from pipebd_core.workloads.transformer_parts import ModelParts
 from pipebd_core.workloads.workload import Workload, block_seed
@@ -93,6 +95,10 @@ class LMHead(nn.Module):
 def split_model(model: Any) -> ModelParts:
     """The embedding, decoder layers, rotary embedding and head of a supported causal LM."""
     config: Any = model.config
+    if config.model_type == MODEL_TYPE:
+        from pipebd_core.workloads.pipebd_teacher import split_pipebd_model
+
+        return split_pipebd_model(model)
     if config.model_type == "gpt2":
         body: Any = model.transformer
         embedding = TokenEmbedding(body.wte, body.wpe)
@@ -118,12 +124,16 @@ def read_model_config(folder: str) -> dict[str, Any]:
         raise SpecError(f"{_FIELD}: {path}/config.json cannot be read: {error}") from None
     if not isinstance(config, dict):
         raise SpecError(f"{_FIELD}: {path}/config.json is not a JSON object")
-    if "auto_map" in config:
+    if config.get("model_type") == MODEL_TYPE:
+        from pipebd_core.workloads.pipebd_teacher import read_pipebd_config
+
+        read_pipebd_config(path, config)
+    elif "auto_map" in config:
         raise SpecError(
             f"{_FIELD}: {path} needs its own code (auto_map in config.json), which is never run here; use a"
             " model of a supported family: " + ", ".join(TRANSFORMER_FAMILIES)
         )
-    if config.get("model_type") not in TRANSFORMER_FAMILIES:
+    if config.get("model_type") not in (*TRANSFORMER_FAMILIES, MODEL_TYPE):
         raise SpecError(
             f"{_FIELD}: model_type {config.get('model_type')!r} of {path} is not supported; supported families: "
             + ", ".join(TRANSFORMER_FAMILIES)
@@ -177,7 +187,10 @@ def load_teacher(spec: Spec) -> tuple[nn.Module, list[str]]:
             " mimics random features; set workload.teacher to a model directory for a real teacher"
         )
         return model, [warning]
-    read_model_config(w.teacher)
+    if read_model_config(w.teacher).get("model_type") == MODEL_TYPE:
+        from pipebd_core.workloads.pipebd_teacher import load_pipebd_model
+
+        return load_pipebd_model(Path(w.teacher).expanduser()), []
     folder = str(Path(w.teacher).expanduser())
     local = {"local_files_only": True, "trust_remote_code": False}
     config = _quiet(AutoConfig.from_pretrained(folder, **local))
@@ -198,7 +211,8 @@ def check_fits_data(config: Any, spec: Spec) -> None:
             f"data.seq_len: {seq_len} exceeds the teacher's sliding window ({window}), which blocks do not"
             f" apply; use a seq_len of at most {window}"
         )
-    if config.model_type == "gpt2" and seq_len > config.max_position_embeddings:
+    gpt2 = config.model_type == "gpt2" or getattr(config, "family", None) == "gpt2"
+    if gpt2 and seq_len > config.max_position_embeddings:
         raise SpecError(
             f"data.seq_len: {seq_len} exceeds the teacher's {config.max_position_embeddings} positions;"
             f" use at most {config.max_position_embeddings}"
@@ -456,8 +470,11 @@ def teacher_parts(spec: Spec) -> tuple[ModelParts, list[str]]:
 
         vit, warnings = load_vit(spec)
         return split_vit(vit), warnings
+    from pipebd_core.workloads.hf_directory import check_exportable  # it imports this module
+
     model, warnings = load_teacher(spec)
     check_fits_data(model.config, spec)
+    check_exportable(spec, model.config)
     return split_model(model), warnings
 
 
@@ -470,10 +487,16 @@ def _exporter(spec: Spec) -> Callable[[nn.Module, Path], None]:
 
 
 def _hf_directory(spec: Spec) -> Callable[[nn.Module, Architecture | None, Path], None] | None:
-    """A language model's network as a Hugging Face model directory (hf_directory.py); a vision
-    transformer's has none."""
+    """A language model's network as a Hugging Face model directory (hf_directory.py); a vision transformer's
+    where it is a plain torchvision ViT (vit_directory.py)."""
     if spec.workload.vision_transformer:
-        return None
+
+        def write_vit(network: nn.Module, architecture: Architecture | None, folder: Path) -> None:
+            from pipebd_core.workloads.vit_directory import vit_layer_names, write_vit_directory
+
+            write_vit_directory(spec, network, vit_layer_names(spec, network, architecture), folder)
+
+        return write_vit
 
     def write(network: nn.Module, architecture: Architecture | None, folder: Path) -> None:
         from pipebd_core.workloads.hf_directory import layer_names, write_model_directory

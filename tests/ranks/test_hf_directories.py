@@ -31,7 +31,8 @@ from pipebd_core.rank.network import build_network
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.workloads.hf_directory import write_model_directory
-from pipebd_core.workloads.transformer import held_out_ids, rebuild
+from pipebd_core.workloads.replacements import FFNOnly
+from pipebd_core.workloads.transformer import DecoderBlock, build_transformer_workload, held_out_ids, rebuild
 from tests.transformer_specs import TINY_GPT2, TINY_LLAMA, TINY_QWEN2, transformer_document, write_text
 
 SEARCH = ["keep", "ffn_1/4", "kv_1", "linear_attention", "no_attention", "linear", "noop"]
@@ -163,7 +164,7 @@ def test_a_budgeted_search_loads_with_its_own_code_and_generates_with_its_cache(
     assert len(set(names)) > 1, f"the budget should force different choices, got {names}"
     model = load(run.searched_hf, remote=True)
     assert [block["replacement"] for block in model.config.block_configs] == names
-    assert model.config.pipebd_version == "1"
+    assert model.config.pipebd_version == "2"
     ids = held_out_ids(spec)
     assert_runs_as(model, job_network(spec, run, architecture), ids)
     assert_decodes_one_token_at_a_time(model, ids[:2])
@@ -220,6 +221,78 @@ def test_every_replacement_kind_runs_in_the_remote_code(
     ids = held_out_ids(spec)
     assert_runs_as(model, network, ids)
     assert_decodes_one_token_at_a_time(model, ids[:2])
+    assert_is_a_teacher(tmp_path / "model", model, text_root, tmp_path / "again")
+
+
+KIND_MODULES = {"decoder": DecoderBlock, "ffn_only": FFNOnly, "linear": nn.Linear, "noop": nn.Identity}
+
+
+def blocks_of(folder: Path) -> list[dict[str, Any]]:
+    """config.json's block descriptions without the replacement each came from, and without its no-op layers
+    (which compute nothing: a job that takes the directory as its teacher drops them)."""
+    blocks = json.loads((folder / "config.json").read_text())["block_configs"]
+    return [
+        {key: value for key, value in block.items() if key != "replacement"}
+        for block in blocks
+        if block["kind"] != "noop"
+    ]
+
+
+def assert_is_a_teacher(folder: Path, model: Any, text_root: Path, again: Path) -> None:
+    """The directory as a transformer job's teacher (PipeBD's own modeling code, no trust_remote_code): one
+    teacher block per block description but the no-ops, of its kind, computing the directory's logits; every
+    layer kept, the job's network is written back as the same layers."""
+    document = transformer_document(text_root)
+    document["workload"] = {"kind": "transformer", "teacher": str(folder), "replacements": ["keep", "ffn_1/2", "noop"]}
+    spec = parse_spec(document)
+    workload = build_transformer_workload(spec)
+    teacher = workload.teacher_network()
+    assert isinstance(teacher, nn.Sequential)
+    layers = [teacher[0][1], *list(teacher)[1:-1]]
+    descriptions = [block for block in model.config.block_configs if block["kind"] != "noop"]
+    kinds = [block["kind"] for block in descriptions]
+    assert [type(layer) for layer in layers] == [KIND_MODULES[kind] for kind in kinds]
+    for kind, block, student in zip(kinds, descriptions, workload.student_blocks, strict=True):
+        narrowed = student.options[1]  # ffn_1/2: an FFN halved where the layer has one, else the layer as it is
+        assert isinstance(narrowed, KIND_MODULES[kind]) and isinstance(student.options[2], nn.Identity)
+        if kind == "ffn_only":
+            width = narrowed.mlp.c_fc.nf if hasattr(narrowed.mlp, "c_fc") else narrowed.mlp.gate_proj.out_features
+            assert width == block["intermediate_size"] // 2
+    ids = held_out_ids(spec)
+    with torch.no_grad():
+        torch.testing.assert_close(teacher(ids), model(ids).logits, atol=1e-5, rtol=1e-5)
+    keep = [ArchitectureBlock(block=i, layers=["keep"], loss=0.0, params=0) for i in range(len(kinds))]
+    kept = rebuild(spec, Architecture(blocks=keep, candidates=[], chosen_by="this test", teacher_params=0))
+    write_model_directory(spec, kept, ["keep"] * len(kinds), again)
+    assert blocks_of(again) == blocks_of(folder)
+
+
+def test_a_search_is_the_next_jobs_teacher_and_the_network_it_fine_tunes(
+    search: tuple[Spec, RunDir], text_root: Path, finished_run: Callable[[Spec], RunDir]
+) -> None:
+    """Search -> fine-tune the searched architecture: a job whose teacher is searched_hf/, every layer kept
+    (the searched weights), trained end to end; its directories are the searched layers again."""
+    _, run = search
+    document = transformer_document(text_root, train={"max_steps": 2, "weight_decay": 0.0})
+    document["workload"] = {"kind": "transformer", "teacher": str(run.searched_hf), "replacements": ["keep"]}
+    document["finetune"] = {"strategy": "ddp", "epochs": 1, "max_steps": 2, "lr": 0.05, "profile": False}
+    spec = parse_spec(document)
+    tuned_run = finished_run(spec)
+    searched = load(run.searched_hf, remote=True)
+    ids = held_out_ids(spec)
+    start = load(tuned_run.distilled_hf, remote=True)
+    assert blocks_of(tuned_run.distilled_hf) == blocks_of(run.searched_hf) == blocks_of(tuned_run.finetuned_hf)
+    assert len(json.loads((tuned_run.distilled_hf / "config.json").read_text())["block_configs"]) == len(
+        blocks_of(run.searched_hf)
+    )  # the search's no-op layers are gone: they computed nothing
+    with torch.no_grad():  # kept layers distil to the searched network itself (a zero loss moves nothing)
+        torch.testing.assert_close(start(ids).logits, searched(ids).logits, atol=1e-5, rtol=1e-5)
+    network = build_network(spec, tuned_run).model
+    network.load_state_dict(torch.load(tuned_run.finetuned_model, map_location="cpu", weights_only=True))
+    tuned = load(tuned_run.finetuned_hf, remote=True)
+    assert_runs_as(tuned, network, ids)
+    with torch.no_grad():  # it did train
+        assert not torch.allclose(tuned(ids).logits, searched(ids).logits, atol=1e-3)
 
 
 BLOCKED = """

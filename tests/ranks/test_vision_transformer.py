@@ -89,6 +89,9 @@ def test_a_relayed_and_split_search_of_the_trained_teacher_equals_the_plain_loop
     assert len(architecture["candidates"]) == 4 * len(SEARCH)
     assert architecture["budget"] == {"params": 0.5} and architecture["reached"]["params"] <= 0.5
     assert any(block["layers"] != ["keep"] for block in architecture["blocks"])
+    names = {block["layers"][0] for block in architecture["blocks"]}  # mixed layers have no transformers form
+    plain = len(names) == 1 and next(iter(names)).startswith(("keep", "ffn_"))
+    assert run.searched_hf.exists() == plain  # (docs/transformers.md): the program below is their format
     network = torch.load(run.searched_model, weights_only=False)
     program = torch.export.load(run.distilled_export).module()  # batch-dynamic: another batch size
     images = torch.randn(5, 3, 16, 16)

@@ -248,24 +248,38 @@ def test_a_sweep_names_a_registered_model_as_a_job_does(client: TestClient, sett
     assert "registered model 424242 does not exist" in problem["message"]
 
 
-def test_a_network_of_pipebds_own_layers_is_refused_as_a_teacher_and_offers_no_links(
+def test_a_network_of_pipebds_own_layers_is_a_teacher_where_its_version_is_read_back(
     client: TestClient, settings: Settings
 ) -> None:
     document = transformer_document(text_folder(settings), workload={"replacements": ["keep", "noop"]})
     search_job, run_dir = search_from(settings, document)
     run_dir.searched_hf.mkdir()  # a search's mixed layers: PipeBD's own modeling code (auto_map)
-    (run_dir.searched_hf / "config.json").write_text(json.dumps({"model_type": "pipebd", "block_configs": []}))
+    config = {
+        "model_type": "pipebd",
+        "auto_map": {
+            "AutoConfig": "configuration_pipebd.PipeBDConfig",
+            "AutoModelForCausalLM": "modeling_pipebd.PipeBDForCausalLM",
+        },
+        "pipebd_version": "2",
+        "block_configs": [{"kind": "noop"}],
+    }
+    (run_dir.searched_hf / "config.json").write_text(json.dumps(config))
     (run_dir.searched_hf / "model.safetensors").write_bytes(b"searched weights")
     searched = {model.kind: model for model in register(settings, search_job)}["searched"]
     assert any(entry["path"] == "searched_hf/config.json" for entry in searched.files)
-    next_job = transformer_document(text_folder(settings))
+    next_job = transformer_document(text_folder(settings), workload={"replacements": ["keep"]})
     del next_job["workload"]["config"]
     next_job["workload"]["teacher"] = {"model": searched.id}
+    with Session(get_engine(settings.database)) as session:  # what the job gets (its run is tests/ranks')
+        resolved, allowed = resolve_models(session, next_job)
+    assert resolved["workload"]["teacher"] == str(run_dir.searched_hf) and allowed == [run_dir.searched_hf]
+    assert 'id="compress-further"' in client.get(f"/models/{searched.id}").text
+    (run_dir.searched_hf / "config.json").write_text(json.dumps({**config, "pipebd_version": "9"}))
     answer = client.post("/api/v1/jobs", json=next_job)
     assert answer.status_code == 422, answer.text
     (problem,) = answer.json()["errors"]
     assert problem["loc"] == ["body", "workload", "teacher"] and "model_type pipebd" in problem["message"]
-    assert "a teacher trained here, a uniform compression" in problem["message"]  # what works
+    assert "version '9'" in problem["message"] and "reads versions 1, 2" in problem["message"]  # found, supported
     assert 'id="compress-further"' not in client.get(f"/models/{searched.id}").text
     listing = client.get("/models").text
     assert "compress-further" not in listing[listing.index(f'id="model-{searched.id}"') :].split("</tr>")[0]

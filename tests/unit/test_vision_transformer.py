@@ -246,3 +246,40 @@ def test_a_vit_search_records_parameters_and_no_kv_cache(searched: tuple[Any, li
     assert set(architecture["reached"]) == {"params"} and "teacher_kv_cache_bytes" not in architecture
     assert all("kv_cache_bytes" not in c and c["params"] >= 0 for c in architecture["candidates"])
     assert len(architecture["candidates"]) == 4 * len(SEARCH)
+
+
+@pytest.mark.parametrize("replacement", ["keep", "ffn_1/2"])
+def test_a_plain_vit_student_is_a_transformers_directory_with_the_same_logits(replacement: str, tmp_path: Any) -> None:
+    from transformers import ViTForImageClassification, ViTImageProcessor
+
+    from pipebd_core.data.digits import Digits, read_digits
+    from pipebd_core.workloads.transformer import rebuild
+    from pipebd_core.workloads.vit_directory import write_vit_directory
+
+    spec = vit_spec(config=TINY_VIT, replacements=[replacement])
+    network = rebuild(spec)
+    assert write_vit_directory(spec, network, [replacement] * TINY_VIT["num_layers"], tmp_path)
+    assert {"config.json", "model.safetensors", "preprocessor_config.json"} <= {p.name for p in tmp_path.iterdir()}
+    model = ViTForImageClassification.from_pretrained(str(tmp_path), local_files_only=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(pixel_values=images()).logits, network(images()), atol=1e-5, rtol=1e-5)
+    # an 8-bit picture of digit 0 (its 8x8 pixels 0-16 as 0-255, resized as the data set resizes) is what it trained on
+    pixels = read_digits()[0][0].reshape(8, 8) / 16.0
+    big = F.interpolate(pixels[None, None], size=(16, 16), mode="bilinear", align_corners=False)[0, 0]
+    picture = (big * 255).round().to(torch.uint8)[..., None].expand(16, 16, 3).numpy()
+    processor = ViTImageProcessor.from_pretrained(str(tmp_path))
+    values = processor(picture, return_tensors="pt", do_resize=False).pixel_values[0]
+    torch.testing.assert_close(values, Digits(16, "train").images[0], atol=2e-2, rtol=0)
+
+
+def test_a_vit_with_other_layers_writes_no_directory(tmp_path: Any) -> None:
+    from pipebd_core.documents.architecture import Architecture, ArchitectureBlock
+    from pipebd_core.workloads.transformer import rebuild
+    from pipebd_core.workloads.vit_directory import write_vit_directory
+
+    names = ["keep", "kv_2", "keep", "keep"]  # grouped KV heads: PipeBD's VisionAttention, no transformers form
+    spec = vit_spec(config=TINY_VIT, replacements=["keep", "kv_2"])
+    blocks = [ArchitectureBlock(block=i, layers=[name], loss=0.0, params=0) for i, name in enumerate(names)]
+    network = rebuild(spec, Architecture(blocks=blocks, candidates=[], chosen_by="this test", teacher_params=0))
+    assert not write_vit_directory(spec, network, names, tmp_path / "model")
+    assert not (tmp_path / "model").exists()

@@ -11,6 +11,14 @@ One block description per decoder layer in `block_configs`, each a dict (Nemotro
 with `replacement` naming the PipeBD replacement it came from and `scale` the softmax attention's scale.
 `family` is the teacher's layer layout: "llama" (RMSNorm, rotary embeddings, gated FFN: Llama, Qwen2,
 Mistral) or "gpt2" (LayerNorm, learned positions, fused QKV and Conv1D weights).
+
+Rotary embeddings are the teacher's inverse frequencies (a buffer in model.safetensors) times
+`rope_attention_scaling`, which is every static rope scaling (default, linear, llama3, yarn); `rope_dynamic`
+({"rope_theta", "factor", "original_max_position_embeddings", "dim"}) is dynamic NTK scaling, the frequencies
+recomputed from the sequence length beyond the original positions as transformers' Llama does.
+
+Versions: 1 wrote block_configs and took batches without padding; 2 takes padded batches (attention_mask)
+and adds `rope_dynamic`.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-VERSION = "1"  # of these two modules; config.json's pipebd_version names the one that wrote it
+VERSION = "2"  # of these two modules; config.json's pipebd_version names the one that wrote it
 KINDS = ("decoder", "ffn_only", "linear", "noop")
 FAMILIES = ("llama", "gpt2")
 
@@ -41,6 +49,7 @@ class PipeBDConfig(PretrainedConfig):
         output_bias: bool = False,
         mlp_bias: bool = False,
         rope_attention_scaling: float = 1.0,
+        rope_dynamic: dict[str, float] | None = None,
         block_configs: list[dict[str, Any]] | None = None,
         tie_word_embeddings: bool = False,
         use_cache: bool = True,
@@ -59,6 +68,7 @@ class PipeBDConfig(PretrainedConfig):
         self.hidden_act = hidden_act
         self.qkv_bias, self.output_bias, self.mlp_bias = qkv_bias, output_bias, mlp_bias
         self.rope_attention_scaling = rope_attention_scaling
+        self.rope_dynamic = rope_dynamic
         self.block_configs = list(block_configs or [])
         for index, block in enumerate(self.block_configs):
             if block.get("kind") not in KINDS:

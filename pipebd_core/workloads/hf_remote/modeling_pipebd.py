@@ -5,7 +5,9 @@ It computes what PipeBD's distilled network computes (the teacher's Llama-family
 their replacements) and generates with a cache of its own (`PipeBDCache`): a softmax-attention layer
 keeps its keys and values (with as many heads as its `num_key_value_heads`), a linear-attention layer its
 running state (the sums of phi(k) v^T and of phi(k), of fixed size), and a layer without attention keeps
-nothing; with the cache a decoding step computes the new tokens only. Batches without padding only.
+nothing; with the cache a decoding step computes the new tokens only. Padded batches (an attention_mask
+with zeros, left padding as batched generate() makes) give the real tokens what the unpadded sequences
+give: padding is masked out of attention and of linear attention's state, and positions count real tokens.
 """
 
 from __future__ import annotations
@@ -114,6 +116,32 @@ class HedgehogFeatureMap(nn.Module):
         return torch.cat((projected.softmax(-1), (-projected).softmax(-1)), dim=-1)
 
 
+def dynamic_inv_freq(dynamic: dict[str, Any], positions: torch.Tensor) -> torch.Tensor:
+    """Dynamic NTK scaling's inverse frequencies for positions up to `positions.max()`: the base stretched
+    once the sequence outgrows the original positions (transformers' _compute_dynamic_ntk_parameters)."""
+    original, dim = int(dynamic["original_max_position_embeddings"]), int(dynamic["dim"])
+    length = torch.maximum(positions.max() + 1, torch.tensor(original, device=positions.device))
+    factor = float(dynamic["factor"])
+    base = float(dynamic["rope_theta"]) * ((factor * length / original) - (factor - 1)) ** (dim / (dim - 2))
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).float() / dim))
+
+
+def rotary_angles(inv_freq: torch.Tensor, positions: torch.Tensor, dynamic: dict[str, Any] | None) -> torch.Tensor:
+    """(batch, tokens, head_dim) rotary angles of (batch, tokens) positions."""
+    if dynamic is not None:
+        inv_freq = dynamic_inv_freq(dynamic, positions)
+    frequencies = positions[..., None].float() * inv_freq.to(device=positions.device, dtype=torch.float)
+    return torch.cat((frequencies, frequencies), dim=-1)
+
+
+def attention_allowed(tokens: int, keys: int, padding: torch.Tensor) -> torch.Tensor:
+    """(batch, 1, tokens, keys): causal (the last `tokens` of `keys` are the new ones) and not padding; a padding
+    query with nothing to attend to attends to everything (its output is never used)."""
+    allowed = torch.ones(tokens, keys, dtype=torch.bool, device=padding.device).tril(keys - tokens)
+    allowed = allowed[None, None] & padding[:, None, None, -keys:]
+    return allowed | ~allowed.any(-1, keepdim=True)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     first, second = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-second, first), dim=-1)
@@ -161,18 +189,27 @@ class Attention(nn.Module):
         return query, key, value
 
     def forward(
-        self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None, cache: PipeBDCache | None
+        self,
+        hidden: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: PipeBDCache | None,
+        padding: torch.Tensor | None = None,
     ) -> torch.Tensor:
         query, key, value = self.project(hidden, rotary)
         if self.linear:
-            output = self.linear_attention(query, key, value, cache)
+            output = self.linear_attention(query, key, value, cache, padding)
         else:
-            output = self.softmax_attention(query, key, value, cache)
+            output = self.softmax_attention(query, key, value, cache, padding)
         output = output.transpose(1, 2).reshape(*hidden.shape[:2], -1)
         return self.c_proj(output) if self.family == "gpt2" else self.o_proj(output)
 
     def softmax_attention(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: PipeBDCache | None
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        cache: PipeBDCache | None,
+        padding: torch.Tensor | None,
     ) -> torch.Tensor:
         past = 0
         if cache is not None:
@@ -181,6 +218,9 @@ class Attention(nn.Module):
         groups = self.heads // self.kv_heads
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         tokens = query.shape[2]
+        if padding is not None:
+            allowed = attention_allowed(tokens, key.shape[2], padding)
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=self.scale)
         if past == 0 and tokens > 1:
             return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=self.scale)
         if tokens == 1:
@@ -189,13 +229,20 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=self.scale)
 
     def linear_attention(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: PipeBDCache | None
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        cache: PipeBDCache | None,
+        padding: torch.Tensor | None,
     ) -> torch.Tensor:
         """Causal linear attention: phi(q_i) . sum_{j<=i} phi(k_j) v_j^T over phi(q_i) . sum_{j<=i} phi(k_j),
-        the earlier tokens' sums taken from the cache's state."""
+        the earlier tokens' sums taken from the cache's state; padding keys have phi(k) = 0."""
         groups = self.heads // key.shape[1]
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         phi_q, phi_k = self.query_map(query), self.key_map(key)
+        if padding is not None:
+            phi_k = phi_k * padding[:, None, -key.shape[2] :, None].to(phi_k.dtype)
         scores = phi_q @ phi_k.transpose(-1, -2)
         lower = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
         scores = scores.masked_fill(~lower, 0.0)
@@ -230,12 +277,16 @@ class DecoderLayer(nn.Module):
             self.post_attention_layernorm, self.mlp = norm_of(config), mlp
 
     def forward(
-        self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None, cache: PipeBDCache | None
+        self,
+        hidden: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: PipeBDCache | None,
+        padding: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if self.gpt2:
-            hidden = hidden + self.attn(self.ln_1(hidden), rotary, cache)
+            hidden = hidden + self.attn(self.ln_1(hidden), rotary, cache, padding)
             return hidden + self.mlp(self.ln_2(hidden))
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rotary, cache)
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rotary, cache, padding)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -246,7 +297,9 @@ class FFNOnlyLayer(nn.Module):
         super().__init__()
         self.norm, self.mlp = norm_of(config), mlp_of(config, int(block["intermediate_size"]))
 
-    def forward(self, hidden: torch.Tensor, rotary: Any, cache: PipeBDCache | None) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, rotary: Any, cache: PipeBDCache | None, padding: Any = None
+    ) -> torch.Tensor:
         return hidden + self.mlp(self.norm(hidden))
 
 
@@ -257,7 +310,9 @@ class LinearLayer(nn.Module):
         super().__init__()
         self.linear = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, hidden: torch.Tensor, rotary: Any, cache: PipeBDCache | None) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, rotary: Any, cache: PipeBDCache | None, padding: Any = None
+    ) -> torch.Tensor:
         return self.linear(hidden)
 
 
@@ -265,7 +320,9 @@ class NoopLayer(nn.Module):
     def __init__(self, config: PipeBDConfig, block: dict[str, Any], layer: int) -> None:
         super().__init__()
 
-    def forward(self, hidden: torch.Tensor, rotary: Any, cache: PipeBDCache | None) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, rotary: Any, cache: PipeBDCache | None, padding: Any = None
+    ) -> torch.Tensor:
         return hidden
 
 
@@ -303,19 +360,24 @@ class PipeBDModel(PipeBDPreTrainedModel):
         self.post_init()
 
     def rotary(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq = self.get_buffer("rotary_inv_freq")
-        expanded = inv_freq[None, :, None].float().expand(positions.shape[0], -1, 1).to(hidden.device)
-        frequencies = (expanded.float() @ positions[:, None, :].float()).transpose(1, 2)
-        angles = torch.cat((frequencies, frequencies), dim=-1)
+        angles = rotary_angles(self.get_buffer("rotary_inv_freq"), positions, self.config.rope_dynamic)
         scaling = self.config.rope_attention_scaling
         return (angles.cos() * scaling).to(hidden.dtype), (angles.sin() * scaling).to(hidden.dtype)
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, cache: PipeBDCache | None
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        cache: PipeBDCache | None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        past = cache.seen if cache is not None else 0
+        """`attention_mask`: (batch, past + tokens), 0 at padding; positions then count the real tokens."""
+        past, tokens = (cache.seen if cache is not None else 0), input_ids.shape[1]
+        padding = None if attention_mask is None or bool(attention_mask.bool().all()) else attention_mask.bool()
+        if position_ids is None and padding is not None:
+            position_ids = (padding.long().cumsum(-1) - 1).clamp_min(0)[:, -tokens:]
         if position_ids is None:
-            position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+            position_ids = torch.arange(past, past + tokens, device=input_ids.device).unsqueeze(0)
         hidden = self.embed_tokens(input_ids)
         rotary = None
         if self.config.family == "gpt2":
@@ -323,7 +385,7 @@ class PipeBDModel(PipeBDPreTrainedModel):
         else:
             rotary = self.rotary(hidden, position_ids.expand(input_ids.shape[0], -1))
         for layer in self.layers:
-            hidden = layer(hidden, rotary, cache)
+            hidden = layer(hidden, rotary, cache, padding)
         if cache is not None:
             cache.seen = past + input_ids.shape[1]
         return self.norm(hidden)
@@ -364,13 +426,11 @@ class PipeBDForCausalLM(PipeBDPreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         if input_ids is None:
             raise ValueError("PipeBDForCausalLM takes input_ids (inputs_embeds are not supported)")
-        if attention_mask is not None and not bool(attention_mask.bool().all()):
-            raise ValueError("PipeBDForCausalLM takes batches without padding: give prompts of one length")
         cache = cache if cache is not None else kwargs.get("past_key_values")
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None:
             cache = PipeBDCache()
-        hidden = self.model(input_ids, position_ids, cache if use_cache else None)
+        hidden = self.model(input_ids, position_ids, cache if use_cache else None, attention_mask)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.lm_head(hidden)
