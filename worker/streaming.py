@@ -3,9 +3,10 @@
 Each poll reads the complete telemetry lines the ranks appended since the last poll and writes, in
 one transaction, the `job_metric` rows (and the chart rollups they complete, app/core/rollups.py),
 one `metrics` event naming their id range, and the job's progress and samples/s (from
-pipebd_core/figures.py over the stored lines: app/core/figures.py). Logs are not copied: a `log` event says which
-log of which phase grew to what size, and readers fetch the bytes from the run directory
-(`GET /api/v1/jobs/{id}/logs`). The event stream of the API replays exactly these events.
+pipebd_core/figures.py over each rank's newest lines, a window the streamer keeps as they are stored:
+app/core/figures.py). Logs are not copied: a `log` event says which log of which phase grew to what
+size, and readers fetch the bytes from the run directory (`GET /api/v1/jobs/{id}/logs`). The event stream
+of the API replays exactly these events.
 
 A line's `seq` counts its rank's tasks over every launch of the phase (`seq_of`). A job that runs
 again (resumed, restarted) re-reads its telemetry files from the start, and its ranks redo the steps
@@ -27,7 +28,7 @@ from sqlmodel import Session, col, func, select
 
 from app.core.database import DATABASE_DOWN, session_scope
 from app.core.downsample import to_point
-from app.core.figures import store_figures
+from app.core.figures import FigureWindow, store_figures
 from app.core.rollups import RollupBuilder
 from app.core.tables import EVAL_SEQ, Job, JobEvent, JobMetric
 from pipebd_core.documents.phases import DISTILL, FINETUNE, PhaseRecord
@@ -62,12 +63,14 @@ class TelemetryStreamer:
         self.rollups = {phase: RollupBuilder(job_id, phase) for phase in PHASES_WITH_METRICS}
         self.log_sizes: dict[tuple[str, str], int] = {}
         self.samples_per_s: float | None = None  # the job's, as the last poll that stored lines computed it
+        self.window = FigureWindow()  # each rank's newest stored lines: what the figures are computed over
         self.stored_seq, self.stored_evals = self._stored()
         self.unsent: dict[str, list[TelemetryLine]] = {}  # read, not yet stored (the database did not answer)
         self.refused: set[str] = set()  # phases whose files hold lines of another format version
 
     def _stored(self) -> tuple[dict[tuple[str, int], int], set[tuple[str, int, int]]]:
-        """What earlier attempts stored: the highest seq per (phase, rank), and the evaluations' epochs."""
+        """What earlier attempts stored: the highest seq per (phase, rank), and the evaluations' epochs (and the
+        figures' window over their lines, once)."""
         with session_scope(self.database) as session:
             highest = session.exec(
                 select(JobMetric.phase, JobMetric.rank, func.max(JobMetric.seq))
@@ -81,6 +84,7 @@ class TelemetryStreamer:
             ).all()
             job = session.get(Job, self.job_id)
             self.samples_per_s = job.samples_per_s if job is not None else None  # a restarted worker keeps it
+            self.window = FigureWindow.load(session, self.job_id, self.nproc)
         seqs = {(phase, rank): int(seq) for phase, rank, seq in highest}
         return seqs, {(phase, rank, epoch) for phase, rank, epoch in evals}
 
@@ -130,19 +134,21 @@ class TelemetryStreamer:
         if not lines and not grown:
             return 0
         pending = copy.deepcopy(self.rollups[phase].pending) if phase in self.rollups else None
+        window = self.window.add(phase, [line for line in lines if not isinstance(line, EvalLine)])
         try:
             with session_scope(self.database) as session:
                 if lines:
-                    self._store_metrics(session, lines, phase, records)
+                    self._store_metrics(session, lines, phase, records, window)
                 for source, size in grown:
                     rank = None if source == LAUNCHER else int(source)
                     data = {"phase": phase, "rank": rank, "size": size}
                     session.add(JobEvent(job_id=self.job_id, kind="log", data=data))
-        except DATABASE_DOWN:  # kept for the next poll, the rollups as they were: nothing lost, nothing twice
+        except DATABASE_DOWN:  # kept for the next poll, the rollups and window as they were: nothing lost or twice
             self.unsent[phase] = lines
             if pending is not None:
                 self.rollups[phase].pending = pending
             raise
+        self.window = window
         return len(lines)
 
     def grown_logs(self, phase: str) -> list[tuple[str, int]]:
@@ -158,7 +164,7 @@ class TelemetryStreamer:
         return grown
 
     def _store_metrics(
-        self, session: Session, lines: list[TelemetryLine], phase: str, records: list[PhaseRecord]
+        self, session: Session, lines: list[TelemetryLine], phase: str, records: list[PhaseRecord], window: FigureWindow
     ) -> None:
         rows = [
             JobMetric(
@@ -179,7 +185,7 @@ class TelemetryStreamer:
         session.flush()
         job = session.get(Job, self.job_id)
         if job is not None:  # the figures over the lines stored so far, this poll's included, on the same row
-            self.samples_per_s = store_figures(session, job).samples_per_s
+            self.samples_per_s = store_figures(session, job, window).samples_per_s
         progress = self.progress(phase, records)
         ids = [row.id for row in rows if row.id is not None]
         data = {"first_id": min(ids), "last_id": max(ids), "phase": phase, **progress}

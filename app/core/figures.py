@@ -1,14 +1,18 @@
 """A job's figures as the service stores and shows them: pipebd_core/figures.py's definitions over the
 telemetry lines stored for the job.
 
-The worker computes them in the transaction that stores a poll's lines (`store_figures`) and writes them on
-the job's row (`samples_per_s`, `busy_share`, `peak_mem`), so the row and the lines never disagree; the
-job page, the jobs list, Compare, the API, the CLI and the Prometheus gauge read the row, and the measured
-step is `step_of(job)`. A job's figures are its distillation's; a job that only trains end to end has its
-fine-tuning's (its ranks time no waits: no busy share).
+The worker computes them in the transaction that stores a poll's lines (`store_figures`, over the
+`FigureWindow` it keeps as the lines stream in) and writes them on the job's row (`samples_per_s`,
+`busy_share`, `peak_mem`), so the row and the lines never disagree; the job page, the jobs list, Compare,
+the API, the CLI and the Prometheus gauge read the row, and the measured step is `step_of(job)`. A job's
+figures are its distillation's; a job that only trains end to end has its fine-tuning's (its ranks time no
+waits: no busy share).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from sqlmodel import Session, col, select
 
@@ -45,25 +49,43 @@ def recent_lines(
     return result
 
 
-def figured_lines(session: Session, job: Job) -> tuple[str, dict[int, list[StepLine]]]:
-    """(phase, lines) the job's figures are computed over: its distillation's, else its fine-tuning's."""
-    assert job.id is not None
-    lines = recent_lines(session, job.id, job.world_size, DISTILL)
-    if lines:
-        return DISTILL, lines
-    return FINETUNE, recent_lines(session, job.id, job.world_size, FINETUNE)
+@dataclass(frozen=True)
+class FigureWindow:
+    """Each rank's newest RECENT_TASKS step lines of each phase with figures, oldest first: what a job's figures
+    are computed over. The worker keeps one as the lines stream in (worker/streaming.py), read from the database
+    once when it starts following the job, so no poll reads the stored lines back."""
+
+    lines: dict[str, dict[int, list[StepLine]]] = field(default_factory=dict)  # phase -> rank -> window
+
+    @classmethod
+    def load(cls, session: Session, job_id: int, world_size: int) -> FigureWindow:
+        """The window over the lines the database holds for the job."""
+        return cls({phase: recent_lines(session, job_id, world_size, phase) for phase in (DISTILL, FINETUNE)})
+
+    def add(self, phase: str, steps: Sequence[StepLine]) -> FigureWindow:
+        """This window with `steps` (lines of `phase` just stored, each rank's in order) appended; itself unchanged,
+        so that a transaction that fails leaves the window as it was."""
+        if not steps:
+            return self
+        ranks = {rank: list(window) for rank, window in self.lines.get(phase, {}).items()}
+        for line in steps:
+            ranks.setdefault(line.rank, []).append(line)
+        return FigureWindow({**self.lines, phase: {rank: window[-RECENT_TASKS:] for rank, window in ranks.items()}})
+
+    def figures(self, job: Job) -> Figures:
+        """The job's figures: its distillation's, else its fine-tuning's."""
+        phase = DISTILL if self.lines.get(DISTILL) else FINETUNE
+        lines = self.lines.get(phase, {})
+        return Figures.of(lines, num_blocks_of(job) if phase == DISTILL else 1, batch_size_of(job))
 
 
-def job_figures(session: Session, job: Job) -> Figures:
-    """The job's figures from its stored lines (computed afresh: the worker stores them on the row)."""
-    phase, lines = figured_lines(session, job)
-    return Figures.of(lines, num_blocks_of(job) if phase == DISTILL else 1, batch_size_of(job))
-
-
-def store_figures(session: Session, job: Job) -> Figures:
-    """Compute the job's figures over its stored lines and write them on its row (in the caller's
-    transaction: the worker's, beside the lines it just stored)."""
-    figures = job_figures(session, job)
+def store_figures(session: Session, job: Job, window: FigureWindow | None = None) -> Figures:
+    """Compute the job's figures and write them on its row (in the caller's transaction: the worker's, beside the
+    lines it just stored). `window`: the lines stored so far as the worker keeps them; default: read back."""
+    if window is None:
+        assert job.id is not None
+        window = FigureWindow.load(session, job.id, job.world_size)
+    figures = window.figures(job)
     job.samples_per_s, job.busy_share, job.peak_mem = figures.samples_per_s, figures.busy_share, figures.peak_mem
     session.add(job)
     return figures

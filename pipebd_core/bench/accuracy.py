@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import sys
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import Literal
 from pipebd_core.bench.arms import BOUND
 from pipebd_core.bench.distill import bench_record, bench_spec, frozen_profile, run_arms
 from pipebd_core.bench.doubt import apply_guard, guarded_predictions, kendall_tau, mape, noise_floor, regret
-from pipebd_core.bench.fit import fit
+from pipebd_core.bench.fit import budget
 from pipebd_core.bench.progress import begin, write_record
 from pipebd_core.distill.plan import Plan, build_stages
 from pipebd_core.documents.bench_record import (
@@ -312,19 +311,19 @@ def run_accuracy_bench(
     profile = progress.profile
     model = cost_model(bench_spec(spec, "auto", steps), profile)
     listed = candidates(model, seed)
-    fitted = None
-    if minutes is not None:
+
+    def arm_steps() -> dict[str, float]:
         step_s = {c.name: timeline(candidate_plan(model, c), model).step_s for c in listed}
-        fitted = fit({**step_s, BOUND: model.ideal_step() * model.nproc}, minutes, steps, repeats)
-        steps, repeats = fitted.steps, fitted.repeats
-        print(f"pipebd: {fitted.says()}", file=sys.stderr)
+        return {**step_s, BOUND: model.ideal_step() * model.nproc}
+
+    fitted = budget(steps, repeats, minutes, resume, arm_steps)
+    steps, repeats = fitted.steps, fitted.repeats
     base = bench_spec(spec, "auto", steps)
     specs = {candidate.name: candidate_spec(spec, candidate, steps) for candidate in listed}
 
     def build(runs: dict[str, list[ArmRun]], reference: Reference) -> BenchRecord:
         record = bench_record(spec, runs, profile, steps, repeats, progress.profile_hash, reference)
-        says = fitted.says() if fitted else resume.fitted if resume else None
-        return record.model_copy(update={"compares": "plans", "seed": seed, "fitted": says})
+        return record.model_copy(update={"compares": "plans", "seed": seed, "fitted": fitted.fitted})
 
     def keep_first(name: str, folder: Path) -> None:
         keep_first_run(out, name, folder)

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from pipebd_core.bench.arms import BOUND, WARMUP_STEPS, check_steps, rotate, run_in_own_dir, timed
 from pipebd_core.bench.conditions import commit, machine
-from pipebd_core.bench.fit import fit
+from pipebd_core.bench.fit import budget
 from pipebd_core.bench.progress import begin, write_record
 from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, Reference, TimingRule
 from pipebd_core.documents.distill_plan import StageSpan
@@ -107,16 +106,13 @@ def run_bench(
     every run: progress.py). `resume`: the record of this bench stopped half-way; `minutes`: choose the
     steps and repeats that fit (fit.py)."""
     progress = begin(out, resume, lambda: frozen_profile(bench_spec(spec, modes[0], steps)), Profile)
-    fitted = None
-    if minutes is not None:
-        fitted = fit(predicted_steps(spec, modes, progress.profile), minutes, steps, repeats)
-        steps, repeats = fitted.steps, fitted.repeats
-        print(f"pipebd: {fitted.says()}", file=sys.stderr)
+    fitted = budget(steps, repeats, minutes, resume, lambda: predicted_steps(spec, modes, progress.profile))
+    steps, repeats = fitted.steps, fitted.repeats
     specs = {mode: bench_spec(spec, mode, steps) for mode in modes}
 
     def build(runs: dict[str, list[ArmRun]], reference: Reference) -> BenchRecord:
         record = bench_record(spec, runs, progress.profile, steps, repeats, progress.profile_hash, reference)
-        return record.model_copy(update={"fitted": fitted.says() if fitted else resume and resume.fitted})
+        return record.model_copy(update={"fitted": fitted.fitted})
 
     written = progress.writer(build)
     runs = run_arms(spec, specs, progress.profile, steps, repeats, out, keep, None, progress.done, written)

@@ -18,14 +18,13 @@ the network's layers.
 from __future__ import annotations
 
 import statistics
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from pipebd_core.bench.arms import BOUND, WARMUP_STEPS, check_steps, epoch_starts, rotate, run_in_own_dir, timed
 from pipebd_core.bench.conditions import commit, machine
-from pipebd_core.bench.fit import fit
+from pipebd_core.bench.fit import budget
 from pipebd_core.bench.progress import Progress, begin, write_record
 from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, Reference, TimingRule
 from pipebd_core.documents.distill_plan import StageSpan
@@ -159,11 +158,14 @@ def run_finetune_bench(
         return {name: bench_spec(spec, name, steps) for name in strategies}
 
     progress = begin(out, resume, lambda: obtain_layer_profile(next(iter(arm_specs(steps).values()))), LayerProfile)
-    fitted = None
-    if minutes is not None:
-        fitted = fit(predicted_steps(arm_specs(steps), progress.profile, spec.schedule.nproc), minutes, steps, repeats)
-        steps, repeats = fitted.steps, fitted.repeats
-        print(f"pipebd: {fitted.says()}", file=sys.stderr)
+    fitted = budget(
+        steps,
+        repeats,
+        minutes,
+        resume,
+        lambda: predicted_steps(arm_specs(steps), progress.profile, spec.schedule.nproc),
+    )
+    steps, repeats = fitted.steps, fitted.repeats
     specs = arm_specs(steps)
     compares: Literal["strategies", "partitioners"] = "partitioners" if partitioners else "strategies"
 
@@ -171,7 +173,7 @@ def run_finetune_bench(
         record = finetune_record(
             spec, runs, progress.profile, progress.profile_hash, steps, repeats, compares, reference, strategy
         )
-        return record.model_copy(update={"fitted": fitted.says() if fitted else resume and resume.fitted})
+        return record.model_copy(update={"fitted": fitted.fitted})
 
     runs = run_with_bound(spec, specs, progress, steps, repeats, keep, progress.writer(build))
     record = build(runs, progress.reference(ended=True))

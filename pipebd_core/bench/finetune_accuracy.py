@@ -19,7 +19,6 @@ forwards and backwards against what the profile predicted for them.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -28,7 +27,7 @@ from pipebd_core.bench import accuracy
 from pipebd_core.bench.arms import BOUND
 from pipebd_core.bench.doubt import noise_floor
 from pipebd_core.bench.finetune import bench_spec, finetune_record, plan_stages, run_with_bound
-from pipebd_core.bench.fit import fit
+from pipebd_core.bench.fit import budget
 from pipebd_core.bench.progress import begin, write_record
 from pipebd_core.documents.bench_record import Accuracy, Arm, ArmRun, BenchRecord, PlanAccuracy, Reference
 from pipebd_core.documents.layer_profile import LayerProfile
@@ -160,6 +159,12 @@ def accuracy_section(
     return accuracy.accuracy_section(plans, seed=0, chosen=chosen, floor=floor)
 
 
+def predicted_steps(candidates: list[Candidate], nproc: int) -> dict[str, float]:
+    """Each candidate's step as its plan predicts it, and the bound's (ddp's times the ranks, or the slowest's)."""
+    step_s = {c.name: c.predicted_step_s for c in candidates}
+    return {**step_s, BOUND: step_s.get("ddp", max(step_s.values())) * nproc}
+
+
 def run_finetune_accuracy_bench(
     spec: Spec,
     steps: int,
@@ -175,18 +180,13 @@ def run_finetune_accuracy_bench(
     progress = begin(out, resume, lambda: obtain_layer_profile(bench_spec(spec, AUTO, steps)), LayerProfile)
     profile = progress.profile
     candidates, chosen = plan_candidates(spec, profile, steps)
-    fitted = None
-    if minutes is not None:
-        step_s = {c.name: c.predicted_step_s for c in candidates}
-        bound_s = step_s.get("ddp", max(step_s.values())) * spec.schedule.nproc
-        fitted = fit({**step_s, BOUND: bound_s}, minutes, steps, repeats)
-        steps, repeats = fitted.steps, fitted.repeats
-        print(f"pipebd: {fitted.says()}", file=sys.stderr)
+    fitted = budget(steps, repeats, minutes, resume, lambda: predicted_steps(candidates, spec.schedule.nproc))
+    steps, repeats = fitted.steps, fitted.repeats
     specs = {c.name: bench_spec(spec, c.strategy, steps, c.partitioner) for c in candidates}
 
     def build(runs: dict[str, list[ArmRun]], reference: Reference) -> BenchRecord:
         record = finetune_record(spec, runs, profile, progress.profile_hash, steps, repeats, "plans", reference)
-        return record.model_copy(update={"fitted": fitted.says() if fitted else resume and resume.fitted})
+        return record.model_copy(update={"fitted": fitted.fitted})
 
     runs = run_with_bound(spec, specs, progress, steps, repeats, keep, progress.writer(build))
     record = build(runs, progress.reference(ended=True))

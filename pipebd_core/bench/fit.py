@@ -12,9 +12,12 @@ MIN_STEPS steps at those repeats is refused, saying how many minutes would.
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipebd_core.bench.arms import WARMUP_STEPS
+from pipebd_core.documents.bench_record import BenchRecord
 from pipebd_core.spec import SpecError
 
 LAUNCH_S = 20.0  # seconds a run costs beyond its steps on this 2-core machine (measured: 15-20 s a tiny run)
@@ -67,3 +70,29 @@ def fit(
     while repeats < MAX_REPEATS and predicted_s(step_s, steps, repeats + 1, launch_s) <= budget:
         repeats += 1
     return Fit(minutes, steps, repeats, predicted_s(step_s, steps, repeats, launch_s), len(step_s))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The steps and repeats a bench runs, and what `--minutes` said of them (for the record's `fitted`)."""
+
+    steps: int
+    repeats: int
+    fitted: str | None
+
+
+def budget(
+    steps: int,
+    repeats: int,
+    minutes: float | None,
+    resume: BenchRecord | None,
+    predicted: Callable[[], dict[str, float]],
+) -> Budget:
+    """The preamble of every bench with arms: without `minutes`, the steps and repeats asked for (a resumed bench
+    keeps its record's `fitted`); with them, those that fit (`predicted`: each arm's predicted step, the bound's
+    included, asked for only then), said on stderr."""
+    if minutes is None:
+        return Budget(steps, repeats, resume.fitted if resume else None)
+    fitted = fit(predicted(), minutes, steps, repeats)
+    print(f"pipebd: {fitted.says()}", file=sys.stderr)
+    return Budget(fitted.steps, fitted.repeats, fitted.says())

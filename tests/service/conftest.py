@@ -118,9 +118,10 @@ class Embedded:
 @pytest.fixture(scope="session")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded]:
     """One worker advertising 3 devices, with PIPEBD_INJECT_FAULT="2:1": rank 2 raises at step 1, so 1- and
-    2-rank jobs are unaffected and a 3-rank job is the crash test."""
+    2-rank jobs are unaffected and a 3-rank job is the crash test. Its data roots are a default server's (the
+    bundled examples' folders of the checkout, as `make run`), so that the bundled examples run on it."""
     folder = tmp_path_factory.mktemp("embedded")
-    settings = make_settings(folder, f"sqlite:///{folder / 'pipebd.db'}")
+    settings = make_settings(folder, f"sqlite:///{folder / 'pipebd.db'}", data_roots="")  # the default roots
     with TestClient(create_app(settings)) as client:
         worker = start_worker(settings, "embedded", devices=3, extra_env={"PIPEBD_INJECT_FAULT": "2:1"})
         try:

@@ -3,21 +3,26 @@
 The same spec through `pipebd run` and through the service writes the same events; a succeeded job's
 phases are in order, back to back, each with an outcome, and a cached profile shows as skipped; every
 documented output of the run directory (NAS and compression ones included) is listed and downloads
-byte for byte. Jobs run on the session's `embedded` service (a real worker on SQLite).
+byte for byte; the bundled language-model examples run to success as shipped (step counts shrunk), the
+second distilling the teacher the first wrote. Jobs run on the session's `embedded` service (a real worker
+on SQLite, with a default server's data roots).
 """
 
 from __future__ import annotations
 
-import hashlib
+import argparse
 import itertools
 import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import pipebd, tiny_document, write_spec
+import pytest
+
+from tests.helpers import ROOT, pipebd, tiny_document, write_spec
 from tests.ranks.test_nas import nas_document
 from tests.service.conftest import Embedded
+from tests.service.downloads import assert_outputs_download
 
 JOB_TIMEOUT_S = 240
 
@@ -89,33 +94,15 @@ def test_phases_are_in_order_back_to_back_and_a_cached_profile_is_skipped(embedd
     )
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def assert_outputs_download(embedded: Embedded, job_id: int, expected: set[str]) -> None:
-    """Every documented output in the run directory is listed, and downloads byte for byte."""
-    from pipebd_core.rundir import OUTPUTS
-
-    run = embedded.job_dir(job_id)
-    present = {output.name for output in OUTPUTS if (run / output.name).is_file()}
-    assert expected <= present
-    listed = {item["name"]: item for item in embedded.client.get(f"/api/v1/jobs/{job_id}/artifacts").json()["data"]}
-    assert present <= set(listed)
-    for name in present:
-        assert listed[name]["size"] == (run / name).stat().st_size
-        digest = hashlib.sha256()
-        with embedded.client.stream("GET", listed[name]["url"]) as response:
-            assert response.status_code == 200, name
-            for chunk in response.iter_bytes():
-                digest.update(chunk)
-        assert digest.hexdigest() == sha256((run / name).read_bytes()), name
-
-
 def test_a_nas_job_s_outputs_are_listed_downloadable_and_linked(embedded: Embedded) -> None:
     job = submit(embedded, nas_document(train={"epochs": 1}))
     nas_outputs = {"architecture.json", "searched_model.pt", "student.pt", "summary.json", "phases.json"}
-    assert_outputs_download(embedded, job["id"], nas_outputs | {"plan.json", "spec.json", "events.jsonl"})
+    assert_outputs_download(
+        embedded.client,
+        embedded.job_dir(job["id"]),
+        job["id"],
+        nas_outputs | {"plan.json", "spec.json", "events.jsonl"},
+    )
     page = embedded.client.get(f"/jobs/{job['id']}").text
     for name in ("architecture.json", "searched_model.pt"):
         assert f'href="/api/v1/jobs/{job["id"]}/artifacts/{name}"' in page
@@ -130,7 +117,9 @@ def test_a_compression_job_s_compressed_model_downloads(embedded: Embedded) -> N
         "schedule": {"mode": "tr_dpu", "nproc": 1, "profile": False},
     }
     job = submit(embedded, document)
-    assert_outputs_download(embedded, job["id"], {"compressed_model.pt", "student.pt", "summary.json"})
+    assert_outputs_download(
+        embedded.client, embedded.job_dir(job["id"]), job["id"], {"compressed_model.pt", "student.pt", "summary.json"}
+    )
 
 
 def test_a_finetune_job_streams_its_telemetry_and_evaluations_and_offers_its_outputs(embedded: Embedded) -> None:
@@ -149,28 +138,31 @@ def test_a_finetune_job_streams_its_telemetry_and_evaluations_and_offers_its_out
     assert body["total"] == len(steps) == 6  # 3 steps on each of the 2 stages, every one stored once
     assert [e["epoch"] for e in body["evals"]] == [1] and 0 <= body["evals"][0]["top1"] <= 1
     outputs = {"finetuned_model.pt", "finetuned_model.pt2", "teacher.pt", "finetune_plan.json", "summary.json"}
-    assert_outputs_download(embedded, job["id"], outputs)
+    assert_outputs_download(embedded.client, embedded.job_dir(job["id"]), job["id"], outputs)
     summary = json.loads((run / "summary.json").read_text())["finetune"]
     assert summary["strategy"] == "gpipe" and set(summary["phase_s"]) == {"plan_finetune", "finetune", "evaluate"}
 
 
-def test_a_language_model_trained_here_downloads_as_a_model_folder_and_is_the_next_job_s_teacher(
-    embedded: Embedded,
+def submitted_example(name: str, *overrides: str) -> dict[str, Any]:
+    """What `pipebd submit examples/NAME --set OVERRIDE...` posts: the bundled file as shipped, overridden."""
+    from app.cli.remote import spec_document
+
+    return dict(
+        spec_document(argparse.Namespace(spec=ROOT / "examples" / name, set=list(overrides), nproc=None, mode=None))
+    )
+
+
+def test_the_bundled_language_model_examples_run_chained_through_the_service_and_download(
+    embedded: Embedded, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """examples/tiny-llama-teacher.yaml, then examples/tiny-llama-text.yaml naming the teacher that job wrote
+    (as the examples' comments say), through the API and a worker with the default data roots; only their step
+    counts are shrunk. The teacher downloads as a model folder, the distillation's outputs byte for byte."""
     import io
     import tarfile
 
-    from tests.transformer_specs import TINY_LLAMA, transformer_document, write_text
-
-    root = write_text(Path(embedded.settings.data_roots) / "tiny-text")
-    document = {
-        "name": "tiny-llama-teacher",
-        "workload": {"kind": "train", "config": TINY_LLAMA},
-        "data": {"dataset": "text", "root": str(root), "seq_len": 8, "batch_size": 8, "eval_samples": 8},
-        "schedule": {"nproc": 1},
-        "finetune": {"strategy": "ddp", "epochs": 1, "max_steps": 2, "lr": 0.1, "profile": False},
-    }
-    job = submit(embedded, document)
+    monkeypatch.chdir(ROOT)  # as `make run` runs: the examples' `data.root: docs` is the checkout's
+    job = submit(embedded, submitted_example("tiny-llama-teacher.yaml", "finetune.max_steps=2"))
     model = embedded.job_dir(job["id"]) / "teacher_model"
     files = {p.relative_to(model.parent).as_posix(): p.read_bytes() for p in model.rglob("*") if p.is_file()}
     assert {"teacher_model/config.json", "teacher_model/model.safetensors"} <= set(files)
@@ -183,5 +175,8 @@ def test_a_language_model_trained_here_downloads_as_a_model_folder_and_is_the_ne
     page = embedded.client.get(f"/jobs/{job['id']}").text
     assert f'href="/api/v1/jobs/{job["id"]}/artifacts/teacher_model.tar"' in page
     # the next job names it where this server wrote it: the runs folder counts as inside the data roots
-    distil = transformer_document(root, workload={"teacher": str(model), "config": None})
-    assert submit(embedded, distil)["state"] == "succeeded"
+    teacher = ("workload.teacher=" + str(model), "workload.config=null")
+    distilled = submit(embedded, submitted_example("tiny-llama-text.yaml", *teacher, "train.max_steps=2"))
+    assert distilled["spec"]["workload"]["teacher"] == str(model) and distilled["spec"]["data"]["root"] == "docs"
+    outputs = {"student.pt", "distilled_state.pt", "summary.json", "plan.json", "spec.json", "events.jsonl"}
+    assert_outputs_download(embedded.client, embedded.job_dir(distilled["id"]), distilled["id"], outputs)

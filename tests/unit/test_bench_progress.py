@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipebd_core.bench.arms import rotate, rotation
-from pipebd_core.bench.fit import LAUNCH_S, MIN_REPEATS, MIN_STEPS, fit, predicted_s
+from pipebd_core.bench.fit import LAUNCH_S, MIN_REPEATS, MIN_STEPS, Budget, budget, fit, predicted_s
 from pipebd_core.bench.report import render
 from pipebd_core.documents.bench_record import ArmRun, BenchRecord
 from pipebd_core.spec import Spec, SpecError
@@ -77,6 +77,25 @@ def test_minutes_choose_steps_and_repeats_within_the_budget() -> None:
         fit(step_s, minutes=1, max_steps=40)
     few = fit(step_s, minutes=4, max_steps=4)  # fewer steps asked for than MIN_STEPS: those, if they fit
     assert few.steps == 4 and few.predicted_s <= 4 * 60
+
+
+def test_a_bench_s_budget_is_the_steps_asked_for_or_those_its_minutes_fit_said_on_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    step_s = {"dp": 0.5, "tr_dpu": 0.3, "bound": 0.6}
+    asked: list[int] = []
+
+    def predicted() -> dict[str, float]:
+        asked.append(1)
+        return step_s
+
+    assert budget(40, 3, None, None, predicted) == Budget(40, 3, None) and asked == []  # predicted for --minutes only
+    resumed = BenchRecord.model_construct(fitted="--minutes 5: what it chose")  # a resumed record keeps its choice
+    assert budget(12, 4, None, resumed, predicted) == Budget(12, 4, "--minutes 5: what it chose")
+    assert capsys.readouterr().err == ""
+    chosen = fit(step_s, minutes=5, max_steps=40)
+    assert budget(40, 3, 5, None, predicted) == Budget(chosen.steps, chosen.repeats, chosen.says()) and asked == [1]
+    assert capsys.readouterr().err == f"pipebd: {chosen.says()}\n"
 
 
 def test_a_record_with_runs_left_reports_itself_incomplete_and_resume_refuses_what_it_cannot(tmp_path: Path) -> None:

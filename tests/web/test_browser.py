@@ -1,10 +1,11 @@
 """Browser tier: Debian's Chromium driven by Playwright against the real service, `pipebd up` (API,
 worker, SQLite database and broker) running real torchrun jobs of 2 gloo ranks on the CPU.
 
-One service for the module. A job is submitted through the form (after a bad field was shown next
-to its line, the page fitting a phone screen) and followed on its page until `succeeded` while the
-loss chart gains points without a reload; the schedules have one row per rank and the bottleneck is
-named; a running job is cancelled from the list with the keyboard; the compare page shows both, each
+One service for the module. A job is submitted through the form (the README's quick-start example,
+examples/tiny-custom.yaml as the form offers it, after a bad field was shown next to its line, the page
+fitting a phone screen) and followed on its page until `succeeded` while the loss chart gains points
+without a reload, its outputs then downloading byte for byte; the schedules have one row per rank and
+the bottleneck is named; a running job is cancelled from the list with the keyboard; the compare page shows both, each
 measured one with a numeric speed-up and its mode as submitted (the values themselves are checked
 from known telemetry in test_pages.py). No console errors; screenshots go to test-output/.
 """
@@ -22,6 +23,8 @@ import httpx
 import pytest
 
 from app.core.states import FINAL
+from tests.helpers import ROOT
+from tests.service.downloads import assert_outputs_download
 from tests.service.factories import long_job, tiny_job
 from tests.service.workers import wait_for
 from tests.web.browser import DESKTOP, NETWORK_ERROR, PHONE, Watched, pipebd_up, watched_page
@@ -82,7 +85,7 @@ def submit_bad_then_good(watched: Watched) -> int:
     wait_until_ready(watched)
     editor = page.locator("#spec")
     example = editor.input_value()
-    assert "name: tiny-custom" in example and "  nproc: 2" in example
+    assert example == (ROOT / "examples" / "tiny-custom.yaml").read_text()  # the README's quick-start example
     bad = example.replace("  nproc: 2", "  nproc: 0")
     editor.fill(bad)
     page.click("#submit-job")
@@ -108,7 +111,7 @@ def submit_bad_then_good(watched: Watched) -> int:
     return int(page.url.rsplit("/", 1)[1])
 
 
-def test_submit_through_the_form_and_watch_the_job_to_success(browser: Any, service: str) -> None:
+def test_submit_through_the_form_and_watch_the_job_to_success(browser: Any, service: str, dashboard_dir: Path) -> None:
     with watched_page(browser, service) as watched:
         job_id = submit_bad_then_good(watched)
         wait_until_ready(watched)
@@ -145,6 +148,9 @@ def test_submit_through_the_form_and_watch_the_job_to_success(browser: Any, serv
         )
         assert page.locator("#plan-grid tbody tr").count() == 2 and page.locator("#alternatives").count() == 1
         assert page.locator("#artifact-list a", has_text="student.pt").count() == 1
+        with httpx.Client(base_url=service, timeout=30) as client:  # and each output downloads byte for byte
+            run = dashboard_dir / "data" / "runs" / f"job-{job_id}"
+            assert_outputs_download(client, run, job_id, {"student.pt", "summary.json", "plan.json", "events.jsonl"})
         page.check("#loss-range")  # each point's min and max loss join the chart
         assert page.locator("#chart-loss .u-legend", has_text="block 0 max").count() == 1
         log = page.locator("#log-text").inner_text()  # read from the run directory (a tiny job writes nothing)
