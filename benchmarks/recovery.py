@@ -4,8 +4,8 @@ steps lost (pipebd_core/bench/recovery.py says what each figure is).
 The real service on this machine: the API (in-process, its reaper included), PostgreSQL (127.0.0.1:5432, a
 database of its own), Redis (127.0.0.1:6379, database 11, flushed) and two `pipebd worker` processes standing for
 two hosts (`--host-id host-a`, `host-b`, on loopback), as tests/service/test_multinode_service.py runs them. Each
-run submits a 2-node x 1-rank job with `elastic: {min_nodes: 1}` (the chaos tier's slowed tiny job: 48 steps
-of about 0.1 s, checkpointed every 2), and once a third of its distillation is done takes its second node away
+run submits a 2-node x 1-rank job with `elastic: {min_nodes: 1}` (the chaos tier's slowed tiny job: 100 steps
+of about 0.1 s, checkpointed every 2), and once a quarter of its distillation is done takes its second node away
 for good: `kill` SIGKILLs that node's worker, `preempt` sends it SIGTERM. The worker comes back only for the
 next run.
 
@@ -49,7 +49,7 @@ STALE_S = 4.0  # node 0 stops the job when the other seat is silent this long (h
 BOUND_S = 3.0  # a gang short of seats this long runs with those it has
 REAPER_STALE_S = 15.0  # the API's reaper waits longer: a silent follower is node 0's to report
 REDIS_DB = 11
-EPOCHS = 12  # 4 steps each
+EPOCHS = 25  # 4 steps each: the job still distils when node 0 hears of a kill
 JOB_TIMEOUT_S = 240
 ALLOW = "pipebd_core.workloads,tests.service.slow_data"
 
@@ -95,9 +95,9 @@ def distill_lines(run_dir: RunDir) -> list[DistillLine]:
 
 
 def take_node_away(cluster: Cluster, job_id: int, event: Event) -> float:
-    """Once a third of the distillation is done: the second node's worker killed or told to stop, for good;
+    """Once a quarter of the distillation is done: the second node's worker killed or told to stop, for good;
     when that happened."""
-    distilling = lambda: (job := cluster.job(job_id))["phase"] == "distill" and job["phase_progress"] > 0.33  # noqa: E731
+    distilling = lambda: (job := cluster.job(job_id))["phase"] == "distill" and job["phase_progress"] > 0.25  # noqa: E731
     wait_for(distilling, JOB_TIMEOUT_S, "the job to distil", cluster.logs)
     follower = next(seat["host"] for seat in cluster.job(job_id)["gang"] if seat["node"] == 1)
     worker = cluster.workers.pop(follower)

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 from pipebd_core.distill.plan import Plan
 from pipebd_core.documents.distill_plan import PlanDocument
+from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.profile import Profile
 from pipebd_core.job.relaunch import relaunch_declined
 from pipebd_core.planning.distill_costmodel import CostModel
@@ -80,7 +81,11 @@ def consider(
     if more <= 0:
         return None
     nodes = spec.schedule.nodes + more
-    running, grown = step_on(spec, profile, plan, spec.schedule.nodes), step_on(spec, profile, plan, nodes)
+    running = step_on(spec, profile, plan, spec.schedule.nodes)
+    try:
+        grown = step_on(spec, profile, plan, nodes)
+    except PlanError as error:  # e.g. more ranks than blocks for one stage each, or a batch it cannot split
+        return Growth(False, nodes, f"no plan on {nodes} nodes: {error}", running, running, remaining_steps, relaunch_s)
     numbers = (running, grown, remaining_steps, relaunch_s)
     if grown >= running:
         reason = f"on {nodes} nodes the plan is predicted no faster ({grown * 1e3:.1f} ms a step, now"

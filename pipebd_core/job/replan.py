@@ -17,6 +17,10 @@ common step), event `replan_requested`; once they have, `replan` writes the new 
 measured step before and after), event `replanned`; the supervisor launches the phase again and
 every block resumes from its checkpoint. The math does not change: each block trains the same
 steps, on the same batches, with the same learning rates, whichever ranks run it.
+
+An elastic job below its `max_nodes` is also offered free hosts at each calibration (grow.py): when the
+planner predicts the larger gang saves more than a relaunch (the same rule, relaunch.py), the monitor asks the
+ranks to stop (event `grow_requested`) and the supervisor ends the phase `grown` for the caller to requeue.
 """
 
 from __future__ import annotations

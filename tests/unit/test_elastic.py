@@ -161,3 +161,7 @@ def test_a_job_below_its_max_nodes_grows_when_the_planner_predicts_the_saving_ex
     slow_link = fake_profile([1.0] * 4, [1.0] * 4, nproc=1, batch_size=spec.data.batch_size, p2p=10.0)
     no_faster = grow.consider(spec, slow_link, resolve_plan(spec, slow_link).document(), 1, 10, 0.0)
     assert no_faster is not None and not no_faster.grow and "predicted no faster" in no_faster.reason
+    pinned = tiny_spec(schedule={"mode": "tr", "nproc": 3, "profile": True, "elastic": {"max_nodes": 2}})
+    wide = fake_profile([1.0] * 4, [1.0] * 4, nproc=3, batch_size=spec.data.batch_size)
+    too_many = grow.consider(pinned, wide, resolve_plan(pinned, wide).document(), 1, 10, 0.0)
+    assert too_many is not None and not too_many.grow and "no plan on 2 nodes" in too_many.reason  # 6 ranks, 4 blocks
