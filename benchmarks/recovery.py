@@ -150,6 +150,7 @@ def settings_for(folder: Path, database: str) -> Settings:
 
 
 def measure(repeats: int) -> RecoveryRecord:
+    measured_at = commit()  # the code the runs ran (the tree left as it is while they run)
     database = create_database(POSTGRES_DEFAULT)
     broker = redis.Redis.from_url(f"{REDIS_DEFAULT}/{REDIS_DB}")
     broker.flushdb()
@@ -169,7 +170,7 @@ def measure(repeats: int) -> RecoveryRecord:
         broker.flushdb()
     document = slow_job("shape")
     return RecoveryRecord(
-        commit=commit(),
+        commit=measured_at,
         machine=machine(),
         checkpoint_every=document["train"]["checkpoint_every"],
         total_steps=EPOCHS * 4,
