@@ -22,10 +22,12 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 import redis
 from fastapi.testclient import TestClient
 
@@ -37,6 +39,7 @@ from app.core.settings import Settings  # noqa: E402
 from app.main import create_app  # noqa: E402
 from pipebd_core.bench.conditions import LoadMeter, commit, machine  # noqa: E402
 from pipebd_core.bench.recovery import Event, RecoveryRecord, RecoveryRun, render_recovery  # noqa: E402
+from pipebd_core.documents.bench_record import SHARED_CORES, Load  # noqa: E402
 from pipebd_core.documents.telemetry import DistillLine  # noqa: E402
 from pipebd_core.rundir import RunDir  # noqa: E402
 from tests.chaos.jobs import slow_job  # noqa: E402
@@ -54,11 +57,47 @@ JOB_TIMEOUT_S = 240
 ALLOW = "pipebd_core.workloads,tests.service.slow_data"
 
 
+class OutsideTree:
+    """CPU the runs cause outside the bench's process tree, which the load meter would count as other processes':
+    the PostgreSQL backends serving the bench's own database, and the ranks a SIGKILLed worker leaves behind
+    (`adopt`). Sampled every SAMPLE_S while they live; what a process used after its last sample errs high."""
+
+    SAMPLE_S = 0.2
+
+    def __init__(self, database: str) -> None:
+        self.database = database.rsplit("/", 1)[-1]
+        self.adopted: list[psutil.Process] = []
+        self.used: dict[int, float] = {}  # pid -> CPU seconds at its last sample
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def adopt(self, processes: list[psutil.Process]) -> None:
+        self.adopted += processes
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.SAMPLE_S):
+            backends = [
+                p for p in psutil.process_iter(["cmdline"]) if self.database in " ".join(p.info["cmdline"] or [])
+            ]
+            for process in backends + self.adopted:
+                try:
+                    times = process.cpu_times()
+                except psutil.Error:
+                    continue
+                self.used[process.pid] = times.user + times.system
+
+    def seconds(self) -> float:
+        self.stopped.set()
+        self.thread.join()
+        return sum(self.used.values())
+
+
 class Cluster:
     """The API and one worker per host, each started when a run needs it."""
 
-    def __init__(self, client: TestClient, settings: Settings) -> None:
-        self.client, self.settings = client, settings
+    def __init__(self, client: TestClient, settings: Settings, outside: OutsideTree) -> None:
+        self.client, self.settings, self.outside = client, settings, outside
         self.workers: dict[str, WorkerProcess] = {}
 
     def start_missing(self) -> None:
@@ -103,6 +142,7 @@ def take_node_away(cluster: Cluster, job_id: int, event: Event) -> float:
     worker = cluster.workers.pop(follower)
     notice = datetime.now().timestamp()
     if event == "kill":
+        cluster.outside.adopt(psutil.Process(worker.process.pid).children(recursive=True))  # its ranks live on
         os.kill(worker.process.pid, signal.SIGKILL)
         worker.process.wait()
     else:
@@ -154,12 +194,12 @@ def measure(repeats: int) -> RecoveryRecord:
     database = create_database(POSTGRES_DEFAULT)
     broker = redis.Redis.from_url(f"{REDIS_DEFAULT}/{REDIS_DB}")
     broker.flushdb()
-    meter = LoadMeter.open()
+    meter, outside = LoadMeter.open(), OutsideTree(database)
     try:
         with tempfile.TemporaryDirectory() as folder:
             settings = settings_for(Path(folder), database)
             with TestClient(create_app(settings)) as client:
-                cluster = Cluster(client, settings)
+                cluster = Cluster(client, settings, outside)
                 try:
                     runs = [one_run(cluster, event, n) for n in range(repeats) for event in ("kill", "preempt")]
                 finally:
@@ -168,6 +208,8 @@ def measure(repeats: int) -> RecoveryRecord:
     finally:
         drop_database(POSTGRES_DEFAULT, database)
         broker.flushdb()
+    load, outside_s = meter.load(), outside.seconds()
+    others = max(0.0, load.other_cores - outside_s / load.wall_s)
     document = slow_job("shape")
     return RecoveryRecord(
         commit=measured_at,
@@ -178,7 +220,8 @@ def measure(repeats: int) -> RecoveryRecord:
         gang_bound_s=BOUND_S,
         preempt_grace_s=settings.preempt_grace_s,
         runs=runs,
-        load=meter.load(),
+        outside_tree_cpu_s=outside_s,
+        load=Load(wall_s=load.wall_s, other_cores=others, shared=others > SHARED_CORES),
     )
 
 

@@ -49,6 +49,9 @@ class RecoveryRecord(Part):
     gang_bound_s: float  # a gang still short of seats this long runs with those it has (>= min_nodes)
     preempt_grace_s: float
     runs: list[RecoveryRun]
+    # CPU the runs caused outside the bench's process tree, counted as its own in `load`: the PostgreSQL backends
+    # of its database and the ranks a killed worker left behind (no longer anyone's children)
+    outside_tree_cpu_s: float
     load: Load  # the node while every run ran
 
 
