@@ -73,7 +73,7 @@ def render_recovery(record: RecoveryRecord) -> str:
     lines = [
         f"Commit `{record.commit}`; {record.total_steps} steps, checkpointed every {record.checkpoint_every};"
         f" seat silent after {record.stale_after_s:g} s, gang bound {record.gang_bound_s:g} s, preemption grace"
-        f" {record.preempt_grace_s:g} s; other processes used {record.load.other_cores:.2f} cores ({shared}).",
+        f" {record.preempt_grace_s:g} s; other processes used {record.load.other_cores:.3f} cores ({shared}).",
         "",
         "| node lost by | runs | to the attempt's end (median) | to training again (median, range) |"
         " steps lost (most, each run) |",
