@@ -15,8 +15,8 @@ Elastic jobs and preemption (docs/multinode.md, docs/lifecycle.md): a 2-node x 1
 `elastic.min_nodes: 1` whose second node's worker is SIGKILLed and never comes back resumes on the first node
 alone, re-planned, and ends with the oracle's students; a 1-node job with `elastic.max_nodes: 2` takes the 2-node
 gang once a second host's worker starts (attempt `grown`) and ends with the oracle's students; a worker sent SIGTERM
-mid-distillation checkpoints its
-job at a step boundary, the attempt is `preempted` (no restart used), and the resumed job stores every step once;
+mid-distillation checkpoints its job at a step boundary, the attempt is `preempted` (no restart used), and the
+resumed job stores every step once;
 so does a 2-node job whose follower's worker is sent SIGTERM (node 0 stops every node's ranks at the boundary).
 """
 
