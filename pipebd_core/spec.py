@@ -384,7 +384,8 @@ class ElasticSpec(_Strict):
     """How far a job on several nodes may shrink when it loses nodes (docs/multinode.md, "Elastic jobs")."""
 
     min_nodes: int = Field(1, ge=1, le=64)  # the fewest nodes it goes on with, re-planned, after losing some
-    max_nodes: int | None = Field(None, ge=1, le=64)  # the most it runs on; None: schedule.nodes
+    # the most it runs on (None: schedule.nodes); above `nodes`, a job running smaller is offered a larger gang
+    max_nodes: int | None = Field(None, ge=1, le=64)
 
 
 class ScheduleSpec(_Strict):
@@ -431,9 +432,10 @@ class ScheduleSpec(_Strict):
     @model_validator(mode="after")
     def _nodes_fit(self) -> ScheduleSpec:
         """What a job on several nodes does not do yet (docs/multinode.md): re-plan mid-run."""
-        if self.nodes > 1 and self.replan:
+        most = self.nodes if self.elastic is None or self.elastic.max_nodes is None else self.elastic.max_nodes
+        if most > 1 and self.replan:
             raise ValueError(
-                f"replan: a job on {self.nodes} nodes runs the plan it starts with (re-planning across nodes is"
+                f"replan: a job on up to {most} nodes runs the plan it starts with (re-planning across nodes is"
                 " not built yet); remove replan"
             )
         if self.elastic is not None:
@@ -441,16 +443,18 @@ class ScheduleSpec(_Strict):
         return self
 
     def _check_elastic(self, elastic: ElasticSpec) -> None:
-        """Elastic bounds the job can run within: at most `nodes`, and enough ranks for pinned stages."""
+        """Elastic bounds the job can run within: min_nodes <= nodes <= max_nodes, and enough ranks for pinned
+        stages."""
         if elastic.min_nodes > self.nodes:
             raise ValueError(
                 f"elastic.min_nodes: {elastic.min_nodes} is above schedule.nodes ({self.nodes}): a job cannot need"
                 f" more nodes than it asks for; use min_nodes {self.nodes} or fewer"
             )
-        if elastic.max_nodes is not None and elastic.max_nodes != self.nodes:
+        if elastic.max_nodes is not None and elastic.max_nodes < self.nodes:  # min_nodes is at most nodes
+            below_min = f" and elastic.min_nodes ({elastic.min_nodes})" if elastic.max_nodes < elastic.min_nodes else ""
             raise ValueError(
-                f"elastic.max_nodes: {elastic.max_nodes} differs from schedule.nodes ({self.nodes}); growing past"
-                f" the nodes a job asks for is not built yet: use max_nodes {self.nodes}, or leave it out"
+                f"elastic.max_nodes: {elastic.max_nodes} is below schedule.nodes ({self.nodes}){below_min}: a job"
+                f" asks for `nodes` and may grow up to max_nodes; use max_nodes {self.nodes} or more, or leave it out"
             )
         if self.stages and elastic.min_nodes * self.nproc < len(self.stages):
             fewest = -(-len(self.stages) // self.nproc)
@@ -462,9 +466,13 @@ class ScheduleSpec(_Strict):
 
     def on_nodes(self, nodes: int) -> ScheduleSpec:
         """This schedule on `nodes` nodes (an elastic job resumed on the nodes it has now): pinned stages keep
-        their cuts and give up or take back replicas, largest first, so the ranks still fill them."""
+        their cuts and give up or take back replicas, largest first, so the ranks still fill them. An elastic
+        job keeps its ceiling: `max_nodes` left out was the nodes it asked for, so it may grow back to them."""
         stages = None if self.stages is None else fit_replicas(self.stages, nodes * self.nproc)
-        return self.model_copy(update={"nodes": nodes, "stages": stages})
+        elastic = self.elastic
+        if elastic is not None and elastic.max_nodes is None:
+            elastic = elastic.model_copy(update={"max_nodes": self.nodes})
+        return self.model_copy(update={"nodes": nodes, "stages": stages, "elastic": elastic})
 
     @property
     def world_size(self) -> int:

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sqlmodel import Session
+
 from app.core import attempts, gangs
 from app.core.database import session_scope
 from app.core.settings import Settings
@@ -132,6 +134,9 @@ class GangLeader(JobRunner):
         if beating:
             with session_scope(self.database) as session:
                 gangs.beat(session, self.seat.id)
+
+    def job_hosts(self, session: Session) -> list[str]:
+        return [seat.host for seat in gangs.seats(session, self.job_id)]
 
     def leaving_node(self) -> str | None:
         if self.nodes == 1 or time.time() - self.last_leaving_look < self.settings.heartbeat_s:

@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from sqlalchemy import update
-from sqlmodel import col
+from sqlmodel import Session, col
 
+from app.core import gangs
 from app.core.attempts import record_plan, record_resume, record_shape
 from app.core.database import DATABASE_DOWN, persist, session_scope
 from app.core.job_phases import PhaseEntry, phase_entries
@@ -306,6 +307,22 @@ class JobRunner:
         """Another node of the job whose worker was told to stop, in words (worker/gang.py); never on one node."""
         return None
 
+    def free_nodes(self) -> int:
+        """How many more hosts could join this job now (pipebd_core/job/grow.py); 0 while the database is down."""
+        try:
+            with session_scope(self.database) as session:
+                job = session.get(Job, self.job_id)
+                if job is None:
+                    return 0
+                seen_after = now() - 3 * self.settings.heartbeat_s  # a worker that missed beats is not offered
+                return gangs.free_hosts(session, job, self.job_hosts(session), seen_after)
+        except DATABASE_DOWN:
+            return 0
+
+    def job_hosts(self, session: Session) -> list[str]:
+        """The hosts the job runs on now: this one (a gang's node 0 names every seat's, worker/gang.py)."""
+        return [self.settings.host_id]
+
     def heartbeat(self, force: bool = False) -> None:
         if force or time.time() - self.last_heartbeat >= self.settings.heartbeat_s:
             record(self.database, self.job_id, heartbeat_at=now())
@@ -371,6 +388,7 @@ class JobRunner:
             extra_env=self.extra_env,
             node=self.node_role(),
             isolate=True,  # this process lives on: it never builds a network or loads a data set itself
+            free_nodes=self.free_nodes,  # an elastic job below its max_nodes is offered free hosts (grow.py)
         )
         state = FAILED  # unless the supervisor returns and the end is recorded
         try:
@@ -409,6 +427,7 @@ class JobRunner:
                 outcome.termination,
                 server_max_restarts=self.settings.max_restarts,
                 exit_code=outcome.exit_code,
+                grow_to=outcome.grow_to,
             )
         if settled is not None and settled.state == QUEUED:
             log.warning("job %s requeued (%s)", self.job_id, outcome.reason)

@@ -6,7 +6,6 @@ The API reads these rows to say why a queued job waits and to export worker hear
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 
 from sqlalchemy import func
@@ -25,13 +24,13 @@ def announce(settings: Settings, devices: int, queues: list[str]) -> None:
     with session_scope(settings.database) as session:
         row = session.get(Worker, settings.worker_name) or Worker(
             name=settings.worker_name,
-            host=socket.gethostname(),
+            host=settings.host_id,
             devices=devices,
             slots=settings.worker_slots,
             queues="",
         )
-        row.host, row.devices, row.slots, row.queues = (
-            socket.gethostname(),
+        row.host, row.devices, row.slots, row.queues = (  # the host as gangs name it (`pipebd worker --host-id`)
+            settings.host_id,
             devices,
             settings.worker_slots,
             ",".join(queues),

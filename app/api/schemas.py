@@ -371,7 +371,8 @@ class AttemptPublic(BaseModel):
     outcome: str | None = Field(
         description="What the job became: succeeded, failed, cancelled, paused, requeued (it went back to the"
         " queue to resume from its checkpoints after an infrastructure fault) or preempted (its worker was told to"
-        " stop: the ranks checkpointed at a step boundary and the job went back to the queue, no restart used)"
+        " stop: the ranks checkpointed at a step boundary and the job went back to the queue, no restart used) or"
+        " grown (an elastic job below its max_nodes took a larger gang: checkpointed and requeued the same way)"
     )
     reason: str | None = Field(description="Why (a termination reason: worker_lost, rank_killed, user_paused, ...)")
     resumed_from: list[int] | None = Field(
@@ -386,7 +387,7 @@ class AttemptPublic(BaseModel):
     note: str | None = Field(
         None,
         description="How it ran differently from the attempt before: 'resumed on 1 node x 2 ranks (was 2 x 2),"
-        " plan 0-6 | 7-12' (an elastic job that lost nodes); null when on the same shape",
+        " plan 0-6 | 7-12' (an elastic job that lost or gained nodes); null when on the same shape",
     )
 
     @field_serializer("started_at", "ended_at")

@@ -2,7 +2,8 @@
 
 The lifecycle (app/core/lifecycle.py) opens one when a worker claims the job (`queued -> starting`) and
 closes it when the job moves off the worker (succeeded, failed, cancelled, paused, requeued after a
-fault, or preempted: its worker was told to stop and checkpointed it), in the same transaction as the move;
+fault, preempted: its worker was told to stop and checkpointed it, or grown: an elastic job that took a larger
+gang), in the same transaction as the move;
 the worker adds where each block resumed from and the shape it ran on (nodes, ranks per node, the plan's
 cut: `shape_note` words a change, an elastic job's), and node 0 of a job on several nodes the host of every
 node (`rank_hosts` says which host ran each rank).
@@ -33,13 +34,17 @@ def update_open(session: Session, job_id: int, **values: object) -> None:
 
 PREEMPTED = "preempted"  # an attempt whose worker was told to stop (SIGTERM): requeued without using a restart
 PREEMPTION_REASONS = frozenset({"worker_shutdown"})
+GROWN = "grown"  # an elastic job's attempt stopped to take a larger gang (pipebd_core/job/grow.py): no restart used
 
 
 def closing_outcome(target: str, reason: str | None) -> str:
     """How an attempt ended when the job moved to `target` for `reason`: the state it moved to, `requeued`
-    for a move back to the queue, `preempted` when its worker was told to stop (docs/lifecycle.md)."""
+    for a move back to the queue, `preempted` when its worker was told to stop, `grown` when it stopped to take
+    a larger gang (docs/lifecycle.md)."""
     if target != QUEUED:
         return target
+    if reason == GROWN:
+        return GROWN
     return PREEMPTED if reason in PREEMPTION_REASONS else "requeued"
 
 

@@ -31,7 +31,8 @@ from sqlmodel import Session, col, select
 from app.core.database import session_scope
 from app.core.limits import hold
 from app.core.states import QUEUED
-from app.core.tables import GangSeat, Job, JobAttempt, now
+from app.core.tables import GangSeat, Job, JobAttempt, Worker, now
+from pipebd_core.spec import parse_spec
 
 GANG_LOCK = "gangs"  # the limit_state row every gang claim holds while it counts and takes seats
 GANG_BOUND_S = 60.0  # how long a seated worker waits for the rest of its gang before the gang is released
@@ -178,8 +179,19 @@ def publish_endpoint(session: Session, job_id: int, endpoint: str) -> None:
 
 
 def wanted_nodes(job: Job) -> int:
-    """The nodes a job's next gang asks for: an elastic job's full size again (it shrinks only at the bound)."""
-    return job.max_nodes if job.max_nodes is not None else job.nodes
+    """The nodes a job's next gang asks for after a fault: an elastic job's requested size again (its spec's
+    `schedule.nodes`: it shrinks only at the bound, and grows only when a larger gang pays, grow.py)."""
+    return parse_spec(job.spec).schedule.nodes if job.max_nodes is not None else job.nodes
+
+
+def free_hosts(session: Session, job: Job, busy_hosts: Collection[str], seen_after: float) -> int:
+    """How many hosts could join `job`'s gang now (an elastic job that may grow, pipebd_core/job/grow.py): hosts
+    with a worker seen since `seen_after` that runs nothing, consumes the job's queue and has its ranks' devices,
+    sitting in no gang and not among `busy_hosts` (the job's own)."""
+    alive = select(Worker).where(Worker.last_seen >= seen_after, Worker.running == 0, Worker.devices >= job.nproc)
+    seated = set(session.exec(select(GangSeat.host)).all())
+    idle = {worker.host for worker in session.exec(alive).all() if job.queue in worker.queues.split(",")}
+    return len(idle - seated - set(busy_hosts))
 
 
 def waiting_for(session: Session, job: Job) -> str | None:

@@ -30,7 +30,7 @@ from typing import TypedDict, Unpack
 from sqlalchemy import update
 from sqlmodel import Session
 
-from app.core.attempts import close_attempt, closing_outcome, open_attempt
+from app.core.attempts import GROWN, close_attempt, closing_outcome, open_attempt
 from app.core.gangs import wanted_nodes
 from app.core.states import (
     ACTIVE,
@@ -189,12 +189,12 @@ def requeue(
     on fewer nodes asks for all of its nodes again (app/core/gangs.py `wanted_nodes`)."""
     changes: JobChanges = {**REQUEUE_CLEARS, **fields}
     job = session.get(Job, job_id)
-    if job is not None and job.max_nodes is not None:
+    if job is not None and job.max_nodes is not None and "nodes" not in fields:
         changes["nodes"] = wanted_nodes(job)
     return transition(session, job_id, QUEUED, expected, note=note, **changes)
 
 
-STOPPED_TO_KEEP = frozenset({"user_paused", "worker_shutdown"})  # stops that checkpoint the ranks first
+STOPPED_TO_KEEP = frozenset({"user_paused", "worker_shutdown", GROWN})  # stops that checkpoint the ranks first
 ENDS_A_PAUSE = STOPPED_TO_KEEP | {"worker_lost"}  # a pausing job stopped by one of these is as paused as it gets
 
 
@@ -215,6 +215,7 @@ def settle(
     server_max_restarts: int,
     exit_code: int | None = None,
     may_requeue: bool = True,
+    grow_to: int | None = None,
 ) -> Settled | None:
     """Record how a launched job's run ended, its processes gone: the worker's end of a run and the reaper's
     end of one whose worker died. None when the job had moved elsewhere meanwhile (deleted, ended, reaped).
@@ -223,6 +224,7 @@ def settle(
         pausing, stopped by the pause, a shutdown or its worker's loss  -> paused (its checkpoints stay)
         cancelling, stopped by a pause or a shutdown                   -> cancelled (the cancel came after)
         starting or running, stopped by its worker shutting down       -> queued, no restart used
+        starting or running, stopped to take a larger gang (`grow_to`)  -> queued for it, no restart used
         succeeded                                                      -> succeeded
         a fault of the machine, restarts left (`may_requeue`)          -> queued, one restart used
         otherwise                                                      -> failed or cancelled, with the reason
@@ -231,7 +233,7 @@ def settle(
     if job is None or job.state not in ACTIVE:
         return None
     reason = termination.reason if termination else None
-    moved = _settle_stop(session, job, reason) or _settle_requeue(
+    moved = _settle_stop(session, job, reason, grow_to) or _settle_requeue(
         session, job, termination, restart_budget(job, server_max_restarts) if may_requeue else 0
     )
     if moved is None:
@@ -239,8 +241,9 @@ def settle(
     return None if moved is None else Settled(moved, job.queue)
 
 
-def _settle_stop(session: Session, job: Job, reason: str | None) -> str | None:
-    """A run stopped by a pause or a shutdown (or, while pausing, by the loss of its worker)."""
+def _settle_stop(session: Session, job: Job, reason: str | None, grow_to: int | None) -> str | None:
+    """A run stopped by a pause, a shutdown or a larger gang taken (`grow_to` nodes: back to the queue for them),
+    or, while pausing, by the loss of its worker."""
     assert job.id is not None
     if job.state == PAUSING and reason in ENDS_A_PAUSE:
         return (
@@ -252,6 +255,8 @@ def _settle_stop(session: Session, job: Job, reason: str | None) -> str | None:
         cancelled = transition(session, job.id, CANCELLED, [CANCELLING], termination_reason="user_cancelled", pid=None)
         return CANCELLED if cancelled else None
     if reason == "worker_shutdown" and requeue(session, job.id, [STARTING, RUNNING], reason):
+        return QUEUED
+    if reason == GROWN and grow_to is not None and requeue(session, job.id, [STARTING, RUNNING], reason, nodes=grow_to):
         return QUEUED
     return None
 

@@ -74,7 +74,8 @@ class Job(SQLModel, table=True):
     nproc: int  # ranks the job needs per node: it goes to a worker with at least this many devices
     nodes: int = Field(default=1, sa_column_kwargs={"server_default": "1"})  # >1: a gang of workers on as many hosts
     # an elastic job (schedule.elastic): `nodes` is what its next gang needs; a gang that has `min_nodes` seats
-    # at its bound runs with them (app/core/gangs.py), and a requeue asks for `max_nodes` again
+    # at its bound runs with them (app/core/gangs.py), a requeue after a fault asks for its spec's nodes again, and
+    # one running on fewer than `max_nodes` may take a larger gang (pipebd_core/job/grow.py)
     min_nodes: int | None = None
     max_nodes: int | None = None
     queue: str = Field(max_length=64)

@@ -56,7 +56,7 @@ def new_job(spec: Spec, **fields: Any) -> Job:
         nproc=spec.schedule.nproc,
         nodes=spec.schedule.nodes,
         min_nodes=None if spec.schedule.elastic is None else spec.schedule.elastic.min_nodes,
-        max_nodes=None if spec.schedule.elastic is None else spec.schedule.nodes,
+        max_nodes=None if spec.schedule.elastic is None else spec.schedule.elastic.max_nodes or spec.schedule.nodes,
         queue=queue_name(spec.schedule.nproc),
         spec=spec.model_dump(mode="json"),
         priority=spec.priority,

@@ -13,7 +13,8 @@ record (bench.json) renders as `pipebd bench --report` prints it, a service benc
 (`"benchmark": "compare"`, from benchmarks/compare_500.py) as its latency table, a shaped-link result
 (`"benchmark": "shaped_link"`, benchmarks/shaped_link.py) as its predicted-against-measured table, a language
 model result (`"benchmark": "language_model"`, benchmarks/language_model.py) as its perplexity table, a search
-library's trade-off record (`"benchmark": "tradeoff"`, benchmarks/tradeoff.py) as its table of budgets; `pipebd bench
+library's trade-off record (`"benchmark": "tradeoff"`, benchmarks/tradeoff.py) as its table of budgets, a recovery
+record (`"benchmark": "recovery"`, benchmarks/recovery.py) as its table of times to training again; `pipebd bench
 --update-page docs/benchmarks.md` writes it back, and the suite checks that the page equals its
 regeneration, so no figure of a generated section is ever typed.
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipebd_core.bench.machines import machines_table
+from pipebd_core.bench.recovery import RecoveryRecord, render_recovery
 from pipebd_core.bench.report import load_record, render
 from pipebd_core.documents.tradeoff_record import TradeoffRecord, TradeoffRow
 
@@ -67,6 +69,8 @@ def render_file(path: Path) -> str:
         return render_language_model(data)
     if isinstance(data, dict) and data.get("benchmark") == "tradeoff":
         return render_tradeoff(TradeoffRecord.from_json(data))
+    if isinstance(data, dict) and data.get("benchmark") == "recovery":
+        return render_recovery(RecoveryRecord.model_validate(data))
     return render([load_record(path)])
 
 

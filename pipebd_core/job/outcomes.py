@@ -29,6 +29,8 @@ TERMINATION_REASONS: dict[str, str] = {
     "user_paused": "Someone paused the job: its ranks saved every block and stopped; resume continues from there.",
     "node_lost": "Another node of the job failed (its ranks, its worker or its host); this node's ranks were stopped.",
     "worker_shutdown": "Its worker was shut down: the ranks saved every block and the job went back to the queue.",
+    "grown": "More hosts were free: the ranks saved every block and the job went back to the queue to resume on"
+    " a larger gang, re-planned (an elastic job below its max_nodes).",
 }
 
 # Faults of the machine rather than of the job: a job ending by one is requeued and resumes from its checkpoints

@@ -17,6 +17,10 @@ common step), event `replan_requested`; once they have, `replan` writes the new 
 measured step before and after), event `replanned`; the supervisor launches the phase again and
 every block resumes from its checkpoint. The math does not change: each block trains the same
 steps, on the same batches, with the same learning rates, whichever ranks run it.
+
+An elastic job below its `max_nodes` is also offered free hosts at each calibration (grow.py): when the
+planner predicts the larger gang saves more than a relaunch (the same rule, relaunch.py), the monitor asks the
+ranks to stop (event `grow_requested`) and the supervisor ends the phase `grown` for the caller to requeue.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import Any
 from pipebd_core.distill.control import request_stop, stop_step
 from pipebd_core.documents.distill_plan import PlanDocument, Replan
 from pipebd_core.documents.profile import Profile
+from pipebd_core.job import grow
+from pipebd_core.job.relaunch import relaunch_declined
 from pipebd_core.planning import profiles
 from pipebd_core.planning.distill_calibration import Window, calibrate, group_sizes, measured_step_s, steps_covered
 from pipebd_core.planning.distill_costmodel import CostModel
@@ -84,7 +90,6 @@ def decide(
     best = best_plan(model)
     numbers = (measured_s, predicted, current, best.step_s, best.triples())
     off = abs(measured_s - predicted) / predicted if predicted > 0 else float("inf")
-    saved_s = remaining_steps * (current - best.step_s)
     if off <= THRESHOLD:
         reason = f"the prediction held: measured {measured_s * 1e3:.1f} ms a step, predicted {predicted * 1e3:.1f} ms"
     elif best.triples() == current_stages or best.step_s > current * (1 - MARGIN):
@@ -94,11 +99,8 @@ def decide(
         )
     elif replans_done >= max_replans:
         reason = f"a faster plan exists, but the job has re-planned {replans_done} times (schedule.max_replans)"
-    elif saved_s <= relaunch_s:
-        reason = (
-            f"the remaining {remaining_steps} steps would save {saved_s:.1f} s, less than a relaunch"
-            f" ({relaunch_s:.1f} s)"
-        )
+    elif (declined := relaunch_declined(remaining_steps, current, best.step_s, relaunch_s)) is not None:
+        reason = declined
     else:
         gain = 1 - best.step_s / current
         return Decision(True, f"measured {off:.0%} off the prediction; a plan {gain:.0%} faster", *numbers)
@@ -108,8 +110,12 @@ def decide(
 class DistillMonitor:
     """Follows one job's distill phase across its launches (see the module's docstring)."""
 
-    def __init__(self, run_dir: RunDir, spec: Spec, store_calibration: bool = True) -> None:
+    def __init__(
+        self, run_dir: RunDir, spec: Spec, store_calibration: bool = True, free_nodes: grow.FreeNodes | None = None
+    ) -> None:
         self.run_dir, self.spec = run_dir, spec
+        self.free_nodes = free_nodes if grow.room(spec) else None  # who offers an elastic job more nodes (grow.py)
+        self.growing: grow.Growth | None = None  # a larger gang taken: the ranks stop at the next step boundary
         self.store_calibration = store_calibration  # put each calibration into the cached profile too
         self.profile: Profile | None = run_dir.load_profile() if run_dir.profile.exists() else None
         self.window: Window | None = None
@@ -124,7 +130,7 @@ class DistillMonitor:
 
     def launched(self) -> None:
         """The phase's ranks were (re)started: measure from now on."""
-        self.pending = None
+        self.pending, self.growing = None, None
         if self.active:
             self.window = Window.opened(self.run_dir, self.plan.nproc)
             self.launched_at = time.time()
@@ -138,7 +144,7 @@ class DistillMonitor:
         """Read what the ranks wrote; calibrate when a window is ready (and at each epoch boundary).
         `exited`: the ranks have ended, so what they wrote last is read once more (a short run can end
         between two polls) and no re-plan is considered: nothing is left to run."""
-        if self.window is None or self.pending is not None:
+        if self.window is None or self.pending is not None or self.growing is not None:
             return
         self.window.read()
         latest = self.window.latest_step()
@@ -172,13 +178,33 @@ class DistillMonitor:
         self.run_dir.append_event("calibrated", **event)
         if consider_replan and self.spec.schedule.replans and measured is not None and predicted:
             self._consider(plan, model, measured, latest)
+        if consider_replan and self.pending is None and self.free_nodes is not None:
+            self._consider_growth(plan, calibrated, latest)
+
+    def _relaunch_s(self) -> float:
+        """What a relaunch costs: as long as this launch took to reach its first step, or PIPEBD_RELAUNCH_S."""
+        assert self.window is not None
+        if os.environ.get(RELAUNCH_ENV):
+            return float(os.environ[RELAUNCH_ENV])
+        first_lines = [lines[0].time for lines in self.window.lines.values() if lines]
+        return max(first_lines, default=self.launched_at) - self.launched_at
+
+    def _consider_growth(self, plan: PlanDocument, calibrated: Profile, latest: int) -> None:
+        """Take a larger gang when hosts are free and the planner predicts it pays (grow.py)."""
+        assert self.free_nodes is not None
+        free = self.free_nodes()
+        remaining = plan.total_steps - latest - 1
+        growth = grow.consider(self.spec, calibrated, plan, free, remaining, self._relaunch_s())
+        if growth is None:
+            return
+        if growth.grow:
+            self.growing = growth
+            request_stop(self.run_dir, grow.GROWN)
+        self.run_dir.append_event("grow_requested" if growth.grow else "grow_declined", step=latest, **growth.event())
 
     def _consider(self, plan: PlanDocument, model: CostModel, measured: float, latest: int) -> None:
         assert self.window is not None
-        first_lines = [lines[0].time for lines in self.window.lines.values() if lines]
-        relaunch_s = max(first_lines, default=self.launched_at) - self.launched_at
-        if os.environ.get(RELAUNCH_ENV):
-            relaunch_s = float(os.environ[RELAUNCH_ENV])
+        relaunch_s = self._relaunch_s()
         done = len(plan.details.replans)
         remaining = plan.total_steps - latest - 1
         assert plan.predictions is not None, "only a plan with predictions is re-planned"

@@ -34,6 +34,7 @@ from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import DISTILL, TRAINING_PHASES, PhaseOutcome, PhaseRecord
 from pipebd_core.job import launch
 from pipebd_core.job.diagnosis import diagnose
+from pipebd_core.job.grow import GROWN, FreeNodes
 from pipebd_core.job.isolated import StepDied
 from pipebd_core.job.nodes import NodeError, NodeLink, NodeRole
 from pipebd_core.job.outcomes import CANCELLED, FAILED, SKIPPED, SUCCEEDED, Result, Termination
@@ -70,6 +71,7 @@ class Outcome:
     termination: Termination | None = None
     exit_code: int | None = None
     phase: str | None = None  # the phase it ended in, when it did not succeed
+    grow_to: int | None = None  # stopped to take a larger gang (grow.py): the nodes it resumes on
 
     @property
     def reason(self) -> str | None:
@@ -116,8 +118,10 @@ class Supervisor:
         node: NodeRole | None = None,
         until: str | None = None,
         isolate: bool = False,
+        free_nodes: FreeNodes | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.free_nodes = free_nodes  # hosts free to join an elastic job that may grow (grow.py); None: never offered
         self.isolate = isolate  # the plan phases in a child process (a long-lived worker's supervisor)
         self.until = until  # the last phase to run (a caller that reads the distill checkpoints itself); None: all
         self.watcher = watcher or Watcher()
@@ -215,14 +219,22 @@ class Supervisor:
         return Outcome(SUCCEEDED)
 
     def _run_process(self, phase: str) -> Outcome:
-        """Run the phase's processes; a distill phase that stopped to re-plan is launched again (replan.py)."""
+        """Run the phase's processes; a distill phase that stopped to re-plan is launched again (replan.py), one
+        that stopped to take a larger gang ends `grown` (grow.py)."""
         try:
-            monitor = DistillMonitor(self.run_dir, self.spec, self.store_calibration) if phase == DISTILL else None
+            monitor = (
+                DistillMonitor(self.run_dir, self.spec, self.store_calibration, self.free_nodes)
+                if phase == DISTILL
+                else None
+            )
         except DocumentError as error:  # the profile of a run directory from an earlier PipeBD
             return Outcome(FAILED, Termination("launch_error", f"{phase}: {error}"), phase=phase)
         while True:
             clear_stop(self.run_dir)
             outcome = self._launch(phase, monitor)
+            growing = monitor.growing if monitor is not None else None
+            if growing is not None and outcome.result == SUCCEEDED and stopped_early(self.run_dir):
+                return Outcome(CANCELLED, Termination(GROWN, growing.reason), 0, phase, grow_to=growing.nodes)
             replanning = monitor is not None and monitor.pending is not None
             if not replanning or outcome.result != SUCCEEDED or not stopped_early(self.run_dir):
                 return outcome

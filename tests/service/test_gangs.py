@@ -17,7 +17,7 @@ from app.core.database import get_engine, migrate
 from app.core.lifecycle import requeue
 from app.core.settings import Settings
 from app.core.tables import GangSeat, Job
-from tests.service.factories import insert_job
+from tests.service.factories import insert_job, tiny_job
 
 
 def take(settings: Settings, host: str, skip: tuple[int, ...] = ()) -> GangSeat | None:
@@ -127,7 +127,8 @@ def test_node_zero_hears_of_a_silent_seat_and_a_dissolved_gang_stops_the_beats(s
 
 def test_an_elastic_gang_with_its_minimum_seated_runs_with_them_at_the_bound(settings: Settings) -> None:
     migrate(settings.database)
-    job = insert_job(settings, nodes=3, min_nodes=2, max_nodes=3)
+    elastic = tiny_job(schedule={"nodes": 3, "elastic": {"min_nodes": 2}})
+    job = insert_job(settings, nodes=3, min_nodes=2, max_nodes=3, spec=elastic)
     alone = take(settings, "a")
     assert alone is not None
     with Session(get_engine(settings.database)) as session:

@@ -13,8 +13,10 @@ the first holds two hosts, the second waits (its seat released and taken again) 
 
 Elastic jobs and preemption (docs/multinode.md, docs/lifecycle.md): a 2-node x 1-rank job with
 `elastic.min_nodes: 1` whose second node's worker is SIGKILLed and never comes back resumes on the first node
-alone, re-planned, and ends with the oracle's students; a worker sent SIGTERM mid-distillation checkpoints its
-job at a step boundary, the attempt is `preempted` (no restart used), and the resumed job stores every step once;
+alone, re-planned, and ends with the oracle's students; a 1-node job with `elastic.max_nodes: 2` takes the 2-node
+gang once a second host's worker starts (attempt `grown`) and ends with the oracle's students; a worker sent SIGTERM
+mid-distillation checkpoints its job at a step boundary, the attempt is `preempted` (no restart used), and the
+resumed job stores every step once;
 so does a 2-node job whose follower's worker is sent SIGTERM (node 0 stops every node's ranks at the boundary).
 """
 
@@ -37,6 +39,7 @@ from app.core.database import get_engine
 from app.core.settings import Settings
 from app.core.tables import EVAL_SEQ, JobMetric
 from app.main import create_app
+from pipebd_core.job.replan import RELAUNCH_ENV
 from pipebd_core.rundir import RunDir
 from tests.chaos.jobs import slow_job
 from tests.helpers import assert_same_weights, load_students, plain_loop
@@ -70,6 +73,9 @@ class Cluster:
             "PIPEBD_GANG_BOUND_S": str(BOUND_S),
             "PIPEBD_STALE_AFTER_S": str(STALE_S),
             "PIPEBD_FACTORY_ALLOWLIST": ALLOW,
+            # a relaunch costs nothing here, so a larger gang is taken when the planner predicts it faster at all
+            # (the tiny job's steps save milliseconds; tests/unit/test_elastic.py checks the relaunch side)
+            RELAUNCH_ENV: "0",
         }
         self.workers[host] = start_worker(self.settings, f"w-{host}", DEVICES, env)
         return self.workers[host]
@@ -285,6 +291,33 @@ def test_an_elastic_job_that_loses_a_node_for_good_resumes_on_the_node_left_with
     assert len({seq for seq, _ in lines}) == len(lines) and max(step for _, step in lines) == 47, lines
     page = cluster.client.get(f"/jobs/{job_id}").text
     assert last["note"] in page
+    wait_for(lambda: rank_processes(str(run_dir.root)) == [], 30, "every rank to end", cluster.logs)
+
+
+def test_an_elastic_job_on_one_node_grows_to_two_when_a_second_host_appears_with_the_oracles_students(
+    cluster: Cluster,
+) -> None:
+    keep_only(cluster, ["host-a"])
+    document = slow_job("growing", nproc=1, profile=True, elastic={"max_nodes": 2})
+    document["train"]["epochs"] = 12
+    job_id = cluster.client.post("/api/v1/jobs", json=document).json()["id"]
+    wait_for(lambda: cluster.job(job_id)["phase"] == "distill", JOB_TIMEOUT_S, "the job to distil", cluster.logs)
+    cluster.start("host-b")  # free at the job's next epoch boundary: it takes the larger gang
+
+    done = cluster.end(job_id, "the grown job to end")
+    assert done["state"] == "succeeded" and done["restarts"] == 0, (done["error"], cluster.logs())
+    first, last = done["attempts"][0], done["attempts"][-1]
+    assert (first["outcome"], first["reason"], first["nodes"], first["nproc"]) == ("grown", "grown", 1, 1), first
+    assert (last["nodes"], sorted(last["hosts"])) == (2, ["host-a", "host-b"]), last
+    assert last["note"] == f"resumed on 2 nodes x 1 rank (was 1 x 1), plan {last['plan']}", last
+    assert min(last["resumed_from"]) > 0  # from the step boundary it stopped at, not from the start
+    run_dir = RunDir(cluster.settings.runs / f"job-{job_id}")
+    taken = next(event for event in run_dir.read_events() if event["event"] == "grow_requested")
+    assert taken["nodes"] == 2 and taken["grown_step_s"] < taken["running_step_s"], taken
+    assert run_dir.load_plan().to_json()["nproc"] == 2  # re-planned for both hosts' ranks
+    assert_same_weights(load_students(run_dir), plain_loop(run_dir.load_spec()))
+    lines = stored_seqs(cluster, job_id)[0]  # rank 0's telemetry goes on to the last step, each seq once
+    assert len({seq for seq, _ in lines}) == len(lines) and max(step for _, step in lines) == 47, lines
     wait_for(lambda: rank_processes(str(run_dir.root)) == [], 30, "every rank to end", cluster.logs)
 
 

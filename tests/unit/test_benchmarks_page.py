@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipebd_core.bench.page import budget_text, record_paths, regenerate
+from pipebd_core.bench.recovery import RecoveryRecord, render_recovery
 from pipebd_core.bench.report import load_record
 from pipebd_core.documents.tradeoff_record import TradeoffRecord
 from tests.helpers import pipebd_here
@@ -106,3 +107,16 @@ def test_the_readme_headline_gives_the_pages_measured_speedups(workload: str, re
         assert f"{figure} for {workload}" in readme, f"the README should say {figure} for {workload} ({record})"
     else:
         assert f"{workload} {figure})" in readme, f"the README should say {workload} {figure} ({record})"
+
+
+def test_the_recovery_benchmark_renders_its_record_measured_alone_within_its_bounds() -> None:
+    text = PAGE.read_text()
+    assert ["benchmarks/records/recovery.json"] in record_paths(text)
+    record = RecoveryRecord.model_validate_json((ROOT / "benchmarks/records/recovery.json").read_text())
+    assert not record.load.shared, f"measured on a busy machine: {record.load}"
+    assert render_recovery(record) in text
+    kills = [run for run in record.runs if run.event == "kill"]
+    notices = [run for run in record.runs if run.event == "preempt"]
+    assert kills and notices and all(run.nodes_after == 1 for run in record.runs)  # went on with the node left
+    assert all(run.steps_lost == 0 and run.outcome == "preempted" for run in notices)
+    assert all(run.steps_lost <= record.checkpoint_every and run.outcome == "requeued" for run in kills)

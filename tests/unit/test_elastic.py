@@ -1,6 +1,7 @@
 """Elastic jobs, the pure logic (docs/multinode.md, "Elastic jobs"): the spec's bounds and their refusals, pinned
 stages fitted to fewer ranks, a run directory reshaped for the nodes left, the machines a resumed job is planned
-for, and how the attempts list words a resume on another shape."""
+for, how the attempts list words a resume on another shape, and when a job below its max_nodes takes a larger
+gang (the planner's prediction against a relaunch, the rule re-planning uses)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from app.core.attempts import closing_outcome, shape_note, shape_notes
 from app.core.plan_summary import PlanSummary, cut
 from app.core.tables import JobAttempt
 from pipebd_core.documents.phases import PENDING, SUCCEEDED
+from pipebd_core.job import grow
 from pipebd_core.job.elastic import reshape
 from pipebd_core.job.launch import temporary_run
 from pipebd_core.job.phases import job_phases
-from pipebd_core.planning.distill_planner import planned_machines
+from pipebd_core.planning.distill_planner import planned_machines, resolve_plan
 from pipebd_core.planning.topology import Topology
 from pipebd_core.spec import SpecError, StageSpec, fit_replicas
+from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_spec
 
 HYBRID = [{"start": 0, "stop": 1, "replicas": 2}, {"start": 1, "stop": 3, "replicas": 1}, {"start": 3, "stop": 4}]
@@ -27,6 +30,8 @@ def test_elastic_is_off_by_default_and_takes_its_bounds() -> None:
     assert tiny_spec().schedule.elastic is None
     elastic = tiny_spec(schedule={"nodes": 2, "elastic": {"min_nodes": 1}}).schedule.elastic
     assert elastic is not None and (elastic.min_nodes, elastic.max_nodes) == (1, None)
+    growing = tiny_spec(schedule={"nproc": 1, "elastic": {"max_nodes": 2}}).schedule  # asks 1 node, may grow to 2
+    assert growing.nodes == 1 and growing.elastic is not None and growing.elastic.max_nodes == 2
 
 
 @pytest.mark.parametrize(
@@ -34,7 +39,9 @@ def test_elastic_is_off_by_default_and_takes_its_bounds() -> None:
     [
         ({"nodes": 2, "elastic": {"min_nodes": 3}}, "elastic.min_nodes: 3 is above schedule.nodes (2)"),
         ({"nodes": 2, "elastic": {"min_nodes": 3}}, "use min_nodes 2 or fewer"),
-        ({"nodes": 2, "elastic": {"max_nodes": 4}}, "use max_nodes 2, or leave it out"),
+        ({"nodes": 2, "elastic": {"max_nodes": 1}}, "elastic.max_nodes: 1 is below schedule.nodes (2)"),
+        ({"nodes": 2, "elastic": {"max_nodes": 1}}, "use max_nodes 2 or more"),
+        ({"nodes": 2, "elastic": {"min_nodes": 2, "max_nodes": 1}}, "and elastic.min_nodes (2)"),
         (
             {"mode": "hybrid", "nproc": 2, "nodes": 2, "stages": HYBRID, "elastic": {"min_nodes": 1}},
             "1 node(s) x 2 rank(s) is fewer ranks than the 3 stages pinned in schedule.stages",
@@ -50,6 +57,11 @@ def test_bounds_no_plan_can_use_are_refused_naming_the_field_and_what_works(sche
     with pytest.raises(SpecError) as refused:
         tiny_spec(schedule=schedule)
     assert message in str(refused.value) and "elastic" in str(refused.value)
+
+
+def test_a_job_that_may_grow_past_one_node_does_not_replan_mid_run() -> None:
+    with pytest.raises(SpecError, match="replan: a job on up to 2 nodes runs the plan it starts with"):
+        tiny_spec(schedule={"mode": "auto", "profile": True, "nproc": 1, "replan": True, "elastic": {"max_nodes": 2}})
 
 
 def test_pinned_stages_keep_their_cuts_and_give_up_replicas_largest_first() -> None:
@@ -81,6 +93,7 @@ def test_a_reshaped_run_directory_plans_again_for_its_nodes_unless_it_distilled(
     reshaped = reshape(run_dir, 1)
     assert reshaped is not None and (reshaped.was_nodes, reshaped.nodes, reshaped.nproc) == (2, 1, 1)
     assert reshaped.replanned and run_dir.load_spec().schedule.nodes == 1
+    assert grow.room(run_dir.load_spec()) == 1  # max_nodes left out was the 2 it asked for: it may grow back
     states = {record.name: (record.state, record.outcome) for record in run_dir.load_phases()}
     assert states["plan"] == (PENDING, None) and states["distill"] == (PENDING, None)
     assert next(e for e in run_dir.read_events() if e["event"] == "reshaped")["from_nodes"] == 2
@@ -130,3 +143,25 @@ def test_an_attempt_requeued_because_its_worker_was_told_to_stop_is_preempted() 
     assert closing_outcome("queued", "worker_shutdown") == "preempted"
     assert closing_outcome("queued", "node_lost") == "requeued"
     assert closing_outcome("failed", "worker_shutdown") == "failed"
+    assert closing_outcome("queued", "grown") == "grown"  # took a larger gang: no restart used either
+
+
+def test_a_job_below_its_max_nodes_grows_when_the_planner_predicts_the_saving_exceeds_a_relaunch() -> None:
+    spec = tiny_spec(schedule={"nproc": 1, "profile": True, "elastic": {"max_nodes": 2}})
+    profile = fake_profile([1.0] * 4, [1.0] * 4, nproc=1, batch_size=spec.data.batch_size, p2p=0.01)
+    plan = resolve_plan(spec, profile).document()  # one rank runs every block: 8 s a step
+    assert grow.room(spec) == 1 and grow.room(spec.model_copy(update={"schedule": spec.schedule.on_nodes(2)})) == 0
+    taken = grow.consider(spec, profile, plan, free=3, remaining_steps=10, relaunch_s=5.0)
+    assert taken is not None and taken.grow and taken.nodes == 2  # 3 hosts free, but max_nodes is 2
+    assert (taken.running_step_s, round(taken.grown_step_s, 2)) == (8.0, 4.01)  # two stages, a transfer between
+    declined = grow.consider(spec, profile, plan, free=1, remaining_steps=1, relaunch_s=50.0)
+    assert declined is not None and not declined.grow
+    assert declined.reason == "the remaining 1 steps would save 4.0 s, less than a relaunch (50.0 s)"
+    assert grow.consider(spec, profile, plan, free=0, remaining_steps=10, relaunch_s=0.0) is None
+    slow_link = fake_profile([1.0] * 4, [1.0] * 4, nproc=1, batch_size=spec.data.batch_size, p2p=10.0)
+    no_faster = grow.consider(spec, slow_link, resolve_plan(spec, slow_link).document(), 1, 10, 0.0)
+    assert no_faster is not None and not no_faster.grow and "predicted no faster" in no_faster.reason
+    pinned = tiny_spec(schedule={"mode": "tr", "nproc": 3, "profile": True, "elastic": {"max_nodes": 2}})
+    wide = fake_profile([1.0] * 4, [1.0] * 4, nproc=3, batch_size=spec.data.batch_size)
+    too_many = grow.consider(pinned, wide, resolve_plan(pinned, wide).document(), 1, 10, 0.0)
+    assert too_many is not None and not too_many.grow and "no plan on 2 nodes" in too_many.reason  # 6 ranks, 4 blocks
