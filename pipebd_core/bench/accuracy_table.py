@@ -35,9 +35,8 @@ def regret_cell(record: BenchRecord) -> str:
     arms = {arm.name: arm for arm in record.arms}
     plans = record.accuracy.plans
     doubt = figure_doubt({plan.arm: plan.predicted_step_s for plan in plans}, arms, record.accuracy.chosen)
-    if doubt.chosen_fastest:
-        return "0 (the fastest)"
-    return ranged(doubt.regret, "{:.1%}") + (" (in the noise)" if doubt.regret_in_noise else "")
+    said = " (the fastest)" if doubt.chosen_fastest else " (in the noise)" if doubt.regret_in_noise else ""
+    return ranged(doubt.regret, "{:.1%}") + said
 
 
 def accuracy_row(path: str, record: BenchRecord) -> str:

@@ -7,7 +7,9 @@ from the record's predictions and measurements, from the profile alone (what the
 
 - MAPE over its target: the plans off by more than the target, slow (predicted above the measurement)
   and fast, and the largest errors, so a reader sees whether the error is one-sided (a cost the model
-  leaves out or counts twice) or scattered;
+  leaves out or counts twice) or scattered; and, where the record has both, the profile's own ideal
+  step (all the work divided evenly) against the measured bound's (T1 / N): how far the blocks' costs as
+  profiled are from what one rank doing all the work measured;
 - tau under its target: the pairs of plans the profile orders against the measurement where the
   measurement's order is clear of the noise (the two arms' intervals do not overlap);
 - a chosen plan slower than the fastest beyond the noise: each one's prediction against its measurement.
@@ -16,7 +18,7 @@ from the record's predictions and measurements, from the profile alone (what the
 from __future__ import annotations
 
 from pipebd_core.bench.doubt import FigureDoubt, arm_interval, target
-from pipebd_core.documents.bench_record import Arm, PlanAccuracy
+from pipebd_core.documents.bench_record import Arm, Bound, PlanAccuracy
 
 TAU_TARGET = {"distill": 0.8, "finetune": 0.7}
 SHOWN = 3  # the largest errors and the misordered pairs named
@@ -26,8 +28,23 @@ def relative_error(plan: PlanAccuracy) -> float:
     return (plan.predicted_step_s - plan.measured_step_s) / plan.measured_step_s
 
 
-def mape_miss(plans: list[PlanAccuracy], doubt: FigureDoubt, floor: float | None) -> str | None:
-    """The plans off by more than the MAPE target, by direction, and the largest errors."""
+def bound_text(bound: Bound | None) -> str:
+    """The profile's ideal step against the measured bound's, where the record has both."""
+    if bound is None or bound.profile_ideal_s is None or bound.ideal_s is None:
+        return ""
+    off = bound.profile_ideal_s / bound.ideal_s - 1
+    return (
+        f" The profile's own ideal step ({bound.profile_ideal_s:.4g} s) is {off:+.0%} off the measured bound's"
+        f" ({bound.ideal_s:.4g} s, T1 / N): the work as profiled costs {'more' if off > 0 else 'less'} than one"
+        " rank doing all of it measured."
+    )
+
+
+def mape_miss(
+    plans: list[PlanAccuracy], doubt: FigureDoubt, floor: float | None, bound: Bound | None = None
+) -> str | None:
+    """The plans off by more than the MAPE target, by direction, the largest errors, and the profile's
+    ideal against the measured bound."""
     aim = target(floor)
     if doubt.mape is None or doubt.mape.value <= aim:
         return None
@@ -38,7 +55,7 @@ def mape_miss(plans: list[PlanAccuracy], doubt: FigureDoubt, floor: float | None
     return (
         f"MAPE {doubt.mape.value - aim:.1%} over its target {aim:.1%}: of {len(plans)} plans, {len(slow)} predicted"
         f" slow by more than the target ({', '.join(slow) or 'none'}) and {len(fast)} fast"
-        f" ({', '.join(fast) or 'none'}); the largest errors {named}."
+        f" ({', '.join(fast) or 'none'}); the largest errors {named}." + bound_text(bound)
     )
 
 
@@ -85,9 +102,16 @@ def regret_miss(plans: list[PlanAccuracy], chosen: str, doubt: FigureDoubt) -> s
 
 
 def miss_lines(
-    plans: list[PlanAccuracy], arms: dict[str, Arm], chosen: str, doubt: FigureDoubt, floor: float | None, phase: str
+    plans: list[PlanAccuracy],
+    arms: dict[str, Arm],
+    chosen: str,
+    doubt: FigureDoubt,
+    floor: float | None,
+    phase: str,
+    bound: Bound | None = None,
 ) -> list[str]:
     """The paragraph on the targets the profile's predictions miss, or nothing when every target is met."""
-    misses = [mape_miss(plans, doubt, floor), tau_miss(plans, arms, doubt, phase), regret_miss(plans, chosen, doubt)]
+    misses = [mape_miss(plans, doubt, floor, bound), tau_miss(plans, arms, doubt, phase)]
+    misses.append(regret_miss(plans, chosen, doubt))
     found = [miss for miss in misses if miss is not None]
     return ["Where it misses (from the profile alone): " + " ".join(found)] if found else []

@@ -15,7 +15,7 @@ from pipebd_core.bench.doubt import figure_doubt
 from pipebd_core.bench.misses import miss_lines
 from pipebd_core.bench.partitions import partitions_lines
 from pipebd_core.bench.report import render
-from pipebd_core.documents.bench_record import Accuracy, Arm, BenchRecord, PlanAccuracy
+from pipebd_core.documents.bench_record import Accuracy, Arm, BenchRecord, Bound, PlanAccuracy
 from pipebd_core.documents.distill_plan import StageSpan
 from tests.unit.bench_samples import measured_run
 
@@ -98,6 +98,9 @@ def test_a_missed_target_names_the_plans_off_and_the_pairs_ordered_against_the_m
     assert "Kendall's tau 0.37 under its target 0.7: 1 pairs ordered against a measurement clear of the noise" in said
     assert "(b predicted 4% faster than a, measured 100% slower)" in said
     assert "The chosen plan b measured 100.0% slower than a, beyond the noise" in said
+    bound = Bound(t1_s=2.0, ideal_s=1.0, runs=[], profile_ideal_s=1.5)  # the profile's blocks 50% slow
+    (with_bound,) = miss_lines(plans, arms, "b", doubt, floor=0.01, phase="finetune", bound=bound)
+    assert "The profile's own ideal step (1.5 s) is +50% off the measured bound's (1 s, T1 / N)" in with_bound
     exact = [plan.model_copy(update={"predicted_step_s": plan.measured_step_s}) for plan in plans]
     met = figure_doubt({plan.arm: plan.measured_step_s for plan in plans}, arms, "a")
     assert miss_lines(exact, arms, "a", met, floor=0.01, phase="finetune") == []
@@ -110,6 +113,6 @@ def test_the_accuracy_table_has_a_row_a_record_development_or_held_out() -> None
     text = accuracy_tables([("a/dev.json", development), ("a/held.json", held_out)])
     assert text.startswith("**End-to-end training** (Kendall's tau target 0.7;") and "**Distillation**" not in text
     assert "| layerpipe-sample | 2 | 2 | 2 | 0.0% | 5.0% | " in text
-    assert "| 0 (the fastest) | - | development | `dev.json` |" in text
+    assert "| 0.0% [0.0%, 0.0%] (the fastest) | - | development | `dev.json` |" in text
     assert "| 5.0% [5.0%, 5.0%] | 1.00 [1.00, 1.00] |" in text  # MAPE (0 and 10%) / 2 in every repeat; tau 1
     assert "| held-out | `held.json` |" in text
