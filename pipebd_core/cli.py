@@ -99,6 +99,11 @@ def add_bench_command(commands: Any) -> None:
     bench.add_argument(
         "--resume", metavar="RECORD", help="continue the bench whose record (bench.json) this is, where it stopped"
     )
+    bench.add_argument(
+        "--again-shared",
+        action="store_true",
+        help="with --resume: measure again every run of the record measured shared, then the runs left",
+    )
     bench.add_argument("--out", help="folder for the runs and bench.json (default runs/bench/<name>-<time>)")
     bench.add_argument("--keep", action="store_true", help="keep every run's directory")
     bench.add_argument(

@@ -397,6 +397,8 @@ def command_bench(args: argparse.Namespace) -> int:
         if args.spec is not None:
             return fail("--report renders records already measured; give record files, not a spec")
         return command_report(args.report, args.check)
+    if args.again_shared and not args.resume:
+        return fail("--again-shared measures again the shared runs of a record: give it with --resume RECORD")
     if args.check:
         return fail("--check recomputes the predictions of records: give it with --report FILE...")
     if args.resume:
@@ -440,7 +442,7 @@ def command_resume(args: argparse.Namespace) -> int:
     """`pipebd bench --resume RECORD`: the runs its record does not hold yet, then the whole record."""
     path = Path(args.resume)
     try:
-        record = bench_progress.read_record(path)
+        record = bench_progress.read_record(path, args.again_shared)
         with kill_is_cancel():
             record = resumed(record, path.parent, args.keep)
         print(f"pipebd: benchmark record {path}", file=sys.stderr)

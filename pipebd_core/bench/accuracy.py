@@ -295,6 +295,14 @@ def keep_first_run(out: Path, name: str, folder: Path) -> None:
             shutil.copyfile(path, target)
 
 
+def forget_first_runs(out: Path, names: Sequence[str], done: Mapping[str, list[ArmRun]]) -> None:
+    """Drop the kept first run of every arm whose first repeat is still to run (a bench resumed with
+    `--again-shared` measures a shared first repeat again: its calibration must be the quiet run's)."""
+    for name in names:
+        if not any(run.repeat == 0 for run in done.get(name, [])):
+            shutil.rmtree(out / FIRST_RUNS / name, ignore_errors=True)
+
+
 def run_accuracy_bench(
     spec: Spec,
     steps: int,
@@ -320,6 +328,7 @@ def run_accuracy_bench(
     steps, repeats = fitted.steps, fitted.repeats
     base = bench_spec(spec, "auto", steps)
     specs = {candidate.name: candidate_spec(spec, candidate, steps) for candidate in listed}
+    forget_first_runs(out, list(specs), progress.done)
 
     def build(runs: dict[str, list[ArmRun]], reference: Reference) -> BenchRecord:
         record = bench_record(spec, runs, profile, steps, repeats, progress.profile_hash, reference)

@@ -147,6 +147,7 @@ def rotate(
         folder = out / f"{name}-{repeat}"
         shutil.rmtree(folder, ignore_errors=True)  # what a stopped bench left of this run
         runs[name].append(run(name, arms[name], folder, repeat))
+        runs[name].sort(key=lambda done_run: done_run.repeat)  # a run measured again goes back to its place
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
         if written is not None:

@@ -1,12 +1,14 @@
 """End-to-end training's predictions checked out of sample: `pipebd bench SPEC --accuracy --phase finetune`.
 
 The candidate plans: every strategy on the spec's partitioner's cut (ddp, gpipe, 1f1b, zb: `strategy`),
-and every pipelined strategy on each other partitioner's cut (even, pipedream, layerpipe: `partition`).
-Each is planned from the one frozen layer profile before anything runs; two candidates whose plans run
-the same (the same strategy on the same stages; ddp has one) are one arm, the first name it came under
-(the others kept in `also`). The chosen plan is the one `auto` plans from that profile (its strategy and
-cut), a candidate of its own when no other plans it. Every arm then runs in one end-to-end training
-bench (finetune.py: the same frozen profile, rotated repeats, the one timing rule, the measured bound).
+and every pipelined strategy on each other partitioner's cut (even, pipedream, layerpipe and the planner's
+own, auto: `partition`). Each is planned from the one frozen layer profile before anything runs; two
+candidates whose plans run the same (the same strategy on the same stages with the same moved shares; ddp
+has one) are one arm, the first name it came under (the others kept in `also`, every partitioner whose cut
+it is in `partitioners`: the partitions table, partitions.py). The chosen plan is the one `auto` plans
+from that profile (its strategy and cut), a candidate of its own when no other plans it. Every arm then
+runs in one end-to-end training bench (finetune.py: the same frozen profile, rotated repeats, the one
+timing rule, the measured bound).
 
 The figures are accuracy.py's: MAPE of each plan's prediction (its plan phase's, from the frozen layer
 profile) against the median of its repeats, Kendall's tau-b, the chosen plan's regret. Calibrated, out of
@@ -37,7 +39,8 @@ from pipebd_core.planning.finetune_calibration import calibrated_layer_profile
 from pipebd_core.planning.finetune_planner import resolve_train_plan
 from pipebd_core.spec import Spec, parse_spec
 
-PARTITIONS = ("even", "pipedream", "layerpipe")  # the cuts a pipelined strategy is checked on
+PARTITIONS = ("even", "pipedream", "layerpipe", "auto")  # the cuts a pipelined strategy is checked on (auto: the
+# planner's own, the fastest predicted of the others)
 AUTO = "auto"
 
 
@@ -51,10 +54,16 @@ class Candidate:
     partitioner: str | None
     plan: TrainPlan
     also: tuple[str, ...] = ()
+    partitioners: tuple[str, ...] = ()  # a pipeline: every partitioner whose cut this is (ddp: none)
 
     def key(self) -> tuple[object, ...]:
-        """What makes two candidates one run: the strategy the plan runs and its stages."""
-        return self.plan.strategy, tuple(self.plan.stages)
+        """What makes two candidates one run: the strategy the plan runs, its stages and moved shares."""
+        return self.plan.strategy, tuple(self.plan.stages), tuple(self.plan.moved)
+
+    def merged(self, other: Candidate) -> Candidate:
+        """This candidate, also under `other`'s name and partitioners (the same run)."""
+        cuts = tuple(dict.fromkeys((*self.partitioners, *other.partitioners)))
+        return replace(self, also=(*self.also, other.name), partitioners=cuts)
 
     @property
     def predicted_step_s(self) -> float:
@@ -76,13 +85,17 @@ def listed(spec: Spec) -> list[tuple[str, Literal["strategy", "partition"], str,
 
 def plan_candidates(spec: Spec, profile: LayerProfile, steps: int) -> tuple[list[Candidate], str]:
     """Every candidate planned from `profile`, deduplicated, and the name of the one auto plans."""
+    tune = spec.finetune
+    assert tune is not None, "bench_spec refuses a spec without a finetune section"
     kept: dict[tuple[object, ...], Candidate] = {}
     for name, source, strategy, partitioner in listed(spec):
         plan = resolve_train_plan(bench_spec(spec, strategy, steps, partitioner), None, profile)
-        candidate = Candidate(name, source, strategy, partitioner, plan)
+        cut = (partitioner or tune.partitioner,) if plan.pipelined else ()
+        candidate = Candidate(name, source, strategy, partitioner, plan, partitioners=cut)
         first = kept.get(candidate.key())
-        kept[candidate.key()] = candidate if first is None else replace(first, also=(*first.also, name))
-    auto = Candidate(AUTO, "strategy", AUTO, None, resolve_train_plan(bench_spec(spec, AUTO, steps), None, profile))
+        kept[candidate.key()] = candidate if first is None else first.merged(candidate)
+    plan = resolve_train_plan(bench_spec(spec, AUTO, steps), None, profile)
+    auto = Candidate(AUTO, "strategy", AUTO, None, plan, partitioners=(tune.partitioner,) if plan.pipelined else ())
     chosen = kept.get(auto.key())
     if chosen is None:
         kept[auto.key()] = auto
@@ -142,6 +155,8 @@ def plan_accuracy(candidate: Candidate, arm: Arm, calibrated: tuple[float, str] 
         source=candidate.source,
         mode=candidate.plan.strategy,
         stages=plan_stages(candidate.plan),
+        partitioners=list(candidate.partitioners),
+        moved=list(candidate.plan.moved),
         predicted_step_s=candidate.predicted_step_s,
         measured_step_s=arm.step_s,
         calibrated_step_s=calibrated[0] if calibrated is not None else None,

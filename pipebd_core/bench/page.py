@@ -6,17 +6,19 @@ A section of docs/benchmarks.md that comes from records sits between two markers
     ...the report of those records, exactly as `pipebd bench --report` prints it...
     <!-- end of report -->
 
-`regenerate` replaces what is between every pair with the report of the records its opening marker
-names (paths relative to the repository root; `<!-- pipebd bench --machines FILE... -->` opens the
-table of which of those records shared a machine, machines.py), leaving the rest of the page as it is: a `pipebd bench`
-record (bench.json) renders as `pipebd bench --report` prints it, a service benchmark's result file
-(`"benchmark": "compare"`, from benchmarks/compare_500.py) as its latency table, a shaped-link result
-(`"benchmark": "shaped_link"`, benchmarks/shaped_link.py) as its predicted-against-measured table, a language
-model result (`"benchmark": "language_model"`, benchmarks/language_model.py) as its perplexity table, a search
-library's trade-off record (`"benchmark": "tradeoff"`, benchmarks/tradeoff.py) as its table of budgets, a recovery
-record (`"benchmark": "recovery"`, benchmarks/recovery.py) as its table of times to training again; `pipebd bench
---update-page docs/benchmarks.md` writes it back, and the suite checks that the page equals its
-regeneration, so no figure of a generated section is ever typed.
+`regenerate` replaces what is between every pair with the report of the records its opening marker names
+(paths relative to the repository root; `<!-- pipebd bench --machines FILE... -->` opens the table of
+which of those records shared a machine, machines.py; `<!-- pipebd bench --accuracy FILE... -->` the
+accuracy tables over those accuracy records, one a phase, accuracy_table.py), leaving the rest of the page
+as it is: a `pipebd bench` record (bench.json) renders as `pipebd bench --report` prints it, a service
+benchmark's result file (`"benchmark": "compare"`, from benchmarks/compare_500.py) as its latency table, a
+shaped-link result (`"benchmark": "shaped_link"`, benchmarks/shaped_link.py) as its
+predicted-against-measured table, a language model result (`"benchmark": "language_model"`,
+benchmarks/language_model.py) as its perplexity table, a search library's trade-off record (`"benchmark":
+"tradeoff"`, benchmarks/tradeoff.py) as its table of budgets, a recovery record (`"benchmark": "recovery"`,
+benchmarks/recovery.py) as its table of times to training again; `pipebd bench --update-page
+docs/benchmarks.md` writes it back, and the suite checks that the page equals its regeneration, so no
+figure of a generated section is ever typed.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from pipebd_core.bench.accuracy_table import accuracy_tables
 from pipebd_core.bench.machines import machines_table
 from pipebd_core.bench.recovery import RecoveryRecord, render_recovery
 from pipebd_core.bench.report import load_record, render
 from pipebd_core.documents.tradeoff_record import TradeoffRecord, TradeoffRow
 
 SECTION = re.compile(
-    r"(?P<open><!-- pipebd bench --(?P<kind>report|machines) (?P<paths>[^>]+?) -->\n)(?P<body>.*?)"
+    r"(?P<open><!-- pipebd bench --(?P<kind>report|machines|accuracy) (?P<paths>[^>]+?) -->\n)(?P<body>.*?)"
     r"(?P<close><!-- end of report -->)",
     re.DOTALL,
 )
@@ -51,6 +54,8 @@ def regenerate(page: str, root: Path) -> str:
         paths = match["paths"].split()
         if match["kind"] == "machines":
             reports = machines_table([(path, load_record(root / path)) for path in paths])
+        elif match["kind"] == "accuracy":
+            reports = accuracy_tables([(path, load_record(root / path)) for path in paths])
         else:
             reports = "\n".join(render_file(root / path) for path in paths)
         return match["open"] + "\n" + reports + "\n" + match["close"]

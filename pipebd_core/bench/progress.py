@@ -10,6 +10,11 @@ repeats (all in the record), planned from the same frozen profile (frozen-profil
 checked against the record's hash), skipping every run the record holds and running the others in the
 order the uninterrupted bench would have. The reference speed at the start stays the first start's; the
 end's is measured when the bench ends.
+
+`--resume RECORD --again-shared` first takes out of the record every run measured while other
+processes used more than its `shared_cores` (a shared figure is not a figure) and puts it back among the
+runs left: the bench measures those runs again, each in its place in the rotation order. On a machine
+shared with others, a bench whose runs are quiet can be had one run at a time.
 """
 
 from __future__ import annotations
@@ -39,15 +44,28 @@ def write_record(out: Path, record: BenchRecord) -> Path:
     return path
 
 
-def read_record(path: Path) -> BenchRecord:
-    """The record `--resume` continues; a ValueError naming the file when it is none or is complete."""
+def read_record(path: Path, again_shared: bool = False) -> BenchRecord:
+    """The record `--resume` continues (`again_shared`: without its shared runs, which it runs again); a
+    ValueError naming the file when it is none or is complete (and quiet)."""
     try:
         record = BenchRecord.from_json(json.loads(path.read_text()))
     except (OSError, ValueError) as error:
         raise ValueError(f"--resume {path}: not a benchmark record (bench.json of `pipebd bench`): {error}") from None
+    if again_shared:
+        record = without_shared(record)
     if record.complete:
-        raise ValueError(f"--resume {path}: the bench is complete ({record.repeats} repeats of every arm)")
+        quiet = ", and no run of it was measured shared" if again_shared else ""
+        raise ValueError(f"--resume {path}: the bench is complete ({record.repeats} repeats of every arm){quiet}")
     return record
+
+
+def without_shared(record: BenchRecord) -> BenchRecord:
+    """`record` without the runs measured shared, each of them put back among the runs left."""
+    shared = [f"{arm.name}-{run.repeat}" for arm in record.arms for run in arm.runs if run.load.shared]
+    shared += [f"{BOUND}-{run.repeat}" for run in record.bound.runs if run.load.shared]
+    arms = [arm.model_copy(update={"runs": [r for r in arm.runs if not r.load.shared]}) for arm in record.arms]
+    bound = record.bound.model_copy(update={"runs": [r for r in record.bound.runs if not r.load.shared]})
+    return record.model_copy(update={"arms": arms, "bound": bound, "runs_left": shared + record.runs_left})
 
 
 def recorded_runs(record: BenchRecord) -> Runs:

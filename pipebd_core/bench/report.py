@@ -8,8 +8,9 @@ intervals overlap says so instead of giving a ratio, and so does the line naming
 arm with a run measured while other processes used more than the record's `shared_cores` is marked
 shared in its row. End-to-end training's tables add each rank's bubble. A record of `pipebd bench
 --accuracy` adds its accuracy table: every candidate plan's prediction from the profile alone and
-calibrated on another run, against what it measured, and the figures over them (MAPE, Kendall's tau,
-the chosen plan's regret).
+calibrated on another run, against what it measured, the figures over them (MAPE, Kendall's tau, the
+chosen plan's regret) and where they miss a target, by how much and why (misses.py); an end-to-end
+training one also its partitions table (partitions.py).
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ from pipebd_core.bench.doubt import (
     speedup,
     target,
 )
+from pipebd_core.bench.misses import miss_lines
+from pipebd_core.bench.partitions import partitions_lines
 from pipebd_core.documents.bench_record import (
     Accuracy,
     Arm,
     ArmRun,
     BenchRecord,
+    Bound,
     KernelSpeed,
     PlanAccuracy,
 )
@@ -73,7 +77,8 @@ def render_record(record: BenchRecord) -> str:
     if record.split_cost is not None:
         lines += [f"Split backward, (I + W) / B over the layers: {record.split_cost:.2f}.", ""]
     if record.accuracy is not None:
-        lines += accuracy_lines(record.accuracy, {arm.name: arm for arm in record.arms})
+        lines += accuracy_lines(record.accuracy, {arm.name: arm for arm in record.arms}, record.phase, record.bound)
+    lines += partitions_lines(record)
     return "\n".join(lines)
 
 
@@ -87,15 +92,18 @@ def incomplete(record: BenchRecord, title: str) -> str:
     )
 
 
-def accuracy_lines(accuracy: Accuracy, arms: dict[str, Arm]) -> list[str]:
+def accuracy_lines(accuracy: Accuracy, arms: dict[str, Arm], phase: str, bound: Bound | None = None) -> list[str]:
     """The accuracy table: each candidate's predictions against its measured step, then the figures, each
-    with its interval over the repeats, beside the noise floor and the target it sets."""
+    with its interval over the repeats, beside the noise floor and the target it sets, and where they miss
+    a target, by how much and why (misses.py)."""
     head = ["plan", "from", "stages", "measured s/step", "predicted", "error", "calibrated", "error", "calibrated on"]
     lines = ["#### Predictions checked", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += [accuracy_row(plan) for plan in accuracy.plans]
     floor = noise_floor([arms[plan.arm] for plan in accuracy.plans])
     alone = figure_doubt({plan.arm: plan.predicted_step_s for plan in accuracy.plans}, arms, accuracy.chosen)
     lines += ["", "From the profile alone: " + doubt_text(alone, accuracy.chosen, "the planner's first plan", floor)]
+    misses = miss_lines(accuracy.plans, arms, accuracy.chosen, alone, floor, phase, bound)
+    lines += [part for miss in misses for part in ("", miss)]
     if accuracy.calibrated is None:
         lines += ["", "Calibrated: no run wrote a calibration.", ""]
         return lines

@@ -137,6 +137,10 @@ class PlanAccuracy(Part):
     source: Literal["mode", "top", "drawn", "strategy", "partition"]
     mode: str  # the schedule it ran (hybrid: explicit stages)
     stages: list[StageSpan]  # empty for dp and ls
+    # end-to-end training, a pipeline: every partitioner whose cut it ran (the spec's for a strategy's own
+    # candidate); empty for ddp, for distillation and in a record from before the partitions table
+    partitioners: list[str] = Field(default_factory=list)
+    moved: list[int] = Field(default_factory=list)  # per boundary, the input channels moved (LayerPipe); empty: none
     predicted_step_s: float  # from the frozen profile (no calibration)
     measured_step_s: float  # the median of its repeats
     calibrated_step_s: float | None  # from the frozen profile with `calibrated_from`'s calibration

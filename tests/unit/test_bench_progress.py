@@ -11,6 +11,7 @@ import pytest
 
 from pipebd_core.bench.arms import rotate, rotation
 from pipebd_core.bench.fit import LAUNCH_S, MIN_REPEATS, MIN_STEPS, Budget, budget, fit, predicted_s
+from pipebd_core.bench.progress import read_record
 from pipebd_core.bench.report import render
 from pipebd_core.documents.bench_record import ArmRun, BenchRecord
 from pipebd_core.spec import Spec, SpecError
@@ -114,3 +115,27 @@ def test_a_record_with_runs_left_reports_itself_incomplete_and_resume_refuses_wh
     assert code == 2 and "frozen profile" in err and "cannot be read" in err
     code, _, err = pipebd_here("bench", "examples/tiny-custom.yaml", "--resume", str(path))
     assert code == 2 and "give no spec" in err
+
+
+def test_again_shared_takes_the_shared_runs_out_and_runs_them_again_in_their_place(tmp_path: Path) -> None:
+    measured = BenchRecord.from_json(json.loads(RECORD.read_text()))  # its tr_dpu-1 was measured shared
+    quiet = [arm.model_copy(update={"runs": [run for run in arm.runs if not run.load.shared]}) for arm in measured.arms]
+    whole = measured.model_copy(update={"arms": quiet})
+    dp = whole.arms[0]
+    busy = dp.runs[0].load.model_copy(update={"other_cores": 0.9, "shared": True})
+    marked = dp.model_copy(update={"runs": [dp.runs[0].model_copy(update={"load": busy}), *dp.runs[1:]]})
+    shared = whole.model_copy(update={"arms": [marked, *whole.arms[1:]]})
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(shared.to_json()))
+    again = read_record(path, again_shared=True)
+    assert again.runs_left == [f"{dp.name}-0"]
+    assert [run.repeat for run in again.arms[0].runs] == [run.repeat for run in dp.runs[1:]]
+    assert again.arms[1:] == whole.arms[1:] and again.bound == whole.bound  # the quiet runs are kept
+    path.write_text(json.dumps(whole.to_json()))
+    with pytest.raises(ValueError, match=r"complete .* and no run of it was measured shared"):
+        read_record(path, again_shared=True)
+    arms = dict.fromkeys(ARMS, tiny_spec())
+    done = {name: [made_run(name, 0), made_run(name, 1)] for name in ARMS}
+    done["dp"] = [made_run("dp", 1)]  # dp-0 taken out: measured again, it goes back before dp-1
+    rerun = rotate(arms, 2, tmp_path, False, lambda n, a, f, r: made_run(n, r), done)
+    assert [run.repeat for run in rerun["dp"]] == [0, 1]

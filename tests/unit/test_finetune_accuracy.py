@@ -49,7 +49,7 @@ def test_every_candidate_is_planned_once_and_auto_s_plan_is_the_chosen_one(spec:
         "gpipe",
         "1f1b",
         "zb",
-        *(f"{s}-{p}" for s in ("gpipe", "1f1b", "zb") for p in ("even", "layerpipe")),
+        *(f"{s}-{p}" for s in ("gpipe", "1f1b", "zb") for p in ("even", "layerpipe", "auto")),
     ]
     given = [name for candidate in candidates for name in (candidate.name, *candidate.also)]
     assert sorted(given) == sorted([*names, "auto"])  # every name once, auto's among them
@@ -57,7 +57,12 @@ def test_every_candidate_is_planned_once_and_auto_s_plan_is_the_chosen_one(spec:
     assert len(set(keys)) == len(keys)  # one arm per distinct run
     auto = resolve_train_plan(bench_spec(spec, "auto", STEPS), None, profile())
     chosen_candidate = next(c for c in candidates if c.name == chosen)
-    assert chosen_candidate.key() == (auto.strategy, tuple(auto.stages)) and "auto" in chosen_candidate.also
+    assert chosen_candidate.key() == (auto.strategy, tuple(auto.stages), tuple(auto.moved))
+    assert "auto" in chosen_candidate.also
+    for candidate in candidates:  # a pipeline's cut names every partitioner that cut it, the spec's for its own
+        names = [name for name in (candidate.name, *candidate.also) if name != "auto"]
+        cuts = {name.split("-", 1)[1] if "-" in name else "pipedream" for name in names}
+        assert set(candidate.partitioners) == (cuts if candidate.plan.pipelined else set())
     for candidate in candidates:  # each prediction is its own plan phase's, from the one profile
         replanned = resolve_train_plan(
             bench_spec(spec, candidate.strategy, STEPS, candidate.partitioner), None, profile()

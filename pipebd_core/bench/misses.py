@@ -1,0 +1,117 @@
+"""Where an accuracy record misses a target: by how much, and what its measurements show is the cause.
+
+The targets (issue 40, on a quiet 2-core machine): MAPE at most max(5%, 1.25 x the noise floor)
+(doubt.target); Kendall's tau at least TAU_TARGET of the phase (0.8 distillation, 0.7 end-to-end
+training); the chosen plan the fastest measured or inside the noise of it. Every sentence is computed
+from the record's predictions and measurements, from the profile alone (what the planner plans from):
+
+- MAPE over its target: the plans off by more than the target, slow (predicted above the measurement)
+  and fast, and the largest errors, so a reader sees whether the error is one-sided (a cost the model
+  leaves out or counts twice) or scattered; and, where the record has both, the profile's own ideal
+  step (all the work divided evenly) against the measured bound's (T1 / N): how far the blocks' costs as
+  profiled are from what one rank doing all the work measured;
+- tau under its target: the pairs of plans the profile orders against the measurement where the
+  measurement's order is clear of the noise (the two arms' intervals do not overlap);
+- a chosen plan slower than the fastest beyond the noise: each one's prediction against its measurement.
+"""
+
+from __future__ import annotations
+
+from pipebd_core.bench.doubt import FigureDoubt, arm_interval, target
+from pipebd_core.documents.bench_record import Arm, Bound, PlanAccuracy
+
+TAU_TARGET = {"distill": 0.8, "finetune": 0.7}
+SHOWN = 3  # the largest errors and the misordered pairs named
+
+
+def relative_error(plan: PlanAccuracy) -> float:
+    return (plan.predicted_step_s - plan.measured_step_s) / plan.measured_step_s
+
+
+def bound_text(bound: Bound | None) -> str:
+    """The profile's ideal step against the measured bound's, where the record has both."""
+    if bound is None or bound.profile_ideal_s is None or bound.ideal_s is None:
+        return ""
+    off = bound.profile_ideal_s / bound.ideal_s - 1
+    return (
+        f" The profile's own ideal step ({bound.profile_ideal_s:.4g} s) is {off:+.0%} off the measured bound's"
+        f" ({bound.ideal_s:.4g} s, T1 / N): the work as profiled costs {'more' if off > 0 else 'less'} than one"
+        " rank doing all of it measured."
+    )
+
+
+def mape_miss(
+    plans: list[PlanAccuracy], doubt: FigureDoubt, floor: float | None, bound: Bound | None = None
+) -> str | None:
+    """The plans off by more than the MAPE target, by direction, the largest errors, and the profile's
+    ideal against the measured bound."""
+    aim = target(floor)
+    if doubt.mape is None or doubt.mape.value <= aim:
+        return None
+    slow = [plan.arm for plan in plans if relative_error(plan) > aim]
+    fast = [plan.arm for plan in plans if relative_error(plan) < -aim]
+    largest = sorted(plans, key=lambda plan: -abs(relative_error(plan)))[:SHOWN]
+    named = ", ".join(f"{plan.arm} {relative_error(plan):+.0%}" for plan in largest)
+    return (
+        f"MAPE {doubt.mape.value - aim:.1%} over its target {aim:.1%}: of {len(plans)} plans, {len(slow)} predicted"
+        f" slow by more than the target ({', '.join(slow) or 'none'}) and {len(fast)} fast"
+        f" ({', '.join(fast) or 'none'}); the largest errors {named}." + bound_text(bound)
+    )
+
+
+def misordered(plans: list[PlanAccuracy], arms: dict[str, Arm]) -> list[tuple[PlanAccuracy, PlanAccuracy]]:
+    """Pairs (a, b) the profile predicts a faster than b where b measured faster, clear of the noise."""
+    pairs = []
+    for a in plans:
+        for b in plans:
+            reversed_order = a.predicted_step_s < b.predicted_step_s and a.measured_step_s > b.measured_step_s
+            if reversed_order and not arm_interval(arms[a.arm]).overlaps(arm_interval(arms[b.arm])):
+                pairs.append((a, b))
+    return sorted(pairs, key=lambda pair: -(pair[0].measured_step_s / pair[1].measured_step_s))
+
+
+def tau_miss(plans: list[PlanAccuracy], arms: dict[str, Arm], doubt: FigureDoubt, phase: str) -> str | None:
+    """The pairs of plans the profile orders against a clear measurement."""
+    aim = TAU_TARGET[phase]
+    if doubt.rank_correlation is None or doubt.rank_correlation.value >= aim:
+        return None
+    pairs = misordered(plans, arms)
+    named = "; ".join(
+        f"{a.arm} predicted {1 - a.predicted_step_s / b.predicted_step_s:.0%} faster than {b.arm},"
+        f" measured {a.measured_step_s / b.measured_step_s - 1:.0%} slower"
+        for a, b in pairs[:SHOWN]
+    )
+    clear = f"{len(pairs)} pairs ordered against a measurement clear of the noise" + (f" ({named})" if named else "")
+    if not pairs:
+        clear += ": every misordered pair is inside the noise"
+    return f"Kendall's tau {aim - doubt.rank_correlation.value:.2f} under its target {aim:.1f}: {clear}."
+
+
+def regret_miss(plans: list[PlanAccuracy], chosen: str, doubt: FigureDoubt) -> str | None:
+    """The chosen plan and the fastest measured, each predicted against measured."""
+    if doubt.chosen_fastest or doubt.regret_in_noise or doubt.regret is None:
+        return None
+    by_arm = {plan.arm: plan for plan in plans}
+    pick, best = by_arm[chosen], min(plans, key=lambda plan: plan.measured_step_s)
+    return (
+        f"The chosen plan {pick.arm} measured {doubt.regret.value:.1%} slower than {best.arm}, beyond the noise:"
+        f" {pick.arm} predicted {pick.predicted_step_s:.4g} s, measured {pick.measured_step_s:.4g} s"
+        f" ({relative_error(pick):+.0%}); {best.arm} predicted {best.predicted_step_s:.4g} s, measured"
+        f" {best.measured_step_s:.4g} s ({relative_error(best):+.0%})."
+    )
+
+
+def miss_lines(
+    plans: list[PlanAccuracy],
+    arms: dict[str, Arm],
+    chosen: str,
+    doubt: FigureDoubt,
+    floor: float | None,
+    phase: str,
+    bound: Bound | None = None,
+) -> list[str]:
+    """The paragraph on the targets the profile's predictions miss, or nothing when every target is met."""
+    misses = [mape_miss(plans, doubt, floor, bound), tau_miss(plans, arms, doubt, phase)]
+    misses.append(regret_miss(plans, chosen, doubt))
+    found = [miss for miss in misses if miss is not None]
+    return ["Where it misses (from the profile alone): " + " ".join(found)] if found else []

@@ -1,0 +1,118 @@
+"""tier: pure logic, CPU
+
+The benchmarks page's generated judgements of accuracy records: the partitions table (every partitioner's
+cut per pipelined strategy, the planner's pick against the best measured cut), the sentences that say
+where a target is missed and why, and the accuracy table a phase (development or held-out). Fixtures of
+plans and runs; the real records are on the page (tests/unit/test_benchmarks_page.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipebd_core.bench.accuracy_table import accuracy_tables
+from pipebd_core.bench.doubt import figure_doubt
+from pipebd_core.bench.misses import miss_lines
+from pipebd_core.bench.partitions import partitions_lines
+from pipebd_core.bench.report import render
+from pipebd_core.documents.bench_record import Accuracy, Arm, BenchRecord, Bound, PlanAccuracy
+from pipebd_core.documents.distill_plan import StageSpan
+from tests.unit.bench_samples import measured_run
+
+RECORD = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "record.json"
+
+
+def arm(name: str, steps: list[float]) -> Arm:
+    return Arm(name=name, runs=[measured_run(repeat, step) for repeat, step in enumerate(steps)])
+
+
+def cut(
+    arm_name: str, strategy: str, cut_at: int, predicted: float, measured: float, *partitioners: str
+) -> PlanAccuracy:
+    return PlanAccuracy(
+        arm=arm_name,
+        also=[],
+        source="partition",
+        mode=strategy,
+        stages=[StageSpan(start=0, stop=cut_at, replicas=1), StageSpan(start=cut_at, stop=9, replicas=1)],
+        partitioners=list(partitioners),
+        predicted_step_s=predicted,
+        measured_step_s=measured,
+        calibrated_step_s=None,
+        calibrated_from=None,
+    )
+
+
+def finetune_record(plans: list[PlanAccuracy], arms: list[Arm], name: str = "layerpipe-sample") -> BenchRecord:
+    base = BenchRecord.from_json(json.loads(RECORD.read_text()))
+    accuracy = Accuracy(
+        seed=0, plans=plans, mape=0.0, rank_correlation=None, chosen=plans[0].arm, chosen_regret=0.0,
+        calibrated=None, rule="-",
+    )  # fmt: skip
+    return base.model_copy(
+        update={"phase": "finetune", "compares": "plans", "arms": arms, "accuracy": accuracy, "name": name}
+    )
+
+
+def test_each_partitioners_cut_is_a_row_and_a_missed_pick_says_by_how_much_and_why() -> None:
+    plans = [
+        cut("gpipe", "gpipe", 3, 0.20, 0.33, "layerpipe", "pipedream", "auto"),  # the planner's pick: 10% slower
+        cut("gpipe-even", "gpipe", 5, 0.30, 0.30, "even"),
+    ]
+    record = finetune_record(plans, [arm("gpipe", [0.33, 0.32, 0.34]), arm("gpipe-even", [0.30, 0.29, 0.31])])
+    text = "\n".join(partitions_lines(record))
+    assert "| gpipe | even | 0-4 \\| 5-8 | gpipe-even | 0.3 | 0.3 [0.29, 0.31] | +0% | best |" in text
+    for partitioner in ("pipedream", "layerpipe", "auto"):  # one run, a row for each partitioner that cut it
+        assert f"| gpipe | {partitioner} | 0-2 \\| 3-8 | gpipe | 0.2 | 0.33 [0.32, 0.34] | -39% | +10.0% |" in text
+    assert (
+        "gpipe: the planner's cut (auto, layerpipe = pipedream's) measured 10.0% [9.7%, 10.3%; 3 repeats] slower"
+        " than the best measured (even's): 7.0% over the 3% target. The profile predicted the pick 0.2 s and the"
+        " best 0.3 s (the pick ahead of it); measured 0.33 s and 0.3 s: the pick's prediction is -39% off, the"
+        " best's +0%." in text
+    )
+    close = finetune_record(plans, [arm("gpipe", [0.33, 0.31, 0.34]), arm("gpipe-even", [0.30, 0.29, 0.32])])
+    assert "slower than the best measured (even's), inside the noise" in "\n".join(partitions_lines(close))
+    assert "#### Partitions" in render([record])
+
+
+def test_a_pick_that_is_the_best_cut_says_so_and_a_record_without_partitioners_has_no_table() -> None:
+    plans = [cut("zb", "zb", 3, 0.2, 0.2, "pipedream", "auto"), cut("zb-even", "zb", 5, 0.3, 0.3, "even")]
+    record = finetune_record(plans, [arm("zb", [0.2, 0.21, 0.19]), arm("zb-even", [0.3, 0.31, 0.29])])
+    assert "- zb: the planner's cut (auto, pipedream's) is the best measured." in partitions_lines(record)
+    older = [plan.model_copy(update={"partitioners": []}) for plan in plans]  # before the partitions table
+    assert partitions_lines(finetune_record(older, record.arms)) == []
+
+
+def test_a_missed_target_names_the_plans_off_and_the_pairs_ordered_against_the_measurement() -> None:
+    plans = [
+        cut("a", "gpipe", 3, 1.30, 1.0),  # +30%: predicted slow
+        cut("b", "gpipe", 4, 1.25, 2.0),  # -38%: fast, and ordered before a though it measured twice as slow
+        cut("c", "gpipe", 5, 3.0, 3.0),
+    ]
+    arms = {"a": arm("a", [1.0, 1.01, 0.99]), "b": arm("b", [2.0, 2.02, 1.98]), "c": arm("c", [3.0, 3.03, 2.97])}
+    doubt = figure_doubt({plan.arm: plan.predicted_step_s for plan in plans}, arms, "b")
+    (said,) = miss_lines(plans, arms, "b", doubt, floor=0.01, phase="finetune")
+    assert "MAPE 17.6% over its target 5.0%: of 3 plans, 1 predicted slow by more than the target (a)" in said
+    assert "and 1 fast (b)" in said
+    assert "the largest errors b -38%, a +30%, c +0%." in said
+    assert "Kendall's tau 0.37 under its target 0.7: 1 pairs ordered against a measurement clear of the noise" in said
+    assert "(b predicted 4% faster than a, measured 100% slower)" in said
+    assert "The chosen plan b measured 100.0% slower than a, beyond the noise" in said
+    bound = Bound(t1_s=2.0, ideal_s=1.0, runs=[], profile_ideal_s=1.5)  # the profile's blocks 50% slow
+    (with_bound,) = miss_lines(plans, arms, "b", doubt, floor=0.01, phase="finetune", bound=bound)
+    assert "The profile's own ideal step (1.5 s) is +50% off the measured bound's (1 s, T1 / N)" in with_bound
+    exact = [plan.model_copy(update={"predicted_step_s": plan.measured_step_s}) for plan in plans]
+    met = figure_doubt({plan.arm: plan.measured_step_s for plan in plans}, arms, "a")
+    assert miss_lines(exact, arms, "a", met, floor=0.01, phase="finetune") == []
+
+
+def test_the_accuracy_table_has_a_row_a_record_development_or_held_out() -> None:
+    plans = [cut("zb", "zb", 3, 0.2, 0.2, "pipedream", "auto"), cut("zb-even", "zb", 5, 0.33, 0.3, "even")]
+    arms = [arm("zb", [0.2, 0.2, 0.2]), arm("zb-even", [0.3, 0.3, 0.3])]
+    development, held_out = finetune_record(plans, arms), finetune_record(plans, arms, name="tiny-llama-text")
+    text = accuracy_tables([("a/dev.json", development), ("a/held.json", held_out)])
+    assert text.startswith("**End-to-end training** (Kendall's tau target 0.7;") and "**Distillation**" not in text
+    assert "| layerpipe-sample | 2 | 2 | 2 | 0.0% | 5.0% | " in text
+    assert "| 0.0% [0.0%, 0.0%] (the fastest) | - | development | `dev.json` |" in text
+    assert "| 5.0% [5.0%, 5.0%] | 1.00 [1.00, 1.00] |" in text  # MAPE (0 and 10%) / 2 in every repeat; tau 1
+    assert "| held-out | `held.json` |" in text
