@@ -76,7 +76,7 @@ from pipebd_core.job.supervisor import Outcome, Stop, Supervisor, Watcher
 from pipebd_core.rank.checkpoint import resume_steps
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import SpecError, parse_spec
-from worker.streaming import Progress, TelemetryStreamer
+from worker.streaming import Progress, TakenOver, TelemetryStreamer
 from worker.tracking import MlflowExport, start_export
 
 log = logging.getLogger("pipebd.worker")
@@ -131,7 +131,7 @@ class JobWatcher(Watcher):
     def __init__(self, runner: JobRunner, run_dir: RunDir, nproc: int, export: MlflowExport | None = None) -> None:
         self.runner, self.run_dir, self.export = runner, run_dir, export
         self.database, self.job_id = runner.database, runner.job_id
-        self.streamer = TelemetryStreamer(self.database, self.job_id, run_dir, nproc)
+        self.streamer = TelemetryStreamer(self.database, self.job_id, run_dir, nproc, runner.owns)
         self.records: list[PhaseRecord] = []
         self.unsaved: dict[str, Callable[[], None]] = {}  # what to store once the database answers, by kind
         self.outage_since: float | None = None
@@ -184,15 +184,20 @@ class JobWatcher(Watcher):
             for kind in list(self.unsaved):
                 self.unsaved[kind]()
                 del self.unsaved[kind]
-            self.streamer.poll(phase, self.records)
-            self.runner.heartbeat()
-            state = current_state(self.database, self.job_id)
+            state, owned = self.runner.standing()
+            if owned:
+                self.streamer.poll(phase, self.records)
+                self.runner.heartbeat()
         except DATABASE_DOWN as error:
             self._outage(error)
             return None
+        except TakenOver:
+            owned = False
         if self.outage_since is not None:
             log.warning("job %s: the database answers again after %.0f s", self.job_id, time.time() - self.outage_since)
             self.outage_since = None
+        if state in ACTIVE and not owned:  # reaped while this worker ran it (stale heartbeats), claimed again
+            return Stop("failed", "worker_lost", "the job was claimed again by another worker: this run stops")
         if state == CANCELLING:
             return Stop("cancelled", "user_cancelled")
         lost = self.runner.lost_node()
@@ -212,7 +217,10 @@ class JobWatcher(Watcher):
 
     def drain(self, phase: str) -> None:
         patience = self.runner.settings.outage_patience_s
-        persist(lambda: self.streamer.poll(phase, self.records), patience, f"job {self.job_id}: telemetry")
+        try:
+            persist(lambda: self.streamer.poll(phase, self.records), patience, f"job {self.job_id}: telemetry")
+        except TakenOver as error:
+            log.warning("job %s: telemetry not stored: %s", self.job_id, error)
 
 
 class JobRunner:
@@ -237,6 +245,7 @@ class JobRunner:
         self.extra_env = extra_env or {}
         self.publish = publish
         self.last_heartbeat = 0.0
+        self.claimed_at: float | None = None  # the claim's stamp (the job's started_at): see `owns`
 
     def run(self) -> str:
         """The job's state when this worker is done with it, or 'not claimed' when it was not queued
@@ -289,11 +298,32 @@ class JobRunner:
         }
         # the sweep's and the tenant's rows stay locked until this commits (always in this order)
         with session_scope(self.database) as session:
-            return (
+            claimed = (
                 claim_room(session, self.job_id)
                 and claim_quota(session, self.job_id)
                 and transition(session, self.job_id, STARTING, [QUEUED], **fields)
             )
+        self.claimed_at = stamp if claimed else None
+        return claimed
+
+    def owns(self, job: Job | None) -> bool:
+        """Whether the job's row still names this worker's claim. The reaper requeues a job whose heartbeats went
+        stale (a database outage, a stalled machine), and another worker may claim it while this one still runs
+        it: then this run must store, record and settle nothing more."""
+        return (
+            job is not None
+            and self.claimed_at is not None
+            and job.worker == self.settings.worker_name
+            and job.worker_pid == os.getpid()
+            and job.started_at is not None
+            and abs(job.started_at - self.claimed_at) < 1e-3
+        )
+
+    def standing(self) -> tuple[str | None, bool]:
+        """The job's state (None: deleted) and whether it is still this worker's claim."""
+        with session_scope(self.database) as session:
+            job = session.get(Job, self.job_id)
+            return (None if job is None else job.state), self.owns(job)
 
     def node_role(self) -> NodeRole | None:
         """This worker's part when the job spans several nodes (worker/gang.py); None: the job is all here."""
@@ -325,7 +355,9 @@ class JobRunner:
 
     def heartbeat(self, force: bool = False) -> None:
         if force or time.time() - self.last_heartbeat >= self.settings.heartbeat_s:
-            record(self.database, self.job_id, heartbeat_at=now())
+            with session_scope(self.database) as session:  # only while the job is this worker's (`owns`)
+                ours = (col(Job.id) == self.job_id, col(Job.worker) == self.settings.worker_name)
+                session.execute(update(Job).where(*ours, col(Job.worker_pid) == os.getpid()).values(heartbeat_at=now()))
             self.last_heartbeat = time.time()
 
     def republish(self) -> None:
@@ -420,6 +452,9 @@ class JobRunner:
         shutdown or a fault of the machine with restarts left, or its own end); a job that ended elsewhere
         meanwhile (deleted, reaped) keeps that end."""
         with session_scope(self.database) as session:
+            if not self.owns(session.get(Job, self.job_id, with_for_update=True)):
+                log.warning("job %s: claimed again elsewhere; this run's end is not recorded", self.job_id)
+                return current_state(self.database, self.job_id) or "deleted"
             settled = settle(
                 session,
                 self.job_id,

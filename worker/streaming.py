@@ -15,12 +15,16 @@ already stored for that phase (an evaluation line, once per epoch), so every ste
 once, whatever attempt wrote it. Lines that could not be stored (the database did not answer) are kept
 and stored by the next poll. Lines of another format version (a run directory an earlier PipeBD wrote
 into, resumed) are passed over with one warning in the worker's log: the attempt that wrote them stored them.
+A streamer stores only while its worker still holds the job (`owns`, checked on the job's row, locked, in the
+storing transaction): a worker whose heartbeats went stale (a database outage, a stalled machine) may find its
+job reaped and claimed by another worker, and then stores nothing more (`TakenOver`).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from typing import TypedDict
 
 from sqlalchemy import update
@@ -48,6 +52,13 @@ def seq_of(line: TelemetryLine) -> int:
     return EVAL_SEQ if isinstance(line, EvalLine) else line.seq
 
 
+class TakenOver(RuntimeError):
+    """The job is no longer this worker's: reaped and claimed again elsewhere while this worker ran it."""
+
+
+Owns = Callable[[Job | None], bool]  # whether the job's row still names this worker's claim
+
+
 class Progress(TypedDict):
     """A job row's progress fields: the whole job's and the current phase's fraction done, and samples/s."""
 
@@ -57,8 +68,9 @@ class Progress(TypedDict):
 
 
 class TelemetryStreamer:
-    def __init__(self, database: str, job_id: int, run_dir: RunDir, nproc: int) -> None:
+    def __init__(self, database: str, job_id: int, run_dir: RunDir, nproc: int, owns: Owns | None = None) -> None:
         self.database, self.job_id, self.run_dir, self.nproc = database, job_id, run_dir, nproc
+        self.owns = owns  # None: store whoever holds the job (a test's streamer)
         self.followers: dict[str, MetricsFollower] = {}
         self.rollups = {phase: RollupBuilder(job_id, phase) for phase in PHASES_WITH_METRICS}
         self.log_sizes: dict[tuple[str, str], int] = {}
@@ -137,6 +149,7 @@ class TelemetryStreamer:
         window = self.window.add(phase, [line for line in lines if not isinstance(line, EvalLine)])
         try:
             with session_scope(self.database) as session:
+                self._fence(session)
                 if lines:
                     self._store_metrics(session, lines, phase, records, window)
                 for source, size in grown:
@@ -150,6 +163,14 @@ class TelemetryStreamer:
             raise
         self.window = window
         return len(lines)
+
+    def _fence(self, session: Session) -> None:
+        """Raise TakenOver (the transaction rolled back, nothing stored) when the job is no longer this worker's."""
+        if self.owns is None:
+            return
+        job = session.get(Job, self.job_id, with_for_update=True)
+        if not self.owns(job):
+            raise TakenOver(f"job {self.job_id} is no longer this worker's ({job.worker if job else 'deleted'})")
 
     def grown_logs(self, phase: str) -> list[tuple[str, int]]:
         """(source, size) of each log of `phase` that grew since the last poll."""

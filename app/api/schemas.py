@@ -398,7 +398,7 @@ class AttemptPublic(BaseModel):
 class JobChange(BaseModel):
     """What PATCH /api/v1/jobs/{id} changes: its priority, for its next claim."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # `true` is not a priority (schemathesis)
     priority: int = Field(ge=-1000, le=1000, description="Higher runs first, as the spec's priority")
 
 

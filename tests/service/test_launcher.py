@@ -1,15 +1,21 @@
 """Service tier: the launcher in this process, on a real database with real torchrun jobs: the wall-clock
 limit stops every rank and fails the job; a worker shutting down (while the job distils, or while it
 profiles) stops every rank and puts the job back in the queue, checkpointed (tests/chaos resumes one), its
-attempt `preempted`; ranks that reach no step boundary within the preemption grace are stopped at once."""
+attempt `preempted`; ranks that reach no step boundary within the preemption grace are stopped at once; a run
+whose job was reaped and claimed again elsewhere stops and writes nothing more."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 
+from sqlalchemy import func, update
+from sqlmodel import col, select
+
 from app.core.attempts import attempts_of
 from app.core.database import session_scope
+from app.core.settings import Settings
+from app.core.tables import Job, JobMetric, now
 from pipebd_core.rundir import RunDir
 from tests.service.conftest import make_settings
 from tests.service.factories import queued_job, stored, tiny_job
@@ -95,3 +101,30 @@ def test_ranks_that_reach_no_step_boundary_within_the_preemption_grace_are_stopp
     assert [(event["reason"], event["grace_s"]) for event in past] == [("worker_shutdown", 0.5)]
     with session_scope(settings.database) as session:
         assert [(a.outcome, a.reason) for a in attempts_of(session, job_id)] == [("preempted", "worker_shutdown")]
+
+
+def metric_rows(settings: Settings, job_id: int) -> int:
+    with session_scope(settings.database) as session:
+        return session.exec(select(func.count()).select_from(JobMetric).where(JobMetric.job_id == job_id)).one()
+
+
+def test_a_run_whose_job_was_claimed_again_elsewhere_stops_and_writes_nothing_more(tmp_path: Path) -> None:
+    """A worker whose heartbeats went stale (a database outage, a stalled machine) has its job reaped and claimed by
+    another worker while it still runs it: its run stores no more telemetry, beats no more for the job, stops its
+    ranks and leaves the other claim's state as it is (the short soak found a step stored twice this way)."""
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", kill_grace_s=2.0, poll_s=0.1)
+    job_id = queued_job(settings)
+    outcome: list[str] = []
+    runner = threading.Thread(target=lambda: outcome.append(JobRunner(job_id, settings, threading.Event()).run()))
+    runner.start()
+    wait_for(lambda: metric_rows(settings, job_id) > 0, 120, "the job's first telemetry stored")
+    with session_scope(settings.database) as session:  # reaped, then claimed by worker-b, as the reaper and a claim do
+        claim = {"worker": "worker-b", "worker_pid": 1, "started_at": now(), "heartbeat_at": 1.0}
+        session.execute(update(Job).where(col(Job.id) == job_id).values(**claim))
+    taken = metric_rows(settings, job_id)
+    runner.join(timeout=120)
+    job = stored(settings, job_id)
+    assert not runner.is_alive(), "the run went on after its job was claimed elsewhere"
+    assert outcome == ["running"] and (job.state, job.worker, job.heartbeat_at) == ("running", "worker-b", 1.0)
+    assert metric_rows(settings, job_id) == taken  # not one line stored after the claim moved
+    assert job.run_dir is not None and rank_processes(job.run_dir) == []
