@@ -53,12 +53,13 @@ class OwnOutsideTree:
             return False
 
     def sample(self) -> None:
-        me = psutil.Process()
-        tree = {me.pid} | {child.pid for child in me.children(recursive=True)}
+        me = os.getpid()
         for process in psutil.process_iter():
-            if process.pid in tree or not self.is_own(process):
+            if process.pid == me or not self.is_own(process):
                 continue
             try:
+                if me in {parent.pid for parent in process.parents()}:
+                    continue  # a descendant: counted by the load meter once reaped
                 times = process.cpu_times()
             except psutil.Error:
                 continue
