@@ -71,7 +71,7 @@ def command_soak(args: argparse.Namespace) -> int:
     except SoakError as error:
         return fail(str(error))
     write_record(out, result.record)
-    print(json.dumps({"jobs": result.record["jobs"], "faults": result.record["faults"]}), flush=True)
+    print(json.dumps({"jobs": result.record.jobs.to_json(), "faults": result.record.faults}), flush=True)
     violated = first_violated(result.verdicts)
     if violated is not None:
         print(f"pipebd: soak: invariant {violated} violated: {result.verdicts[violated].detail}", file=sys.stderr)

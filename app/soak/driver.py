@@ -51,10 +51,13 @@ from app.soak.history import (
 )
 from app.soak.invariants import Verdict, check_all, of_type
 from app.soak.jobs import BAD_REQUESTS, KINDS, SWEEP_GRID, SWEEP_KIND, SWEEP_WEIGHT, more_kinds, write_text
+from app.soak.load import SegmentMeter
 from app.soak.outputs import compare_runs, sample
 from app.soak.receiver import Receiver
-from app.soak.record import SoakRecord, build_record
+from app.soak.record import build_record
 from app.soak.service import SERVERS, WORKERS, Service
+from pipebd_core.bench.conditions import commit, machine
+from pipebd_core.documents.soak_record import SoakRecord
 
 T = TypeVar("T")
 ACTION_WEIGHTS = {
@@ -142,6 +145,8 @@ class Soak:
         self.next_snapshot = 0.0
 
     def run(self) -> SoakResult:
+        folders = [self.service.folder, *([self.service.servers_folder] if self.service.servers_folder else [])]
+        self.meter = SegmentMeter(self.index, folders, self.service.data_dir)
         self.receiver.start()
         write_text(self.service.data_dir / "datasets")
         self.service.start()
@@ -163,7 +168,7 @@ class Soak:
         verdicts = check_all(self.history.records)
         minutes = sum(segment.minutes for segment in of_type(self.history.records, Segment))
         final = {job.job_id: job.final or "" for job in self._job_states()}
-        record = build_record(self.options.seed, minutes, self.history.records, final, verdicts)
+        record = build_record(self.options.seed, minutes, self.history.records, final, verdicts, machine(), commit())
         return SoakResult(record, verdicts)
 
     def _begin_segment(self) -> None:
@@ -190,6 +195,7 @@ class Soak:
         self.history.add(self.service.leftovers())
         self.receiver.stop()
         self.client.close()
+        self.history.add(self.meter.close())  # the service stopped: its processes reaped
         self.history.close()
 
     # requests

@@ -11,6 +11,7 @@
     Leftovers    what outlived the service: processes, listening ports, shared-memory segments, run locks
     Memory       one process's resident memory at one moment
     Segment      the start of one run of `pipebd soak` (a resumed soak appends a segment to the same history)
+    SegmentLoad  its end: its wall time and the load other processes put on the machine meanwhile
     Outage       a server (PostgreSQL, Redis) the soak stopped, and when it answered again
     Outputs      a succeeded job's weights compared with those of the same spec run undisturbed afterwards
 
@@ -168,6 +169,16 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class SegmentLoad:
+    time: float
+    index: int  # the Segment it ends
+    wall_s: float  # from the start of its service to its stop
+    other_cores: float  # CPU other processes used on average (the soak's own outside its tree taken out)
+    shared: bool  # other_cores above the benchmarks' shared bound
+    outside_tree_cpu_s: float  # CPU of the soak's own processes outside its process tree, counted as its own
+
+
+@dataclass(frozen=True)
 class Outage:
     server: str  # postgres, redis
     start: float  # when the soak stopped it
@@ -196,6 +207,7 @@ Record = (
     | Leftovers
     | Memory
     | Segment
+    | SegmentLoad
     | Outage
     | Outputs
 )
@@ -213,6 +225,7 @@ RECORD_TYPES: dict[str, type[Any]] = {
         Leftovers,
         Memory,
         Segment,
+        SegmentLoad,
         Outage,
         Outputs,
     )

@@ -1,6 +1,7 @@
-"""A soak's result document: what ran, what was done to it, how fast the API answered, how much memory its
-processes held at the start and the end, and each invariant's verdict. Built from the history alone (plus
-the jobs' final states), written as JSON."""
+"""A soak's result document (pipebd_core/documents/soak_record.py SoakRecord): what ran, what was done to it, how
+fast the API answered, how much memory its processes held at the start and the end, each invariant's verdict, the
+user actions, and what it ran on and under (the machine, each segment's wall time and load). Built from the
+history alone (plus the jobs' final states and the machine), written as JSON."""
 
 from __future__ import annotations
 
@@ -9,39 +10,22 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypedDict
 
 from app.core.states import FINAL
-from app.soak.history import Fault, Memory, Record, Request, Submitted
+from app.soak.history import Fault, Memory, Record, Request, Segment, SegmentLoad, Submitted
 from app.soak.invariants import Verdict, of_type
+from pipebd_core.documents.bench_record import Load, Machine
+from pipebd_core.documents.soak_record import (
+    InvariantOutcome,
+    JobCounts,
+    MemoryFigures,
+    SoakRecord,
+    SoakSegment,
+)
 
 PERCENTILES = (50, 90, 99)
 STREAMING = frozenset({"follow"})  # requests whose latency is a stream's life, not an answer's
-
-
-class JobCounts(TypedDict):
-    submitted: dict[str, int]  # kind -> jobs submitted
-    finished: dict[str, int]  # kind -> jobs that ended (succeeded, failed or cancelled) by the soak's end
-
-
-class InvariantOutcome(TypedDict):
-    held: bool
-    detail: str | None  # the first violation
-
-
-class MemoryFigures(TypedDict):
-    start: dict[str, float]  # process -> resident MiB at its first sample
-    end: dict[str, float]  # and at its last
-
-
-class SoakRecord(TypedDict):
-    seed: int
-    minutes: float
-    jobs: JobCounts
-    faults: dict[str, int]
-    api_latency_ms: dict[str, float]  # p50, p90, p99, max over every answered request (streams excepted)
-    memory: MemoryFigures
-    invariants: dict[str, InvariantOutcome]
+USER_ACTIONS = ("cancel", "pause", "resume", "priority", "bad_request", "read")  # the driver's, beside submissions
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -66,30 +50,65 @@ def memory_figures(records: Sequence[Record]) -> MemoryFigures:
         first.setdefault(sample.process, sample)
         last[sample.process] = sample
     mib = 1 << 20
-    return {
-        "start": {name: round(s.rss_bytes / mib, 1) for name, s in sorted(first.items())},
-        "end": {name: round(s.rss_bytes / mib, 1) for name, s in sorted(last.items())},
-    }
+    return MemoryFigures(
+        start={name: round(s.rss_bytes / mib, 1) for name, s in sorted(first.items())},
+        end={name: round(s.rss_bytes / mib, 1) for name, s in sorted(last.items())},
+    )
+
+
+def action_counts(records: Sequence[Record]) -> dict[str, int]:
+    """Requests made per user action (the driver's draws; a bad request's answer is no_5xx's business)."""
+    counts = Counter(r.action for r in of_type(records, Request) if r.action in USER_ACTIONS)
+    return {action: counts[action] for action in USER_ACTIONS}
+
+
+def segments(records: Sequence[Record]) -> list[SoakSegment]:
+    """Every segment of the history, with its end's wall time and load where it recorded them."""
+    ends = {end.index: end for end in of_type(records, SegmentLoad)}
+    return [segment_of(segment, ends.get(segment.index)) for segment in of_type(records, Segment)]
+
+
+def segment_of(segment: Segment, end: SegmentLoad | None) -> SoakSegment:
+    if end is None:
+        return SoakSegment(index=segment.index, minutes=segment.minutes, wall_s=None, load=None)
+    load = Load(wall_s=end.wall_s, other_cores=end.other_cores, shared=end.shared)
+    return SoakSegment(
+        index=segment.index,
+        minutes=segment.minutes,
+        wall_s=end.wall_s,
+        load=load,
+        outside_tree_cpu_s=end.outside_tree_cpu_s,
+    )
 
 
 def build_record(
-    seed: int, minutes: float, records: Sequence[Record], final_states: dict[int, str], verdicts: dict[str, Verdict]
+    seed: int,
+    minutes: float,
+    records: Sequence[Record],
+    final_states: dict[int, str],
+    verdicts: dict[str, Verdict],
+    machine: Machine | None = None,
+    commit: str | None = None,
 ) -> SoakRecord:
     submitted = of_type(records, Submitted)
-    return {
-        "seed": seed,
-        "minutes": minutes,
-        "jobs": {
-            "submitted": dict(sorted(Counter(s.kind for s in submitted).items())),
-            "finished": dict(sorted(Counter(s.kind for s in submitted if final_states.get(s.job_id) in FINAL).items())),
-        },
-        "faults": dict(sorted(Counter(f.kind for f in of_type(records, Fault)).items())),
-        "api_latency_ms": latency_ms(records),
-        "memory": memory_figures(records),
-        "invariants": {name: {"held": v.held, "detail": v.detail} for name, v in verdicts.items()},
-    }
+    return SoakRecord(
+        seed=seed,
+        minutes=minutes,
+        jobs=JobCounts(
+            submitted=dict(sorted(Counter(s.kind for s in submitted).items())),
+            finished=dict(sorted(Counter(s.kind for s in submitted if final_states.get(s.job_id) in FINAL).items())),
+        ),
+        faults=dict(sorted(Counter(f.kind for f in of_type(records, Fault)).items())),
+        api_latency_ms=latency_ms(records),
+        memory=memory_figures(records),
+        invariants={name: InvariantOutcome(held=v.held, detail=v.detail) for name, v in verdicts.items()},
+        commit=commit,
+        machine=machine,
+        actions=action_counts(records),
+        segments=segments(records),
+    )
 
 
 def write_record(path: Path, record: SoakRecord) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    path.write_text(json.dumps(record.to_json(), indent=2) + "\n")

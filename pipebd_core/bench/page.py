@@ -33,6 +33,8 @@ from pipebd_core.bench.accuracy_table import accuracy_tables
 from pipebd_core.bench.machines import machines_table
 from pipebd_core.bench.recovery import RecoveryRecord, render_recovery
 from pipebd_core.bench.report import load_record, render
+from pipebd_core.bench.soak_page import render_soak
+from pipebd_core.documents.soak_record import SoakRecord
 from pipebd_core.documents.tradeoff_record import TradeoffRecord, TradeoffRow
 
 SECTION = re.compile(
@@ -76,6 +78,8 @@ def render_file(path: Path) -> str:
         return render_tradeoff(TradeoffRecord.from_json(data))
     if isinstance(data, dict) and data.get("benchmark") == "recovery":
         return render_recovery(RecoveryRecord.model_validate(data))
+    if isinstance(data, dict) and data.get("benchmark") == "soak":
+        return render_soak(SoakRecord.model_validate(data))
     return render([load_record(path)])
 
 

@@ -2,7 +2,8 @@
 drain and one undisturbed rerun: a real API and two workers (two host ids) on the soak's own PostgreSQL and
 Redis, tiny jobs of several kinds, cancels, pauses, resumes and priority changes, workers SIGKILLed and
 SIGTERMed, ranks SIGKILLed, PostgreSQL or Redis restarted, the webhook receiver down, SSE followers
-reconnecting, bad requests. Every invariant holds on its history, and the record has the issue's fields."""
+reconnecting, bad requests. Every invariant holds on its history, and the record has the issue's fields and the
+segment's load (its PostgreSQL's CPU, outside the soak's process tree, counted as the soak's own)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def test_a_short_soak_holds_every_invariant(tmp_path: Path) -> None:
     logs = "\n".join(path.read_text(errors="replace")[-2000:] for path in logged)
     assert out.exists(), f"{done.stdout}\n{done.stderr}\n{logs}"
     record = json.loads(out.read_text())
-    assert set(record) == {"seed", "minutes", "jobs", "faults", "api_latency_ms", "memory", "invariants"}
+    assert set(record) >= {"seed", "minutes", "jobs", "faults", "api_latency_ms", "memory", "invariants"}
+    assert record["benchmark"] == "soak" and record["machine"]["cores"] >= 1
+    [segment] = record["segments"]  # its wall time and load, from the history's SegmentLoad
+    assert segment["index"] == 0 and segment["load"]["wall_s"] >= 18 and segment["outside_tree_cpu_s"] > 0
     failed = {name: v["detail"] for name, v in record["invariants"].items() if not v["held"]}
     assert failed == {}, f"{failed}\n{done.stderr}\n{logs}"
     assert done.returncode == 0 and "every invariant held" in done.stdout, done.stderr

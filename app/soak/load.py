@@ -1,0 +1,89 @@
+"""The load other processes put on the machine while one soak segment ran (the benchmarks' LoadMeter,
+pipebd_core/bench/conditions.py), with the soak's own processes outside its process tree counted as its own.
+
+LoadMeter counts as "own" only this process and the children it reaped. The soak's PostgreSQL and Redis run
+daemonized (not its children), and the ranks and torchrun of a worker it SIGKILLs are orphaned (never reaped
+through it): the meter would count their CPU as other processes'. A thread samples, every SAMPLE_S, each process
+outside the soak's tree that is the soak's own (its working directory under the soak's folders, or its
+PIPEBD_DATA_DIR the service's) and takes their CPU out. What such a process used after its last sample, or a
+process that lived less than SAMPLE_S, still counts as other: the figure errs high, never low.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from app.soak.history import SegmentLoad
+from pipebd_core.bench.conditions import LoadMeter
+from pipebd_core.documents.bench_record import SHARED_CORES
+
+SAMPLE_S = 0.5
+
+
+class OwnOutsideTree:
+    """Samples the CPU of the soak's own processes that are not its descendants, from its start to `seconds`."""
+
+    def __init__(self, folders: list[Path], data_dir: Path) -> None:
+        self.folders = [str(folder.resolve()) for folder in folders]
+        self.data_dir = str(data_dir.resolve())
+        self.before = set(psutil.pids())  # alive when it started (create_time is only as precise as boot time)
+        self.base: dict[int, float] = {}  # pid -> CPU seconds not counted (used before the segment started)
+        self.used: dict[int, float] = {}  # pid -> CPU seconds at its last sample
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="soak-load")
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(SAMPLE_S):
+            self.sample()
+
+    def is_own(self, process: psutil.Process) -> bool:
+        """The process works in one of the soak's folders, or serves its data directory."""
+        try:
+            cwd = process.cwd()
+            if any(cwd == folder or cwd.startswith(folder + os.sep) for folder in self.folders):
+                return True
+            return process.environ().get("PIPEBD_DATA_DIR") == self.data_dir
+        except psutil.Error:
+            return False
+
+    def sample(self) -> None:
+        me = os.getpid()
+        for process in psutil.process_iter():
+            if process.pid == me or not self.is_own(process):
+                continue
+            try:
+                if me in {parent.pid for parent in process.parents()}:
+                    continue  # a descendant: counted by the load meter once reaped
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            seconds = times.user + times.system
+            if process.pid not in self.used:
+                self.base[process.pid] = seconds if process.pid in self.before else 0.0
+            self.used[process.pid] = seconds
+
+    def seconds(self) -> float:
+        """Stop sampling; the CPU seconds the soak's own processes outside its tree used since it started."""
+        self.stopped.set()
+        self.thread.join()
+        return sum(max(0.0, used - self.base[pid]) for pid, used in self.used.items())
+
+
+class SegmentMeter:
+    """Opened as a segment starts its service, closed once it stopped it: the segment's SegmentLoad."""
+
+    def __init__(self, index: int, folders: list[Path], data_dir: Path) -> None:
+        self.index = index
+        self.meter = LoadMeter.open()
+        self.outside = OwnOutsideTree(folders, data_dir)
+
+    def close(self) -> SegmentLoad:
+        load, outside_s = self.meter.load(), self.outside.seconds()
+        others = max(0.0, load.other_cores - outside_s / load.wall_s) if load.wall_s > 0 else 0.0
+        return SegmentLoad(time.time(), self.index, load.wall_s, others, others > SHARED_CORES, outside_s)
