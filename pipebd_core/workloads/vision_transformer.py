@@ -4,7 +4,8 @@ The teacher is a torchvision builder (`workload.teacher: vit_b_16` and the other
 `data.image_size` with `data.num_classes` classes, its weights from a local torchvision state_dict
 (`workload.teacher_weights`; position embeddings interpolated where the state_dict's image size differs),
 or a random `VisionTransformer` of `workload.config` (`model_type: vision_transformer`), seeded and warned
-about as random CNN teachers are. Blocks are the encoder layers (`EncoderBlock`: hidden states of shape
+about as random CNN teachers are, or a transformers ViT directory's weights copied into torchvision's module
+(`workload.teacher` a path, vit_teacher.py). Blocks are the encoder layers (`EncoderBlock`: hidden states of shape
 (batch, patches + 1, hidden) in and out, bidirectional, nothing else to relay): the patch embedding, the
 class token and the position embeddings prepare block 0's input; the encoder's final LayerNorm and the
 classification head read the class token after the last block.

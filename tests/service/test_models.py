@@ -3,8 +3,9 @@
 `workload.teacher: {model: N}`) and fine-tuned, a choice made again from that search. Registration records
 files with their sha256, parents and figures, once however often it runs; the API lists (filters, pages),
 reads and gives the lineage; a spec naming a model is resolved to its files (allowed past the data roots),
-an unknown id or a model whose files are gone is a 422 naming `workload.teacher`. The real chain through
-workers and Chromium is tests/web/test_models_page.py."""
+an unknown id or a model whose files are gone is a 422 naming `workload.teacher`; a ViT job's distilled_hf/
+is the next job's teacher (the preflight builds it) and one the ViT mapping cannot read is refused. The real
+chain through workers and Chromium is tests/web/test_models_page.py."""
 
 from __future__ import annotations
 
