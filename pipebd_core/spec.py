@@ -28,6 +28,7 @@ FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 TRANSFORMER_FAMILIES = ("llama", "qwen2", "mistral", "gpt2")  # Hugging Face model_type of a transformer teacher
 VIT_TEACHERS = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")  # torchvision vision transformers
 VIT_FAMILY = "vision_transformer"  # workload.config's model_type of a random torchvision VisionTransformer
+VIT_MODEL_TYPE = "vit"  # config.json's model_type of a transformers ViTForImageClassification directory teacher
 TRAINED_NETWORKS = (*COMPRESSION_TEACHERS, "mobilenet_v2", *VIT_TEACHERS)  # kind train: torchvision classifiers
 # transformer replacements of a decoder layer (docs/transformers.md): the layer kept, its FFN narrowed to a
 # fraction, its KV heads mean-pooled to a count, linear attention, its attention removed, a linear map, nothing
@@ -40,6 +41,17 @@ Mode = Literal["dp", "ls", "ir", "tr", "tr_dpu", "hybrid", "auto"]
 
 class SpecError(ValueError):
     """A spec that cannot be run; the message names the field path and what would work."""
+
+
+def is_vit_directory(folder: str) -> bool:
+    """Whether `folder` is a model directory whose config.json has `model_type: vit` (transformers' ViT): a
+    vision transformer teacher (workloads/vit_teacher.py). Anything unreadable is not one (the language model
+    path then says what is wrong with it)."""
+    try:
+        config = json.loads((Path(folder).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == VIT_MODEL_TYPE
 
 
 class _Strict(BaseModel):
@@ -134,11 +146,18 @@ class WorkloadSpec(_Strict):
 
     @property
     def vision_transformer(self) -> bool:
-        """Whether the teacher (or, for kind train, the network trained) is a torchvision vision transformer
-        (images in, class logits out)."""
+        """Whether the teacher (or, for kind train, the network trained) is a vision transformer (images in,
+        class logits out): torchvision's by name or config, or a transformers ViT directory."""
         return self.kind in ("transformer", "train") and (
-            self.teacher in VIT_TEACHERS or (self.config or {}).get("model_type") == VIT_FAMILY
+            self.teacher in VIT_TEACHERS
+            or (self.config or {}).get("model_type") == VIT_FAMILY
+            or (self.teacher_directory and is_vit_directory(self.teacher))
         )
+
+    @property
+    def teacher_directory(self) -> bool:
+        """Whether `teacher` is a path to a model directory (a transformer job's teacher that no name stands for)."""
+        return self.kind == "transformer" and bool(self.teacher) and self.teacher not in VIT_TEACHERS
 
     @model_validator(mode="before")
     @classmethod

@@ -221,7 +221,7 @@ def teacher_path(spec: Spec) -> Path | None:
     workload = spec.workload
     if workload.kind == "train":
         return None
-    if workload.language_model and workload.teacher:
+    if workload.teacher_directory:  # a language model's or a ViT's model directory
         return Path(workload.teacher).expanduser().resolve()
     if workload.teacher_weights:
         return Path(workload.teacher_weights).expanduser().resolve()

@@ -137,7 +137,7 @@ def policy_problems(spec: Spec, settings: Settings, resolved: Sequence[Path] = (
     for loc, value in (
         (["data", "root"], spec.data.root),
         (["workload", "teacher_weights"], spec.workload.teacher_weights),
-        (["workload", "teacher"], spec.workload.teacher if spec.workload.language_model else None),
+        (["workload", "teacher"], spec.workload.teacher if spec.workload.teacher_directory else None),
         (["data", "tokenizer"], spec.data.tokenizer),
     ):
         if value and not _under_roots(value, roots) and Path(value).expanduser().resolve() not in exact:

@@ -4,7 +4,8 @@ The teacher is a torchvision builder (`workload.teacher: vit_b_16` and the other
 `data.image_size` with `data.num_classes` classes, its weights from a local torchvision state_dict
 (`workload.teacher_weights`; position embeddings interpolated where the state_dict's image size differs),
 or a random `VisionTransformer` of `workload.config` (`model_type: vision_transformer`), seeded and warned
-about as random CNN teachers are. Blocks are the encoder layers (`EncoderBlock`: hidden states of shape
+about as random CNN teachers are, or a transformers ViT directory's weights copied into torchvision's module
+(`workload.teacher` a path, vit_teacher.py). Blocks are the encoder layers (`EncoderBlock`: hidden states of shape
 (batch, patches + 1, hidden) in and out, bidirectional, nothing else to relay): the patch embedding, the
 class token and the position embeddings prepare block 0's input; the encoder's final LayerNorm and the
 classification head read the class token after the last block.
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipebd_core.spec import VIT_FAMILY, Spec, SpecError
+from pipebd_core.spec import VIT_FAMILY, VIT_TEACHERS, Spec, SpecError
 from pipebd_core.workloads.linear_attention import HedgehogFeatureMap, hedgehog_attention
 from pipebd_core.workloads.loading import linear_from, read_state_dict
 from pipebd_core.workloads.transformer_parts import ModelParts
@@ -142,7 +143,7 @@ def vit_config(fields: dict[str, Any], spec: Spec) -> dict[str, Any]:
     return {**options, "image_size": image_size, "num_classes": spec.data.num_classes}
 
 
-def _check_patches(image_size: int, patch_size: int) -> None:
+def check_patches(image_size: int, patch_size: int) -> None:
     if image_size % patch_size:
         raise SpecError(
             f"data.image_size: {image_size} is not a multiple of the teacher's patch size ({patch_size});"
@@ -160,15 +161,20 @@ def build_vit(spec: Spec) -> Any:
         torch.manual_seed(block_seed(spec.train.seed, "teacher", 0))
         if w.config is not None:
             options = vit_config(w.config, spec)
-            _check_patches(data.image_size, options["patch_size"])
+            check_patches(data.image_size, options["patch_size"])
             return tv.VisionTransformer(**options)
-        _check_patches(data.image_size, int(w.teacher.rsplit("_", 1)[1]))
+        check_patches(data.image_size, int(w.teacher.rsplit("_", 1)[1]))
         return getattr(tv, w.teacher)(image_size=data.image_size, num_classes=data.num_classes)
 
 
 def load_vit(spec: Spec) -> tuple[nn.Module, list[str]]:
     """The vision transformer teacher, in float32 on CPU, eval mode, and its warnings."""
-    model, w = build_vit(spec), spec.workload
+    w = spec.workload
+    if w.teacher and w.teacher not in VIT_TEACHERS:  # a transformers ViT directory (vit_teacher.py)
+        from pipebd_core.workloads.vit_teacher import load_vit_directory
+
+        return load_vit_directory(spec)
+    model = build_vit(spec)
     if w.teacher_weights is not None:
         return model.eval(), _load_weights(model, w.teacher_weights, spec)
     with torch.random.fork_rng(devices=[]):
@@ -190,10 +196,15 @@ def _draw_head(model: Any) -> None:
 
 
 def _load_weights(model: Any, path: str, spec: Spec) -> list[str]:
-    """Load a torchvision state_dict into `model` (positions interpolated to its image size); the warnings."""
+    """Load a torchvision state_dict file into `model`; the warnings."""
+    return load_state(model, read_state_dict(path, _FIELD), spec, f"{_FIELD}: {path}")
+
+
+def load_state(model: Any, state: dict[str, torch.Tensor], spec: Spec, source: str) -> list[str]:
+    """Load a torchvision VisionTransformer state_dict (named `source` in errors) into `model`, its positions
+    interpolated to the model's image size and its head replaced by one of the state's classes; the warnings."""
     from torchvision.models.vision_transformer import interpolate_embeddings
 
-    state = read_state_dict(path, _FIELD)
     positions = state.get("encoder.pos_embedding")
     if positions is not None and positions.shape[1] != model.seq_length:
         state = dict(interpolate_embeddings(model.image_size, model.patch_size, state))
@@ -202,17 +213,17 @@ def _load_weights(model: Any, path: str, spec: Spec) -> list[str]:
     if head is not None and head.shape[0] != spec.data.num_classes:
         model.heads.head = nn.Linear(model.heads.head.in_features, head.shape[0])
         warnings.append(
-            f"{_FIELD} has a {head.shape[0]}-class head but data.num_classes is {spec.data.num_classes}; top-1"
+            f"{source} has a {head.shape[0]}-class head but data.num_classes is {spec.data.num_classes}; top-1"
             " compares the head's class indices with the data's labels as they are"
         )
     try:
         result = model.load_state_dict(state, strict=False)
     except RuntimeError as error:  # a shape that does not fit
-        raise SpecError(f"{_FIELD}: {path} does not fit the teacher: {error}") from None
+        raise SpecError(f"{source} does not fit the teacher: {error}") from None
     if result.missing_keys or result.unexpected_keys:
         wrong = result.missing_keys[:3] or result.unexpected_keys[:3]
         raise SpecError(
-            f"{_FIELD}: {path} does not fit the teacher ({'missing' if result.missing_keys else 'unexpected'}"
+            f"{source} does not fit the teacher ({'missing' if result.missing_keys else 'unexpected'}"
             f" keys such as {', '.join(wrong)}); expected a torchvision VisionTransformer state_dict of"
             f" {spec.workload.teacher or VIT_FAMILY}"
         )

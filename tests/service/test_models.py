@@ -3,8 +3,9 @@
 `workload.teacher: {model: N}`) and fine-tuned, a choice made again from that search. Registration records
 files with their sha256, parents and figures, once however often it runs; the API lists (filters, pages),
 reads and gives the lineage; a spec naming a model is resolved to its files (allowed past the data roots),
-an unknown id or a model whose files are gone is a 422 naming `workload.teacher`. The real chain through
-workers and Chromium is tests/web/test_models_page.py."""
+an unknown id or a model whose files are gone is a 422 naming `workload.teacher`; a ViT job's distilled_hf/
+is the next job's teacher (the preflight builds it) and one the ViT mapping cannot read is refused. The real
+chain through workers and Chromium is tests/web/test_models_page.py."""
 
 from __future__ import annotations
 
@@ -283,3 +284,28 @@ def test_a_network_of_pipebds_own_layers_is_a_teacher_where_its_version_is_read_
     assert 'id="compress-further"' not in client.get(f"/models/{searched.id}").text
     listing = client.get("/models").text
     assert "compress-further" not in listing[listing.index(f'id="model-{searched.id}"') :].split("</tr>")[0]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the registry's SQL is the tests' above
+def test_a_distilled_vit_directory_is_the_next_jobs_teacher(client: TestClient, settings: Settings) -> None:
+    from pipebd_core.workloads.transformer import rebuild
+    from pipebd_core.workloads.vit_directory import write_vit_directory
+    from tests.transformer_specs import TINY_VIT, vit_document
+
+    document = vit_document()
+    job, run_dir = finished_job(settings, document, "job-vit")
+    spec = parse_spec(document)
+    assert write_vit_directory(spec, rebuild(spec), ["ffn_1/2"] * TINY_VIT["num_layers"], run_dir.distilled_hf)
+    distilled = {model.kind: model for model in register(settings, job)}["distilled"]
+    page = client.get(f"/models/{distilled.id}").text
+    assert 'id="compress-further"' in page and 'id="fine-tune"' in page
+    next_job = vit_document(workload={"config": None, "teacher": {"model": distilled.id}, "replacements": ["keep"]})
+    answer = client.post("/api/v1/jobs", json=next_job)  # the preflight builds the workload from the directory
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["spec"]["workload"]["teacher"] == str(run_dir.distilled_hf)
+    config = json.loads((run_dir.distilled_hf / "config.json").read_text())
+    (run_dir.distilled_hf / "config.json").write_text(json.dumps({**config, "hidden_act": "relu"}))
+    answer = client.post("/api/v1/jobs", json=next_job)
+    assert answer.status_code == 422, answer.text
+    (problem,) = answer.json()["errors"]
+    assert "hidden_act 'relu' is not supported; the encoder layers use 'gelu'" in problem["message"]

@@ -283,3 +283,73 @@ def test_a_vit_with_other_layers_writes_no_directory(tmp_path: Any) -> None:
     network = rebuild(spec, Architecture(blocks=blocks, candidates=[], chosen_by="this test", teacher_params=0))
     assert not write_vit_directory(spec, network, names, tmp_path / "model")
     assert not (tmp_path / "model").exists()
+
+
+@pytest.fixture(scope="module")
+def vit_directory(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A distilled_hf directory as a ViT job writes it: the tiny ViT's `ffn_1/2` student."""
+    from pipebd_core.workloads.transformer import rebuild
+    from pipebd_core.workloads.vit_directory import write_vit_directory
+
+    folder = tmp_path_factory.mktemp("distilled_hf")
+    spec = vit_spec(config=TINY_VIT, replacements=["ffn_1/2"])
+    assert write_vit_directory(spec, rebuild(spec), ["ffn_1/2"] * TINY_VIT["num_layers"], folder)
+    return folder
+
+
+def made_by_transformers(folder: Any) -> Any:
+    """A ViTForImageClassification saved by transformers itself: no q/k/v bias, its own LayerNorm eps."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    options = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 24}
+    config = ViTConfig(**options, image_size=16, patch_size=4, qkv_bias=False, layer_norm_eps=1e-12, num_labels=10)
+    ViTForImageClassification(config).save_pretrained(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("made_by", ["a vit job", "transformers"])
+def test_a_vit_directory_is_a_teacher_whose_blocks_give_its_own_logits(
+    vit_directory: Any, tmp_path: Any, made_by: str
+) -> None:
+    from transformers import ViTForImageClassification
+
+    folder = vit_directory if made_by == "a vit job" else made_by_transformers(tmp_path / "vit")
+    spec = parse_spec(vit_document(workload={"config": None, "teacher": str(folder)}))
+    assert spec.workload.vision_transformer and not spec.workload.language_model
+    workload = build_workload(spec)
+    directory = ViTForImageClassification.from_pretrained(str(folder), local_files_only=True).eval()
+    assert len(workload.teacher_blocks) == len(directory.vit.layers) and workload.warnings == []
+    x = images()
+    with torch.no_grad():
+        own = directory(pixel_values=x, output_hidden_states=True)
+        hidden = x
+        for index, block in enumerate(workload.teacher_blocks):  # block i: the directory's layer i
+            hidden = block(hidden)
+            torch.testing.assert_close(hidden, own.hidden_states[index + 1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(workload.teacher_network()(x), own.logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hidden_act": "relu"}, "hidden_act 'relu' is not supported; the encoder layers use 'gelu'"),
+        ({"architectures": ["ViTModel"]}, "use a ViTForImageClassification directory"),
+        ({"num_channels": 1}, "num_channels is 1; the teacher reads RGB images, num_channels 3"),
+        ({"auto_map": {"AutoConfig": "x.Y"}}, "auto_map"),
+    ],
+)
+def test_a_vit_directory_the_mapping_cannot_read_is_refused_naming_the_field(
+    vit_directory: Any, tmp_path: Any, change: dict, message: str
+) -> None:
+    import json
+    import shutil
+
+    folder = tmp_path / "bad"
+    shutil.copytree(vit_directory, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    spec = parse_spec(vit_document(workload={"config": None, "teacher": str(folder)}))
+    with pytest.raises(SpecError, match=r"workload\.teacher: .* is a transformers ViT directory, but") as refused:
+        build_workload(spec)
+    assert message in str(refused.value)
