@@ -452,7 +452,8 @@ class JobRunner:
         shutdown or a fault of the machine with restarts left, or its own end); a job that ended elsewhere
         meanwhile (deleted, reaped) keeps that end."""
         with session_scope(self.database) as session:
-            if not self.owns(session.get(Job, self.job_id, with_for_update=True)):
+            claimed_elsewhere = not self.owns(session.get(Job, self.job_id, with_for_update=True))
+            if self.claimed_at is not None and claimed_elsewhere:  # (a runner that made no claim: a test's own)
                 log.warning("job %s: claimed again elsewhere; this run's end is not recorded", self.job_id)
                 return current_state(self.database, self.job_id) or "deleted"
             settled = settle(
