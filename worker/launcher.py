@@ -83,7 +83,7 @@ log = logging.getLogger("pipebd.worker")
 
 
 def record(database: str, job_id: int, **fields: Any) -> None:
-    """Update fields that are not the state (heartbeat, pid, plan summary, phases)."""
+    """Update fields that are not the state (the run directory, before the ranks start: see `JobRunner.holds`)."""
     with session_scope(database) as session:
         session.execute(update(Job).where(col(Job.id) == job_id).values(**fields))
 
@@ -126,12 +126,14 @@ class JobWatcher(Watcher):
     """The worker's side of the supervisor: telemetry, heartbeats, phases and cancel requests.
 
     While the database does not answer, the ranks keep running: what could not be stored (telemetry,
-    a phase change, a process id) is stored on the first poll after it answers again."""
+    a phase change, a process id) is stored on the first poll after it answers again. Each of these writes
+    happens only while the run still holds the job (`JobRunner.holds`, on the locked row): a run whose job was
+    reaped and claimed again elsewhere writes none of them, and stops at its next poll."""
 
     def __init__(self, runner: JobRunner, run_dir: RunDir, nproc: int, export: MlflowExport | None = None) -> None:
         self.runner, self.run_dir, self.export = runner, run_dir, export
         self.database, self.job_id = runner.database, runner.job_id
-        self.streamer = TelemetryStreamer(self.database, self.job_id, run_dir, nproc, runner.owns)
+        self.streamer = TelemetryStreamer(self.database, self.job_id, run_dir, nproc, runner.holds)
         self.records: list[PhaseRecord] = []
         self.unsaved: dict[str, Callable[[], None]] = {}  # what to store once the database answers, by kind
         self.outage_since: float | None = None
@@ -167,6 +169,9 @@ class JobWatcher(Watcher):
         if summary is not None:
             fields["plan_summary"] = summary
         with session_scope(self.database) as session:
+            if not self.runner.holds(session):
+                log.warning("job %s: claimed again elsewhere; this run's phases are not stored", self.job_id)
+                return
             if summary is not None:  # the attempt's plan: an elastic job's differs between attempts
                 record_plan(session, self.job_id, cut(summary))
             stored = session.get(Job, self.job_id)
@@ -177,7 +182,14 @@ class JobWatcher(Watcher):
 
     def process_changed(self, phase: str, process: subprocess.Popen[bytes] | None) -> None:
         pid = process.pid if process is not None else None
-        self._store("pid", functools.partial(record, self.database, self.job_id, pid=pid))
+        self._store("pid", functools.partial(self._save_pid, pid))
+
+    def _save_pid(self, pid: int | None) -> None:
+        with session_scope(self.database) as session:
+            if not self.runner.holds(session):
+                log.warning("job %s: claimed again elsewhere; this run's process id is not stored", self.job_id)
+                return
+            session.execute(update(Job).where(col(Job.id) == self.job_id).values(pid=pid))
 
     def tick(self, phase: str) -> Stop | None:
         try:
@@ -319,6 +331,12 @@ class JobRunner:
             and abs(job.started_at - self.claimed_at) < 1e-3
         )
 
+    def holds(self, session: Session) -> bool:
+        """Whether this run may still write the job's row (telemetry, phases, process id, its end): the row, locked
+        until `session` commits, names its claim (`owns`). A runner that made no claim (a test's own, driving a job
+        it moved itself) always may."""
+        return self.claimed_at is None or self.owns(session.get(Job, self.job_id, with_for_update=True))
+
     def standing(self) -> tuple[str | None, bool]:
         """The job's state (None: deleted) and whether it is still this worker's claim."""
         with session_scope(self.database) as session:
@@ -452,8 +470,7 @@ class JobRunner:
         shutdown or a fault of the machine with restarts left, or its own end); a job that ended elsewhere
         meanwhile (deleted, reaped) keeps that end."""
         with session_scope(self.database) as session:
-            claimed_elsewhere = not self.owns(session.get(Job, self.job_id, with_for_update=True))
-            if self.claimed_at is not None and claimed_elsewhere:  # (a runner that made no claim: a test's own)
+            if not self.holds(session):
                 log.warning("job %s: claimed again elsewhere; this run's end is not recorded", self.job_id)
                 return current_state(self.database, self.job_id) or "deleted"
             settled = settle(

@@ -15,9 +15,10 @@ already stored for that phase (an evaluation line, once per epoch), so every ste
 once, whatever attempt wrote it. Lines that could not be stored (the database did not answer) are kept
 and stored by the next poll. Lines of another format version (a run directory an earlier PipeBD wrote
 into, resumed) are passed over with one warning in the worker's log: the attempt that wrote them stored them.
-A streamer stores only while its worker still holds the job (`owns`, checked on the job's row, locked, in the
-storing transaction): a worker whose heartbeats went stale (a database outage, a stalled machine) may find its
-job reaped and claimed by another worker, and then stores nothing more (`TakenOver`).
+A streamer stores only while its run still holds the job (worker/launcher.py `JobRunner.holds`, checked on the
+job's row, locked, in the storing transaction): a worker whose heartbeats went stale (a database outage, a
+stalled machine) may find its job reaped and claimed by another worker, and then stores nothing more
+(`TakenOver`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class TakenOver(RuntimeError):
     """The job is no longer this worker's: reaped and claimed again elsewhere while this worker ran it."""
 
 
-Owns = Callable[[Job | None], bool]  # whether the job's row still names this worker's claim
+Holds = Callable[[Session], bool]  # whether the job's row, locked in this session, still names this run's claim
 
 
 class Progress(TypedDict):
@@ -68,9 +69,9 @@ class Progress(TypedDict):
 
 
 class TelemetryStreamer:
-    def __init__(self, database: str, job_id: int, run_dir: RunDir, nproc: int, owns: Owns | None = None) -> None:
+    def __init__(self, database: str, job_id: int, run_dir: RunDir, nproc: int, holds: Holds | None = None) -> None:
         self.database, self.job_id, self.run_dir, self.nproc = database, job_id, run_dir, nproc
-        self.owns = owns  # None: store whoever holds the job (a test's streamer)
+        self.holds = holds  # None: store whoever holds the job (a test's streamer)
         self.followers: dict[str, MetricsFollower] = {}
         self.rollups = {phase: RollupBuilder(job_id, phase) for phase in PHASES_WITH_METRICS}
         self.log_sizes: dict[tuple[str, str], int] = {}
@@ -166,11 +167,8 @@ class TelemetryStreamer:
 
     def _fence(self, session: Session) -> None:
         """Raise TakenOver (the transaction rolled back, nothing stored) when the job is no longer this worker's."""
-        if self.owns is None:
-            return
-        job = session.get(Job, self.job_id, with_for_update=True)
-        if not self.owns(job):
-            raise TakenOver(f"job {self.job_id} is no longer this worker's ({job.worker if job else 'deleted'})")
+        if self.holds is not None and not self.holds(session):
+            raise TakenOver(f"job {self.job_id} is no longer this run's: claimed again elsewhere (or deleted)")
 
     def grown_logs(self, phase: str) -> list[tuple[str, int]]:
         """(source, size) of each log of `phase` that grew since the last poll."""

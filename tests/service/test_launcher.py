@@ -15,7 +15,7 @@ from sqlmodel import col, select
 from app.core.attempts import attempts_of
 from app.core.database import session_scope
 from app.core.settings import Settings
-from app.core.tables import Job, JobMetric, now
+from app.core.tables import Job, JobEvent, JobMetric, now
 from pipebd_core.rundir import RunDir
 from tests.service.conftest import make_settings
 from tests.service.factories import queued_job, stored, tiny_job
@@ -108,10 +108,17 @@ def metric_rows(settings: Settings, job_id: int) -> int:
         return session.exec(select(func.count()).select_from(JobMetric).where(JobMetric.job_id == job_id)).one()
 
 
+def event_rows(settings: Settings, job_id: int, kind: str) -> int:
+    with session_scope(settings.database) as session:
+        query = select(func.count()).select_from(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == kind)
+        return session.exec(query).one()
+
+
 def test_a_run_whose_job_was_claimed_again_elsewhere_stops_and_writes_nothing_more(tmp_path: Path) -> None:
     """A worker whose heartbeats went stale (a database outage, a stalled machine) has its job reaped and claimed by
     another worker while it still runs it: its run stores no more telemetry, beats no more for the job, stops its
-    ranks and leaves the other claim's state as it is (the short soak found a step stored twice this way)."""
+    ranks and leaves the other claim's state, phase, phases and process id as they are, and adds no phase event
+    (the short soak found a step stored twice this way)."""
     settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", kill_grace_s=2.0, poll_s=0.1)
     job_id = queued_job(settings)
     outcome: list[str] = []
@@ -120,11 +127,14 @@ def test_a_run_whose_job_was_claimed_again_elsewhere_stops_and_writes_nothing_mo
     wait_for(lambda: metric_rows(settings, job_id) > 0, 120, "the job's first telemetry stored")
     with session_scope(settings.database) as session:  # reaped, then claimed by worker-b, as the reaper and a claim do
         claim = {"worker": "worker-b", "worker_pid": 1, "started_at": now(), "heartbeat_at": 1.0}
-        session.execute(update(Job).where(col(Job.id) == job_id).values(**claim))
-    taken = metric_rows(settings, job_id)
+        theirs = {"phase": "profile", "phases": [], "pid": 2}  # what worker-b's run wrote: the stopping run's differ
+        session.execute(update(Job).where(col(Job.id) == job_id).values(**claim, **theirs))
+    taken, phase_events = metric_rows(settings, job_id), event_rows(settings, job_id, "phase")
     runner.join(timeout=120)
     job = stored(settings, job_id)
     assert not runner.is_alive(), "the run went on after its job was claimed elsewhere"
     assert outcome == ["running"] and (job.state, job.worker, job.heartbeat_at) == ("running", "worker-b", 1.0)
     assert metric_rows(settings, job_id) == taken  # not one line stored after the claim moved
+    assert (job.phase, job.phases, job.pid) == ("profile", [], 2)  # nor its phases, nor its process id
+    assert event_rows(settings, job_id, "phase") == phase_events
     assert job.run_dir is not None and rank_processes(job.run_dir) == []
