@@ -7,7 +7,7 @@
     JobStates    a job's state changes as its event stream stored them, read once the soak has drained
     Telemetry    the (phase, rank, seq) of every telemetry row stored for a job
     Follower     the event ids one SSE follower saw (across its reconnects), and the ids stored for its job
-    Deliveries   the webhook deliveries the server logged, and those the soak's receiver answered 2xx
+    Deliveries   the webhook deliveries the server logged (state, attempts), and those the receiver answered 2xx
     Leftovers    what outlived the service: processes, listening ports, shared-memory segments, run locks
     Memory       one process's resident memory at one moment
     Segment      the start of one run of `pipebd soak` (a resumed soak appends a segment to the same history)
@@ -132,6 +132,7 @@ class Delivery:
     delivery_id: int
     event: str
     state: str  # pending | succeeded | failed, as the server's delivery log has it
+    attempts: int = 0  # the server's tries (the first and its retries); 0 in a history written before the field
 
 
 @dataclass(frozen=True)

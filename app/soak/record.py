@@ -12,15 +12,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.core.states import FINAL
-from app.soak.history import Fault, Memory, Record, Request, Segment, SegmentLoad, Submitted
+from app.soak.history import Deliveries, Fault, Follower, Memory, Record, Request, Segment, SegmentLoad, Submitted
 from app.soak.invariants import Verdict, of_type
 from pipebd_core.documents.bench_record import Load, Machine
 from pipebd_core.documents.soak_record import (
+    FollowerCounts,
     InvariantOutcome,
     JobCounts,
     MemoryFigures,
     SoakRecord,
     SoakSegment,
+    WebhookCounts,
 )
 
 PERCENTILES = (50, 90, 99)
@@ -60,6 +62,30 @@ def action_counts(records: Sequence[Record]) -> dict[str, int]:
     """Requests made per user action (the driver's draws; a bad request's answer is no_5xx's business)."""
     counts = Counter(r.action for r in of_type(records, Request) if r.action in USER_ACTIONS)
     return {action: counts[action] for action in USER_ACTIONS}
+
+
+def follower_counts(records: Sequence[Record]) -> FollowerCounts:
+    """Every segment's followers (a follower is one segment's: a resume starts new ones)."""
+    followers = of_type(records, Follower)
+    return FollowerCounts(
+        followers=len(followers),
+        reconnects=sum(f.reconnects for f in followers),
+        events=sum(len(f.seen) for f in followers),
+    )
+
+
+def webhook_counts(records: Sequence[Record]) -> WebhookCounts:
+    """The last segment's delivery log (the server keeps every segment's), and what the receiver answered in each."""
+    segments = of_type(records, Deliveries)
+    logged = segments[-1].logged if segments else []
+    states = Counter(d.state for d in logged)
+    return WebhookCounts(
+        deliveries=len(logged),
+        succeeded=states["succeeded"],
+        failed=states["failed"],
+        retries=sum(max(0, d.attempts - 1) for d in logged),
+        received=sum(len(segment.received) for segment in segments),
+    )
 
 
 def segments(records: Sequence[Record]) -> list[SoakSegment]:
@@ -105,6 +131,8 @@ def build_record(
         commit=commit,
         machine=machine,
         actions=action_counts(records),
+        followers=follower_counts(records),
+        webhooks=webhook_counts(records),
         segments=segments(records),
     )
 

@@ -322,7 +322,7 @@ class Service:
         query = select(WebhookDelivery).where(WebhookDelivery.webhook_id == hook_id)
         with Session(get_engine(self.database)) as session:
             rows = session.exec(query.order_by(col(WebhookDelivery.id))).all()
-        return [Delivery(int(row.id or 0), row.event, row.state) for row in rows]
+        return [Delivery(int(row.id or 0), row.event, row.state, row.attempts) for row in rows]
 
     def final_states(self, job_ids: list[int]) -> dict[int, str]:
         with Session(get_engine(self.database)) as session:

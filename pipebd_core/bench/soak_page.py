@@ -1,13 +1,14 @@
 """A soak record (`"benchmark": "soak"`, `pipebd soak --out FILE`) as a generated section of a page
 (docs/reliability.md; the dispatch is page.py's `render_file`): jobs submitted and finished per kind, faults per
-kind, user actions, API latency percentiles, resident memory from start to end, each invariant's verdict, then
+kind, user actions, SSE followers and their reconnects, webhook deliveries and their retries, API latency
+percentiles, resident memory from start to end, each invariant's verdict, then
 the machine and every segment's wall time and load, quiet or **shared**. A record written before a field
 existed renders "not recorded" in its place."""
 
 from __future__ import annotations
 
 from pipebd_core.documents.bench_record import Machine
-from pipebd_core.documents.soak_record import SoakRecord, SoakSegment
+from pipebd_core.documents.soak_record import FollowerCounts, SoakRecord, SoakSegment, WebhookCounts
 
 NOT_RECORDED = "not recorded"
 
@@ -24,6 +25,8 @@ def render_soak(record: SoakRecord) -> str:
         f"| jobs submitted (finished) | {jobs_text(record)} |",
         f"| faults | {counts_text(record.faults)} |",
         f"| user actions (requests) | {counts_text(record.actions) if record.actions is not None else NOT_RECORDED} |",
+        f"| SSE followers | {followers_text(record.followers)} |",
+        f"| webhook deliveries | {webhooks_text(record.webhooks)} |",
         f"| API latency | {latency_text(record.api_latency_ms)} |",
         f"| resident memory, start to end | {memory_text(record)} |",
         f"| invariants | {invariants_text(record)} |",
@@ -52,6 +55,24 @@ def jobs_text(record: SoakRecord) -> str:
     submitted, finished = record.jobs.submitted, record.jobs.finished
     each = ", ".join(f"{kind} {n:,} ({finished.get(kind, 0):,})" for kind, n in submitted.items())
     return f"{sum(submitted.values()):,} ({sum(finished.values()):,}): {each}"
+
+
+def followers_text(counts: FollowerCounts | None) -> str:
+    if counts is None:
+        return NOT_RECORDED
+    return (
+        f"{counts.followers:,}, {counts.reconnects:,} reconnects with Last-Event-ID,"
+        f" {counts.events:,} events sent to them"
+    )
+
+
+def webhooks_text(counts: WebhookCounts | None) -> str:
+    if counts is None:
+        return NOT_RECORDED
+    return (
+        f"{counts.deliveries:,}: succeeded {counts.succeeded:,}, failed {counts.failed:,} (after their retries);"
+        f" {counts.retries:,} retries; {counts.received:,} received"
+    )
 
 
 def latency_text(latency_ms: dict[str, float]) -> str:

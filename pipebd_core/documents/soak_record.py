@@ -3,7 +3,8 @@ by pipebd_core/bench/soak_page.py): what ran, what was done to it, how fast the 
 processes held at the start and the end, each invariant's verdict, and what it ran on and under.
 
 The issue's fields (seed, minutes, jobs, faults, api_latency_ms, memory, invariants) are always there; the later
-ones (commit, machine, actions, segments) are None in a record written before them: the page says "not recorded".
+ones (commit, machine, actions, followers, webhooks, segments) are None in a record written before them: the page
+says "not recorded".
 """
 
 from __future__ import annotations
@@ -27,6 +28,24 @@ class InvariantOutcome(Part):
 class MemoryFigures(Part):
     start: dict[str, float]  # process -> resident MiB at its first sample
     end: dict[str, float]  # and at its last
+
+
+class FollowerCounts(Part):
+    """The SSE followers the soak ran: each hangs up after a few events and reconnects with Last-Event-ID."""
+
+    followers: int
+    reconnects: int  # connections after each follower's first, each from the last event it saw
+    events: int  # events they were sent, over every connection
+
+
+class WebhookCounts(Part):
+    """The soak's webhook, as the server's delivery log has it at the end and as its receiver saw it."""
+
+    deliveries: int  # events logged for it
+    succeeded: int
+    failed: int  # given up after their retries
+    retries: int  # the server's attempts after each delivery's first
+    received: int  # requests the soak's receiver answered 2xx, over every segment
 
 
 class SoakSegment(Part):
@@ -54,6 +73,8 @@ class SoakRecord(Part):
     commit: str | None = None
     machine: Machine | None = None  # of the last segment
     actions: dict[str, int] | None = None  # user action -> requests made (cancel, pause, resume, ...)
+    followers: FollowerCounts | None = None
+    webhooks: WebhookCounts | None = None
     segments: list[SoakSegment] | None = None
 
     @property

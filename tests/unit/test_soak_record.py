@@ -1,6 +1,7 @@
 """The soak's result document (app/soak/record.py), built from a hand-written history: the issue's fields, jobs
 per kind submitted and finished, faults per kind, nearest-rank latency percentiles without the streams, the
-first and last memory sample of each process (across its restarts), the user actions and each segment's load
+first and last memory sample of each process (across its restarts), the user actions, the SSE followers and their
+reconnects, the webhook deliveries (the last segment's log) and their retries, and each segment's load
 (read back from the history, as --resume reads it); and its generated section of docs/reliability.md
 (pipebd_core/bench/soak_page.py)."""
 
@@ -11,7 +12,19 @@ from pathlib import Path
 import pytest
 
 from app.cli.main import main
-from app.soak.history import Fault, HistoryWriter, Memory, Request, Segment, SegmentLoad, Submitted, read_history
+from app.soak.history import (
+    Deliveries,
+    Delivery,
+    Fault,
+    Follower,
+    HistoryWriter,
+    Memory,
+    Request,
+    Segment,
+    SegmentLoad,
+    Submitted,
+    read_history,
+)
 from app.soak.invariants import HELD, Verdict
 from app.soak.record import build_record, percentile
 from pipebd_core.bench.page import record_paths, regenerate
@@ -36,17 +49,26 @@ def test_the_record_counts_jobs_faults_latency_and_memory() -> None:
         Memory(1.0, "worker-a", 600 << 20, 11),
         Memory(9.0, "worker-a", 300 << 20, 12),
         Memory(5.0, "worker-a", 650 << 20, 11),
+        Follower("follower-0-0", 1, seen=[1, 2, 3], stored=[1, 2, 3], reconnects=2),
+        Follower("follower-1-0", 2, seen=[4, 5], stored=[4, 5], reconnects=0),  # a resumed segment's own
+        Deliveries([Delivery(1, "job.queued", "pending", 1)], received=[]),  # the first segment's log
+        Deliveries(  # the second's: the server's log holds every segment's deliveries
+            [Delivery(1, "job.queued", "succeeded", 3), Delivery(2, "job.failed", "failed", 5)], received=[1]
+        ),
     ]
     verdicts = {"no_5xx": HELD, "nothing_leaked": Verdict(False, "process left behind (1 in all), first: 42 x")}
     record = build_record(3, 0.5, records, {1: "succeeded", 2: "paused", 3: "cancelled"}, verdicts).to_json()
     issue = ["seed", "minutes", "jobs", "faults", "api_latency_ms", "memory", "invariants"]
-    assert list(record) == ["benchmark", *issue, "commit", "machine", "actions", "segments"]
+    later = ["commit", "machine", "actions", "followers", "webhooks", "segments"]
+    assert list(record) == ["benchmark", *issue, *later]
     assert record["benchmark"] == "soak" and record["seed"] == 3 and record["minutes"] == 0.5
     assert record["jobs"] == {"submitted": {"custom": 2, "two_node": 1}, "finished": {"custom": 1, "two_node": 1}}
     assert record["faults"] == {"webhook_down": 1, "worker_sigkill": 2}
     assert record["api_latency_ms"] == {"p50": 50.0, "p90": 90.0, "p99": 99.0, "max": 100.0}
     assert record["memory"] == {"start": {"worker-a": 600.0}, "end": {"worker-a": 300.0}}
     assert record["actions"] == {"cancel": 0, "pause": 0, "resume": 0, "priority": 0, "bad_request": 0, "read": 100}
+    assert record["followers"] == {"followers": 2, "reconnects": 2, "events": 5}
+    assert record["webhooks"] == {"deliveries": 2, "succeeded": 1, "failed": 1, "retries": 6, "received": 1}
     assert record["invariants"]["nothing_leaked"] == {
         "held": False,
         "detail": "process left behind (1 in all), first: 42 x",
@@ -90,6 +112,7 @@ def test_the_reliability_page_is_its_records_report() -> None:
     assert regenerate(text, ROOT) == text, "run `pipebd bench --update-page docs/reliability.md` and commit"
     record = SoakRecord.model_validate_json((ROOT / "benchmarks/records/soak-10min-seed1.json").read_text())
     assert record.machine is None and "machine: not recorded" in text  # written before the field: said so
+    assert record.followers is None and "| SSE followers | not recorded |" in text
     assert f"| invariants | all {len(record.invariants)} held |" in text
 
 
@@ -101,10 +124,14 @@ def test_the_page_shows_a_violated_invariant_and_a_shared_segment() -> None:
         Segment(300.0, 1, 2.0, 5, "/s", None, 1, 9000),
         SegmentLoad(500.0, 1, 190.0, 0.61, True, 3.0),
         Request(2.0, "POST", "/api/v1/jobs/1/cancel", 200, 0.01, "cancel", 1),
+        Follower("follower-0-0", 1, seen=[1, 2], stored=[1, 2], reconnects=1),
+        Deliveries([Delivery(1, "job.queued", "succeeded", 2), Delivery(2, "job.cancelled", "succeeded", 1)], [1, 2]),
     ]
     leaked = Verdict(False, "process left behind (1 in all), first: 42 x")
     page = render_soak(build_record(5, 4.0, records, {1: "cancelled"}, {"no_5xx": HELD, "nothing_leaked": leaked}))
     assert "| invariants | 1 of 2 held; **`nothing_leaked` violated**: process left behind (1 in all)," in page
+    assert "| SSE followers | 1, 1 reconnects with Last-Event-ID, 2 events sent to them |" in page
+    assert "| webhook deliveries | 2: succeeded 2, failed 0 (after their retries); 1 retries; 2 received |" in page
     assert "| 0 | 2 | 200 s | 0.020 cores | 4 CPU s | quiet |" in page
     assert "| 1 | 2 | 190 s | 0.610 cores | 3 CPU s | **shared** |" in page
     assert (
