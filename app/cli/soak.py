@@ -24,6 +24,12 @@ def add_soak_command(commands: Any) -> None:
     soak.add_argument(
         "--max-active", type=int, default=12, help="no submission while this many jobs are not at rest (default 12)"
     )
+    soak.add_argument(
+        "--fault-every",
+        type=float,
+        default=20.0,
+        help="a fault every this many seconds on average (default 20: about 30 of each kind an hour)",
+    )
     soak.add_argument("--folder", help="the service's data folder and logs (default: a new temporary folder)")
     soak.add_argument(
         "--resume",
@@ -53,6 +59,8 @@ def command_soak(args: argparse.Namespace) -> int:
         return fail(f"--minutes {args.minutes:g}: give a positive number of minutes, e.g. --minutes 2")
     if args.max_active < 1:
         return fail(f"--max-active {args.max_active}: give at least 1 (jobs not at rest before submissions wait)")
+    if args.fault_every <= 0:
+        return fail(f"--fault-every {args.fault_every:g}: give seconds above 0 (the mean gap between two faults)")
     out = Path(args.out)
     history = Path(args.history) if args.history else out.with_suffix(".history.jsonl")
     if args.reruns is not None and args.reruns < 0:
@@ -64,7 +72,15 @@ def command_soak(args: argparse.Namespace) -> int:
     fresh = not (args.folder or args.resume)  # a resumed soak's folder is its history's
     folder = Path(tempfile.mkdtemp(prefix="pipebd-soak-")) if fresh else Path(args.folder or ".")
     options = SoakOptions(
-        args.minutes, args.seed, folder.resolve(), history, args.max_active, args.embedded, args.resume, args.reruns
+        args.minutes,
+        args.seed,
+        folder.resolve(),
+        history,
+        args.max_active,
+        args.embedded,
+        args.resume,
+        args.reruns,
+        args.fault_every,
     )
     try:
         result = Soak(options).run()

@@ -1,7 +1,8 @@
 """The soak's loop: a real service (service.py) driven for `minutes` by a mix drawn from one seed.
 
 Each tick brings back what is due back (a killed worker, the webhook receiver), records a snapshot of the queue
-and the processes' memory about once a second, and takes one action, drawn by ACTION_WEIGHTS:
+and the processes' memory about once a second, causes a fault when one is due (every `fault_every_s` on average,
+by the clock: as many an hour however fast the ticks go), and takes one action, drawn by ACTION_WEIGHTS:
 
     submit        a tiny job of a kind from jobs.KINDS and jobs.more_kinds (or a sweep of two), at a random priority
     cancel        a job not yet ended;  pause  a queued or running one;  resume  a paused, cancelled or failed one
@@ -9,9 +10,10 @@ and the processes' memory about once a second, and takes one action, drawn by AC
     bad_request   one of jobs.BAD_REQUESTS (a 4xx is the right answer, a 5xx a violation)
     read          the job list or one job
     follow        an SSE follower on a job, which hangs up and reconnects with Last-Event-ID until the end
-    fault         the fault kind done least so far: a worker SIGKILLed (started again 1-4 s later), a worker
-                  SIGTERMed (the same), a rank SIGKILLed, the webhook receiver down for a while, PostgreSQL or
-                  Redis stopped and started again a few seconds later (not --embedded)
+
+A fault, when due, is the kind done least so far: a worker SIGKILLed (started again 1-4 s later), a worker
+SIGTERMed (the same), a rank SIGKILLed, the webhook receiver down for a while, PostgreSQL or Redis stopped and
+started again a few seconds later (not --embedded).
 
 Then it drains (every job at rest, every delivery ended, within DRAIN_S), reruns a sample of the succeeded jobs
 undisturbed (outputs.py) and compares their weights, collects what the checkers need into the history, stops the
@@ -69,11 +71,15 @@ ACTION_WEIGHTS = {
     "bad_request": 1.5,
     "read": 2.0,
     "follow": 0.5,
-    "fault": 1.2,
 }
 FAULT_KINDS = ("worker_sigkill", "worker_sigterm", "rank_sigkill", "webhook_down")
 SERVER_FAULTS = ("postgres_restart", "redis_restart")  # with the soak's own servers (not --embedded)
 TICK_S = (0.2, 1.2)  # the pause between two actions
+# a fault every this many seconds on average (each gap drawn from 0.4 to 1.6 times it), the first within its first
+# fifth: an hour has about 180, 30 of each of the six kinds. Faults drawn per tick (one action in ten) came every
+# 9 s, a worker killed or stopped every 19 s: the workers spent their time starting again, and the jobs theirs
+# restarting (34 jobs in ten minutes)
+FAULT_EVERY_S = 20.0
 SNAPSHOT_S = 1.0  # how often the queue and the memory are recorded
 WORKER_DOWN_S = (1.0, 4.0)  # a killed worker is started again after this
 WEBHOOK_DOWN_S = (5.0, 40.0)  # the receiver stays down this long
@@ -96,6 +102,7 @@ class SoakOptions:
     embedded: bool = False  # SQLite and kombu's SQLite broker instead of the soak's PostgreSQL and Redis
     resume: bool = False  # continue the history's soak: its service, its webhook, one segment more
     reruns: int | None = None  # at most this many succeeded jobs rerun undisturbed (None: one per kind)
+    fault_every_s: float = FAULT_EVERY_S
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,7 @@ class Soak:
         self.hook_id = previous[-1].hook_id if previous else 0
         self.last_segment_jobs = set(self.kinds)  # submitted in earlier segments (their sample was rerun then)
         self.next_snapshot = 0.0
+        self.next_fault = 0.0  # time.monotonic() when the next fault is due (set as the mix begins)
 
     def run(self) -> SoakResult:
         folders = [self.service.folder, *([self.service.servers_folder] if self.service.servers_folder else [])]
@@ -154,6 +162,7 @@ class Soak:
             self.hook_id = self.hook_id or self._create_hook()
             self._begin_segment()
             deadline = time.monotonic() + self.options.minutes * 60
+            self.next_fault = time.monotonic() + self.random.uniform(0.0, 0.2) * self.options.fault_every_s
             while time.monotonic() < deadline:
                 self._tick()
                 time.sleep(self.random.uniform(*TICK_S))
@@ -230,6 +239,9 @@ class Soak:
             self.next_snapshot = now + SNAPSHOT_S
             self._snapshot()
             self.service.tree()  # remember its processes (their shared-memory names)
+        if now >= self.next_fault:
+            self.next_fault = now + self.random.uniform(0.4, 1.6) * self.options.fault_every_s
+            self._fault()
         action = self.random.choices(list(ACTION_WEIGHTS), weights=list(ACTION_WEIGHTS.values()))[0]
         getattr(self, f"_{action}")()
 

@@ -25,6 +25,7 @@ def test_a_short_soak_holds_every_invariant(tmp_path: Path) -> None:
     out, history = tmp_path / "soak.json", tmp_path / "soak.history.jsonl"
     command = [sys.executable, "-m", "app.cli", "soak", "--minutes", "0.3", "--seed", str(SEED), "--out", str(out)]
     command += ["--max-active", "2", "--folder", str(tmp_path / "service"), "--history", str(history), "--reruns", "1"]
+    command += ["--fault-every", "8"]  # two or three faults in its 18 s of mix, the first within 2 s
     try:
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     finally:
@@ -50,3 +51,6 @@ def test_a_short_soak_holds_every_invariant(tmp_path: Path) -> None:
     assert any(isinstance(r, Request) and r.action == "bad_request" and 400 <= r.status < 500 for r in records)
     assert set(record["memory"]["start"]) >= {"api", "worker-a", "worker-b"}
     assert 0 < record["api_latency_ms"]["p50"] <= record["api_latency_ms"]["p99"] <= record["api_latency_ms"]["max"]
+    hooks = record["webhooks"]  # every job's job.queued at least, each delivered once or failed after its retries
+    assert hooks["deliveries"] >= 3 and hooks["succeeded"] + hooks["failed"] == hooks["deliveries"]
+    assert hooks["received"] == hooks["succeeded"] and set(record["followers"]) == {"followers", "reconnects", "events"}

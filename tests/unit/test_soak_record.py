@@ -150,3 +150,5 @@ def test_a_soak_refuses_to_resume_nothing(tmp_path: Path, capsys: pytest.Capture
     assert "leave --folder out" in capsys.readouterr().err
     assert main(["soak", "--minutes", "1", "--out", out, "--reruns", "-1"]) == 2
     assert "--reruns -1: give 0 or more" in capsys.readouterr().err
+    assert main(["soak", "--minutes", "1", "--out", out, "--fault-every", "0"]) == 2
+    assert "--fault-every 0: give seconds above 0" in capsys.readouterr().err
