@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from app.core.model_entries import FileEntry
 from app.core.model_versions import register_choice
 from app.core.registry import read_architecture, register_job
 from app.core.settings import Settings
@@ -135,7 +136,7 @@ def missing_files(model: RegisteredModel) -> list[str]:
     return [entry["path"] for entry in model.files if not (root / entry["path"]).is_file()]
 
 
-def artifact_name(entry: dict[str, Any]) -> str | None:
+def artifact_name(entry: FileEntry) -> str | None:
     """The artifact a model file downloads as (GET /jobs/{id}/artifacts/{name}), if it is a top-level output."""
     return entry["path"] if entry["path"] in ARTIFACTS else None
 
