@@ -86,19 +86,27 @@ class PlanPart(TypedDict):
 
 
 class ArtifactsPart(TypedDict):
+    """The artifacts part: what the job has to download now."""
+
     artifacts: list[tuple[Output, int | None, str]]  # artifact, size (None: generated), download path
 
 
 class EventsPart(TypedDict):
+    """The events part: the job's state changes and the engine's newest lifecycle events."""
+
     states: list[JobEvent]
     engine_events: list[JsonObject]  # the newest lines of events.jsonl (each event has its own fields)
 
 
 class ArchitecturePart(TypedDict):
+    """The architecture part: a NAS job's choices, block by block."""
+
     blocks: list[BlockHistory]  # NAS: each block's architecture updates; empty for another job
 
 
 class FinetuneConfig(TypedDict):
+    """What the page's script needs of the finetune phase."""
+
     enabled: bool
     predicted: list[dict[str, Any]]  # the planner's replayed step: finetune_plan.json's simulation (TrainSegment)
     perplexity: bool
@@ -126,6 +134,8 @@ class PageConfig(TypedDict):
 
 
 class LogPhases(TypedDict):
+    """The log panel's phases."""
+
     log_phases: list[str]  # the phases whose logs the panel offers
     log_phase: str  # the one it opens on
 
