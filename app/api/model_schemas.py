@@ -3,11 +3,11 @@ app/api/schemas.py."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer, model_serializer
 
-from app.api.schemas import iso
+from app.api.schemas import Number, iso
 
 ModelKind = Literal["teacher", "distilled", "searched", "finetuned", "chosen"]  # app.core.registry.KINDS
 
@@ -66,10 +66,61 @@ class ModelPublic(BaseModel):
         return iso(value)
 
 
+class AsWritten(BaseModel):
+    """A document served as its file has it: the keys it has (a field it lacks stays absent, not null) and any
+    key this server does not know, passed through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler):  # no return type: the schema stays the model's
+        data = handler(self)
+        present = self.model_fields_set | set(self.model_extra or {})
+        return {key: value for key, value in data.items() if key in present}
+
+
+class ArchitectureChoice(AsWritten):
+    """A search's choice for one block: the candidate chosen in each of its searchable layers."""
+
+    block: int = Field(description="the block")
+    layers: list[str] = Field(description="the candidate chosen in each searchable layer")
+    loss: Number | None = Field(None, description="a transformer search: the chosen candidate's held-out loss")
+    params: int | None = Field(None, description="and its parameters")
+    kv_cache_bytes: int | None = Field(None, description="and the bytes it adds to the KV cache per token")
+    latency_s: Number | None = Field(None, description="and its forward as the profile measured it")
+
+
+class ArchitectureCandidate(AsWritten):
+    """One candidate of one block of a transformer search, as it was measured on held-out sequences."""
+
+    block: int = Field(description="the block")
+    name: str = Field(description="its replacement (docs/transformers.md)")
+    loss: Number = Field(description="its held-out loss")
+    params: int = Field(description="its parameters")
+    kv_cache_bytes: int | None = Field(None, description="KV-cache bytes per token (0: no attention cache)")
+    latency_s: Number | None = Field(None, description="its forward at the global batch, as profiled")
+
+
+class ModelArchitecture(AsWritten):
+    """A searched or chosen model's architecture.json, as it is (docs/transformers.md)."""
+
+    format_version: int | None = Field(None, description="the version of architecture.json's format")
+    blocks: list[ArchitectureChoice] = Field(description="the choice in every block")
+    candidates: list[ArchitectureCandidate] | None = Field(
+        None, description="a transformer search: every candidate of every block"
+    )
+    chosen_by: str | None = Field(None, description="the rule the choice followed")
+    teacher_params: int | None = Field(None, description="the teacher's layers' parameters (what fractions are of)")
+    teacher_kv_cache_bytes: int | None = Field(None, description="the teacher's layers' KV-cache bytes per token")
+    teacher_latency_s: Number | None = Field(None, description="the teacher's layers' summed forward, as profiled")
+    budget: dict[str, Number] | None = Field(None, description="the budget: a fraction of the teacher's, per cost")
+    reached: dict[str, Number] | None = Field(None, description="the choice's costs as the same fractions")
+
+
 class ModelDetail(ModelPublic):
     """One model, with a searched or chosen model's architecture."""
 
-    architecture: dict[str, Any] | None = Field(
+    architecture: ModelArchitecture | None = Field(
         None, description="a searched or chosen model: its architecture.json, as it is (docs/transformers.md)"
     )
 

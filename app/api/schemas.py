@@ -25,7 +25,7 @@ a plain `float` field would turn 10 into 10.0.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_serializer
 
@@ -276,6 +276,142 @@ class PlanRank(BaseModel):
     role: str = Field(description="`stage`, `replica`, `own blocks` (ls) or `all blocks in turn` (dp)")
 
 
+class PlanStream(BaseModel):
+    """A range of sample indices with its own seeded batch order."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="`weights` or `arch`")
+    first: int = Field(description="first sample index")
+    count: int = Field(description="samples in the range")
+
+
+class PlanStreams(BaseModel):
+    """The sample ranges a job draws its batches from."""
+
+    model_config = ConfigDict(extra="allow")
+
+    weights: PlanStream = Field(description="the batches of the weight updates")
+    arch: PlanStream | None = Field(description="NAS: the held-out batches of the architecture updates; null otherwise")
+
+
+class PlanSearch(BaseModel):
+    """When a NAS job's architecture updates run: after each `every`-th weight step from step `from_step`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    from_step: int = Field(description="the first weight step followed by an architecture update")
+    every: int = Field(description="weight steps between architecture updates")
+
+
+class PlanEstimates(BaseModel):
+    """The probe's per-block numbers, per sample."""
+
+    model_config = ConfigDict(extra="allow")
+
+    shapes: list[list[int]] = Field(description="activation shape at each block boundary")
+    teacher_flops: list[Number] = Field(description="each teacher block's forward FLOPs")
+    student_flops: list[Number] = Field(description="each student block's forward FLOPs")
+    student_params: list[int] = Field(description="each student block's parameters")
+    teacher_params: list[int] = Field(description="each teacher block's parameters")
+
+
+class PlanStageSpan(BaseModel):
+    """A stage as the planner ranks it: blocks [start, stop) on `replicas` ranks."""
+
+    model_config = ConfigDict(extra="allow")
+
+    start: int = Field(description="first block of the stage")
+    stop: int = Field(description="block after the stage's last one")
+    replicas: int = Field(description="ranks running the stage")
+
+
+class PlanStageParts(BaseModel):
+    """What one stage's predicted step is made of, in seconds."""
+
+    model_config = ConfigDict(extra="allow")
+
+    input_s: Number = Field(description="receiving or loading its input")
+    compute_s: Number = Field(description="teacher and student forward and backward")
+    allreduce_s: Number = Field(description="averaging the gradients of its replicas")
+    overhead_s: Number = Field(description="what a task costs beyond these (calibrated)")
+
+
+class PlanAlternative(BaseModel):
+    """One plan of the planner's ranking."""
+
+    model_config = ConfigDict(extra="allow")
+
+    stages: list[PlanStageSpan] = Field(description="its stages in order")
+    step_s: Number = Field(description="its simulated seconds per step")
+    bottleneck_stage: int | None = Field(description="the stage that bounds its step; null where none does")
+    stage_s: list[Number] = Field(description="each stage's seconds per step")
+    stage_parts: list[PlanStageParts] = Field(description="what each stage's seconds are made of")
+    memory_bytes: list[int] = Field(description="each stage's peak memory per rank")
+
+
+class PlanSegment(BaseModel):
+    """One span of simulated time on one rank."""
+
+    model_config = ConfigDict(extra="allow")
+
+    rank: int = Field(description="the rank")
+    kind: str = Field(description="`data`, `recv_wait`, `recv`, `teacher`, `student`, `allreduce` or `barrier`")
+    block: int | None = Field(description="the block it works on; null for data loading and barriers")
+    step: int = Field(description="the optimiser step")
+    start: Number = Field(description="seconds from the simulation's start")
+    end: Number = Field(description="seconds from the simulation's start")
+    round: str = Field(default="weights", description="`weights`, or `arch` for a NAS architecture update")
+
+
+class PlanTimeline(BaseModel):
+    """A simulated run of a few steps: its step time and every segment."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step_s: Number = Field(description="simulated seconds per step")
+    segments: list[PlanSegment] = Field(description="every span of simulated time")
+
+
+class PlanNoisyMeasurement(BaseModel):
+    """A profile's measurement whose trials still disagree after re-measuring."""
+
+    model_config = ConfigDict(extra="allow")
+
+    what: str = Field(description="`block <i> <teacher|student|...>` or `data loading`")
+    block: int | None = Field(description="the block; null for data loading")
+    batch: int = Field(description="the batch size it was measured at")
+    spread: Number = Field(description="(p90 - p10) / median of its trials")
+    remeasured: int = Field(description="times the profiler measured it again")
+
+
+class PlanCalibrationSource(BaseModel):
+    """The run whose measured block times a profile's costs carry."""
+
+    model_config = ConfigDict(extra="allow")
+
+    run: str = Field(description="the run directory's name")
+    steps: list[int] = Field(description="[first, last] step measured")
+    stages: list[PlanStageSpan] | None = Field(default=None, description="plan.json's stages while they were measured")
+    at: Number = Field(description="when it was computed (seconds since the epoch)")
+
+
+class PlanTrust(BaseModel):
+    """How far the profile behind the predictions can be trusted (docs/planning.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    trusted: bool = Field(description="no flags")
+    flags: list[str] = Field(description="`noisy`, `busy`, `stale`")
+    messages: list[str] = Field(description="one per flag, then what else is known")
+    noisy: list[PlanNoisyMeasurement] = Field(description="measurements whose trials disagree, widest first")
+    other_cpu_cores: Number | None = Field(
+        description="other processes' CPU use while it was measured, in cores; null: not recorded"
+    )
+    age_s: Number | None = Field(description="seconds since it was measured; null: not recorded")
+    calibrated_from: PlanCalibrationSource | None = Field(description="the run whose block times the costs carry")
+
+
 class Plan(BaseModel):
     """The resolved plan (plan.json): stages, routes, what each rank runs, shapes, cost estimates, and
     predictions when the job was profiled. Keys not listed here are passed through as they are."""
@@ -292,36 +428,38 @@ class Plan(BaseModel):
     assignment: list[list[int]] = Field(description="ls: the blocks of each rank; empty otherwise")
     ranks: list[PlanRank] = Field(description="what each rank runs, by rank")
     block_names: list[str] | None = Field(default=None, description="a name per block")
-    shapes: list[Any] | None = Field(default=None, description="activation shape (one sample) at each block boundary")
+    shapes: list[list[int]] | None = Field(
+        default=None, description="activation shape (one sample) at each block boundary"
+    )
     num_samples: int | None = Field(default=None, description="training samples per epoch")
     steps_per_epoch: int | None = Field(default=None, description="optimiser steps per epoch")
     total_steps: int | None = Field(default=None, description="optimiser steps of the job")
-    streams: dict[str, Any] | None = Field(
+    streams: PlanStreams | None = Field(
         default=None, description="the sample ranges of the `weights` stream and, for NAS, the `arch` stream"
     )
-    search: dict[str, Any] | None = Field(
+    search: PlanSearch | None = Field(
         default=None, description="NAS only: `from_step` and `every` of the architecture updates; null otherwise"
     )
-    estimates: dict[str, Any] | None = Field(
+    estimates: PlanEstimates | None = Field(
         default=None, description="the probe's per-block FLOPs and parameter counts of teachers and students"
     )
     warnings: list[str] | None = Field(default=None, description="what the workload factory warned about")
-    profile: dict[str, Any] | None = Field(
-        default=None, description="profiled jobs: where the measured costs came from (`cached`, `device`, `key`)"
+    profile_trust: PlanTrust | None = Field(
+        default=None, description="profiled jobs: how far the profile behind the predictions can be trusted"
     )
     predicted_step_s: Number | None = Field(default=None, description="profiled jobs: simulated seconds per step")
     ideal_step_s: Number | None = Field(default=None, description="profiled jobs: the lower bound on a step")
     mode_step_s: dict[str, Number] | None = Field(
         default=None, description="profiled jobs: simulated seconds per step of each mode"
     )
-    alternatives: list[dict[str, Any]] | None = Field(
+    alternatives: list[PlanAlternative] | None = Field(
         default=None, description="profiled jobs: the best plans found, ranked (stages, step_s, memory_bytes, ...)"
     )
     plans_considered: int | None = Field(default=None, description="profiled jobs: plans that fit in memory")
     stages_rejected_for_memory: int | None = Field(
         default=None, description="profiled jobs: stage choices refused because they would not fit"
     )
-    simulation: dict[str, Any] | None = Field(
+    simulation: dict[str, PlanTimeline] | None = Field(
         default=None, description="profiled jobs: simulated timelines (`step_s`, `segments`) per mode and `chosen`"
     )
 

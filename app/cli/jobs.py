@@ -20,7 +20,7 @@ from typing import Any
 
 from app.cli.client import ClientError, download, get_json, get_text, paged
 from app.cli.output import fields, mebibytes, millis, percent, print_json, share, table
-from app.cli.responses import JobJson, LogChunkJson
+from app.cli.responses import ArtifactJson, ArtifactListJson, JobJson, LogChunkJson
 from pipebd_core.cli import fail
 
 JOBS = "/api/v1/jobs"
@@ -271,10 +271,11 @@ def targets(args: argparse.Namespace, names: list[str]) -> dict[str, Path]:
     return {name: folder / name for name in names}
 
 
-def unpack(args: argparse.Namespace, entry: dict[str, Any], target: Path) -> Path:
+def unpack(args: argparse.Namespace, entry: ArtifactJson, target: Path) -> Path:
     """A folder's archive: downloaded beside `target`, checked against its sha256, unpacked into the folder
     that `target` names without `.tar` (the archive holds its files under that name); the folder."""
     archive = target.with_name(target.name + ".download")
+    assert entry["sha256_url"] is not None, f"{entry['name']} is a file, not a folder's archive"
     try:
         download(args.server, args.token, entry["url"], archive)
         expected = get_text(args.server, args.token, entry["sha256_url"]).split()[0]
@@ -293,13 +294,13 @@ def unpack(args: argparse.Namespace, entry: dict[str, Any], target: Path) -> Pat
         archive.unlink(missing_ok=True)
 
 
-def is_folder_zip(name: str, entry: dict[str, Any]) -> bool:
+def is_folder_zip(name: str, entry: ArtifactJson) -> bool:
     return bool(entry.get("sha256_url")) and name.endswith(".zip")
 
 
 @handles_refusals
 def command_download(args: argparse.Namespace) -> int:
-    listing = get_json(args.server, args.token, f"{JOBS}/{args.job_id}/artifacts")
+    listing: ArtifactListJson = get_json(args.server, args.token, f"{JOBS}/{args.job_id}/artifacts")
     entries = {artifact["name"]: artifact for artifact in listing["data"]}
     if args.name is None:  # a folder comes once, unpacked from its .tar; its .zip holds the same files
         entries = {name: entry for name, entry in entries.items() if not is_folder_zip(name, entry)}
@@ -307,8 +308,8 @@ def command_download(args: argparse.Namespace) -> int:
         return fail(f"download job {args.job_id}: the job ({listing['state']}) has no artifacts yet")
     written = []
     for name, target in targets(args, list(entries)).items():
-        entry = entries.get(name, {})
-        if args.name is None and entry.get("sha256_url"):  # a folder: unpacked into job-ID/<folder>/
+        entry = entries.get(name)
+        if args.name is None and entry is not None and entry.get("sha256_url"):  # a folder: into job-ID/<folder>/
             folder = unpack(args, entry, target)
             size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
             written.append({"name": name, "path": f"{folder}/", "size": size})

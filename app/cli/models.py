@@ -14,21 +14,23 @@ from typing import Any
 from app.cli.client import call, get_json, paged
 from app.cli.jobs import handles_refusals
 from app.cli.output import fields, print_json, table
+from app.cli.responses import LineageJson, ModelJson
 
 MODELS = "/api/v1/models"
 CHOOSE_TIMEOUT_S = 330  # the server gives a choice 300 s (app/services/models.py), then answers
 
 
-def quality(model: dict[str, Any]) -> str | None:
+def quality(model: ModelJson) -> str | None:
     metrics = model["metrics"]
-    if metrics.get("perplexity") is not None:
-        return f"ppl {metrics['perplexity']:.2f}"
-    if metrics.get("top1") is not None:
-        return f"top-1 {100 * metrics['top1']:.1f}%"
+    perplexity, top1 = metrics.get("perplexity"), metrics.get("top1")
+    if perplexity is not None:
+        return f"ppl {perplexity:.2f}"
+    if top1 is not None:
+        return f"top-1 {100 * top1:.1f}%"
     return None
 
 
-def model_row(model: dict[str, Any]) -> list[Any]:
+def model_row(model: ModelJson) -> list[Any]:
     size = sum(entry["size"] for entry in model["files"])
     return [
         model["id"],
@@ -45,7 +47,7 @@ def model_row(model: dict[str, Any]) -> list[Any]:
 HEADERS = ["id", "kind", "job", "parent", "quality", "params", "bytes", "created"]
 
 
-def describe(model: dict[str, Any], lineage: dict[str, Any]) -> str:
+def describe(model: ModelJson, lineage: LineageJson) -> str:
     chain = " -> ".join(f"#{item['id']} {item['kind']}" for item in lineage["chain"])
     lines = [
         fields(
@@ -75,8 +77,8 @@ def describe(model: dict[str, Any], lineage: dict[str, Any]) -> str:
 @handles_refusals
 def command_models(args: argparse.Namespace) -> int:
     if args.model_id is not None:
-        model = get_json(args.server, args.token, f"{MODELS}/{args.model_id}")
-        lineage = get_json(args.server, args.token, f"{MODELS}/{args.model_id}/lineage")
+        model: ModelJson = get_json(args.server, args.token, f"{MODELS}/{args.model_id}")
+        lineage: LineageJson = get_json(args.server, args.token, f"{MODELS}/{args.model_id}/lineage")
         if args.json:
             print_json({**model, "lineage": lineage})
         else:
@@ -98,11 +100,12 @@ def command_choose(args: argparse.Namespace) -> int:
     budget = {"params": args.params, "kv_cache": args.kv_cache, "latency": args.latency}
     body = {"budget": {name: value for name, value in budget.items() if value is not None} or None}
     path = f"/api/v1/jobs/{args.job_id}/choose"
-    model: dict[str, Any] = call("POST", args.server, args.token, path, json=body, timeout=CHOOSE_TIMEOUT_S).json()
+    model: ModelJson = call("POST", args.server, args.token, path, json=body, timeout=CHOOSE_TIMEOUT_S).json()
     if args.json:
         print_json(model)
         return 0
-    layers = [", ".join(block["layers"]) for block in (model.get("architecture") or {}).get("blocks", [])]
+    architecture = model.get("architecture")
+    layers = [", ".join(block["layers"]) for block in (architecture["blocks"] if architecture else [])]
     reached = model["metrics"].get("reached") or {}
     print(
         fields(

@@ -117,6 +117,76 @@ class DeliveryJson(TypedDict):
     created_at: str
 
 
+class ArtifactJson(TypedDict):
+    """One entry of a job's artifact list (GET /api/v1/jobs/{id}/artifacts)."""
+
+    name: str
+    media_type: str
+    size: int
+    description: str
+    url: str
+    sha256_url: str | None  # a folder's archive: where its sha256 line is
+
+
+class ArtifactListJson(TypedDict):
+    job_id: int
+    state: str
+    data: list[ArtifactJson]
+
+
+class ModelFileJson(TypedDict):
+    path: str
+    size: int
+    sha256: str
+    url: str | None
+
+
+class ModelMetricsJson(TypedDict, total=False):
+    """A registered model's figures (ModelMetrics): each null or absent where its job did not measure it."""
+
+    perplexity: float | None
+    top1: float | None
+    params: int | None
+    reached: dict[str, float] | None
+
+
+class ArchitectureBlockJson(TypedDict):
+    block: int
+    layers: list[str]
+
+
+class ArchitectureJson(TypedDict):
+    """A searched or chosen model's architecture.json, as the server serves it (the fields the CLI prints)."""
+
+    blocks: list[ArchitectureBlockJson]
+
+
+class ModelJson(TypedDict):
+    """A registered model (ModelPublic in lists; ModelDetail, with its architecture, when read alone)."""
+
+    id: int
+    job_id: int
+    name: str
+    kind: str
+    parent_id: int | None
+    parent_hash: str | None
+    content_hash: str
+    spec_hash: str | None
+    data_fingerprint: str | None
+    files: list[ModelFileJson]
+    files_present: bool
+    metrics: ModelMetricsJson
+    mlflow_version: NotRequired[str | None]
+    created_at: str
+    architecture: NotRequired[ArchitectureJson | None]
+
+
+class LineageJson(TypedDict):
+    model: ModelJson
+    chain: list[ModelJson]
+    descendants: list[ModelJson]
+
+
 class PageJson(TypedDict, Generic[Item]):
     """A cursor-paged list."""
 

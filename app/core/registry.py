@@ -33,19 +33,16 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from app.core.model_entries import FileEntry, ModelFigures, figures
 from app.core.tables import Job, RegisteredModel
 from pipebd_core.documents.architecture import Architecture
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.choice import ChoiceRecord
-from pipebd_core.documents.summary import Summary
+from pipebd_core.documents.summary import FinetuneReport, Summary
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 
 KINDS = ("teacher", "distilled", "searched", "finetuned", "chosen")
-# what `metrics` may hold: held-out perplexity (a language model) or top-1, the network's parameters and
-# forward FLOPs per sample, a search's chosen layers' parameters, KV-cache bytes per token and forward seconds
-# (architecture.json), and the fractions of the teacher's layers it reached
-METRICS = ("perplexity", "top1", "params", "flops", "layer_params", "kv_cache_bytes_per_token", "latency_s", "reached")
 # a language model's Hugging Face directory per kind, where the engine's RunDir names one (read by name so that
 # a directory an engine adds later is registered too)
 HF_FOLDERS = {"teacher": "teacher_model", "distilled": "distilled_hf", "searched": "searched_hf"}
@@ -72,15 +69,15 @@ def files_of(paths: list[Path]) -> list[Path]:
     return found
 
 
-def file_entries(root: Path, paths: list[Path]) -> list[dict[str, Any]]:
+def file_entries(root: Path, paths: list[Path]) -> list[FileEntry]:
     """{path (relative to `root`), size, sha256} of every file among `paths`."""
     return [
-        {"path": item.relative_to(root).as_posix(), "size": item.stat().st_size, "sha256": sha256_file(item)}
+        FileEntry(path=item.relative_to(root).as_posix(), size=item.stat().st_size, sha256=sha256_file(item))
         for item in files_of(paths)
     ]
 
 
-def content_hash(entries: list[dict[str, Any]]) -> str:
+def content_hash(entries: list[FileEntry]) -> str:
     """One hash for a set of files: sha256 over each one's path and sha256, in path order."""
     text = "".join(f"{entry['path']}\t{entry['sha256']}\n" for entry in sorted(entries, key=lambda e: e["path"]))
     return hashlib.sha256(text.encode()).hexdigest()
@@ -117,7 +114,7 @@ class Planned:
     kind: str
     paths: list[Path]
     parent: str | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: ModelFigures = field(default_factory=ModelFigures)
 
 
 def hf_folder(run_dir: RunDir, kind: str) -> list[Path]:
@@ -139,24 +136,27 @@ def read_architecture(path: Path) -> Architecture | None:
         return None
 
 
-def known(**values: Any) -> dict[str, Any]:
-    return {name: value for name, value in values.items() if value is not None}
-
-
-def architecture_metrics(architecture: Architecture | None) -> dict[str, Any]:
+def architecture_metrics(architecture: Architecture | None) -> ModelFigures:
     """A search's chosen layers' costs, summed over its blocks (where the search measured them)."""
     if architecture is None:
-        return {}
+        return ModelFigures()
 
     def total(values: list[Any]) -> Any:
         return None if not values or any(value is None for value in values) else sum(values)
 
     blocks = architecture.blocks
-    return known(
+    return figures(
         layer_params=total([block.params for block in blocks]),
         kv_cache_bytes_per_token=total([block.kv_cache_bytes for block in blocks]),
         latency_s=total([block.latency_s for block in blocks]),
         reached=architecture.reached,
+    )
+
+
+def finetuned_figures(tuned: FinetuneReport) -> ModelFigures:
+    """The fine-tuned network's figures: perplexity or top-1 after fine-tuning, its parameters and FLOPs."""
+    return figures(
+        perplexity=tuned.perplexity_after, top1=tuned.top1_after, params=tuned.student.params, flops=tuned.student.flops
     )
 
 
@@ -166,17 +166,15 @@ def planned_models(run_dir: RunDir, spec: Spec) -> list[Planned]:
     tuned = summary.finetune if summary is not None else None
     finetuned_paths = [run_dir.finetuned_model, run_dir.exported_model]
     if spec.workload.kind == "train":
-        metrics = {} if tuned is None else known(perplexity=tuned.perplexity_after, top1=tuned.top1_after)
-        if tuned is not None:
-            metrics.update(params=tuned.student.params, flops=tuned.student.flops)
+        metrics = figures() if tuned is None else finetuned_figures(tuned)
         paths = [*hf_folder(run_dir, "teacher"), run_dir.teacher, *finetuned_paths]
         return [Planned("teacher", "teacher", paths, metrics=metrics)]
-    distilled = known(
+    distilled = figures(
         perplexity=None if summary is None else summary.student_perplexity,
         top1=None if summary is None else summary.student_top1,
+        params=None if tuned is None else tuned.student.params,  # the network fine-tuning started from
+        flops=None if tuned is None else tuned.student.flops,
     )
-    if tuned is not None:  # the network fine-tuning started from: the distilled one
-        distilled.update(params=tuned.student.params, flops=tuned.student.flops)
     architecture = read_architecture(run_dir.architecture)
     exports = [run_dir.distilled_state, run_dir.distilled_export]
     if architecture is not None:
@@ -189,10 +187,8 @@ def planned_models(run_dir: RunDir, spec: Spec) -> list[Planned]:
         first.metrics = distilled
     models = [first]
     if spec.finetune is not None and tuned is not None:
-        metrics = known(perplexity=tuned.perplexity_after, top1=tuned.top1_after)
-        metrics.update(params=tuned.student.params, flops=tuned.student.flops)
-        models.append(Planned("finetuned", "finetuned", finetuned_paths + hf_folder(run_dir, "finetuned"), first.name))
-        models[-1].metrics = metrics
+        paths = finetuned_paths + hf_folder(run_dir, "finetuned")
+        models.append(Planned("finetuned", "finetuned", paths, first.name, finetuned_figures(tuned)))
     if architecture is not None and run_dir.choices.is_dir():
         models += chosen_models(run_dir)
     return models
@@ -208,10 +204,7 @@ def chosen_models(run_dir: RunDir) -> list[Planned]:
             record = ChoiceRecord.from_json(json.loads(folder.record.read_text()))
         except (OSError, DocumentError, ValueError):
             continue  # being written, or not a choice
-        metrics = {
-            **known(perplexity=record.perplexity),
-            **architecture_metrics(read_architecture(folder.architecture)),
-        }
+        metrics = figures(perplexity=record.perplexity) | architecture_metrics(read_architecture(folder.architecture))
         models.append(Planned(f"choice-{index}", "chosen", [folder.root], "searched", metrics))
     return models
 

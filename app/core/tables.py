@@ -26,6 +26,7 @@ from sqlmodel import Field, SQLModel
 
 from app.core.job_phases import PhaseEntry
 from app.core.json_types import JsonObject
+from app.core.model_entries import FileEntry, ModelFigures
 from app.core.plan_summary import PlanSummary
 from pipebd_core.documents.phases import DISTILL
 
@@ -312,7 +313,7 @@ class RegisteredModel(SQLModel, table=True):
     spec_hash: str | None = Field(default=None, max_length=64)  # the job's spec (app.services.specs.spec_hash)
     data_fingerprint: str | None = Field(default=None, max_length=64)  # the data section and a data folder's files
     run_dir: str  # where its files are: `files` paths are relative to it
-    files: list[JsonObject] = Field(sa_column=Column(JSON, nullable=False))  # {path, size, sha256}
-    metrics: JsonObject = Field(sa_column=Column(JSON, nullable=False))  # app.core.registry.METRICS, where known
+    files: list[FileEntry] = Field(sa_column=Column(JSON, nullable=False))  # {path, size, sha256}
+    metrics: ModelFigures = Field(sa_column=Column(JSON, nullable=False))  # the figures its job measured
     mlflow_version: str | None = Field(default=None, max_length=300)  # `name/version` in MLflow's registry, once there
     created_at: float = Field(default_factory=now)

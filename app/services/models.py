@@ -25,13 +25,15 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from app.core.model_entries import FileEntry
 from app.core.model_versions import register_choice
-from app.core.registry import register_job
+from app.core.registry import read_architecture, register_job
 from app.core.settings import Settings
 from app.core.states import SUCCEEDED
 from app.core.tables import Job, RegisteredModel
 from app.services.jobs import decode_cursor, encode_cursor
 from app.services.preflight import REPO
+from pipebd_core.documents.architecture import Architecture
 from pipebd_core.rundir import OUTPUTS, RunDir
 from pipebd_core.workloads.remote_format import is_pipebd_config, pipebd_config_problem
 
@@ -134,19 +136,16 @@ def missing_files(model: RegisteredModel) -> list[str]:
     return [entry["path"] for entry in model.files if not (root / entry["path"]).is_file()]
 
 
-def artifact_name(entry: dict[str, Any]) -> str | None:
+def artifact_name(entry: FileEntry) -> str | None:
     """The artifact a model file downloads as (GET /jobs/{id}/artifacts/{name}), if it is a top-level output."""
     return entry["path"] if entry["path"] in ARTIFACTS else None
 
 
-def architecture_of(model: RegisteredModel) -> dict[str, Any] | None:
-    """A searched or chosen model's architecture.json, as it is."""
+def architecture_of(model: RegisteredModel) -> Architecture | None:
+    """A searched or chosen model's architecture.json (None: it has none, or it is gone or unreadable)."""
     for entry in model.files:
         if entry["path"].rsplit("/", 1)[-1] == "architecture.json":
-            path = Path(model.run_dir) / entry["path"]
-            if path.is_file():
-                document: dict[str, Any] = json.loads(path.read_text())
-                return document
+            return read_architecture(Path(model.run_dir) / entry["path"])
     return None
 
 

@@ -9,7 +9,7 @@ artifacts and events on state changes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
@@ -19,14 +19,15 @@ from app.api.deps import JobId, SessionDep, SettingsDep
 from app.core import gangs
 from app.core.attempts import attempts_of, rank_hosts, shape_notes
 from app.core.figures import step_of
+from app.core.json_types import JsonObject
 from app.core.states import FINAL, SUCCEEDED
-from app.core.tables import Job
+from app.core.tables import GangSeat, Job, JobAttempt, JobEvent
 from app.services.artifacts import available
 from app.services.jobs import waiting_reason
 from app.web import queries
 from app.web.access import ViewerDep
-from app.web.analysis import LABELS, find_bottleneck
-from app.web.architecture import MAX_COLUMNS, architecture_view, spaced
+from app.web.analysis import LABELS, Finding, find_bottleneck
+from app.web.architecture import MAX_COLUMNS, BlockHistory, architecture_view, spaced
 from app.web.finetune import (
     FinetuneView,
     finetune_view,
@@ -38,18 +39,105 @@ from app.web.finetune import (
 from app.web.outcome import OutcomeView, outcome_view
 from app.web.routing import PageError, PageRoute
 from app.web.templating import render
-from app.web.views import job_row, phase_timeline, plan_view
+from app.web.views import JobRow, PhaseStep, PlanView, job_row, phase_timeline, plan_view
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.distill_plan import PlanDocument
 from pipebd_core.documents.phases import DISTILL, FINETUNE
 from pipebd_core.documents.telemetry import DistillLine
-from pipebd_core.figures import peak_mem, rank_loads
+from pipebd_core.figures import RankLoad, peak_mem, rank_loads
 from pipebd_core.job.outcomes import TERMINATION_REASONS
 from pipebd_core.job.phases import PHASE_KINDS
+from pipebd_core.rundir import Output
 
 router = APIRouter(route_class=PageRoute)
 GANTT_LINES = 8  # newest telemetry lines per rank handed to the page for the measured schedule
 HISTORY_POINTS = 500  # chart points per rank the page starts from (the server downsamples to these)
+
+
+class StatusPart(TypedDict):
+    """The status part: the job's row and figures, why it waits or how it ended, its phases and attempts."""
+
+    row: JobRow
+    step_s: float | None
+    waiting: str | None
+    explanation: str | None
+    phases: list[PhaseStep]
+    attempts: list[JobAttempt]
+    attempt_notes: list[str | None]
+    gang: list[GangSeat]
+
+
+class BottleneckPart(TypedDict):
+    """The bottleneck part: each rank's load and peak memory, the finding, the load's labels, the hosts."""
+
+    loads: list[RankLoad]
+    finding: Finding
+    labels: dict[str, str]
+    memory: dict[int, int | None]
+    hosts: dict[int, str]
+
+
+class PlanPart(TypedDict):
+    """The plan part: the plan's view, or why plan.json could not be read, and the spec's schedule."""
+
+    plan: PlanView | None
+    error: str | None
+    schedule: JsonObject  # the spec's schedule section as stored
+
+
+class ArtifactsPart(TypedDict):
+    """The artifacts part: what the job has to download now."""
+
+    artifacts: list[tuple[Output, int | None, str]]  # artifact, size (None: generated), download path
+
+
+class EventsPart(TypedDict):
+    """The events part: the job's state changes and the engine's newest lifecycle events."""
+
+    states: list[JobEvent]
+    engine_events: list[JsonObject]  # the newest lines of events.jsonl (each event has its own fields)
+
+
+class ArchitecturePart(TypedDict):
+    """The architecture part: a NAS job's choices, block by block."""
+
+    blocks: list[BlockHistory]  # NAS: each block's architecture updates; empty for another job
+
+
+class FinetuneConfig(TypedDict):
+    """What the page's script needs of the finetune phase."""
+
+    enabled: bool
+    predicted: list[dict[str, Any]]  # the planner's replayed step: finetune_plan.json's simulation (TrainSegment)
+    perplexity: bool
+
+
+class PageConfig(TypedDict):
+    """What the page's script starts from (its JSON, read by static/js): ids, sizes, where to follow events."""
+
+    id: int
+    state: str
+    final: bool
+    nproc: int
+    batchSize: int
+    numBlocks: int | None
+    startedAt: float | None
+    finishedAt: float | None
+    afterEventId: int
+    hasPlan: bool
+    predicted: dict[str, Any] | None  # the chosen plan's simulated timeline: plan.json's simulation.chosen (Timeline)
+    hasLogs: bool
+    recent: list[dict[str, Any]]  # the newest telemetry lines of each rank (DistillLine)
+    canSubmit: bool
+    finetune: FinetuneConfig
+    distills: bool
+
+
+class LogPhases(TypedDict):
+    """The log panel's phases."""
+
+    log_phases: list[str]  # the phases whose logs the panel offers
+    log_phase: str  # the one it opens on
 
 
 class JobParts:
@@ -90,7 +178,7 @@ class JobParts:
     def batch_size(self) -> int:
         return int(self.job.spec.get("data", {}).get("batch_size") or 1)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusPart:
         reason = waiting_reason(self.session, job=self.job, stale_after_s=self.stale_after_s)
         explanation = TERMINATION_REASONS.get(self.job.termination_reason or "")
         attempts = attempts_of(self.session, self.job.id) if self.job.id is not None else []
@@ -111,7 +199,7 @@ class JobParts:
             self._recent = queries.recent_lines(self.session, self.job)
         return self._recent
 
-    def bottleneck(self) -> dict[str, Any]:
+    def bottleneck(self) -> BottleneckPart:
         lines = self.recent
         loads = rank_loads(lines)
         memory = {rank: peak_mem({rank: rank_lines}) for rank, rank_lines in lines.items()}
@@ -119,26 +207,26 @@ class JobParts:
         hosts = self.rank_hosts
         return {"loads": loads, "finding": finding, "labels": LABELS, "memory": memory, "hosts": hosts}
 
-    def plan_part(self) -> dict[str, Any]:
+    def plan_part(self) -> PlanPart:
         calibration = queries.read_calibration(self.job) if self.plan else None
         view = plan_view(self.plan, calibration, step_of(self.job)) if self.plan else None
         return {"plan": view, "error": self._plan_error, "schedule": self.job.spec.get("schedule", {})}
 
-    def artifacts(self) -> dict[str, Any]:
+    def artifacts(self) -> ArtifactsPart:
         items = [
             (artifact, size, f"/api/v1/jobs/{self.job.id}/artifacts/{artifact.name}")
             for artifact, size in available(self.session, self.job)
         ]
         return {"artifacts": items}
 
-    def events(self) -> dict[str, Any]:
+    def events(self) -> EventsPart:
         assert self.job.id is not None
         return {
             "states": queries.state_history(self.session, self.job.id),
             "engine_events": queries.engine_events(self.job),
         }
 
-    def architecture(self) -> dict[str, Any]:
+    def architecture(self) -> ArchitecturePart:
         names = self.plan.block_names if self.plan else []
         searched = self.job.spec.get("workload", {}).get("kind") == "nas"
         if not searched:
@@ -172,7 +260,7 @@ class JobParts:
             "outcome": self.outcome,
         }
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> PageConfig:
         """What the page's script needs to start: ids, sizes, and where to follow the events from."""
         assert self.job.id is not None
         return {
@@ -199,7 +287,7 @@ class JobParts:
         }
 
 
-def log_phases(job: Job) -> dict[str, Any]:
+def log_phases(job: Job) -> LogPhases:
     """The phases whose logs the log panel offers (those that run processes), and the one it opens on: the
     running phase, or the one a job failed or was cancelled in; once it succeeded, its distillation (or
     its end-to-end training, for a job that only trains)."""

@@ -8,7 +8,7 @@ that open the New job editor filled with a spec naming the model (`workload.teac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
 import yaml
@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse
 from sqlmodel import Session
 
 from app.api.deps import SessionDep
+from app.core.model_entries import ModelFigures
 from app.core.tables import DB_INT_MAX, Job, RegisteredModel
 from app.services import models as service
 from app.web.access import ViewerDep
@@ -24,7 +25,8 @@ from app.web.routing import PageError, PageRoute
 from app.web.templating import render
 
 LISTED = 100  # models on the list page, newest first
-FIGURES = (  # (metrics key, label, format) in the order the model page shows them
+FigureKey = Literal["perplexity", "top1", "params", "layer_params", "kv_cache_bytes_per_token", "latency_s", "flops"]
+FIGURES: tuple[tuple[FigureKey, str, str], ...] = (  # (figure, label, format) in the order the model page shows them
     ("perplexity", "held-out perplexity", "{:.2f}"),
     ("top1", "top-1", "{:.2%}"),
     ("params", "parameters", "{:,}"),
@@ -38,7 +40,7 @@ router = APIRouter(route_class=PageRoute)
 ModelId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 
 
-def figure(metrics: dict[str, Any], key: str, form: str) -> str:
+def figure(metrics: ModelFigures, key: FigureKey, form: str) -> str:
     value = metrics.get(key)
     return "—" if value is None else form.format(value)
 
@@ -53,7 +55,7 @@ class FigureRow:
 
 def figure_rows(model: RegisteredModel, parent: RegisteredModel | None) -> list[FigureRow]:
     """The figures either model has, the model's beside its parent's."""
-    theirs = parent.metrics if parent is not None else {}
+    theirs = parent.metrics if parent is not None else ModelFigures()
     return [
         FigureRow(key, label, figure(model.metrics, key, form), figure(theirs, key, form))
         for key, label, form in FIGURES

@@ -7,14 +7,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from app.core.plan_summary import PlanSummary
 from app.core.states import PAUSED, PAUSING, QUEUED, RESUMABLE, RUNNING, STARTING
 from app.core.tables import Job
 from app.web.templating import blocks as block_text
 from pipebd_core.documents.calibration import Calibration
-from pipebd_core.documents.distill_plan import PlanDocument, Replan, StageSpan
+from pipebd_core.documents.distill_plan import PlanDocument, ProfileTrust, Replan, StageSpan
 from pipebd_core.documents.phases import DISTILL
 
 CANCELLABLE = (QUEUED, STARTING, RUNNING, PAUSING, PAUSED)
@@ -233,7 +232,7 @@ class PlanView:
     predicted_step_s: float | None = None
     ideal_step_s: float | None = None
     warnings: list[str] = field(default_factory=list)
-    trust: dict[str, Any] | None = None  # trust.assess of the profile the plan was made from (its JSON)
+    trust: ProfileTrust | None = None  # trust.assess of the profile the plan was made from
     replans: list[ReplanView] = field(default_factory=list)
     calibration: list[BlockCalibration] = field(default_factory=list)
     calibrated_steps: list[int] | None = None  # the steps the calibration measured

@@ -4,18 +4,18 @@
 counts, the block shapes; pipebd_core.distill.plan.Plan is its runtime form) and `PlanDetails`, the
 informational part: the probe's estimates, the workload's warnings, and for a profiled job the
 planner's `Predictions` (the chosen plan's simulated step, the ideal bound, every mode's step, the
-ranked alternatives, the simulated timelines), how far the profile can be trusted, and the history
+ranked alternatives, the simulated timelines), how far the profile can be trusted (`ProfileTrust`), and the history
 of re-plans (`Replan`). Every key stays at the top level of plan.json, as before it was typed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import ConfigDict, Field
 
 from pipebd_core.documents.base import Document
+from pipebd_core.documents.calibration import CalibrationSource
 from pipebd_core.documents.parts import Flat, Part, StepCounts
 
 Rows = tuple[int, int]  # [start, stop) rows of the global batch
@@ -152,6 +152,29 @@ class Replan(Part):
     reason: str
 
 
+class NoisyMeasurement(Part):
+    """A measurement whose trials still disagree after re-measuring."""
+
+    what: str  # "block <i> <teacher|student|...>" or "data loading"
+    block: int | None
+    batch: int
+    spread: float  # (p90 - p10) / median, to 3 places
+    remeasured: int
+
+
+class ProfileTrust(Part):
+    """How far a profile can be trusted (pipebd_core.planning.trust.assess): plan.json's `profile_trust`,
+    `pipebd plan --json`'s."""
+
+    trusted: bool  # no flags
+    flags: list[str]  # noisy, busy, stale
+    messages: list[str]  # one per flag, then what else is known (no conditions recorded, a calibration)
+    noisy: list[NoisyMeasurement]  # widest first
+    other_cpu_cores: float | None  # other processes' CPU use while it was measured (None: not recorded)
+    age_s: float | None
+    calibrated_from: CalibrationSource | None  # the run whose block times the costs carry
+
+
 class PlanDetails(Flat):
     """The informational part of plan.json: nothing a rank reads to run."""
 
@@ -163,7 +186,7 @@ class PlanDetails(Flat):
     estimates: Estimates | None = None
     warnings: list[str] | None = None  # what the workload factory warned about
     predictions: Predictions | None = None  # profiled jobs
-    profile_trust: dict[str, Any] | None = None  # pipebd_core.planning.trust.assess of the profile
+    profile_trust: ProfileTrust | None = None  # pipebd_core.planning.trust.assess of the profile
     replans: list[Replan] = []
 
     @property

@@ -163,5 +163,5 @@ def resolve_plan(spec: Spec, profile: Profile | None) -> Plan:
     plan.details = PlanDetails(estimates=Estimates(**probe.to_json()), warnings=workload.warnings)
     if profile is not None and model is not None:
         plan.details.predictions = predictions(plan, model)
-        plan.details.profile_trust = assess(profile).model_dump(mode="json")
+        plan.details.profile_trust = assess(profile)
     return plan

@@ -11,40 +11,12 @@ from __future__ import annotations
 
 import time
 
-from pydantic import BaseModel, ConfigDict
-
-from pipebd_core.documents.calibration import CalibrationSource
+from pipebd_core.documents.distill_plan import NoisyMeasurement, ProfileTrust
 from pipebd_core.documents.profile import Profile, Timing
 from pipebd_core.profile.measure import NOISY_SPREAD
 
 BUSY_CORES = 0.5  # other processes using more CPU than this (in cores) while profiling: a busy node
 STALE_AFTER_S = 7 * 24 * 3600.0
-
-
-class NoisyMeasurement(BaseModel):
-    """A measurement whose trials still disagree after re-measuring."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    what: str  # "block <i> <teacher|student|...>" or "data loading"
-    block: int | None
-    batch: int
-    spread: float  # (p90 - p10) / median, to 3 places
-    remeasured: int
-
-
-class ProfileTrust(BaseModel):
-    """The trust report (plan.json's `profile_trust`, `pipebd plan --json`'s): its JSON is `model_dump(mode="json")`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    trusted: bool  # no flags
-    flags: list[str]  # noisy, busy, stale
-    messages: list[str]  # one per flag, then what else is known (no conditions recorded, a calibration)
-    noisy: list[NoisyMeasurement]  # widest first
-    other_cpu_cores: float | None  # other processes' CPU use while it was measured (None: not recorded)
-    age_s: float | None
-    calibrated_from: CalibrationSource | None  # the run whose block times the costs carry
 
 
 def noisy_measurements(profile: Profile) -> list[NoisyMeasurement]:

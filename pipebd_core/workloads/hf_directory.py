@@ -27,7 +27,7 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ from pipebd_core.spec import Spec, SpecError
 from pipebd_core.workloads.remote_format import AUTO_MAP, MODEL_TYPE
 from pipebd_core.workloads.replacements import FFNOnly
 from pipebd_core.workloads.transformer import DecoderBlock, LMHead, TokenEmbedding
+
+if TYPE_CHECKING:  # the remote code imports transformers, which these modules import only when they run
+    from pipebd_core.workloads.hf_remote.configuration_pipebd import BlockConfig, RopeDynamic
 
 REMOTE = Path(__file__).parent / "hf_remote"
 REMOTE_FILES = ("configuration_pipebd.py", "modeling_pipebd.py")
@@ -261,10 +264,10 @@ def check_exportable(spec: Spec, config: Any) -> None:
         check_rope(config)
 
 
-def rope_dynamic(config: Any) -> dict[str, float] | None:
+def rope_dynamic(config: Any) -> RopeDynamic | None:
     """Dynamic NTK scaling's parameters for the remote code, None for a static rope; other types refused."""
     if config.model_type == MODEL_TYPE:
-        dynamic: dict[str, float] | None = config.rope_dynamic
+        dynamic: RopeDynamic | None = config.rope_dynamic
         return dynamic
     check_rope(config)
     if rope_type(config) != "dynamic":
@@ -279,7 +282,7 @@ def rope_dynamic(config: Any) -> dict[str, float] | None:
     }
 
 
-def block_config(layer: nn.Module, name: str, head_dim: int) -> dict[str, Any]:
+def block_config(layer: nn.Module, name: str, head_dim: int) -> BlockConfig:
     """One layer's description in config.json's block_configs (configuration_pipebd.py)."""
     if isinstance(layer, DecoderBlock):
         inner: Any = layer.layer
@@ -301,7 +304,7 @@ def block_config(layer: nn.Module, name: str, head_dim: int) -> dict[str, Any]:
     return {"kind": "noop", "replacement": name}
 
 
-def biases(layers: Sequence[nn.Module]) -> dict[str, Any]:
+def biases(layers: Sequence[nn.Module]) -> dict[str, bool]:
     """Which of the Llama family's projections carry a bias (Qwen2: q, k and v), read off the layers."""
     found = {"qkv_bias": False, "output_bias": False, "mlp_bias": False}
     modules: list[Any] = [module for layer in layers for module in layer.modules()]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,6 +33,9 @@ from pipebd_core.workloads.remote_format import pipebd_config_problem
 from pipebd_core.workloads.replacements import FFNOnly
 from pipebd_core.workloads.transformer_parts import ModelParts
 
+if TYPE_CHECKING:  # the remote code imports transformers, which these modules import only when they run
+    from pipebd_core.workloads.hf_remote.configuration_pipebd import BlockConfig, RopeDynamic
+
 _FIELD = "workload.teacher"
 
 
@@ -41,7 +44,7 @@ class StoredRotary(nn.Module):
     (every static rope type, linear and llama3 and yarn included, is these two), with dynamic NTK scaling
     where the directory has it (hf_remote/modeling_pipebd.py: dynamic_inv_freq)."""
 
-    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float, dynamic: dict[str, float] | None) -> None:
+    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float, dynamic: RopeDynamic | None) -> None:
         super().__init__()
         self.register_buffer("inv_freq", inv_freq.clone(), persistent=False)
         self.attention_scaling, self.dynamic = attention_scaling, dynamic
@@ -77,7 +80,7 @@ def load_pipebd_model(folder: Path) -> Any:
     return model.eval()
 
 
-def family_config(config: Any, block: dict[str, Any]) -> Any:
+def family_config(config: Any, block: BlockConfig) -> Any:
     """The Hugging Face config of one layer: the teacher family's, with the block's KV heads and FFN width."""
     from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
@@ -116,7 +119,7 @@ def family_config(config: Any, block: dict[str, Any]) -> Any:
     return layer_config
 
 
-def decoder_layer(config: Any, block: dict[str, Any], index: int) -> nn.Module:
+def decoder_layer(config: Any, block: BlockConfig, index: int) -> nn.Module:
     """An empty family decoder layer shaped as the block describes (its attention linear where it is)."""
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
@@ -139,7 +142,7 @@ def decoder_layer(config: Any, block: dict[str, Any], index: int) -> nn.Module:
     return layer
 
 
-def ffn_only_layer(config: Any, block: dict[str, Any]) -> nn.Module:
+def ffn_only_layer(config: Any, block: BlockConfig) -> nn.Module:
     from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
     from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
@@ -150,7 +153,7 @@ def ffn_only_layer(config: Any, block: dict[str, Any]) -> nn.Module:
     return FFNOnly(LlamaRMSNorm(config.hidden_size, eps=config.norm_eps), LlamaMLP(layer_config))
 
 
-def teacher_layer(config: Any, block: dict[str, Any], index: int, stored: nn.Module) -> nn.Module:
+def teacher_layer(config: Any, block: BlockConfig, index: int, stored: nn.Module) -> nn.Module:
     """Layer `index` as the block describes it (not a no-op), holding the weights of `stored` (the
     directory's layer)."""
     kind = block["kind"]

@@ -8,6 +8,7 @@ from pipebd_core.documents.distill_plan import (
     PlanDetails,
     PlanDocument,
     Predictions,
+    ProfileTrust,
     RankedEntry,
     RankEntry,
     Replan,
@@ -87,7 +88,15 @@ PLAN_SAMPLE = PlanDocument(
             stages_rejected_for_memory=1,
             simulation={"chosen": TIMELINE, "hybrid": TIMELINE},
         ),
-        profile_trust={"trusted": False, "flags": ["busy"], "messages": ["busy: ..."], "age_s": None},
+        profile_trust=ProfileTrust(
+            trusted=False,
+            flags=["busy"],
+            messages=["busy: ..."],
+            noisy=[],
+            other_cpu_cores=0.9,
+            age_s=None,
+            calibrated_from=None,
+        ),
         replans=[
             Replan(
                 at=1700000000.5,

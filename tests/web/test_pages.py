@@ -25,7 +25,15 @@ from app.main import create_app
 from app.web.new_job import bundled_examples
 from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, CandidateResult
 from pipebd_core.documents.calibration import BlockCalibration, Calibration, CalibrationSource
-from pipebd_core.documents.distill_plan import PlanDocument, Predictions, RankEntry, Replan, StageEntry
+from pipebd_core.documents.distill_plan import (
+    NoisyMeasurement,
+    PlanDocument,
+    Predictions,
+    ProfileTrust,
+    RankEntry,
+    Replan,
+    StageEntry,
+)
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.rundir import RunDir
@@ -532,11 +540,15 @@ def test_job_page_says_how_far_the_profile_is_trusted_what_training_measured_and
     run = write_run(tmp_path / "run")
     plan = PlanDocument.from_json(json.loads((run / "plan.json").read_text()))
     plan.details.predictions = predictions(predicted_step_s=0.012, ideal_step_s=0.015)
-    plan.details.profile_trust = {
-        "trusted": False,
-        "flags": ["noisy", "busy"],
-        "messages": ["noisy: 1 measurements disagree after re-measuring (block 1 student at batch 10 spread 1.70)"],
-    }
+    plan.details.profile_trust = ProfileTrust(
+        trusted=False,
+        flags=["noisy", "busy"],
+        messages=["noisy: 1 measurements disagree after re-measuring (block 1 student at batch 10 spread 1.70)"],
+        noisy=[NoisyMeasurement(what="block 1 student", block=1, batch=10, spread=1.7, remeasured=2)],
+        other_cpu_cores=0.9,
+        age_s=None,
+        calibrated_from=None,
+    )
     before = [
         StageEntry(start=0, stop=3, replicas=1, ranks=[0], rows=[(0, 10)]),
         StageEntry(start=3, stop=4, replicas=1, ranks=[1], rows=[(0, 10)]),

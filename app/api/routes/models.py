@@ -3,7 +3,7 @@ search again for another budget (`POST /jobs/{id}/choose`), which registers the 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 
@@ -11,6 +11,7 @@ from app.api.deps import Cursor, JobDep, PageSize, ReadAccess, SessionDep, Setti
 from app.api.model_schemas import (
     ChooseRequest,
     Lineage,
+    ModelArchitecture,
     ModelDetail,
     ModelFile,
     ModelKind,
@@ -43,23 +44,25 @@ def get_registered(model_id: ModelId, session: SessionDep) -> RegisteredModel:
 ModelDep = Annotated[RegisteredModel, Depends(get_registered)]
 
 
-def public(request: Request, model: RegisteredModel) -> dict[str, Any]:
-    """The model's fields as ModelPublic has them: its files with their download links, whether they are there."""
+def public(request: Request, model: RegisteredModel) -> ModelPublic:
+    """The model with its files' download links, and whether they are there."""
     files = []
     for entry in model.files:
         name = service.artifact_name(entry)
         url = str(request.url_for("read_artifact", job_id=model.job_id, name=name).path) if name else None
         files.append(ModelFile(**entry, url=url))
-    return {
+    return ModelPublic(
         **model.model_dump(exclude={"files", "metrics", "run_dir"}),
-        "files": files,
-        "files_present": not service.missing_files(model),
-        "metrics": ModelMetrics(**model.metrics),
-    }
+        files=files,
+        files_present=not service.missing_files(model),
+        metrics=ModelMetrics(**model.metrics),
+    )
 
 
 def detail(request: Request, model: RegisteredModel) -> ModelDetail:
-    return ModelDetail(**public(request, model), architecture=service.architecture_of(model))
+    architecture = service.architecture_of(model)
+    written = ModelArchitecture.model_validate(architecture.to_json()) if architecture else None
+    return ModelDetail(**dict(public(request, model)), architecture=written)
 
 
 @router.get(
@@ -84,7 +87,7 @@ def read_models(
         )
     except ValueError as error:
         raise invalid(["query", "cursor"], str(error)) from None
-    return ModelsPublic(data=[ModelPublic(**public(request, model)) for model in models], next_cursor=next_cursor)
+    return ModelsPublic(data=[public(request, model) for model in models], next_cursor=next_cursor)
 
 
 @router.get("/{model_id}", response_model=ModelDetail, dependencies=[ReadAccess], responses=MODEL_ERRORS)
@@ -98,9 +101,9 @@ def read_lineage(request: Request, model: ModelDep, session: SessionDep) -> Line
     """The chain from the root teacher down to the model, and every model made from it."""
     found = service.lineage(session, model)
     return Lineage(
-        model=ModelPublic(**public(request, found.model)),
-        chain=[ModelPublic(**public(request, item)) for item in found.chain],
-        descendants=[ModelPublic(**public(request, item)) for item in found.descendants],
+        model=public(request, found.model),
+        chain=[public(request, item) for item in found.chain],
+        descendants=[public(request, item) for item in found.descendants],
     )
 
 

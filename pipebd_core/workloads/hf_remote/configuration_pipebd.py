@@ -23,13 +23,33 @@ and adds `rope_dynamic`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from transformers import PretrainedConfig
 
 VERSION = "2"  # of these two modules; config.json's pipebd_version names the one that wrote it
 KINDS = ("decoder", "ffn_only", "linear", "noop")
 FAMILIES = ("llama", "gpt2")
+
+
+class BlockConfig(TypedDict, total=False):
+    """One decoder layer's description in `block_configs` (the forms above)."""
+
+    kind: Required[str]  # one of KINDS
+    replacement: str  # the PipeBD replacement it came from
+    attention: str  # decoder: softmax or linear
+    num_key_value_heads: int  # decoder
+    intermediate_size: int  # decoder and ffn_only: the FFN's width
+    scale: float  # decoder: the softmax attention's scale
+
+
+class RopeDynamic(TypedDict):
+    """Dynamic NTK scaling's parameters (`rope_dynamic`)."""
+
+    rope_theta: float
+    factor: float
+    original_max_position_embeddings: int
+    dim: int
 
 
 class PipeBDConfig(PretrainedConfig):
@@ -49,8 +69,8 @@ class PipeBDConfig(PretrainedConfig):
         output_bias: bool = False,
         mlp_bias: bool = False,
         rope_attention_scaling: float = 1.0,
-        rope_dynamic: dict[str, float] | None = None,
-        block_configs: list[dict[str, Any]] | None = None,
+        rope_dynamic: RopeDynamic | None = None,
+        block_configs: list[BlockConfig] | None = None,
         tie_word_embeddings: bool = False,
         use_cache: bool = True,
         pipebd_version: str = VERSION,

@@ -22,7 +22,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.pytorch_utils import Conv1D
 
-from .configuration_pipebd import PipeBDConfig
+from .configuration_pipebd import BlockConfig, PipeBDConfig, RopeDynamic
 
 
 class PipeBDCache:
@@ -116,7 +116,7 @@ class HedgehogFeatureMap(nn.Module):
         return torch.cat((projected.softmax(-1), (-projected).softmax(-1)), dim=-1)
 
 
-def dynamic_inv_freq(dynamic: dict[str, Any], positions: torch.Tensor) -> torch.Tensor:
+def dynamic_inv_freq(dynamic: RopeDynamic, positions: torch.Tensor) -> torch.Tensor:
     """Dynamic NTK scaling's inverse frequencies for positions up to `positions.max()`: the base stretched
     once the sequence outgrows the original positions (transformers' _compute_dynamic_ntk_parameters)."""
     original, dim = int(dynamic["original_max_position_embeddings"]), int(dynamic["dim"])
@@ -126,7 +126,7 @@ def dynamic_inv_freq(dynamic: dict[str, Any], positions: torch.Tensor) -> torch.
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).float() / dim))
 
 
-def rotary_angles(inv_freq: torch.Tensor, positions: torch.Tensor, dynamic: dict[str, Any] | None) -> torch.Tensor:
+def rotary_angles(inv_freq: torch.Tensor, positions: torch.Tensor, dynamic: RopeDynamic | None) -> torch.Tensor:
     """(batch, tokens, head_dim) rotary angles of (batch, tokens) positions."""
     if dynamic is not None:
         inv_freq = dynamic_inv_freq(dynamic, positions)
@@ -150,7 +150,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     """Softmax or linear attention over (batch, tokens, hidden) with the family's projections."""
 
-    def __init__(self, config: PipeBDConfig, block: dict[str, Any], layer: int) -> None:
+    def __init__(self, config: PipeBDConfig, block: BlockConfig, layer: int) -> None:
         super().__init__()
         self.layer, self.family = layer, config.family
         self.heads, self.head_dim = config.num_attention_heads, config.head_dim
@@ -266,7 +266,7 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     """A teacher layer with its replacement's attention and FFN width: pre-norm, two residuals."""
 
-    def __init__(self, config: PipeBDConfig, block: dict[str, Any], layer: int) -> None:
+    def __init__(self, config: PipeBDConfig, block: BlockConfig, layer: int) -> None:
         super().__init__()
         self.gpt2 = config.family == "gpt2"
         attention, mlp = Attention(config, block, layer), mlp_of(config, int(block["intermediate_size"]))
@@ -293,7 +293,7 @@ class DecoderLayer(nn.Module):
 class FFNOnlyLayer(nn.Module):
     """A layer without its attention: x + FFN(norm(x)); keeps no cache."""
 
-    def __init__(self, config: PipeBDConfig, block: dict[str, Any], layer: int) -> None:
+    def __init__(self, config: PipeBDConfig, block: BlockConfig, layer: int) -> None:
         super().__init__()
         self.norm, self.mlp = norm_of(config), mlp_of(config, int(block["intermediate_size"]))
 
@@ -306,7 +306,7 @@ class FFNOnlyLayer(nn.Module):
 class LinearLayer(nn.Module):
     """One linear map of the hidden state; keeps no cache."""
 
-    def __init__(self, config: PipeBDConfig, block: dict[str, Any], layer: int) -> None:
+    def __init__(self, config: PipeBDConfig, block: BlockConfig, layer: int) -> None:
         super().__init__()
         self.linear = nn.Linear(config.hidden_size, config.hidden_size)
 
@@ -317,7 +317,7 @@ class LinearLayer(nn.Module):
 
 
 class NoopLayer(nn.Module):
-    def __init__(self, config: PipeBDConfig, block: dict[str, Any], layer: int) -> None:
+    def __init__(self, config: PipeBDConfig, block: BlockConfig, layer: int) -> None:
         super().__init__()
 
     def forward(
