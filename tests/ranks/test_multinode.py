@@ -2,7 +2,8 @@
 1's `follow`), each starting its own torchrun agent (1 rank each, gloo) that meet at a c10d rendezvous on
 loopback (pipebd_core/job/nodes.py). Checks that a 2-node `pipebd run` trains exactly the oracle's students
 (the sequential loop every 1-node mode is tested against), that a node killed mid-run stops the other at
-once, and that nodes which do not share the run directory fail at start, saying so.
+once, that nodes which do not share the run directory fail at start, saying so, and that an `auto` job on two
+nodes re-plans mid-run on the same two nodes and still trains the oracle's students.
 
 Tier: real torchrun processes, no service.
 """
