@@ -65,9 +65,10 @@ class Machines:
         return Topology(self.nodes, self.per_node, link)
 
     def spec(self, spec: Spec, nodes: int | None = None) -> Spec:
-        """`spec` on these nodes (or `nodes`), checked again: the finetune's checks count every node's ranks."""
+        """`spec` on these nodes (or `nodes`), checked again: the finetune's checks count every node's ranks. Its
+        elastic bounds are left out: they say where the job may run, not how it is planned."""
         document = spec.model_dump(mode="json")
-        document["schedule"]["nodes"] = nodes or self.nodes
+        document["schedule"].update(nodes=nodes or self.nodes, elastic=None)
         return parse_spec(document)
 
     def missing(self, what: str) -> SpecError:

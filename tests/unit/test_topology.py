@@ -148,6 +148,10 @@ def test_pipebd_plan_predicts_several_nodes_from_a_profile_of_one(
     assert "no profile measured across 2 nodes is cached" in capsys.readouterr().err
     assert main(["plan", str(spec_path), "--nodes", "2", "--link-gbps", "-1"]) == 2
     assert "--link-gbps: a link of -1.0 Gbit/s carries nothing" in capsys.readouterr().err
+    document["schedule"].update(nodes=2, elastic={"min_nodes": 2})  # its bounds are no matter to a what-if
+    spec_path.write_text(json.dumps(document))
+    assert main(["plan", str(spec_path), "--nodes", "1", "--json"]) == 0  # below min_nodes, planned all the same
+    assert json.loads(capsys.readouterr().out)["machines"] == "1 node x 1 ranks"
 
 
 def test_end_to_end_training_charges_sends_and_all_reduces_between_nodes_at_their_link() -> None:
