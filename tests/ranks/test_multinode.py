@@ -245,7 +245,7 @@ def test_auto_on_two_nodes_replans_mid_run_on_the_same_gang_and_ends_with_the_or
     from pipebd_core.planning.distill_planner import resolve_plan
     from tests.ranks.test_replan import FIXED_PROFILE, misplanned, replan_spec
 
-    document = replan_spec(samples=16 * 100).model_dump(mode="json")  # 100 steps of tens of ms: decided early
+    document = replan_spec(samples=16 * 100).model_dump(mode="json")  # 2 epochs of 100 steps of tens of ms
     document["schedule"].update(nproc=1, nodes=2)
     spec = parse_spec(document)
     wrong, cut = misplanned(FIXED_PROFILE, spec.data.batch_size)
