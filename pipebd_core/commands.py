@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from pipebd_core.bench import accuracy as bench_accuracy
 from pipebd_core.bench import check as bench_check
@@ -42,15 +43,16 @@ from pipebd_core.job.profiling import obtain_profile
 from pipebd_core.job.progress import MetricsFollower
 from pipebd_core.job.supervisor import Outcome, Supervisor, Watcher
 from pipebd_core.planning.distill_costmodel import CostModel
-from pipebd_core.planning.distill_planner import cost_model, mode_plans
+from pipebd_core.planning.distill_planner import mode_plans
 from pipebd_core.planning.distill_search import search
 from pipebd_core.planning.distill_simulate import simulate
-from pipebd_core.planning.profiles import ProfileError, load_cached
-from pipebd_core.planning.topology import Topology, stated_link
+from pipebd_core.planning.profiles import ProfileError
+from pipebd_core.planning.topology import Topology
 from pipebd_core.planning.trust import assess
 from pipebd_core.rank.checkpoint import resume_steps
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import MODES, PARTITIONERS, Spec, SpecError, load_spec, parse_spec
+from pipebd_core.what_if import Machines, distill_what_if, finetune_report, finetune_what_if
 
 QUIET_PRINT_S = 5.0  # without a terminal, print progress this often
 
@@ -260,37 +262,6 @@ def command_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def planning_model(spec: Spec, args: argparse.Namespace) -> tuple[CostModel, Profile, str]:
-    """(cost model, profile, the machines in words) for `pipebd plan`: the spec's node from its profile or, on
-    several nodes (`--nodes`, or the spec's), a what-if from a profile of one node with `--nproc` ranks and the
-    link `--link-gbps` between nodes (latency `--link-latency-ms`, default the node's own measured latency);
-    without --link-gbps, a profile a job on those nodes measured (cached), which has the link's figures."""
-    nodes = args.nodes or spec.schedule.nodes
-    if nodes < 1:
-        raise SpecError(f"--nodes {nodes}: a job runs on at least 1 node")
-    spec = spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"nodes": nodes})})
-    if nodes == 1 or args.link_gbps is None:
-        cached = load_cached(spec) if nodes > 1 else None
-        if nodes > 1 and cached is None:
-            raise SpecError(
-                f"--nodes {nodes}: no profile measured across {nodes} nodes is cached, so the link between them"
-                " is unknown; give it, for example --link-gbps 10 (and --link-latency-ms), to predict from a"
-                " profile of one node"
-            )
-        profile = cached or obtain_profile(spec)[0]
-        return cost_model(spec, profile), profile, machines_line(Topology.of(profile), measured=True)
-    one_node = spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"nodes": 1})})
-    profile = obtain_profile(one_node)[0]
-    intra = profile.links.get("intra")
-    latency_s = args.link_latency_ms / 1e3 if args.link_latency_ms is not None else (intra.latency_s if intra else 0.0)
-    try:
-        link = stated_link(args.link_gbps, latency_s)
-    except ValueError as error:
-        raise SpecError(f"--link-gbps: {error}") from None
-    topology = Topology(nodes, spec.schedule.nproc, link)
-    return cost_model(spec, profile, topology), profile, machines_line(topology, measured=False)
-
-
 def machines_line(topology: Topology, measured: bool) -> str:
     """`2 nodes x 2 ranks, 1.0 Gbit/s and 0.05 ms between nodes (stated)`."""
     line = f"{topology.nodes} node{'s' if topology.nodes > 1 else ''} x {topology.per_node} ranks"
@@ -301,43 +272,78 @@ def machines_line(topology: Topology, measured: bool) -> str:
     return line
 
 
-def command_plan(args: argparse.Namespace) -> int:
-    try:
-        spec = load_run_spec(args)
-        model, profile, machines = planning_model(spec, args)
-        result = search(model)
-        plans = mode_plans(model)
-        modes = {mode: simulate(plan, model)[0] for mode, plan in plans.items()}
-    except (SpecError, PlanError, ProfileError) as error:
-        return fail(str(error))
+def distill_lines(model: CostModel, profile: Profile, report: dict[str, Any]) -> list[str]:
+    """Distillation's ranked plans and every mode's step on `model`'s machines: into `report` (--json), and as the
+    lines `pipebd plan` prints."""
+    result = search(model)
+    plans = mode_plans(model)
+    modes = {mode: simulate(plan, model)[0] for mode, plan in plans.items()}
     crossing = [route for route in plans["hybrid"].document().routes if route.crosses_nodes]
-    report_ = {
-        "machines": machines,
-        "plans": [plan.entry().to_json() for plan in result.plans],
-        "plans_considered": result.considered,
-        "stages_rejected_for_memory": result.rejected_for_memory,
-        "mode_step_s": modes,
-        "ideal_step_s": model.ideal_step(),
-        "crossing_routes": [route.to_json() for route in crossing],  # the best plan's sends between nodes
-    }
     trust = assess(profile)
-    report_["profile_trust"] = trust.model_dump(mode="json")
-    if args.json:
-        print(json.dumps(report_, indent=1))
-        return 0
-    print(f"machines: {machines}")
-    print("profile: " + ("trusted" if trust.trusted else ", ".join(trust.flags).upper()))
-    for message in trust.messages:
-        print(f"  {message}")
-    print(f"{result.considered} plans fit in memory; the best {len(result.plans)}:")
+    report.update(
+        {
+            "plans": [plan.entry().to_json() for plan in result.plans],
+            "plans_considered": result.considered,
+            "stages_rejected_for_memory": result.rejected_for_memory,
+            "mode_step_s": modes,
+            "ideal_step_s": model.ideal_step(),
+            "crossing_routes": [route.to_json() for route in crossing],  # the best plan's sends between nodes
+            "profile_trust": trust.model_dump(mode="json"),
+        }
+    )
+    lines = ["profile: " + ("trusted" if trust.trusted else ", ".join(trust.flags).upper())]
+    lines += [f"  {message}" for message in trust.messages]
+    lines.append(f"{result.considered} plans fit in memory; the best {len(result.plans)}:")
     for rank, plan in enumerate(result.plans, start=1):
         stages = stages_line(plan.entry().stages)
-        print(f"{rank:3}. {plan.step_s * 1e3:9.2f} ms/step  bottleneck stage {plan.bottleneck}  [{stages}]")
+        lines.append(f"{rank:3}. {plan.step_s * 1e3:9.2f} ms/step  bottleneck stage {plan.bottleneck}  [{stages}]")
     if model.topology.nodes > 1:
         hops = ", ".join(f"rank {r.src} -> {r.dst} at boundary {r.boundary}" for r in crossing) or "none"
-        print(f"the best plan's sends between nodes: {hops}")
-    print("predicted ms per global step: " + ", ".join(f"{m} {t * 1e3:.1f}" for m, t in modes.items()))
-    print(f"the profile's even split of all the work: {model.ideal_step() * 1e3:.1f} ms (a prediction, not a bound)")
+        lines.append(f"the best plan's sends between nodes: {hops}")
+    lines.append("predicted ms per global step: " + ", ".join(f"{m} {t * 1e3:.1f}" for m, t in modes.items()))
+    lines.append(
+        f"the profile's even split of all the work: {model.ideal_step() * 1e3:.1f} ms (a prediction, not a bound)"
+    )
+    return lines
+
+
+def finetune_lines(report: dict[str, Any]) -> list[str]:
+    """The finetune phase's strategy, cut and every strategy's step, as `pipebd plan` prints them."""
+    cut = " | ".join(f"{start}-{stop - 1}" for start, stop in report["stages"])
+    step = report["predicted_step_s"]
+    chosen = "chosen by auto" if report["requested_strategy"] == "auto" else "the spec's"
+    lines = [f"finetune: {report['strategy']} ({chosen}), layers {cut}, predicted {step * 1e3:.1f} ms a step"]
+    for entry in report["strategies"]:
+        said = f"{entry['step_s'] * 1e3:.1f} ms" if entry.get("step_s") is not None else "-"
+        lines.append(f"  {entry['strategy']:6} {said}" + ("" if entry["fits"] else f"  (not run: {entry['reason']})"))
+    return lines
+
+
+def command_plan(args: argparse.Namespace) -> int:
+    """`pipebd plan`: distillation's ranked plans and every mode's step, and on several nodes (or for a train
+    workload) the finetune phase's strategy and cut, on the spec's machines or a what-if's (what_if.py)."""
+    try:
+        spec = load_run_spec(args)
+        machines = Machines.of(spec, args)
+        report: dict[str, Any] = {}
+        lines: list[str] = []
+        intra = None
+        if spec.workload.kind != "train":  # a train workload only fine-tunes: no distillation to plan
+            model, profile = distill_what_if(spec, machines)
+            report["machines"] = machines_line(model.topology, measured=not machines.stated)
+            lines = distill_lines(model, profile, report)
+            intra = profile.links.get("intra")
+        if spec.finetune is not None and (machines.nodes > 1 or spec.workload.kind == "train"):
+            plan, topology = finetune_what_if(spec, machines, intra)
+            report.setdefault("machines", machines_line(topology, measured=not machines.stated))
+            report["finetune"] = finetune_report(plan)
+            lines += finetune_lines(report["finetune"])
+    except (SpecError, PlanError, ProfileError) as error:
+        return fail(str(error))
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print("\n".join([f"machines: {report['machines']}", *lines]))
     return 0
 
 

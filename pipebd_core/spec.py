@@ -450,13 +450,7 @@ class ScheduleSpec(_Strict):
 
     @model_validator(mode="after")
     def _nodes_fit(self) -> ScheduleSpec:
-        """What a job on several nodes does not do yet (docs/multinode.md): re-plan mid-run."""
-        most = self.nodes if self.elastic is None or self.elastic.max_nodes is None else self.elastic.max_nodes
-        if most > 1 and self.replan:
-            raise ValueError(
-                f"replan: a job on up to {most} nodes runs the plan it starts with (re-planning across nodes is"
-                " not built yet); remove replan"
-            )
+        """Elastic bounds a job on several nodes can run within (docs/multinode.md)."""
         if self.elastic is not None:
             self._check_elastic(self.elastic)
         return self
@@ -500,8 +494,9 @@ class ScheduleSpec(_Strict):
 
     @property
     def replans(self) -> bool:
-        """Whether the job re-plans mid-run: `replan`, which defaults to on for auto on one node."""
-        return self.mode == "auto" and self.nodes == 1 if self.replan is None else self.replan
+        """Whether the job re-plans mid-run: `replan`, which defaults to on for auto (on one node or several: the
+        same gang is launched again under the new plan, docs/multinode.md)."""
+        return self.mode == "auto" if self.replan is None else self.replan
 
 
 class Spec(_Strict):

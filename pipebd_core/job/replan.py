@@ -18,6 +18,11 @@ measured step before and after), event `replanned`; the supervisor launches the 
 every block resumes from its checkpoint. The math does not change: each block trains the same
 steps, on the same batches, with the same learning rates, whichever ranks run it.
 
+On several nodes the same holds with the same gang: the costs are those of the machines the job runs on
+(`planned_machines`: the profile's link between nodes, or the nodes an elastic job has now), node 0's
+supervisor opens the next launch of the phase and every node's supervisor starts its part of it
+(nodes.py), so the re-planned ranks run on the hosts that ran the others. No gang is asked for again.
+
 An elastic job below its `max_nodes` is also offered free hosts at each calibration (grow.py): when the
 planner predicts the larger gang saves more than a relaunch (the same rule, relaunch.py), the monitor asks the
 ranks to stop (event `grow_requested`) and the supervisor ends the phase `grown` for the caller to requeue.
@@ -38,7 +43,7 @@ from pipebd_core.job.relaunch import relaunch_declined
 from pipebd_core.planning import profiles
 from pipebd_core.planning.distill_calibration import Window, calibrate, group_sizes, measured_step_s, steps_covered
 from pipebd_core.planning.distill_costmodel import CostModel
-from pipebd_core.planning.distill_planner import resolve_plan
+from pipebd_core.planning.distill_planner import planned_machines, resolve_plan
 from pipebd_core.planning.distill_search import best_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
@@ -164,11 +169,13 @@ class DistillMonitor:
         calibration = calibrate(self.profile, steady, group_sizes(plan), source)
         calibrated = self.profile.calibrated(calibration)
         self.run_dir.write_json(self.run_dir.calibration, calibration.to_json())
-        if self.store_calibration:
+        if self.store_calibration and self._on_profiled_machines():
             profiles.store(self.spec, calibrated)
         measured = measured_step_s(steady)
         search = plan.steps.search if plan.steps else None
-        model = CostModel(calibrated, search.every if search else None)
+        # the machines the job runs on now: on several nodes the link between them is charged (the profile's), and
+        # an elastic job resumed on another gang is planned for the nodes it has (its profile measured on others)
+        model = CostModel(calibrated, search.every if search else None, planned_machines(self.spec, calibrated))
         event: dict[str, Any] = {"step": latest, "measured_step_s": measured, "predicted_step_s": None}
         predicted = plan.predictions is not None and bool(plan.stages)
         if predicted:
@@ -180,6 +187,14 @@ class DistillMonitor:
             self._consider(plan, model, measured, latest)
         if consider_replan and self.pending is None and self.free_nodes is not None:
             self._consider_growth(plan, calibrated, latest)
+
+    def _on_profiled_machines(self) -> bool:
+        """Whether the job runs on the machines its profile was measured on. An elastic job resumed on another gang
+        keeps its calibration in the run directory: the cache entry of its spec's nodes is for a profile measured
+        on them."""
+        assert self.profile is not None
+        schedule = self.spec.schedule
+        return (self.profile.nodes, self.profile.nproc) == (schedule.nodes, schedule.world_size)
 
     def _relaunch_s(self) -> float:
         """What a relaunch costs: as long as this launch took to reach its first step, or PIPEBD_RELAUNCH_S."""

@@ -193,15 +193,18 @@ def partition_candidates(spec: Spec, layers: Layers, strategy: str) -> dict[str,
     }
 
 
-def train_costs(spec: Spec, measured: LayerProfile) -> TrainCosts:
+def train_costs(spec: Spec, measured: LayerProfile, machines: Topology | None = None) -> TrainCosts:
     """The cost model of `measured` for the machines `spec` runs on: the profile's, or, for a job resumed on
-    another rank count, the spec's nodes and ranks with the profile's layer costs and link between nodes."""
-    return TrainCosts(measured, Topology.of_layers(measured).on(spec.schedule.nodes, spec.schedule.nproc))
+    another rank count, the spec's nodes and ranks with the profile's layer costs and link between nodes; or
+    `machines` (a what-if: `pipebd plan --nodes --link-gbps`, a stated link)."""
+    return TrainCosts(measured, machines or Topology.of_layers(measured).on(spec.schedule.nodes, spec.schedule.nproc))
 
 
-def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: LayerProfile | None = None) -> TrainPlan:
+def resolve_train_plan(
+    spec: Spec, run_dir: RunDir | None, measured: LayerProfile | None = None, machines: Topology | None = None
+) -> TrainPlan:
     """The finetune plan of `spec` (its network as `run_dir` holds it, or freshly initialised), from the
-    layer profile `measured` when there is one."""
+    layer profile `measured` when there is one (planned for `machines` when given: `train_costs`)."""
     tune = spec.finetune
     assert tune is not None, "only a spec with a finetune section has a finetune plan"
     view = finetune_view(spec)
@@ -210,7 +213,7 @@ def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: LayerProfil
     network = build_network(spec, run_dir)
     sample = build_dataset(view)[0][0]
     shapes, flops = layer_probe(network, sample)
-    layers = Layers(network, shapes, flops, train_costs(spec, measured) if measured is not None else None)
+    layers = Layers(network, shapes, flops, train_costs(spec, measured, machines) if measured is not None else None)
     details = FinetuneDetails(layer_flops=flops, requested_strategy=tune.strategy)
     strategy = tune.strategy
     if layers.costs is not None:

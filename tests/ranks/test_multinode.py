@@ -2,7 +2,8 @@
 1's `follow`), each starting its own torchrun agent (1 rank each, gloo) that meet at a c10d rendezvous on
 loopback (pipebd_core/job/nodes.py). Checks that a 2-node `pipebd run` trains exactly the oracle's students
 (the sequential loop every 1-node mode is tested against), that a node killed mid-run stops the other at
-once, and that nodes which do not share the run directory fail at start, saying so.
+once, that nodes which do not share the run directory fail at start, saying so, and that an `auto` job on two
+nodes re-plans mid-run on the same two nodes and still trains the oracle's students.
 
 Tier: real torchrun processes, no service.
 """
@@ -228,3 +229,42 @@ def test_a_finetune_resumed_on_fewer_ranks_is_recut_and_ends_with_the_uninterrup
     starts = [e["start_step"] for e in events if e["event"] == "rank_started" and e.get("phase") == "finetune"]
     assert starts == [0, 0, 5]  # both nodes' ranks began at 0; the one rank left resumed at the first epoch's end
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_auto_on_two_nodes_replans_mid_run_on_the_same_gang_and_ends_with_the_oracles_students(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An `auto` job on two nodes of one rank, planned from a deliberately wrong profile measured across them
+    (tests/fixtures/replan_profile.json made wrong as test_replan.py does, with a link between the nodes): its
+    first calibration finds a faster plan, the ranks of both nodes stop at one step boundary, node 0 re-plans with
+    the link between the nodes in the cost model and opens the next launch, and both nodes' agents run it: the same
+    gang, no requeue. Every block resumes at that step and the students are the oracle's."""
+    from pipebd_core.documents.profile import LinkFit
+    from pipebd_core.job.replan import RELAUNCH_ENV
+    from pipebd_core.planning import profiles
+    from pipebd_core.planning.distill_planner import resolve_plan
+    from tests.ranks.test_replan import FIXED_PROFILE, misplanned, replan_spec
+
+    document = replan_spec(samples=16 * 100).model_dump(mode="json")  # 2 epochs of 100 steps of tens of ms
+    document["schedule"].update(nproc=1, nodes=2)
+    spec = parse_spec(document)
+    wrong, cut = misplanned(FIXED_PROFILE, spec.data.batch_size)
+    loopback = LinkFit(latency_s=1e-4, bytes_per_s=1e9)  # about what the profile phase measures on loopback
+    profiles.store(spec, wrong.model_copy(update={"nodes": 2, "links": {"inter": loopback}}))
+    stages = [(s.start, s.stop) for s in resolve_plan(spec, profiles.load_cached(spec)).stages]
+    assert stages == [(0, cut), (cut, 8)], f"the wrong profile should plan the cut at {cut}, not {stages}"
+    monkeypatch.setenv(RELAUNCH_ENV, "0.05")  # the mechanism is checked here, not the machine (test_replan.py)
+    run_dir = prepare_run(spec, tmp_path / "run")
+    outcome, followed, _ = run_nodes(run_dir)
+    assert (outcome.result, followed.result) == ("succeeded", "succeeded"), (outcome, followed)
+
+    plan = run_dir.load_plan()
+    (entry,) = plan.details.replans
+    assert [(s.start, s.stop) for s in entry.from_] == [(0, cut), (cut, 8)] and entry.to != entry.from_
+    assert plan.nodes == 2 and plan.nproc == 2 and all(route.crosses_nodes for route in plan.routes)
+    started = [e for e in run_dir.read_events() if e["event"] == "rank_started"]
+    assert [sorted(e["node"] for e in started[i : i + 2]) for i in (0, 2)] == [[0, 1], [0, 1]]  # both launches
+    assert {tuple(e["start_steps"]) for e in started[2:]} == {(entry.resumed_at_step,) * 8}
+    assert not [e for e in run_dir.read_events() if e["event"] in ("reshaped", "grow_requested")]
+    assert_same_weights(load_students(run_dir), plain_loop(spec))
+    assert processes_mentioning(str(run_dir.root)) == []

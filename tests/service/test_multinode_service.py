@@ -18,6 +18,8 @@ gang once a second host's worker starts (attempt `grown`) and ends with the orac
 mid-distillation checkpoints its job at a step boundary, the attempt is `preempted` (no restart used), and the
 resumed job stores every step once;
 so does a 2-node job whose follower's worker is sent SIGTERM (node 0 stops every node's ranks at the boundary).
+An `auto` job on two nodes planned from a wrong profile re-plans mid-run and runs on, in the same attempt, on the
+same two hosts, ending with the oracle's students.
 """
 
 from __future__ import annotations
@@ -371,3 +373,41 @@ def test_a_followers_worker_sent_sigterm_preempts_the_whole_job_at_a_step_bounda
     assert set(done["attempts"][-1]["resumed_from"]) == {before + 1}
     assert_same_weights(load_students(run_dir), plain_loop(run_dir.load_spec()))
     assert rank_processes(str(run_dir.root)) == []
+
+
+def test_an_auto_job_on_two_nodes_replans_mid_run_on_the_same_gang_with_the_oracles_students(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through both hosts' workers, from the deliberately wrong profile of the 2-node re-plan test (in the workers'
+    profile cache): node 0 re-plans at its first calibration and launches again on the same gang (one attempt, no
+    restart, both hosts' ranks in both launches), and the job ends with the oracle's students."""
+    from pipebd_core.documents.profile import LinkFit
+    from pipebd_core.planning import profiles
+    from pipebd_core.spec import parse_spec
+    from tests.ranks.test_replan import FIXED_PROFILE, misplanned, replan_spec
+
+    keep_only(cluster, ["host-a", "host-b"])
+    document = replan_spec(samples=16 * 100).model_dump(mode="json")  # 2 epochs of 100 steps
+    document["schedule"].update(nproc=1, nodes=2)
+    wrong, cut = misplanned(FIXED_PROFILE, document["data"]["batch_size"])
+    monkeypatch.setenv(profiles.CACHE_ENV, str(cluster.settings.data_dir / "cache"))  # the workers' cache
+    loopback = LinkFit(latency_s=1e-4, bytes_per_s=1e9)
+    profiles.store(parse_spec(document), wrong.model_copy(update={"nodes": 2, "links": {"inter": loopback}}))
+    job_id = cluster.client.post("/api/v1/jobs", json=document).json()["id"]
+
+    done = cluster.end(job_id, "the re-planned 2-node job to end")
+    assert done["state"] == "succeeded" and done["restarts"] == 0, (done["error"], cluster.logs())
+    (attempt,) = done["attempts"]
+    assert sorted(attempt["hosts"]) == ["host-a", "host-b"], attempt
+    run_dir = RunDir(cluster.settings.runs / f"job-{job_id}")
+    (entry,) = run_dir.load_plan().details.replans
+    assert [(s.start, s.stop) for s in entry.from_] == [(0, cut), (cut, 8)] and entry.to != entry.from_
+    started = [event for event in run_dir.read_events() if event["event"] == "rank_started"]
+    assert [sorted(e["node"] for e in started[i : i + 2]) for i in (0, 2)] == [[0, 1], [0, 1]], started
+    assert run_dir.launcher_log("distill", 1).exists()  # node 1's worker started its agent
+    assert_same_weights(load_students(run_dir), plain_loop(run_dir.load_spec()))
+    lines = stored_seqs(cluster, job_id)  # each rank's telemetry stored once across both launches
+    assert all(len({seq for seq, _ in rank_lines}) == len(rank_lines) for rank_lines in lines.values()), lines
+    last = run_dir.load_plan().total_steps - 1  # 200 steps: 2 epochs of 100
+    assert max(step for rank_lines in lines.values() for _, step in rank_lines) == last  # to the last step
+    wait_for(lambda: rank_processes(str(run_dir.root)) == [], 30, "every rank to end", cluster.logs)

@@ -59,9 +59,12 @@ def test_bounds_no_plan_can_use_are_refused_naming_the_field_and_what_works(sche
     assert message in str(refused.value) and "elastic" in str(refused.value)
 
 
-def test_a_job_that_may_grow_past_one_node_does_not_replan_mid_run() -> None:
-    with pytest.raises(SpecError, match="replan: a job on up to 2 nodes runs the plan it starts with"):
-        tiny_spec(schedule={"mode": "auto", "profile": True, "nproc": 1, "replan": True, "elastic": {"max_nodes": 2}})
+def test_an_auto_job_that_may_grow_past_one_node_replans_mid_run_and_a_fixed_mode_never() -> None:
+    growing = {"mode": "auto", "profile": True, "nproc": 1, "elastic": {"max_nodes": 2}}
+    assert tiny_spec(schedule=growing).schedule.replans  # on by default for auto, on any number of nodes
+    assert tiny_spec(schedule=growing).schedule.on_nodes(2).replans
+    assert not tiny_spec(schedule={**growing, "replan": False}).schedule.on_nodes(2).replans
+    assert not tiny_spec(schedule={**growing, "mode": "tr_dpu"}).schedule.on_nodes(2).replans
 
 
 def test_pinned_stages_keep_their_cuts_and_give_up_replicas_largest_first() -> None:

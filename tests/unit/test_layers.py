@@ -20,7 +20,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("distill", "finetune", "profile"),
     ("planning",),
     ("job", "bench", "tracking"),
-    ("cli", "commands", "__main__"),
+    ("cli", "commands", "what_if", "__main__"),
 ]
 PHASES = {"distill", "finetune", "profile"}
 WITHIN_FLOOR = {("data", "workloads"), ("workloads", "data")}  # what is learned: a workload reads its data set

@@ -148,6 +148,10 @@ def test_pipebd_plan_predicts_several_nodes_from_a_profile_of_one(
     assert "no profile measured across 2 nodes is cached" in capsys.readouterr().err
     assert main(["plan", str(spec_path), "--nodes", "2", "--link-gbps", "-1"]) == 2
     assert "--link-gbps: a link of -1.0 Gbit/s carries nothing" in capsys.readouterr().err
+    document["schedule"].update(nodes=2, elastic={"min_nodes": 2})  # its bounds are no matter to a what-if
+    spec_path.write_text(json.dumps(document))
+    assert main(["plan", str(spec_path), "--nodes", "1", "--json"]) == 0  # below min_nodes, planned all the same
+    assert json.loads(capsys.readouterr().out)["machines"] == "1 node x 1 ranks"
 
 
 def test_end_to_end_training_charges_sends_and_all_reduces_between_nodes_at_their_link() -> None:
@@ -176,3 +180,45 @@ def test_end_to_end_training_charges_sends_and_all_reduces_between_nodes_at_thei
     measured = profile.model_copy(update={"nodes": 2, "inter": link})
     assert TrainCosts(measured).machines == Topology(2, 1, link) == Topology(2, 1, link).on(2, 1)
     assert Topology.of_layers(measured).on(1, 1) == Topology(1, 1, link)  # resumed on one node: no send crosses
+
+
+def test_pipebd_plan_predicts_the_finetune_on_several_nodes_from_a_layer_profile_of_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 11-layer classifier of the finetune tests, every layer F 1 s, B 2 s a micro-batch and 1 GB of weights
+    (a hand-written layer profile of one node, cached as `pipebd profile` would): on 2 nodes of one rank, DDP's
+    all-reduce of the 11 GB is the ring's 11 GB / (link bytes/s), 88 s at 1 Gbit/s (121 s a step: a pipeline
+    wins, cut in two), 0.088 s at 1000 Gbit/s (DDP wins, 33.088 s). A pinned strategy is planned as pinned."""
+    from tests.fake_profiles import fake_layer_profile
+    from tests.ranks.test_finetune import e2e_document
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    document = e2e_document("auto", 1, profile=True)
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(document))
+    layers = fake_layer_profile(layers=11, f=1.0, i=1.0, w=1.0, b=2.0).profile
+    heavy = [layer.model_copy(update={"param_bytes": 10**9}) for layer in layers.layers]
+    store(parse_spec(document), layers.model_copy(update={"layers": heavy}))
+
+    def planned(*what_if: str) -> dict:
+        assert main(["plan", str(spec_path), "--nodes", "2", *what_if, "--json"]) == 0
+        return dict(json.loads(capsys.readouterr().out))
+
+    slow = planned("--link-gbps", "1")
+    assert slow["machines"].startswith("2 nodes x 1 ranks, 1.00 Gbit/s") and "plans" not in slow  # no distillation
+    tuned = slow["finetune"]
+    assert tuned["strategy"] != "ddp" and len(tuned["stages"]) == 2 and tuned["requested_strategy"] == "auto"
+    ddp = next(entry for entry in tuned["strategies"] if entry["strategy"] == "ddp")
+    assert ddp["step_s"] == pytest.approx(33.0 + 88.0) and tuned["predicted_step_s"] < ddp["step_s"]
+    fast = planned("--link-gbps", "1000")["finetune"]
+    assert (fast["strategy"], fast["stages"], fast["predicted_step_s"]) == ("ddp", [[0, 11]], pytest.approx(33.088))
+    assert main(["plan", str(spec_path), "--nodes", "2", "--link-gbps", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert f"finetune: {tuned['strategy']} (chosen by auto), layers 0-" in printed and "ddp    121000.0 ms" in printed
+
+    document["finetune"]["strategy"] = "1f1b"
+    spec_path.write_text(json.dumps(document))
+    pinned = planned("--link-gbps", "1000")["finetune"]
+    assert (pinned["strategy"], pinned["requested_strategy"], len(pinned["stages"])) == ("1f1b", "1f1b", 2)
+    assert main(["plan", str(spec_path), "--nodes", "2"]) == 2
+    assert "no layer profile measured across 2 nodes is cached" in capsys.readouterr().err
