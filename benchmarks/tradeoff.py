@@ -76,6 +76,7 @@ def specs(teacher_dir: Path, args: argparse.Namespace) -> dict[str, dict[str, An
     search["workload"].pop("config")
     search["workload"]["teacher"] = str(teacher_dir)
     search["train"]["max_steps"] = args.search_steps
+    search["schedule"]["profile"] = True  # measured latencies (the example skips profiling to stay cheap)
     return {"teacher": teacher, "search": search}
 
 

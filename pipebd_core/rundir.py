@@ -44,7 +44,8 @@ onto a run directory (a test checks it).
                                        as a Hugging Face model directory, as distilled_hf/
     teacher.pt                         kind train: the trained network's state_dict (a classifier: torchvision format)
     teacher_model/                     kind train of a language model (workload.config): the trained model as a
-                                       Hugging Face model directory, as distilled_hf/
+                                       Hugging Face model directory, as distilled_hf/; of a vision transformer:
+                                       a ViTForImageClassification directory (workloads/vit_directory.py)
     summary.json                       final losses, accuracies, wall time
     choices/<n>/                       a transformer search chosen again for another budget (distill/choose.py):
                                        choice.json, architecture.json, searched_model.pt, distilled_state.pt,
@@ -134,7 +135,7 @@ class FolderOutput:
 
 # A model folder a job writes joins the downloads by one line here.
 FOLDER_OUTPUTS: tuple[FolderOutput, ...] = (
-    FolderOutput("teacher_model", "kind train: the trained language model, a Hugging Face model directory"),
+    FolderOutput("teacher_model", "kind train: the trained language model or ViT, a Hugging Face model directory"),
     FolderOutput("distilled_hf", "transformer: the compressed network, a Hugging Face model directory"),
     FolderOutput("searched_hf", "transformer search: the chosen language model, a Hugging Face model directory"),
     FolderOutput("finetuned_hf", "finetune of a transformer job: the trained network, a Hugging Face model directory"),
@@ -408,8 +409,9 @@ class RunDir:
             folders.append(self.tensorboard(phase))
         elif phase in (PROFILE, PROFILE_FINETUNE):
             folders = [self.logs(phase), self.errors(phase)]
-        else:  # the Hugging Face model directories of a language model
-            folders = {FINALIZE: [self.distilled_hf, self.searched_hf], EVALUATE: [self.finetuned_hf]}.get(phase, [])
+        else:  # the Hugging Face model directories
+            hf = {FINALIZE: [self.distilled_hf, self.searched_hf], EVALUATE: [self.finetuned_hf, self.teacher_model]}
+            folders = hf.get(phase, [])
         paths = [*files.get(phase, []), *folders]
         return [path.relative_to(self.root).as_posix() + ("/" if path in folders else "") for path in paths]
 

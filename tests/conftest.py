@@ -50,6 +50,7 @@ HEAVIEST_FIRST = [
     "tests/ranks/test_failures.py",  # 115 s
     "tests/ranks/test_equivalence_transformer.py",  # 110 s
     "tests/service/test_phases.py",  # 95 s
+    "tests/service/test_example_chains.py",  # 95 s (alone: 101 + 63 s CPU, the ViT chain and the Llama search)
     "tests/web/test_models_page.py",  # 95 s (estimated from 83 s alone: the chain, its search's page, choosing)
     "tests/ranks/test_equivalence.py",  # 90 s
     "tests/ranks/test_vision_transformer.py",  # 85 s

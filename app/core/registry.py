@@ -2,7 +2,7 @@
 
 A job's models, by what it ran (every path from `RunDir`; a folder counts as its files):
 
-    teacher    kind train: teacher_model/ (a language model's Hugging Face directory), teacher.pt,
+    teacher    kind train: teacher_model/ (a language model's or a ViT's Hugging Face directory), teacher.pt,
                finetuned_model.pt and its export finetuned_model.pt2 (the same network); no parent
     distilled  a distillation without a search: compressed_model.pt, student.pt, distilled_state.pt,
                distilled_model.pt2 and a Hugging Face directory where the engine writes one; parent: the teacher
@@ -43,7 +43,7 @@ from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 
 KINDS = ("teacher", "distilled", "searched", "finetuned", "chosen")
-# a language model's Hugging Face directory per kind, where the engine's RunDir names one (read by name so that
+# a model's Hugging Face directory per kind, where the engine's RunDir names one (read by name so that
 # a directory an engine adds later is registered too)
 HF_FOLDERS = {"teacher": "teacher_model", "distilled": "distilled_hf", "searched": "searched_hf"}
 HF_FOLDERS["finetuned"] = "finetuned_hf"

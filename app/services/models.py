@@ -5,7 +5,8 @@ them into problem details.
 A spec starts from a registered model with `workload.teacher: {model: N}`: before the spec is validated,
 `resolve_models` replaces it with the model's files, a path inside the runs folder (a Hugging Face model
 directory where the model has one, else a trained classifier's `teacher.pt` as `teacher_weights`, with the
-network its job trained), and names that path as allowed beyond the data roots for this spec only. A directory
+network its job trained; the spec's own `config` and `teacher_weights` are dropped: the model is the whole
+teacher), and names that path as allowed beyond the data roots for this spec only. A directory
 of PipeBD's own layers (a search's) is taken where its version is one this PipeBD reads back
 (workloads/remote_format.py); the job builds it with PipeBD's own modeling code, without trust_remote_code.
 
@@ -216,6 +217,9 @@ def teacher_fields(session: Session, model: RegisteredModel, loc: list[str | int
     return fields
 
 
+TEACHER_FIELDS = ("teacher", "config", "teacher_weights")  # what a `{model: N}` reference replaces
+
+
 def names_a_model(document: dict[str, Any]) -> bool:
     """Whether the spec document names a registered model (`workload.teacher` is an object)."""
     workload = document.get("workload")
@@ -242,7 +246,8 @@ def resolve_models(session: Session, document: dict[str, Any]) -> tuple[dict[str
             loc, f"registered model {model_id} does not exist; GET /api/v1/models lists the models", reference
         )
     fields = teacher_fields(session, model, loc)
-    resolved = {key: value for key, value in workload.items() if key != "teacher"}
+    # the model is the whole teacher: a random teacher's config or weights the spec also gave are dropped
+    resolved = {key: value for key, value in workload.items() if key not in TEACHER_FIELDS}
     resolved.update(fields)
     paths = [Path(fields[key]) for key in ("teacher", "teacher_weights") if key in fields]
     return {**document, "workload": resolved}, paths

@@ -6,7 +6,9 @@ succeeded. summary.json gains a `finetune` section: top-1 of the teacher, of the
 end-to-end training (the distilled student, the searched or the freshly initialised network) and after,
 parameters and FLOPs per sample of teacher and student, and the wall time of every phase. A kind
 `train` job also writes teacher.pt, the torchvision-format state_dict a later job's
-`workload.teacher_weights` takes as it is.
+`workload.teacher_weights` takes as it is, and, for a language model or a vision transformer, teacher_model/:
+the same network as a Hugging Face model directory a transformer job's `workload.teacher` loads (a language
+model's through hf_directory.py, a ViT's as ViTForImageClassification through vit_directory.py).
 """
 
 from __future__ import annotations
@@ -68,6 +70,19 @@ def write_finetuned_directory(spec: Spec, model: nn.Module, run_dir: RunDir) -> 
     write_model_directory(spec, model.cpu().eval(), layer_names(spec, architecture), run_dir.finetuned_hf)
 
 
+def write_vit_teacher(spec: Spec, model: nn.Module, run_dir: RunDir) -> None:
+    """teacher_model/: a trained torchvision VisionTransformer as a ViTForImageClassification directory, where
+    transformers expresses it (one linear head: no `representation_size`); otherwise teacher.pt alone."""
+    from pipebd_core.workloads.vision_transformer import split_vit
+    from pipebd_core.workloads.vit_directory import write_vit_directory
+
+    parts = split_vit(model.cpu().eval())
+    network = nn.Sequential(nn.Sequential(parts.embedding, parts.layers[0]), *parts.layers[1:], parts.head)
+    written = write_vit_directory(spec, network, ["keep"] * len(parts.layers), run_dir.teacher_model)
+    if not written:
+        print("pipebd: evaluate: no teacher_model/ (a head with representation_size has no transformers form)")
+
+
 def phase_seconds(run_dir: RunDir) -> dict[str, float | None]:
     return {record.name: record.duration_s for record in run_dir.load_phases()}
 
@@ -109,6 +124,8 @@ def run_evaluate(run_dir: RunDir) -> FinetuneReport:
 
             save_language_model(spec, network.model.state_dict(), run_dir.teacher_model)
             report.teacher_perplexity = report.perplexity_after
+        elif spec.workload.vision_transformer:
+            write_vit_teacher(spec, network.model, run_dir)
     export(network.model, sample, run_dir)
     if spec.workload.kind == "transformer":  # also for transformers (hf_directory.py, vit_directory.py)
         write_finetuned_directory(spec, network.model, run_dir)

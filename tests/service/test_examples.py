@@ -7,8 +7,10 @@ of this server wrote is in its runs folder, which is always inside its roots, an
 there as a user does with `--set workload.teacher_weights=...`. Each spec goes through the API's whole
 check (the engine's preflight included) and is stored queued (202); none is run here. The ones a newcomer
 submits first run to success elsewhere, on real services, each job once: examples/tiny-llama-teacher.yaml
-then examples/tiny-llama-text.yaml distilling that teacher in tests/service/test_phases.py, and the
-README's examples/tiny-custom.yaml through the New job page in tests/web/test_browser.py. Of examples/multinode/
+then examples/tiny-llama-text.yaml distilling that teacher in tests/service/test_phases.py,
+examples/tiny-vit-teacher.yaml then examples/tiny-vit-digits.yaml, and examples/tiny-llama-search.yaml in
+tests/service/test_example_chains.py, and the README's examples/tiny-custom.yaml through the New job page
+in tests/web/test_browser.py. Of examples/multinode/
 only two-nodes.yaml is a spec (accepted: it waits for two hosts in the queue); kubernetes.yaml, node.sh
 and slurm.sbatch are launchers of workers, not specs.
 """

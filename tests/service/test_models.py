@@ -120,13 +120,13 @@ def test_a_chain_is_registered_once_and_served_with_its_lineage(client: TestClie
     assert teacher.spec_hash == "f" * 64 and teacher.data_fingerprint is not None
 
     # the second job's spec names the teacher as a registered model: resolved to its directory, past the roots
-    document = transformer_document(text_folder(settings))
-    del document["workload"]["config"]
+    document = transformer_document(text_folder(settings))  # its random teacher's config kept: the model replaces it
     document["workload"].update({"teacher": {"model": teacher.id}, "replacements": ["keep", "ffn_1/2", "noop"]})
     document["finetune"] = {"strategy": "ddp", "max_steps": 3, "profile": False}
     with Session(get_engine(settings.database)) as session:
         resolved, allowed = resolve_models(session, document)
     assert resolved["workload"]["teacher"] == str(teacher_dir.teacher_model) and allowed == [teacher_dir.teacher_model]
+    assert "config" not in resolved["workload"]
     validate_document(resolved, settings, allowed)
     elsewhere = settings.data_dir.parent / "elsewhere"  # outside the data roots and this server's runs folder
     plain = {**resolved, "workload": {**resolved["workload"], "teacher": str(elsewhere)}}
