@@ -196,7 +196,8 @@ def partition_candidates(spec: Spec, layers: Layers, strategy: str) -> dict[str,
 def train_costs(spec: Spec, measured: LayerProfile) -> TrainCosts:
     """The cost model of `measured` for the machines `spec` runs on: the profile's, or, for a job resumed on
     another rank count, the spec's nodes and ranks with the profile's layer costs and link between nodes."""
-    return TrainCosts(measured, Topology.of_layers(measured).on(spec.schedule.nodes, spec.schedule.nproc))
+    machines = Topology.of_layers(measured).on(spec.schedule.nodes, spec.schedule.nproc)
+    return TrainCosts(measured, machines, spec.schedule.threads_per_rank)
 
 
 def resolve_train_plan(spec: Spec, run_dir: RunDir | None, measured: LayerProfile | None = None) -> TrainPlan:
