@@ -25,7 +25,7 @@ from pipebd_core.documents.profile import Profile
 from pipebd_core.planning.cpu_sharing import profiled_share, shared_slowdown
 from pipebd_core.planning.distill_planner import cost_model
 from pipebd_core.planning.finetune_simulate import TrainCosts
-from pipebd_core.spec import parse_spec
+from pipebd_core.spec import SpecError, parse_spec
 
 RECORDS = Path(__file__).resolve().parents[2] / "benchmarks" / "records"
 WITH_PROFILES = sorted(path for path in RECORDS.glob("*.json") if profile_path(path) is not None)
@@ -101,3 +101,9 @@ def test_repredict_restores_edited_predictions() -> None:
     edited = committed.model_copy(update={"accuracy": committed.accuracy.model_copy(update={"plans": plans})})
     assert check(path, edited)  # the edit is a difference
     assert repredict(path, edited).to_json() == committed.to_json()
+
+
+def test_repredict_refuses_a_record_without_a_committed_profile() -> None:
+    path = RECORDS / "vgg16-dsconv-accuracy.json"
+    with pytest.raises(SpecError, match="no frozen profile committed beside it"):
+        repredict(path, BenchRecord.from_json(json.loads(path.read_text())))
