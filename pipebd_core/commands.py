@@ -387,7 +387,7 @@ def command_repredict(paths: list[str], records: list[BenchRecord]) -> int:
         try:
             updated.append(bench_repredict.repredict(Path(path), record))
         except (OSError, ValueError, SpecError, PlanError) as error:
-            return fail(f"--repredict {path}: {error}")
+            return fail(str(error) if isinstance(error, SpecError) else f"--repredict {path}: {error}")
     for path, record in zip(paths, updated, strict=True):
         Path(path).write_text(record.model_dump_json(indent=1))  # as the bench writes it (progress.py)
         print(f"{path}: every prediction made again from its profile")
