@@ -129,6 +129,12 @@ def add_bench_command(commands: Any) -> None:
         help="with --report: recompute every prediction from the frozen profile committed beside each record",
     )
     bench.add_argument(
+        "--repredict",
+        action="store_true",
+        help="with --report: make every prediction again from the frozen profile committed beside each record"
+        " (after a cost model change) and write it into the record; nothing is measured",
+    )
+    bench.add_argument(
         "--update-page",
         metavar="PAGE",
         help="render every generated section of PAGE (docs/benchmarks.md) again from the records it names, no run",

@@ -26,6 +26,7 @@ from pipebd_core.bench import page as bench_page
 from pipebd_core.bench import progress as bench_progress
 from pipebd_core.bench import replan as bench_replan
 from pipebd_core.bench import report as bench_report
+from pipebd_core.bench import repredict as bench_repredict
 from pipebd_core.bench.arms import RECORD
 from pipebd_core.bench.distill import run_bench
 from pipebd_core.cli import comma_list, fail
@@ -347,17 +348,22 @@ def command_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def command_report(paths: list[str], check: bool = False) -> int:
+def command_report(paths: list[str], check: bool = False, again: bool = False) -> int:
     """`pipebd bench --report FILE...`: the benchmarks page's tables from benchmark records; with `check`,
-    every prediction recomputed from the profile committed beside its record (a difference fails)."""
+    every prediction recomputed from the profile committed beside its record (a difference fails); with
+    `again` (--repredict), every prediction made again from it and written into the record."""
     records = []
     for path in paths:
         try:
             records.append(bench_report.load_record(Path(path)))
         except (OSError, ValueError) as error:  # DocumentError and JSONDecodeError are ValueErrors
             return fail(f"--report {path}: not a benchmark record (bench.json of `pipebd bench`): {error}")
+    if check and again:
+        return fail("--check compares a record's predictions, --repredict rewrites them: give one of them")
     if check:
         return command_check(paths, records)
+    if again:
+        return command_repredict(paths, records)
     print(bench_report.render(records), end="")
     return 0
 
@@ -377,6 +383,21 @@ def command_check(paths: list[str], records: list[BenchRecord]) -> int:
         failed += bool(differences)
         print(f"{path}: {'DIFFERS' if differences else 'every prediction recomputed from its profile'}")
     return 1 if failed else 0
+
+
+def command_repredict(paths: list[str], records: list[BenchRecord]) -> int:
+    """`pipebd bench --report --repredict FILE...`: each record's predictions made again from its committed
+    profile and written back (every record is checked before any is written)."""
+    updated = []
+    for path, record in zip(paths, records, strict=True):
+        try:
+            updated.append(bench_repredict.repredict(Path(path), record))
+        except (OSError, ValueError, SpecError, PlanError) as error:
+            return fail(str(error) if isinstance(error, SpecError) else f"--repredict {path}: {error}")
+    for path, record in zip(paths, updated, strict=True):
+        Path(path).write_text(record.model_dump_json(indent=1))  # as the bench writes it (progress.py)
+        print(f"{path}: every prediction made again from its profile")
+    return 0
 
 
 def command_update_page(path: str) -> int:
@@ -402,7 +423,9 @@ def command_bench(args: argparse.Namespace) -> int:
     if args.report:
         if args.spec is not None:
             return fail("--report renders records already measured; give record files, not a spec")
-        return command_report(args.report, args.check)
+        return command_report(args.report, args.check, args.repredict)
+    if args.repredict:
+        return fail("--repredict makes the predictions of records again: give it with --report FILE...")
     if args.again_shared and not args.resume:
         return fail("--again-shared measures again the shared runs of a record: give it with --resume RECORD")
     if args.check:

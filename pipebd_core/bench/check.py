@@ -78,7 +78,10 @@ def check(record_path: Path, record: BenchRecord) -> list[Difference]:
     if profile.digest() != record.profile_hash:
         why = f"{path} has hash {profile.digest()}, the record planned from {record.profile_hash}: it was edited"
         return [Difference("profile", None, None, why)]
-    pairs = finetune_pairs(record, profile) if isinstance(profile, LayerProfile) else distill_pairs(record, profile)
+    if isinstance(profile, LayerProfile):
+        pairs = finetune_pairs(record, with_cpus(profile, record))
+    else:
+        pairs = distill_pairs(record, profile)
     return [
         Difference(what, recorded, recomputed)
         for what, recorded, recomputed in pairs
@@ -109,6 +112,14 @@ def predicted_step(model: CostModel, mode: str, stages: list[StageSpan]) -> floa
     built = build_stages(specs, model.nproc, model.num_blocks, model.batch_size)
     plan = Plan(mode, model.nproc, model.num_blocks, model.batch_size, built, nodes=model.topology.nodes)
     return timeline(plan, model).step_s
+
+
+def with_cpus(profile: LayerProfile, record: BenchRecord) -> LayerProfile:
+    """A layer profile from before profiles recorded the node's cores, given the cores of the machine
+    its record ran on (the same node: the bench profiled it)."""
+    if profile.cpus is not None or profile.device != "cpu":
+        return profile
+    return profile.model_copy(update={"cpus": record.machine.cores})
 
 
 def finetune_pairs(record: BenchRecord, profile: LayerProfile) -> Iterator[Pair]:

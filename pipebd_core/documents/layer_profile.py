@@ -12,7 +12,7 @@ all-reduce of the whole network's gradients.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -89,3 +89,18 @@ class LayerProfile(Document):
     # layer times were measured with every rank computing (co_run[-1]). Empty: not measured (no slowdown)
     co_run: list[float] = Field(default_factory=list)
     measured_at: float | None = None  # seconds since the epoch (None: a profile written by hand)
+    # the node's logical CPUs the ranks shared (planning/cpu_sharing.py); None: not recorded
+    cpus: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields added to version 1 after profiles were first committed (nodes, inter, cpus) are written
+        only where they differ from their defaults: a profile written before them keeps its hash, so a
+        benchmark record that names it still finds it (bench/check.py)."""
+        data = super().to_json()
+        for name, default in LATER_FIELDS.items():
+            if name in data and data[name] == default:
+                del data[name]
+        return data
+
+
+LATER_FIELDS: dict[str, object] = {"nodes": 1, "inter": None, "cpus": None}  # added to version 1, with defaults

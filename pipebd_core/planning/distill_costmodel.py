@@ -15,6 +15,12 @@ between nodes when a producer rank is on another node, its all-reduce as a ring 
 replicas span nodes. `stage` without a placement is the stage inside one node; `placed` charges the links.
 A group larger than the profile measured (a what-if on more ranks) takes the largest measured all-reduce,
 scaled as a ring's traffic grows, 2 (k - 1) / k.
+
+On a CPU node the profile's seconds were measured with every rank (and whatever else its conditions
+recorded) sharing the cores (cpu_sharing.py); a run of these plans has every rank computing and nothing
+else. Every second of an uncalibrated profile (teacher, student, loading, relaying, all-reduce) is scaled by the run's
+slowdown over the profile's (`sharing`): 1 where the profile's ranks had a core each and nothing else ran.
+A calibrated profile is used as it is: its multipliers turn the profile's seconds into training's own.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dataclasses import dataclass
 
 from pipebd_core.documents.profile import BlockProfile, Profile, Timing
 from pipebd_core.planning.balance import longest_first_assignment
+from pipebd_core.planning.cpu_sharing import profiled_share, shared_slowdown
 from pipebd_core.planning.topology import Topology, ring_allreduce_s
 
 
@@ -106,10 +113,17 @@ class CostModel:
     """Answers "how long, how much memory" for blocks, stages and modes from one profile (calibrated by
     training's measurements when the profile carries them)."""
 
-    def __init__(self, profile: Profile, arch_every: int | None = None, topology: Topology | None = None) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        arch_every: int | None = None,
+        topology: Topology | None = None,
+        threads_per_rank: int = 1,
+    ) -> None:
         self.profile = profile
         self.topology = topology or Topology.of(profile)  # the machines to plan for (default: the profile's)
         self.scales = Scales.of(profile)
+        self.sharing = cpu_sharing(profile, self.topology, threads_per_rank)
         self.arch_every = arch_every
         arch_fraction = 1.0 / arch_every if arch_every else 0.0
         self.arch_fraction = arch_fraction
@@ -128,13 +142,18 @@ class CostModel:
     def per_replica(self, replicas: int) -> int:
         return math.ceil(self.batch_size / replicas)
 
+    def shared(self, scale: float) -> float:
+        """The multiplier of a profiled second: its calibration times the run's sharing of the cores over
+        the profile's (1 for a calibrated profile)."""
+        return scale * self.sharing
+
     def teacher(self, block: int, batch: int) -> float:
-        return at_batch(self.blocks[block].teacher_s, batch) * self.scales.teacher[block]
+        return at_batch(self.blocks[block].teacher_s, batch) * self.shared(self.scales.teacher[block])
 
     def student(self, block: int, batch: int, round_: str = "weights", replicas: int = 1) -> float:
         """A student step at `batch` rows on a stage of `replicas` (see profiled_student), calibrated."""
         profiled = profiled_student(self.blocks[block], batch, replicas, self.batch_size, round_)
-        return profiled * self.scales.student[block]
+        return profiled * self.shared(self.scales.student[block])
 
     def student_step(self, block: int, batch: int, replicas: int = 1) -> float:
         """A block's student work per step, architecture rounds included."""
@@ -143,14 +162,14 @@ class CostModel:
         )
 
     def data(self, batch: int) -> float:
-        return at_batch(self.profile.data_s, batch) * self.scales.data
+        return at_batch(self.profile.data_s, batch) * self.shared(self.scales.data)
 
     def p2p(self, boundary: int, batch: int, crosses: bool = False) -> float:
         """Receiving `batch` rows at `boundary`: inside a node as profiled, between nodes over the link."""
         inter = self.topology.inter
         if crosses and inter is not None:
             return inter.send_s(self.activation_bytes(boundary, batch))
-        return at_batch(self.profile.p2p_s[boundary], batch)
+        return at_batch(self.profile.p2p_s[boundary], batch) * self.sharing
 
     def allreduce(self, block: int, replicas: int, spans: bool = False) -> float:
         """The all-reduce of a block's gradients over `replicas` ranks (`spans`: on more than one node)."""
@@ -167,7 +186,7 @@ class CostModel:
         inter = self.topology.inter
         if spans and inter is not None:
             seconds = max(seconds, ring_allreduce_s(self.blocks[block].student_param_bytes, replicas, inter))
-        return seconds * self.scales.allreduce
+        return seconds * self.shared(self.scales.allreduce)
 
     def activation_bytes(self, boundary: int, batch: int) -> int:
         return batch * self.profile.boundary_bytes_per_sample[boundary]
@@ -266,3 +285,16 @@ class CostModel:
     def pipeline_step(self, stages: list[tuple[int, int, int]]) -> float:
         """Decoupled updates: the slowest stage (where it lies) sets the pace."""
         return max(cost.total_s for cost in self.placed_stages(stages))
+
+
+def cpu_sharing(profile: Profile, machines: Topology, threads_per_rank: int = 1) -> float:
+    """The run's slowdown from ranks sharing a CPU node's cores over the one the profile's seconds carry
+    (cpu_sharing.py); 1 on GPUs, for a profile without its conditions, and for a calibrated one."""
+    conditions = profile.conditions
+    if profile.device != "cpu" or conditions is None or profile.calibration is not None:
+        return 1.0
+    profiled = profiled_share(
+        profile.nproc // max(1, profile.nodes), threads_per_rank, conditions.cpus, conditions.other_cpu_cores
+    )
+    running = shared_slowdown(machines.per_node * threads_per_rank, conditions.cpus)
+    return running / profiled

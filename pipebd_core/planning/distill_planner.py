@@ -139,7 +139,7 @@ def cost_model(spec: Spec, profile: Profile, topology: Topology | None = None) -
     """The cost model of `profile`, with the spec's architecture-update rate (nas), for the machines it was
     measured on or for `topology` (a what-if: `pipebd plan --nodes --link-gbps`)."""
     search = step_plan(spec).search
-    return CostModel(profile, search.every if search else None, topology)
+    return CostModel(profile, search.every if search else None, topology, spec.schedule.threads_per_rank)
 
 
 def planned_machines(spec: Spec, profile: Profile) -> Topology:
@@ -157,7 +157,8 @@ def resolve_plan(spec: Spec, profile: Profile | None) -> Plan:
     probe = probe_workload(workload, sample)
     model = None
     if profile is not None:
-        model = CostModel(profile, steps.search.every if steps.search else None, planned_machines(spec, profile))
+        every = steps.search.every if steps.search else None
+        model = CostModel(profile, every, planned_machines(spec, profile), spec.schedule.threads_per_rank)
     plan = make_plan(spec.schedule, workload.num_blocks, spec.data.batch_size, probe, model)
     plan.steps, plan.shapes, plan.block_names = steps, probe.shapes, workload.block_names
     plan.details = PlanDetails(estimates=Estimates(**probe.to_json()), warnings=workload.warnings)

@@ -197,7 +197,8 @@ def train_costs(spec: Spec, measured: LayerProfile, machines: Topology | None = 
     """The cost model of `measured` for the machines `spec` runs on: the profile's, or, for a job resumed on
     another rank count, the spec's nodes and ranks with the profile's layer costs and link between nodes; or
     `machines` (a what-if: `pipebd plan --nodes --link-gbps`, a stated link)."""
-    return TrainCosts(measured, machines or Topology.of_layers(measured).on(spec.schedule.nodes, spec.schedule.nproc))
+    machines = machines or Topology.of_layers(measured).on(spec.schedule.nodes, spec.schedule.nproc)
+    return TrainCosts(measured, machines, spec.schedule.threads_per_rank)
 
 
 def resolve_train_plan(

@@ -12,8 +12,10 @@ bubbles, come out of the replay. A send is handed over only once the receiving r
 receive, which the schedules do as the action before it ends: a tensor sent to a busy stage is
 transferred after that stage's action, not during it. Ranks computing at once share the node as the
 profile's co-run curve says: while k ranks compute, each works at 1 / co_run[k - 1] of its speed alone
-(on a CPU node with fewer cores than ranks, 3 ranks on 2 cores each run at about 2/3), and the layer
-times, measured with every rank computing, are that slowdown times the work alone. A moved delta share
+(on a CPU node with fewer cores than ranks, 3 ranks on 2 cores each run at about 2/3; a measured curve
+below what the profile's cores allow, k t / C for k ranks of t threads on C cores, is raised to it:
+planning/cpu_sharing.py), and the layer times, measured with every rank computing, are that slowdown
+times the work alone. A moved delta share
 (planning/finetune_partition.py, finetune/moved.py) is replayed as what it is: the boundary layer's owner does
 less delta work and the next stage more (each piece of the split with its own cost), the weight slice
 travels with micro-batch 0's activation and each micro-batch's partial input gradient with its output
@@ -33,6 +35,7 @@ from typing import Any
 
 from pipebd_core.documents.layer_profile import LayerBatch, LayerProfile, TimedPart
 from pipebd_core.finetune.schedules import Action
+from pipebd_core.planning.cpu_sharing import shared_slowdown
 from pipebd_core.planning.topology import Topology, ring_allreduce_s
 
 MEMORY_COPIES = 3  # parameters, their gradients and SGD's momentum
@@ -64,8 +67,9 @@ class Link:
 class TrainCosts:
     """Seconds and bytes of layers and stages, from a layer profile."""
 
-    def __init__(self, profile: LayerProfile, machines: Topology | None = None) -> None:
+    def __init__(self, profile: LayerProfile, machines: Topology | None = None, threads_per_rank: int = 1) -> None:
         self.profile = profile
+        self.threads_per_rank = threads_per_rank
         self.layers = profile.layers
         self.batches = profile.batches
         self.memory_limit = profile.device_memory_bytes
@@ -73,12 +77,16 @@ class TrainCosts:
         self.machines = machines or Topology.of_layers(profile)
 
     def slowdown(self, computing: int) -> float:
-        """How much slower each rank computes while `computing` ranks do than one alone (the profile's
-        measured co-run curve; 1 where it measured none)."""
-        curve = self.profile.co_run
-        if not curve or computing < 1:
+        """How much slower each rank computes while `computing` ranks do than one alone: the profile's
+        measured co-run curve (1 where it measured none), at least what sharing the profile's cores allows
+        (on a CPU node whose core count the profile recorded)."""
+        if computing < 1:
             return 1.0
-        return curve[min(computing, len(curve)) - 1]
+        curve = self.profile.co_run
+        measured = curve[min(computing, len(curve)) - 1] if curve else 1.0
+        cpus = self.profile.cpus if self.profile.device == "cpu" else None
+        per_node = min(computing, self.profile.nproc // max(1, self.profile.nodes))
+        return max(measured, shared_slowdown(per_node * self.threads_per_rank, cpus))
 
     def layer(self, index: int, batch: LayerBatch, part: TimedPart) -> float:
         return self.layers[index].at(batch).seconds(part)

@@ -338,6 +338,7 @@ def pool(
         allreduce_s=summarise(allreduce) if allreduce else Timing(median=0.0),
         co_run=[1.0, *(seconds / alone for seconds in together)],
         measured_at=time.time(),
+        cpus=len(os.sched_getaffinity(0)) if device.type == "cpu" else None,
     )
 
 
