@@ -341,8 +341,8 @@ class PipelineTrainer(Trainer):
             defer_weight_gradients(self.module) if ctx.plan.strategy == "zb" else None
         )
         self.shares = stage_shares(ctx.plan, ctx.rank, ctx.network.layers, ctx.device, self.weights)
-        # imported here: a DDP rank never needs torch.distributed.pipelining (a second of CPU); the warm
-        # agent imports it before forking a pipeline's ranks (__main__.py's preload)
+        # imported here: a DDP rank never needs torch.distributed.pipelining; the warm agent imports it
+        # before forking a pipeline's ranks (__main__.py's preload)
         from pipebd_core.finetune.pipeline import make_schedule, make_stage
 
         self.stage = make_stage(ctx.plan, ctx.rank, self.module, ctx.device, self.weights, self.shares)

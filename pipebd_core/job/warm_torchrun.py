@@ -4,8 +4,8 @@ The same command line as `torchrun` and the same elastic agent (`torch.distribut
 rendezvous, `--max-restarts`, exit codes and error files), with one difference: the agent imports the
 rank module once, with what the run's workload and data set import (`rank.process.preload`: torchvision
 for a VGG or MobileNetV2 teacher, transformers for a decoder) and what the module's own `preload(run_dir)`
-names, if it has one (the finetune rank: torch.distributed.pipelining for a pipeline strategy, not for
-DDP), and forks its ranks from itself,
+names, if it has one (the finetune rank: torch.distributed.pipelining for a pipeline strategy, torch's
+dynamo for DDP over several ranks, nothing for one rank), and forks its ranks from itself,
 instead of starting one fresh interpreter per rank that imports torch again. A rank then starts in
 milliseconds rather than the 2-3 s of CPU that importing torch (and torchvision) costs each; that is
 most of a short phase on a CPU node and of a relaunch when a job re-plans.

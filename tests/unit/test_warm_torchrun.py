@@ -1,7 +1,7 @@
 """The warm torchrun's rank entry: `-m NAME` runs what `python -m NAME` would (a package's `__main__`),
 and a rank that raises leaves its traceback on its stderr, as a fresh interpreter does on exit; the
-agent imports what its run's workload and data set need before it forks, and what the finetune rank needs
-for its run's plan (a pipeline's stages, not a DDP rank's); neither a finetune rank nor the evaluate
+agent imports what its run's workload and data set need before it forks, and what the finetune ranks need
+for their run's plan (a pipeline's stages; DDP's dynamo over several ranks); neither a finetune rank nor the evaluate
 process imports torch.distributed.pipelining at import (read from the sources' module-level imports)."""
 
 from __future__ import annotations
@@ -71,15 +71,17 @@ def test_the_agent_preloads_what_the_workload_and_the_data_set_of_its_run_import
 
 
 def test_the_finetune_agent_preloads_a_pipelines_stages_and_not_for_ddp(tmp_path: Path) -> None:
-    """torch.distributed.pipelining (a second of CPU) is imported by the agent for a pipeline's ranks, by no
-    DDP rank and by no evaluate process; an unreadable plan is left for the ranks to report."""
+    """torch.distributed.pipelining is imported by the agent for a pipeline's ranks, by no DDP rank and by no
+    evaluate process; for DDP over several ranks the agent imports what DDP's constructor imports (torch's
+    dynamo, most of pipelining's cost), for one rank nothing; an unreadable plan is left for the ranks."""
     pipelined = run_dir_of(tmp_path, "gpipe")
     pipelined.write_json(pipelined.finetune_plan, FINETUNE_SAMPLE.model_dump(mode="json"))
     assert finetune_rank.preload(pipelined) == [finetune_rank.PIPELINE] and finetune_rank.PIPELINE in sys.modules
-    ddp = run_dir_of(tmp_path, "ddp")
-    plan = FINETUNE_SAMPLE.model_copy(update={"strategy": "ddp", "nproc": 1, "microbatches": 1, "stages": [(0, 5)]})
-    ddp.write_json(ddp.finetune_plan, plan.model_dump(mode="json"))
-    assert finetune_rank.preload(ddp) == []
+    for nproc, wanted in ((1, []), (2, [finetune_rank.DYNAMO])):  # one rank builds no DDP wrapper
+        ddp = run_dir_of(tmp_path, f"ddp-{nproc}")
+        update = {"strategy": "ddp", "nproc": nproc, "microbatches": 1, "stages": [(0, 5)]}
+        ddp.write_json(ddp.finetune_plan, FINETUNE_SAMPLE.model_copy(update=update).model_dump(mode="json"))
+        assert finetune_rank.preload(ddp) == wanted
     assert finetune_rank.preload(run_dir_of(tmp_path, "no-plan")) == []
     for program in ("pipebd_core.finetune.__main__", "pipebd_core.finetune.evaluate"):
         assert "torch.distributed.pipelining" not in loaded_at_import(program), program
