@@ -14,23 +14,20 @@ from pipebd_core.rank.process import exit_now, phase_entry
 from pipebd_core.rundir import RunDir
 
 PIPELINE = "pipebd_core.finetune.pipeline"  # a pipeline's stages and schedules: torch.distributed.pipelining
-DYNAMO = "torch._dynamo"  # what DistributedDataParallel's constructor imports (1.3 s of CPU)
 
 
 def preload(run_dir: RunDir) -> list[str]:
     """What this run's finetune ranks import beyond this module, for a warm agent to import once before it
-    forks them (job/warm_torchrun.py): a pipeline strategy's stages, or for DDP over several ranks what
-    DDP imports; a single DDP rank (no DDP wrapper) needs neither. A plan that cannot be read is left for
-    the ranks to report."""
+    forks them (job/warm_torchrun.py): a pipeline strategy's stages; a DDP rank needs none of it. A plan that
+    cannot be read is left for the ranks to report."""
     try:
-        plan = TrainPlan.from_document(run_dir.load_finetune_plan())
+        pipelined = TrainPlan.from_document(run_dir.load_finetune_plan()).pipelined
     except Exception:
         return []
-    wanted = PIPELINE if plan.pipelined else DYNAMO if plan.nproc > 1 else None
-    if wanted is None:
+    if not pipelined:
         return []
-    importlib.import_module(wanted)
-    return [wanted]
+    importlib.import_module(PIPELINE)
+    return [PIPELINE]
 
 
 @record

@@ -4,8 +4,8 @@ The same command line as `torchrun` and the same elastic agent (`torch.distribut
 rendezvous, `--max-restarts`, exit codes and error files), with one difference: the agent imports the
 rank module once, with what the run's workload and data set import (`rank.process.preload`: torchvision
 for a VGG or MobileNetV2 teacher, transformers for a decoder) and what the module's own `preload(run_dir)`
-names, if it has one (the finetune rank: torch.distributed.pipelining for a pipeline strategy, torch's
-dynamo for DDP over several ranks, nothing for one rank), and forks its ranks from itself,
+names, if it has one (the finetune rank: torch.distributed.pipelining for a pipeline strategy), and, for
+several ranks, torch's dynamo, which torch imports when a rank builds its optimiser; and forks its ranks from itself,
 instead of starting one fresh interpreter per rank that imports torch again. A rank then starts in
 milliseconds rather than the 2-3 s of CPU that importing torch (and torchvision) costs each; that is
 most of a short phase on a CPU node and of a relaunch when a job re-plans.
@@ -41,6 +41,18 @@ FRESH_HANDLERS = (
     (signal.SIGHUP, signal.SIG_DFL),
     (signal.SIGQUIT, signal.SIG_DFL),
 )
+
+
+DYNAMO = "torch._dynamo"  # imported by torch when a rank builds its optimiser: 1.3 s of CPU
+
+
+def for_every_rank(nproc: int) -> list[str]:
+    """What every rank imports whatever it runs, imported here once for several ranks (one rank would pay
+    the same itself): torch's dynamo, which building an optimiser imports."""
+    if nproc < 2:
+        return []
+    importlib.import_module(DYNAMO)
+    return [DYNAMO]
 
 
 def rank_module(name: str) -> ModuleType:
@@ -79,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         preload(run_dir)
         if hasattr(module, "preload"):  # what the module's ranks import for this run (a pipeline's stages)
             module.preload(run_dir)
+    for_every_rank(config.nproc_per_node)  # and what every rank imports, once
     config.start_method = "spawn" if torch.cuda.is_initialized() else "fork"
     elastic_launch(config, entrypoint=run_rank)(args.training_script, rank_args)
     exit_now()  # the ranks succeeded; the agent holds no file of its own

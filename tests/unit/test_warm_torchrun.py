@@ -1,7 +1,8 @@
 """The warm torchrun's rank entry: `-m NAME` runs what `python -m NAME` would (a package's `__main__`),
 and a rank that raises leaves its traceback on its stderr, as a fresh interpreter does on exit; the
 agent imports what its run's workload and data set need before it forks, and what the finetune ranks need
-for their run's plan (a pipeline's stages; DDP's dynamo over several ranks); neither a finetune rank nor the evaluate
+for their run's plan (a pipeline's stages), and torch's dynamo, which every rank's optimiser imports, once
+for several ranks; neither a finetune rank nor the evaluate
 process imports torch.distributed.pipelining at import (read from the sources' module-level imports)."""
 
 from __future__ import annotations
@@ -72,16 +73,14 @@ def test_the_agent_preloads_what_the_workload_and_the_data_set_of_its_run_import
 
 def test_the_finetune_agent_preloads_a_pipelines_stages_and_not_for_ddp(tmp_path: Path) -> None:
     """torch.distributed.pipelining is imported by the agent for a pipeline's ranks, by no DDP rank and by no
-    evaluate process; for DDP over several ranks the agent imports what DDP's constructor imports (torch's
-    dynamo, most of pipelining's cost), for one rank nothing; an unreadable plan is left for the ranks."""
+    evaluate process; an unreadable plan is left for the ranks to report."""
     pipelined = run_dir_of(tmp_path, "gpipe")
     pipelined.write_json(pipelined.finetune_plan, FINETUNE_SAMPLE.model_dump(mode="json"))
     assert finetune_rank.preload(pipelined) == [finetune_rank.PIPELINE] and finetune_rank.PIPELINE in sys.modules
-    for nproc, wanted in ((1, []), (2, [finetune_rank.DYNAMO])):  # one rank builds no DDP wrapper
-        ddp = run_dir_of(tmp_path, f"ddp-{nproc}")
-        update = {"strategy": "ddp", "nproc": nproc, "microbatches": 1, "stages": [(0, 5)]}
-        ddp.write_json(ddp.finetune_plan, FINETUNE_SAMPLE.model_copy(update=update).model_dump(mode="json"))
-        assert finetune_rank.preload(ddp) == wanted
+    ddp = run_dir_of(tmp_path, "ddp")
+    update = {"strategy": "ddp", "nproc": 2, "microbatches": 1, "stages": [(0, 5)]}
+    ddp.write_json(ddp.finetune_plan, FINETUNE_SAMPLE.model_copy(update=update).model_dump(mode="json"))
+    assert finetune_rank.preload(ddp) == []
     assert finetune_rank.preload(run_dir_of(tmp_path, "no-plan")) == []
     for program in ("pipebd_core.finetune.__main__", "pipebd_core.finetune.evaluate"):
         assert "torch.distributed.pipelining" not in loaded_at_import(program), program
@@ -125,3 +124,10 @@ def loaded_at_import(name: str) -> set[str]:
             continue  # `from module import function`: not a module
         todo += [".".join(parts[:i]) for i in range(1, len(parts))] + sorted(module_level_imports(module))
     return seen
+
+
+def test_an_agent_of_several_ranks_imports_what_every_ranks_optimiser_imports() -> None:
+    """torch imports its dynamo (1.3 s of CPU) when a rank builds its optimiser: an agent of several ranks
+    imports it once before the fork; one of a single rank leaves it to the rank."""
+    assert warm_torchrun.for_every_rank(1) == []
+    assert warm_torchrun.for_every_rank(2) == [warm_torchrun.DYNAMO] and warm_torchrun.DYNAMO in sys.modules
