@@ -23,7 +23,7 @@ from pipebd_core.data.datasets import build_dataset
 from pipebd_core.distill.finalize import load_final_students
 from pipebd_core.distill.plan import Plan
 from pipebd_core.finetune.plan import TrainPlan
-from pipebd_core.finetune.rank import load_trained
+from pipebd_core.finetune.trained import load_trained
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.outcomes import SUCCEEDED
 from pipebd_core.job.supervisor import Supervisor

@@ -24,7 +24,7 @@ from pipebd_core.data.datasets import build_dataset
 from pipebd_core.documents.phases import EVALUATE
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.finetune.plan import TrainPlan
-from pipebd_core.finetune.rank import load_trained
+from pipebd_core.finetune.trained import load_trained
 from pipebd_core.rank.metrics import perplexity, top1_accuracy
 from pipebd_core.rank.network import build_network, finetune_view, parameters, teacher_network
 from pipebd_core.rank.process import exit_now, phase_entry, pick_device

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,18 +29,8 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from pipebd_core.finetune.moved import GivenShare, TakenShare, recv, send
 from pipebd_core.finetune.plan import TrainPlan
+from pipebd_core.finetune.timeline import Segment
 from pipebd_core.rank.deferred import WeightGradients
-
-
-@dataclass
-class Segment:
-    kind: str  # F | B | I | W | recv_wait | send
-    microbatch: int | None
-    start: float
-    end: float
-
-    def to_json(self) -> list[Any]:
-        return [self.kind, self.microbatch, self.start, self.end]
 
 
 class TimedStage(PipelineStage):

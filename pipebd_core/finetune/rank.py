@@ -35,8 +35,9 @@ from pipebd_core.data.streams import shard_rows
 from pipebd_core.documents.phases import FINETUNE
 from pipebd_core.documents.telemetry import Action, EvalLine, FinetuneLine
 from pipebd_core.finetune.moved import stage_shares
-from pipebd_core.finetune.pipeline import Segment, make_schedule, make_stage, timed_waits
 from pipebd_core.finetune.plan import TrainPlan
+from pipebd_core.finetune.timeline import Segment, timeline
+from pipebd_core.finetune.trained import load_trained
 from pipebd_core.rank import checkpoint
 from pipebd_core.rank.batchnorm import with_sync_batchnorm
 from pipebd_core.rank.deferred import WeightGradients, defer_weight_gradients
@@ -328,11 +329,6 @@ def timed_all_reduce(spans, bucket):
     return future.then(done)
 
 
-def timeline(segments: list[Segment], start: float) -> list[Action]:
-    """The segments as the telemetry line's actions, in seconds from the step's `start`."""
-    return [(s.kind, s.microbatch, s.start - start, s.end - start) for s in segments]
-
-
 class PipelineTrainer(Trainer):
     """One stage of contiguous layers; the schedule runs the plan's actions over equal micro-batches."""
 
@@ -345,6 +341,10 @@ class PipelineTrainer(Trainer):
             defer_weight_gradients(self.module) if ctx.plan.strategy == "zb" else None
         )
         self.shares = stage_shares(ctx.plan, ctx.rank, ctx.network.layers, ctx.device, self.weights)
+        # imported here: a DDP rank never needs torch.distributed.pipelining; the warm agent imports it
+        # before forking a pipeline's ranks (__main__.py's preload)
+        from pipebd_core.finetune.pipeline import make_schedule, make_stage
+
         self.stage = make_stage(ctx.plan, ctx.rank, self.module, ctx.device, self.weights, self.shares)
         self.schedule = make_schedule(ctx.plan, self.stage, ctx.losses)
         loads = self.first or self.last
@@ -363,6 +363,8 @@ class PipelineTrainer(Trainer):
         if self.last:
             assert inputs is not None and labels is not None
             target = self.ctx.target(inputs, labels)
+        from pipebd_core.finetune.pipeline import timed_waits
+
         with timed_waits(stage):
             output = self.schedule.step(*args, target=target, losses=losses) if self.last else self.schedule.step(*args)
         if self.weights is not None:
@@ -426,10 +428,3 @@ def run_rank(run_dir: RunDir) -> None:
     run_dir.append_event("rank_finished", phase=FINETUNE, rank=rank)
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def load_trained(network: Network, run_dir: RunDir, plan: TrainPlan, step_done: int) -> None:
-    """Every stage's checkpoint after `step_done` steps into the whole network's layers."""
-    for unit, (start, stop) in enumerate(plan.stages):
-        state = checkpoint.load_block(run_dir.finetune_checkpoints, unit, step_done)
-        network.sequential(start, stop).load_state_dict(state["module"])

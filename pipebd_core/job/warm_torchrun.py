@@ -2,8 +2,10 @@
 
 The same command line as `torchrun` and the same elastic agent (`torch.distributed.launcher`, a c10d
 rendezvous, `--max-restarts`, exit codes and error files), with one difference: the agent imports the
-rank module once, with what the run's workload and data set import (`ranks.preload`: torchvision for a
-VGG or MobileNetV2 teacher, transformers for a decoder), and forks its ranks from itself,
+rank module once, with what the run's workload and data set import (`rank.process.preload`: torchvision
+for a VGG or MobileNetV2 teacher, transformers for a decoder) and what the module's own `preload(run_dir)`
+names, if it has one (the finetune rank: torch.distributed.pipelining for a pipeline strategy), and, for
+several ranks, torch's dynamo, which torch imports when a rank builds its optimiser; and forks its ranks from itself,
 instead of starting one fresh interpreter per rank that imports torch again. A rank then starts in
 milliseconds rather than the 2-3 s of CPU that importing torch (and torchvision) costs each; that is
 most of a short phase on a CPU node and of a relaunch when a job re-plans.
@@ -41,6 +43,18 @@ FRESH_HANDLERS = (
 )
 
 
+DYNAMO = "torch._dynamo"  # imported by torch when a rank builds its optimiser: 1.3 s of CPU
+
+
+def for_every_rank(nproc: int) -> list[str]:
+    """What every rank imports whatever it runs, imported here once for several ranks (one rank would pay
+    the same itself): torch's dynamo, which building an optimiser imports."""
+    if nproc < 2:
+        return []
+    importlib.import_module(DYNAMO)
+    return [DYNAMO]
+
+
 def rank_module(name: str) -> ModuleType:
     """What `python -m name` runs: the module, or a package's `__main__`."""
     module = importlib.import_module(name)
@@ -70,10 +84,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.master_port is None:  # torchrun's default, used by the static rendezvous only
         args.master_port = 29500
     config, _, _ = config_from_args(args)
-    rank_module(args.training_script)  # warm: imported once, before the ranks fork
+    module = rank_module(args.training_script)  # warm: imported once, before the ranks fork
     rank_args = list(args.training_script_args)
     if "--run-dir" in rank_args[:-1]:  # and what the run's workload and data set import
-        preload(RunDir(Path(rank_args[rank_args.index("--run-dir") + 1])))
+        run_dir = RunDir(Path(rank_args[rank_args.index("--run-dir") + 1]))
+        preload(run_dir)
+        if hasattr(module, "preload"):  # what the module's ranks import for this run (a pipeline's stages)
+            module.preload(run_dir)
+    for_every_rank(config.nproc_per_node)  # and what every rank imports, once
     config.start_method = "spawn" if torch.cuda.is_initialized() else "fork"
     elastic_launch(config, entrypoint=run_rank)(args.training_script, rank_args)
     exit_now()  # the ranks succeeded; the agent holds no file of its own
