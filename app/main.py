@@ -33,7 +33,7 @@ from app.core.deliveries import run_deliveries
 from app.core.priority import rewake_stranded
 from app.core.queue import enqueue, make_celery
 from app.core.quotas import release_budgets
-from app.core.reaper import reap_lost_jobs
+from app.core.reaper import reap_lost_jobs, reap_stale_seats
 from app.core.settings import Settings, get_settings
 from app.services.preflight import shared_pool
 from app.web import docs
@@ -53,6 +53,8 @@ def run_reaper(settings: Settings, celery: Celery, stop: threading.Event) -> Non
                 settings.database, settings.stale_after_s, publish, settings.max_restarts, settings.host_id
             ):
                 log.warning("job %s: its worker was lost", job_id)
+            for job_id in reap_stale_seats(settings.database, settings.gang_bound_s + settings.stale_after_s):
+                log.warning("job %s: gang seats no worker gave up were dropped", job_id)
             for job_id in release_budgets(settings.database, publish):
                 log.info("job %s: its tenant's device-hour budget frees again; published", job_id)
             for job_id in rewake_stranded(

@@ -30,7 +30,7 @@ from pathlib import Path
 from sqlmodel import Session
 
 from app.core import attempts, gangs
-from app.core.database import session_scope
+from app.core.database import persist, session_scope
 from app.core.settings import Settings
 from app.core.states import ACTIVE, CANCELLING, PAUSING, QUEUED, RUNNING, STARTING
 from app.core.tables import GangSeat, Job
@@ -76,9 +76,13 @@ def take_part(
         if seat.node == 0:
             return GangLeader(seat.job_id, settings, shutdown, seat, nodes, extra_env, publish).run()
         return GangFollower(settings, shutdown, seat, nodes, extra_env).run()
-    finally:
-        with session_scope(settings.database) as session:
-            gangs.leave(session, seat.id)
+    finally:  # the seat must go even through a database restart, or it keeps this host from every gang
+        persist(lambda: _leave(settings.database, seat.id), settings.outage_patience_s, f"job {seat.job_id}: seat")
+
+
+def _leave(database: str, seat_id: int | None) -> None:
+    with session_scope(database) as session:
+        gangs.leave(session, seat_id)
 
 
 def _job(settings: Settings, job_id: int) -> Job | None:
@@ -118,9 +122,13 @@ class GangLeader(JobRunner):
     def run(self) -> str:
         try:
             return super().run()
-        finally:  # the job left node 0 (for good, or back to the queue: a new gang then)
-            with session_scope(self.database) as session:
-                gangs.dissolve(session, self.job_id)
+        finally:  # the job left node 0 (for good, or back to the queue: a new gang then), even through an outage
+            patience = self.settings.outage_patience_s
+            persist(self._dissolve, patience, f"job {self.job_id}: its gang")
+
+    def _dissolve(self) -> None:
+        with session_scope(self.database) as session:
+            gangs.dissolve(session, self.job_id)
 
     def node_role(self) -> NodeRole:
         with session_scope(self.database) as session:

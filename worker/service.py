@@ -11,7 +11,7 @@ import os
 
 from app.core.database import migrate
 from app.core.queue import queues_for
-from app.core.reaper import reap_lost_jobs
+from app.core.reaper import reap_lost_jobs, reap_stale_seats
 from app.core.settings import get_settings
 from worker.devices import detect_devices
 from worker.presence import Presence
@@ -34,6 +34,8 @@ def serve() -> int:
         settings.database, settings.stale_after_s, publish, settings.max_restarts, settings.host_id
     ):
         log.warning("job %s: its worker was lost (found at start-up)", job_id)
+    for job_id in reap_stale_seats(settings.database, settings.gang_bound_s + settings.stale_after_s):
+        log.warning("job %s: gang seats no worker gave up were dropped (found at start-up)", job_id)
     devices = settings.worker_devices or detect_devices()
     queues = queues_for(devices)
 

@@ -1,6 +1,8 @@
 """Celery tasks: thin. A task is a wake-up carrying a job id; the worker takes the queued job that
 should run first (app/core/priority.py) and hands it to the launcher, or, when that job spans several nodes,
-takes a seat in the head gang (worker/gang.py)."""
+takes a seat in the head gang (worker/gang.py). A wake that found no seat, or sat in a gang that did not form
+within its bound, goes on to the next job that fits (a gang that cannot form never holds one-node jobs back
+beside a free slot for longer than its bound)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from app.core.settings import get_settings
 from app.core.tables import Job
 from worker.celery_app import celery_app, shutting_down
 from worker.devices import DevicePool, detect_devices
-from worker.gang import NOT_SEATED, take_part
+from worker.gang import NOT_SEATED, RELEASED, take_part
 from worker.launcher import JobRunner
 
 CLAIM_TRIES = 3  # another worker may claim the chosen job first: choose again, this many times
@@ -67,7 +69,8 @@ def run_job(job_id: int) -> str:
         if chosen is None:
             return "not claimed"
         outcome = run(chosen)
-        if outcome not in ("not claimed", NOT_SEATED) or shutting_down.is_set():
+        # a gang that did not form (RELEASED) holds nothing back: this wake goes on to the next job that fits
+        if outcome not in ("not claimed", NOT_SEATED, RELEASED) or shutting_down.is_set():
             return outcome
         tried.add(chosen)
     return "not claimed"

@@ -17,7 +17,8 @@ While the job runs every seated worker `beat`s its seat; node 0 stops the job (n
 falls `silent` (its worker or host gone: nothing else would tell, its ranks may live on), and preempts it (a
 checkpoint at the next step boundary) when another seat's worker says it is `leave_soon` (told to stop).
 When the job leaves node 0 the gang is `dissolve`d, so a restart forms a new one; each worker `leave`s by its
-own seat's id.
+own seat's id. Seats no worker gives up (a removal that failed for good, a worker killed while it waited)
+are dropped by the reaper (`drop_stale`): those of a job at rest, and those of a gang past its forming time.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from sqlmodel import Session, col, select
 
 from app.core.database import session_scope
 from app.core.limits import hold
-from app.core.states import QUEUED
+from app.core.states import ACTIVE, QUEUED
 from app.core.tables import GangSeat, Job, JobAttempt, Worker, now
 from pipebd_core.spec import parse_spec
 
@@ -100,6 +101,26 @@ def leave(session: Session, seat_id: int | None) -> None:
     """A worker's part of the job ended: its own seat goes, if the gang still has it (commits)."""
     session.execute(delete(GangSeat).where(col(GangSeat.id) == seat_id))
     session.commit()
+
+
+def drop_stale(session: Session, forming_limit_s: float, at: float | None = None) -> list[GangSeat]:
+    """Drop the seats no worker will give up (its removal failed, its worker died): those of a job at rest or gone
+    (not queued and not active), and those of a queued job whose first seat sat down more than `forming_limit_s`
+    ago (a gang forms or is released within its bound); commits. Returns the seats dropped."""
+    cutoff = (now() if at is None else at) - forming_limit_s
+    hold(session, GANG_LOCK, now() if at is None else at)
+    first = select(GangSeat.job_id, func.min(GangSeat.joined_at).label("first")).group_by(col(GangSeat.job_id))
+    formed = {job_id: joined for job_id, joined in session.exec(first).all()}
+    states = dict(session.exec(select(Job.id, Job.state).where(col(Job.id).in_(list(formed)))).all())
+    stale = [
+        job_id
+        for job_id, joined in formed.items()
+        if states.get(job_id) not in ACTIVE | {QUEUED} or (states[job_id] == QUEUED and joined < cutoff)
+    ]
+    dropped = list(session.exec(select(GangSeat).where(col(GangSeat.job_id).in_(stale))).all())
+    session.execute(delete(GangSeat).where(col(GangSeat.job_id).in_(stale)))
+    session.commit()
+    return dropped
 
 
 def dissolve(session: Session, job_id: int) -> None:

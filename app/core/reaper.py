@@ -14,7 +14,9 @@ directory on its command line. Then:
     otherwise                                 -> failed: worker_lost
 (app/core/lifecycle.py `settle`, the same decision the worker makes at the end of a run)
 
-The API runs this periodically; every worker runs it at start-up.
+The API runs this periodically; every worker runs it at start-up. Both also drop gang seats that no worker
+will give up (`reap_stale_seats`, app/core/gangs.py `drop_stale`): those of a job at rest, and those of a
+gang past its forming time (`gang_bound_s` + `stale_after_s`), so a seat never keeps a host from gangs for good.
 """
 
 from __future__ import annotations
@@ -160,3 +162,10 @@ def settle_lost(database: str, job: Job, publish: Publish | None, max_restarts: 
     if settled is not None:
         wake_held(database, job.id, publish)  # a sweep's waiting child or its tenant's next job may start now
     return settled is not None
+
+
+def reap_stale_seats(database: str, forming_limit_s: float) -> list[int]:
+    """Drop the gang seats no worker will give up (app/core/gangs.py `drop_stale`); returns their jobs' ids."""
+    with session_scope(database) as session:
+        dropped = gangs.drop_stale(session, forming_limit_s)
+    return sorted({seat.job_id for seat in dropped})

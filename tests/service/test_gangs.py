@@ -2,22 +2,27 @@
 seats on N distinct hosts or none, the head gang filled before the next (two gangs never split the hosts),
 concurrent claimers that never deadlock nor overfill, and an incomplete gang released after its bound, unless
 the job is elastic and has its minimum seated (then it runs with them, and asks for all its nodes again when
-requeued); a follower's worker told to stop says so on its seat."""
+requeued); a follower's worker told to stop says so on its seat; a seat removal that meets a database error is
+retried, and the reaper drops the seats no worker gave up (issue 42)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import event, update
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col
 
 from app.core import gangs
 from app.core.database import get_engine, migrate
 from app.core.lifecycle import requeue
+from app.core.reaper import reap_stale_seats
 from app.core.settings import Settings
 from app.core.tables import GangSeat, Job
 from tests.service.factories import insert_job, tiny_job
+from worker.gang import RELEASED, take_part
 
 
 def take(settings: Settings, host: str, skip: tuple[int, ...] = ()) -> GangSeat | None:
@@ -160,3 +165,57 @@ def test_a_follower_told_to_stop_says_so_on_its_seat(settings: Settings) -> None
         gangs.leave_soon(session, one.id, at=456.0)  # the first notice counts
         gangs.leave_soon(session, zero.id)  # node 0 preempts the job itself: its seat is never "leaving"
         assert [(seat.host, seat.leaving_at) for seat in gangs.leaving(session, job.id)] == [("b", 123.0)]
+
+
+def test_the_reaper_drops_leaked_seats_and_the_hosts_take_a_gang_again(settings: Settings) -> None:
+    """Seats a failed removal left behind (issue 42's soak): one of a job that ended, one of a gang past its
+    forming time; the reaper drops them (and only them), and the hosts they blocked form the queued gang."""
+    migrate(settings.database)
+    ended = insert_job(settings, "succeeded", nodes=2)
+    stuck = insert_job(settings, nodes=3)  # its gang never formed and its seat was never given up
+    running = insert_job(settings, "running", nodes=2)
+    forming = insert_job(settings, nodes=2, priority=1)  # a gang forming now, within its bound: the head
+    waiting = insert_job(settings, nodes=2, priority=-2)
+    long_ago = time.time() - 1000
+    with Session(get_engine(settings.database)) as session:
+        session.add(GangSeat(job_id=ended.id, host="b", worker="w@b", node=0, joined_at=long_ago))
+        session.add(GangSeat(job_id=stuck.id, host="a", worker="w@a", node=0, joined_at=long_ago))
+        session.add(GangSeat(job_id=running.id, host="c", worker="w@c", node=0, joined_at=long_ago))
+        session.add(GangSeat(job_id=forming.id, host="d", worker="w@d", node=0))
+        session.commit()
+    assert take(settings, "b") is None and take(settings, "a") is None  # blocked from every gang by the leaks
+    assert reap_stale_seats(settings.database, forming_limit_s=120) == sorted([ended.id, stuck.id])
+    assert gang(settings, ended.id) == [] and gang(settings, stuck.id) == []
+    assert gang(settings, running.id) == [("c", 0)] and gang(settings, forming.id) == [("d", 0)]
+    # the freed hosts sit again: b joins the forming gang (complete), a starts the stuck job's gang afresh
+    b, a = take(settings, "b"), take(settings, "a")
+    assert b is not None and (b.job_id, b.node) == (forming.id, 1)
+    assert a is not None and (a.job_id, a.node) == (stuck.id, 0)
+    assert gangs.wait_for_gang(settings.database, b, bound_s=5) is not None
+    assert gang(settings, waiting.id) == []
+
+
+def test_a_seat_removal_that_meets_a_database_error_is_retried(settings: Settings) -> None:
+    """The removal of a worker's own seat (take_part's end) fails once as an outage would fail it: tried again,
+    not left behind."""
+    migrate(settings.database)
+    job = insert_job(settings, nodes=2)
+    engine = get_engine(settings.database)
+    removals: list[str] = []
+
+    def fail_first_removal(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if statement.startswith("DELETE FROM gang_seat WHERE gang_seat.id"):
+            removals.append(statement)
+            if len(removals) == 1:
+                raise OperationalError(statement, None, Exception("the database restarts"))
+
+    event.listen(engine, "before_cursor_execute", fail_first_removal)
+    stop = threading.Event()
+    stop.set()  # the worker is told to stop while it waits: it releases the gang at once, then leaves its seat
+    try:
+        outcome = take_part(settings, stop, {}, lambda *_: None, lambda *_: None)
+    finally:
+        event.remove(engine, "before_cursor_execute", fail_first_removal)
+    assert outcome == RELEASED
+    assert len(removals) == 2  # failed once, then done
+    assert gang(settings, job.id) == []

@@ -143,6 +143,12 @@ def test_a_gang_waits_for_its_second_host_then_trains_the_oracles_students(clust
     released = cluster.job(job_id)
     assert released["state"] == "queued" and released["attempts"] == []  # nothing was launched, nor prepared
     assert not (cluster.settings.runs / f"job-{job_id}").exists()
+    # a one-node job queued behind the gang that cannot form (one host) still runs on host-a: each wake whose
+    # gang did not form goes on to the next job that fits (issue 42: it used to end there, the job left asleep)
+    single = cluster.client.post("/api/v1/jobs", json=tiny_job("one-node")).json()["id"]
+    alone = cluster.end(single, "the one-node job queued behind a gang that cannot form")
+    assert alone["state"] == "succeeded", (alone["error"], cluster.logs())
+    assert cluster.job(job_id)["state"] == "queued"
 
     cluster.start("host-b")  # the gang forms again (the released seat's worker tries after the bound)
     done = cluster.end(job_id, "the 2-node job to end")
