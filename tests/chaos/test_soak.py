@@ -43,7 +43,9 @@ def test_a_short_soak_holds_every_invariant(tmp_path: Path) -> None:
     assert failed == {}, f"{failed}\n{done.stderr}\n{logs}"
     assert done.returncode == 0 and "every invariant held" in done.stdout, done.stderr
     assert list(record["invariants"]) == list(INVARIANTS) and record["seed"] == SEED
-    assert sum(record["jobs"]["submitted"].values()) >= 3 and sum(record["jobs"]["finished"].values()) >= 1
+    # how many jobs 18 s of mix submits depends on the machine's load and on when its first outage falls (a
+    # PostgreSQL restart within 2 s stalls submissions): a sweep's two jobs at least, one of them finished
+    assert sum(record["jobs"]["submitted"].values()) >= 2 and sum(record["jobs"]["finished"].values()) >= 1
     records = read_history(history)
     assert any(isinstance(r, Fault) for r in records) and record["faults"]
     assert [r.index for r in records if isinstance(r, Segment)] == [0] and record["minutes"] == 0.3
