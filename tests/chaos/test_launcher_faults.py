@@ -28,6 +28,7 @@ from tests.chaos.jobs import hybrid_job, slow_job
 from tests.helpers import assert_same_weights, load_students
 from tests.service.conftest import make_settings
 from tests.service.factories import queued_job, stored
+from tests.service.slow_data import HOLD
 from tests.service.workers import rank_processes, wait_for
 from worker.launcher import JobRunner
 
@@ -79,17 +80,21 @@ def settings_for(tmp_path: Path) -> Settings:
 
 
 def test_pause_then_resume_of_a_hybrid_job_on_3_ranks_equals_the_uninterrupted_run(
-    tmp_path: Path, reference: Callable[[dict[str, Any]], dict[str, Any]]
+    tmp_path: Path, reference: Callable[[dict[str, Any]], dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = settings_for(tmp_path)
     document = hybrid_job("pause")
     job_id = queued_job(settings, document)
+    hold = tmp_path / "hold"  # held, a step lasts a second: the pause lands mid-run however late it is seen
+    hold.touch()
+    monkeypatch.setenv(HOLD, str(hold))
     thread, outcome = in_thread(JobRunner(job_id, settings, threading.Event()).run)
     distilling(settings, job_id)
     with Session(get_engine(settings.database)) as session:
         assert request_pause(session, job_id)
         session.commit()
     thread.join(timeout=60)
+    hold.unlink()
     job = stored(settings, job_id)
     assert outcome == [PAUSED] and job.state == PAUSED and job.termination_reason == "user_paused"
     assert job.run_dir is not None and rank_processes(job.run_dir) == [] and job.pid is None
