@@ -15,7 +15,9 @@ connection, no answer in time; redirects are not followed) is a failed attempt: 
 again after `webhook_backoff_s`, doubled after each further failure up to `webhook_backoff_max_s`, and
 is recorded `failed` after `webhook_max_attempts`. A claim is a compare-and-set on the attempt count
 that also sets `next_attempt_at` past the attempt's time bound (a lease), so two API processes never
-send one attempt twice, and an attempt whose process died is sent again once its lease ends.
+send one attempt twice, and an attempt whose process died is sent again once its lease ends. An answer
+the database cannot take at once (it is restarting) is stored again every few seconds for the rest of the
+lease, so a delivered attempt is not sent again (the soak found one received and then recorded failed).
 
 Nothing here touches a job: a receiver that is down or slow delays only its own deliveries.
 """
@@ -35,7 +37,7 @@ import httpx
 from sqlalchemy import update
 from sqlmodel import col, select
 
-from app.core.database import session_scope
+from app.core.database import persist, session_scope
 from app.core.json_types import JsonObject
 from app.core.settings import Settings
 from app.core.tables import Webhook, WebhookDelivery
@@ -157,11 +159,16 @@ def record(settings: Settings, claimed: Claimed, answer: Answer, now: float) -> 
 
 
 def deliver(client: httpx.Client, claimed: Claimed, settings: Settings, now: float | None = None) -> str:
-    """Send one claimed attempt and record it; the delivery's state after it."""
+    """Send one claimed attempt and record it, through a database outage for up to the lease's margin (past
+    it, the attempt may be claimed again, and the record's compare on the attempt count keeps it out); the
+    delivery's state after it."""
     answer = send(client, claimed, settings)
     if not answer.delivered:
         log.info("webhook delivery %s attempt %s: %s", claimed.id, claimed.attempt, answer.error)
-    return record(settings, claimed, answer, time.time() if now is None else now)
+    stamp = time.time() if now is None else now
+    return persist(
+        lambda: record(settings, claimed, answer, stamp), LEASE_MARGIN_S, f"webhook delivery {claimed.id}'s answer"
+    )
 
 
 def deliver_due(settings: Settings, client: httpx.Client, now: float | None = None, limit: int = 100) -> list[str]:

@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -39,6 +40,7 @@ class Receiver:
     scripts: dict[str, deque[int | str]] = field(default_factory=dict)
     received: list[Received] = field(default_factory=list)
     slow_s: float = 2.0
+    before_answer: Callable[[Received], None] | None = None  # called with each request before it is answered
 
     @property
     def url(self) -> str:
@@ -66,6 +68,8 @@ def start_receiver() -> Receiver:
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
             headers = {key.lower(): value for key, value in self.headers.items()}
             receiver.received.append(Received(self.path, headers, body))
+            if receiver.before_answer is not None:
+                receiver.before_answer(receiver.received[-1])
             script = receiver.scripts.get(self.path)
             answer = script.popleft() if script else 200
             if answer == "slow":
