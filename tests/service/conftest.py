@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from app.core.database import get_engine
 from app.core.settings import Settings
 from app.main import create_app
+from tests.service.heavy_imports import ask
 from tests.service.services import Service, create_database, drop_database, start_postgres, start_redis
 from tests.service.workers import WorkerProcess, start_worker, wait_for
 
@@ -100,9 +101,15 @@ class Embedded:
     client: TestClient
     settings: Settings
     worker: WorkerProcess
+    imports_asked_in: Path | None = None  # where the worker answers which heavy packages it imported
 
     def job_dir(self, job_id: int) -> Path:
         return self.settings.runs / f"job-{job_id}"
+
+    def worker_imported(self) -> list[str]:
+        """Which of torchvision and transformers the worker's own process has imported so far."""
+        assert self.imports_asked_in is not None, "this worker was started without heavy_imports"
+        return ask(self.imports_asked_in)
 
     def wait_state(self, job_id: int, states: set[str], timeout: float) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
@@ -119,12 +126,16 @@ class Embedded:
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded]:
     """One worker advertising 3 devices, with PIPEBD_INJECT_FAULT="2:1": rank 2 raises at step 1, so 1- and
     2-rank jobs are unaffected and a 3-rank job is the crash test. Its data roots are a default server's (the
-    bundled examples' folders of the checkout, as `make run`), so that the bundled examples run on it."""
+    bundled examples' folders of the checkout, as `make run`), so that the bundled examples run on it. The
+    worker also answers which heavy packages its own process imported (`Embedded.worker_imported`)."""
     folder = tmp_path_factory.mktemp("embedded")
     settings = make_settings(folder, f"sqlite:///{folder / 'pipebd.db'}", data_roots="")  # the default roots
     with TestClient(create_app(settings)) as client:
-        worker = start_worker(settings, "embedded", devices=3, extra_env={"PIPEBD_INJECT_FAULT": "2:1"})
+        probe = folder / "worker-imports"
+        worker = start_worker(
+            settings, "embedded", devices=3, extra_env={"PIPEBD_INJECT_FAULT": "2:1"}, imports_asked_in=probe
+        )
         try:
-            yield Embedded(client, settings, worker)
+            yield Embedded(client, settings, worker, probe)
         finally:
             worker.stop()

@@ -8,11 +8,20 @@ as `pipebd submit` posts it, nothing else overridden, on the session's `embedded
 a default server's data roots). The teacher's directory is also checked against the job's own teacher:
 `ViTForImageClassification.from_pretrained` gives teacher.pt's logits. The language-model chain
 (tiny-llama-teacher.yaml, then tiny-llama-text.yaml) runs in tests/service/test_phases.py.
+
+A worker's own process never builds a network or loads a data set: every phase that does (the launch's
+preflight, plan, plan_finetune, and the ranks' phases) runs in a child process, so the long-lived worker
+imports neither torchvision nor transformers, however many jobs it runs. The embedded worker that ran the
+ViT chain (a torchvision ViT trained, then searched with transformers' layers and fine-tuned: every phase)
+is asked what it imported (tests/service/heavy_imports.py), and so is a process that plans the same jobs
+itself.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +29,7 @@ import torch
 
 from tests.helpers import ROOT
 from tests.service.conftest import Embedded
+from tests.service.heavy_imports import imported_planning_here
 from tests.service.test_phases import submit, submitted_example
 
 
@@ -29,7 +39,9 @@ def registered(embedded: Embedded, job_id: int) -> dict[str, dict[str, Any]]:
     return {model["kind"]: model for model in models}
 
 
-def test_the_vit_teacher_then_its_distillation_run_as_shipped_chained_by_the_registry(embedded: Embedded) -> None:
+def test_the_vit_teacher_then_its_distillation_run_as_shipped_chained_by_the_registry(
+    embedded: Embedded, tmp_path: Path
+) -> None:
     from transformers import ViTForImageClassification
 
     from pipebd_core.spec import parse_spec
@@ -66,6 +78,14 @@ def test_the_vit_teacher_then_its_distillation_run_as_shipped_chained_by_the_reg
     models = registered(embedded, distilled["id"])
     assert models["searched"]["parent_id"] == teacher["id"]  # the chain through the registry
     assert models["finetuned"]["parent_id"] == models["searched"]["id"]
+
+    # the worker that ran both jobs end to end built no network in its own process; planning them in a
+    # process, as PipeBD did before, is what the check exists to catch (on copies: the jobs' folders stay)
+    assert embedded.worker_imported() == []
+    copies = [
+        shutil.copytree(embedded.job_dir(job["id"]), tmp_path / f"job-{job['id']}") for job in (trained, distilled)
+    ]
+    assert imported_planning_here(tmp_path / "planner-imports", *copies) == ["torchvision", "transformers"]
 
 
 def test_the_llama_search_runs_as_shipped(embedded: Embedded, monkeypatch: pytest.MonkeyPatch) -> None:

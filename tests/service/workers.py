@@ -56,12 +56,20 @@ class WorkerProcess:
                 self.process.wait()
 
 
-def start_worker(settings: Settings, name: str, devices: int, extra_env: dict[str, str] | None = None) -> WorkerProcess:
-    """`pipebd worker` in a subprocess; returns once it has announced itself and Celery is consuming."""
+def start_worker(
+    settings: Settings,
+    name: str,
+    devices: int,
+    extra_env: dict[str, str] | None = None,
+    imports_asked_in: Path | None = None,
+) -> WorkerProcess:
+    """`pipebd worker` in a subprocess; returns once it has announced itself and Celery is consuming.
+    `imports_asked_in`: the worker also answers there which heavy packages it imported (heavy_imports.py)."""
     log = settings.data_dir / f"worker-{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **service_env(settings), **(extra_env or {})}
-    command = [sys.executable, "-m", "app.cli", "worker", "--name", name, "--devices", str(devices)]
+    probe = [] if imports_asked_in is None else ["tests.service.heavy_imports", str(imports_asked_in)]
+    command = [sys.executable, "-m", *probe, "app.cli", "worker", "--name", name, "--devices", str(devices)]
     with log.open("wb") as handle:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
     worker = WorkerProcess(name, process, log)
