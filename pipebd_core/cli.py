@@ -104,6 +104,12 @@ def add_bench_command(commands: Any) -> None:
         action="store_true",
         help="with --resume: measure again every run of the record measured shared, then the runs left",
     )
+    bench.add_argument(
+        "--reprofile",
+        action="store_true",
+        help="distillation: measure the profile every arm plans from now, not the cached one (which is refused"
+        " when it was measured on a busy machine)",
+    )
     bench.add_argument("--out", help="folder for the runs and bench.json (default runs/bench/<name>-<time>)")
     bench.add_argument("--keep", action="store_true", help="keep every run's directory")
     bench.add_argument(

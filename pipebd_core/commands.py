@@ -433,10 +433,14 @@ def command_bench(args: argparse.Namespace) -> int:
     if args.resume:
         if args.spec is not None or args.modes or args.partitioners or args.accuracy or args.replan or args.minutes:
             return fail("--resume continues the bench its record describes; give no spec, modes, kind or --minutes")
+        if args.reprofile:
+            return fail("--resume plans from the profile its bench froze; --reprofile starts a bench afresh")
         return command_resume(args)
     if args.spec is None:
         return fail("give a spec file to benchmark, or --report FILE... to render records")
     finetune = args.phase == "finetune"
+    if args.reprofile and (finetune or args.replan):
+        return fail("--reprofile measures the block profile of a distillation bench (--replan measures its own)")
     if args.accuracy and (args.modes or args.partitioners or args.replan):
         return fail(
             "--accuracy chooses its own plans (distillation: every mode's, the planner's top five, five drawn;"
@@ -516,12 +520,21 @@ def bench_runs(
         )
     elif args.accuracy:
         record = bench_accuracy.run_accuracy_bench(
-            spec, args.steps, args.repeats, out, keep=args.keep, seed=args.seed, minutes=args.minutes
+            spec,
+            args.steps,
+            args.repeats,
+            out,
+            keep=args.keep,
+            seed=args.seed,
+            minutes=args.minutes,
+            reprofile=args.reprofile,
         )
     elif finetune:
         record = bench_finetune.run_finetune_bench(
             spec, modes, args.steps, args.repeats, out, keep=args.keep, partitioners=partitioners, minutes=args.minutes
         )
     else:
-        record = run_bench(spec, modes, args.steps, args.repeats, out, keep=args.keep, minutes=args.minutes)
+        record = run_bench(
+            spec, modes, args.steps, args.repeats, out, keep=args.keep, minutes=args.minutes, reprofile=args.reprofile
+        )
     return record.to_json(), bench_report.render([record])

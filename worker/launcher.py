@@ -32,9 +32,10 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Unpack
 
 from sqlalchemy import update
 from sqlmodel import Session, col
@@ -54,6 +55,7 @@ from app.core.states import (
     CANCELLED,
     CANCELLING,
     FAILED,
+    FINAL,
     PAUSED,
     PAUSING,
     QUEUED,
@@ -61,7 +63,7 @@ from app.core.states import (
     STARTING,
     SUCCEEDED,
 )
-from app.core.sweeps import claim_room
+from app.core.sweeps import claim_room, lock_sweep_of
 from app.core.tables import Job, JobEvent, now
 from app.core.webhooks import notify_phases
 from pipebd_core.distill.plan import Plan
@@ -82,12 +84,6 @@ from worker.tracking import MlflowExport, start_export
 log = logging.getLogger("pipebd.worker")
 
 
-def record(database: str, job_id: int, **fields: Any) -> None:
-    """Update fields that are not the state (the run directory, before the ranks start: see `JobRunner.holds`)."""
-    with session_scope(database) as session:
-        session.execute(update(Job).where(col(Job.id) == job_id).values(**fields))
-
-
 def current_state(database: str, job_id: int) -> str | None:
     with session_scope(database) as session:
         job = session.get(Job, job_id)
@@ -99,11 +95,6 @@ class PhaseEvent(Progress):
 
     phase: str
     phases: list[PhaseEntry]
-
-
-def move(database: str, job_id: int, target: str, expected: list[str], **fields: Unpack[JobChanges]) -> bool:
-    with session_scope(database) as session:
-        return transition(session, job_id, target, expected, **fields)
 
 
 Publish = Callable[[int, str], None]  # (job id, queue): put a requeued job's id on the broker
@@ -289,14 +280,12 @@ class JobRunner:
         except Exception as error:
             log.exception("job %s: the worker failed", self.job_id)
             message = f"the worker failed while running the job: {type(error).__name__}: {error}"
-            move(
-                self.database,
-                self.job_id,
-                FAILED,
-                [STARTING, RUNNING, CANCELLING],
-                termination_reason="launch_error",
-                error=message,
-            )
+            expected = [STARTING, RUNNING, CANCELLING]
+            try:
+                self.move(FAILED, expected, termination_reason="launch_error", error=message)
+            except TakenOver as lost:
+                log.warning("job %s: its failure is not recorded: %s", self.job_id, lost)
+                return current_state(self.database, self.job_id) or "deleted"
             return FAILED
 
     def claim(self) -> bool:
@@ -332,10 +321,29 @@ class JobRunner:
         )
 
     def holds(self, session: Session) -> bool:
-        """Whether this run may still write the job's row (telemetry, phases, process id, its end): the row, locked
-        until `session` commits, names its claim (`owns`). A runner that made no claim (a test's own, driving a job
-        it moved itself) always may."""
+        """Whether this run may still write the job's row (its preparation, telemetry, phases, process id, its end;
+        through `fenced`): the row, locked until `session` commits, names its claim (`owns`). A runner that made no
+        claim (a test's own, driving a job it moved itself) always may."""
         return self.claimed_at is None or self.owns(session.get(Job, self.job_id, with_for_update=True))
+
+    @contextmanager
+    def fenced(self, ending: bool = False) -> Iterator[Session]:
+        """A transaction that writes the job's row or its open attempt only while this run holds the job (`holds`):
+        raises TakenOver, nothing written, once the job was claimed again elsewhere (or deleted). `ending`: the
+        transaction may end the job, so the row of its sweep is locked first (app/core/sweeps.py `lock_sweep_of`:
+        the sweep's row before the job's, as every transaction that touches both takes them)."""
+        with session_scope(self.database) as session:
+            if ending:
+                lock_sweep_of(session, self.job_id)
+            if not self.holds(session):
+                raise TakenOver(f"job {self.job_id} is no longer this run's: claimed again elsewhere (or deleted)")
+            yield session
+
+    def move(self, target: str, expected: list[str], **fields: Unpack[JobChanges]) -> bool:
+        """Move the job from one of `expected` to `target` (app/core/lifecycle.py `transition`) while this run holds
+        it; False when it was in none of them; TakenOver when it is no longer this run's."""
+        with self.fenced(ending=target in FINAL) as session:
+            return transition(session, self.job_id, target, expected, **fields)
 
     def standing(self) -> tuple[str | None, bool]:
         """The job's state (None: deleted) and whether it is still this worker's claim."""
@@ -390,9 +398,17 @@ class JobRunner:
 
     def prepare(self) -> RunDir | None:
         """The run directory with spec.json and phases.json, the job then `running`; None when the job
-        cannot run (failed as launch_error) or ended meanwhile (cancelled, paused, deleted). A job that ran
-        before continues in its own run directory."""
-        with session_scope(self.database) as session:
+        cannot run (failed as launch_error), ended meanwhile (cancelled, paused, deleted) or is no longer this
+        run's (claimed again elsewhere: then it touches neither the job's row, nor its attempt, nor its run
+        directory). A job that ran before continues in its own run directory."""
+        try:
+            return self._prepare()
+        except TakenOver as error:
+            log.warning("job %s: not prepared: %s", self.job_id, error)
+            return None
+
+    def _prepare(self) -> RunDir | None:
+        with self.fenced() as session:
             job = session.get(Job, self.job_id)
             assert job is not None
             spec, previous, nodes = parse_spec(job.spec), job.run_dir, job.nodes
@@ -402,25 +418,26 @@ class JobRunner:
                 run_dir.append_event("resumed")
                 steps = resumed_from(run_dir) or []
                 reshape(run_dir, nodes)  # an elastic job on fewer nodes than before: re-planned for them
-                with session_scope(self.database) as session:
+                with self.fenced() as session:
                     record_resume(session, self.job_id, steps)
             else:
                 if nodes != spec.schedule.nodes:  # an elastic job started on fewer nodes (app/core/gangs.py `release`)
                     spec = spec.model_copy(update={"schedule": spec.schedule.on_nodes(nodes)})
                 run_dir = prepare_run(spec, free_run_dir(self.settings.runs, self.job_id), isolate=True)
-            with session_scope(self.database) as session:
+            with self.fenced() as session:
                 record_shape(session, self.job_id, nodes, spec.schedule.nproc)
         except (SpecError, PlanError, DocumentError, StepDied) as error:  # DocumentError: an older PipeBD's plan.json
-            move(self.database, self.job_id, FAILED, [STARTING], termination_reason="launch_error", error=str(error))
+            self.move(FAILED, [STARTING], termination_reason="launch_error", error=str(error))
             return None
-        record(self.database, self.job_id, run_dir=str(run_dir.root))
-        if move(self.database, self.job_id, RUNNING, [STARTING]):
-            return run_dir
+        with self.fenced() as session:  # the run directory, in the transaction that starts the job
+            session.execute(update(Job).where(col(Job.id) == self.job_id).values(run_dir=str(run_dir.root)))
+            if transition(session, self.job_id, RUNNING, [STARTING]):
+                return run_dir
         state = current_state(self.database, self.job_id)
         if state == CANCELLING:
-            move(self.database, self.job_id, CANCELLED, [CANCELLING], termination_reason="user_cancelled")
+            self.move(CANCELLED, [CANCELLING], termination_reason="user_cancelled")
         elif state == PAUSING:
-            move(self.database, self.job_id, PAUSED, [PAUSING], termination_reason="user_paused")
+            self.move(PAUSED, [PAUSING], termination_reason="user_paused")
         return None
 
     def run_phases(self, run_dir: RunDir) -> str:
@@ -469,19 +486,20 @@ class JobRunner:
         """Record how this run of the job ended (app/core/lifecycle.py `settle`: paused, requeued after a
         shutdown or a fault of the machine with restarts left, or its own end); a job that ended elsewhere
         meanwhile (deleted, reaped) keeps that end."""
-        with session_scope(self.database) as session:
-            if not self.holds(session):
-                log.warning("job %s: claimed again elsewhere; this run's end is not recorded", self.job_id)
-                return current_state(self.database, self.job_id) or "deleted"
-            settled = settle(
-                session,
-                self.job_id,
-                outcome.result,
-                outcome.termination,
-                server_max_restarts=self.settings.max_restarts,
-                exit_code=outcome.exit_code,
-                grow_to=outcome.grow_to,
-            )
+        try:
+            with self.fenced(ending=True) as session:
+                settled = settle(
+                    session,
+                    self.job_id,
+                    outcome.result,
+                    outcome.termination,
+                    server_max_restarts=self.settings.max_restarts,
+                    exit_code=outcome.exit_code,
+                    grow_to=outcome.grow_to,
+                )
+        except TakenOver as error:
+            log.warning("job %s: this run's end is not recorded: %s", self.job_id, error)
+            return current_state(self.database, self.job_id) or "deleted"
         if settled is not None and settled.state == QUEUED:
             log.warning("job %s requeued (%s)", self.job_id, outcome.reason)
             if self.publish is not None:

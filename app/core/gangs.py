@@ -103,20 +103,35 @@ def leave(session: Session, seat_id: int | None) -> None:
     session.commit()
 
 
-def drop_stale(session: Session, forming_limit_s: float, at: float | None = None) -> list[GangSeat]:
-    """Drop the seats no worker will give up (its removal failed, its worker died): those of a job at rest or gone
-    (not queued and not active), and those of a queued job whose first seat sat down more than `forming_limit_s`
-    ago (a gang forms or is released within its bound); commits. Returns the seats dropped."""
-    cutoff = (now() if at is None else at) - forming_limit_s
-    hold(session, GANG_LOCK, now() if at is None else at)
+def stale_jobs(session: Session, cutoff: float) -> list[int]:
+    """The jobs whose seats no worker will give up: at rest or gone, or queued with a first seat older than
+    `cutoff`."""
     first = select(GangSeat.job_id, func.min(GangSeat.joined_at).label("first")).group_by(col(GangSeat.job_id))
     formed = {job_id: joined for job_id, joined in session.exec(first).all()}
     states = dict(session.exec(select(Job.id, Job.state).where(col(Job.id).in_(list(formed)))).all())
-    stale = [
+    return [
         job_id
         for job_id, joined in formed.items()
         if states.get(job_id) not in ACTIVE | {QUEUED} or (states[job_id] == QUEUED and joined < cutoff)
     ]
+
+
+def drop_stale(session: Session, forming_limit_s: float, at: float | None = None) -> list[GangSeat]:
+    """Drop the seats no worker will give up (its removal failed, its worker died): those of a job at rest or gone
+    (not queued and not active), and those of a queued job whose first seat sat down more than `forming_limit_s`
+    ago (a gang forms or is released within its bound); commits. Returns the seats dropped.
+
+    A first look, without the gangs' lock, finds them; only when it finds one is the lock taken (then the seats
+    are looked at again under it: a gang may have formed or gone meanwhile), so the reaper's pass that finds
+    nothing never waits for, nor holds up, a gang claim."""
+    at = now() if at is None else at
+    cutoff = at - forming_limit_s
+    seen = stale_jobs(session, cutoff)
+    session.commit()  # the look's transaction ends: the lock, when needed, is taken in a fresh one
+    if not seen:
+        return []
+    hold(session, GANG_LOCK, at)
+    stale = stale_jobs(session, cutoff)
     dropped = list(session.exec(select(GangSeat).where(col(GangSeat.job_id).in_(stale))).all())
     session.execute(delete(GangSeat).where(col(GangSeat.job_id).in_(stale)))
     session.commit()

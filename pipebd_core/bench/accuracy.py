@@ -312,10 +312,12 @@ def run_accuracy_bench(
     seed: int = 0,
     resume: BenchRecord | None = None,
     minutes: float | None = None,
+    reprofile: bool = False,
 ) -> BenchRecord:
     """Every candidate plan as an arm, and the bound, `repeats` times interleaved; the record with its
-    `accuracy` (out/bench.json, written after every run; `resume` and `minutes` as in distill.run_bench)."""
-    progress = begin(out, resume, lambda: frozen_profile(bench_spec(spec, "auto", steps)), Profile)
+    `accuracy` (out/bench.json, written after every run; `resume`, `minutes` and `reprofile` as in
+    distill.run_bench)."""
+    progress = begin(out, resume, lambda: frozen_profile(bench_spec(spec, "auto", steps), reprofile), Profile)
     profile = progress.profile
     model = cost_model(bench_spec(spec, "auto", steps), profile)
     listed = candidates(model, seed)

@@ -3,8 +3,9 @@ interleaved, and the measured bound, in one run that writes a benchmark record (
 
 The arms are independent:
 - every arm plans from the same frozen profile: the spec's profile (cached, or measured once at the
-  start), its calibration left out, written to `frozen-profile.json` and copied into each arm's own run
-  directory (no arm runs a profile phase or reads the cache), its hash in the record;
+  start, or again with `--reprofile`), its calibration left out, written to `frozen-profile.json` and copied
+  into each arm's own run directory (no arm runs a profile phase or reads the cache), its hash in the record;
+  a profile measured on a busy machine is refused (`frozen_profile`);
 - no arm writes calibration anywhere another reads: the supervisor's calibration write-back into the
   profile cache is off, and each arm's calibration.json stays in its own run directory;
 - re-planning is off (`schedule.replan: false`): `auto` runs the plan it chose (bench/replan.py is
@@ -37,6 +38,8 @@ from pipebd_core.documents.profile import Profile
 from pipebd_core.documents.telemetry import DistillLine
 from pipebd_core.job.profiling import obtain_profile
 from pipebd_core.planning.distill_planner import cost_model, mode_plans, step_plan, timeline
+from pipebd_core.planning.profiles import ProfileError, cache_path
+from pipebd_core.planning.trust import BUSY_CORES, assess
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
 
@@ -101,11 +104,12 @@ def run_bench(
     keep: bool = False,
     resume: BenchRecord | None = None,
     minutes: float | None = None,
+    reprofile: bool = False,
 ) -> BenchRecord:
     """Every mode and the bound `repeats` times, interleaved; the record (out/bench.json, written after
     every run: progress.py). `resume`: the record of this bench stopped half-way; `minutes`: choose the
-    steps and repeats that fit (fit.py)."""
-    progress = begin(out, resume, lambda: frozen_profile(bench_spec(spec, modes[0], steps)), Profile)
+    steps and repeats that fit (fit.py); `reprofile`: measure the profile now (`frozen_profile`)."""
+    progress = begin(out, resume, lambda: frozen_profile(bench_spec(spec, modes[0], steps), reprofile), Profile)
     fitted = budget(steps, repeats, minutes, resume, lambda: predicted_steps(spec, modes, progress.profile))
     steps, repeats = fitted.steps, fitted.repeats
     specs = {mode: bench_spec(spec, mode, steps) for mode in modes}
@@ -131,9 +135,24 @@ def predicted_steps(spec: Spec, modes: list[str], profile: Profile) -> dict[str,
     return {**predicted, BOUND: model.ideal_step() * model.nproc}
 
 
-def frozen_profile(spec: Spec) -> Profile:
-    """The profile every arm plans from: cached or measured now, as measured (its calibration left out)."""
-    return obtain_profile(spec)[0].uncalibrated()
+REPROFILE = "--reprofile"  # `pipebd bench`'s flag: measure the profile now, whatever the cache holds
+
+
+def frozen_profile(spec: Spec, reprofile: bool = False) -> Profile:
+    """The profile every arm plans from: cached or measured now (`reprofile`: measured now whatever is cached),
+    as measured (its calibration left out). A profile measured while the machine was busy (planning/trust.py)
+    is refused, named, with the flag that measures it again: every arm would plan from times others' load
+    inflated, and nothing in the record would say so."""
+    profile, cached = obtain_profile(spec, refresh=reprofile)
+    trust = assess(profile)
+    if "busy" in trust.flags:
+        why = next(message for message in trust.messages if message.startswith("busy: "))
+        raise ProfileError(
+            f"bench: the {'cached' if cached else 'newly measured'} profile {cache_path(spec)} was measured on a"
+            f" busy machine ({why.removeprefix('busy: ')}, more than {BUSY_CORES:g}): no arm is planned from it;"
+            f" measure it again on a quiet machine with `pipebd bench {REPROFILE}` and the same arguments"
+        )
+    return profile.uncalibrated()
 
 
 def run_arms(

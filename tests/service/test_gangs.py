@@ -3,7 +3,7 @@ seats on N distinct hosts or none, the head gang filled before the next (two gan
 concurrent claimers that never deadlock nor overfill, and an incomplete gang released after its bound, unless
 the job is elastic and has its minimum seated (then it runs with them, and asks for all its nodes again when
 requeued); a follower's worker told to stop says so on its seat; a seat removal that meets a database error is
-retried, and the reaper drops the seats no worker gave up (issue 42)."""
+retried, and the reaper drops the seats no worker gave up (issue 42), taking the gangs' lock only when it finds one."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from sqlmodel import Session, col
 from app.core import gangs
 from app.core.database import get_engine, migrate
 from app.core.lifecycle import requeue
+from app.core.limits import hold
 from app.core.reaper import reap_stale_seats
 from app.core.settings import Settings
 from app.core.tables import GangSeat, Job
@@ -193,6 +194,38 @@ def test_the_reaper_drops_leaked_seats_and_the_hosts_take_a_gang_again(settings:
     assert a is not None and (a.job_id, a.node) == (stuck.id, 0)
     assert gangs.wait_for_gang(settings.database, b, bound_s=5) is not None
     assert gang(settings, waiting.id) == []
+
+
+def test_a_reaper_pass_with_nothing_stale_takes_no_lock(settings: Settings) -> None:
+    """A reaper pass that finds no seat to drop (a running gang's, a gang forming within its bound) returns while a
+    gang claim holds the gangs' lock row: it never takes that lock, so the API's reaper does not queue behind every
+    gang claim. A pass that waited for the lock would still be waiting (PostgreSQL) or fail as the database's busy
+    timeout ran out (SQLite) when the claim commits."""
+    migrate(settings.database)
+    running = insert_job(settings, "running", nodes=2)
+    forming = insert_job(settings, nodes=2)
+    with Session(get_engine(settings.database)) as session:
+        session.add(GangSeat(job_id=running.id, host="a", worker="w@a", node=0, joined_at=time.time() - 1000))
+        session.add(GangSeat(job_id=forming.id, host="b", worker="w@b", node=0))
+        session.commit()
+    outcome: list[object] = []
+
+    def reap() -> None:
+        try:
+            outcome.append(reap_stale_seats(settings.database, forming_limit_s=120))
+        except Exception as error:
+            outcome.append(error)
+
+    reaper = threading.Thread(target=reap)
+    with Session(get_engine(settings.database)) as claim:
+        hold(claim, gangs.GANG_LOCK, time.time())  # a gang claim counting seats: the row locked until it commits
+        reaper.start()
+        reaper.join(timeout=60)
+        while_held = list(outcome)
+        claim.commit()
+    reaper.join()
+    assert while_held == [[]], f"the pass took the gangs' lock: {outcome}"
+    assert gang(settings, running.id) == [("a", 0)] and gang(settings, forming.id) == [("b", 0)]
 
 
 def test_a_seat_removal_that_meets_a_database_error_is_retried(settings: Settings) -> None:

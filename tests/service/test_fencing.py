@@ -1,0 +1,80 @@
+"""Service tier, on real SQLite and PostgreSQL: a run whose claim on a job was taken over (the reaper requeued the
+job, another worker claimed it) prepares nothing (worker/launcher.py `JobRunner.fenced`): whether its claim was
+taken before it read the job or while it prepared it, it leaves the other claim's row, attempts and events as they
+are, and one that lost its claim before it began creates no run directory."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlmodel import Session, col, select
+
+from app.core.attempts import attempts_of
+from app.core.database import get_engine, session_scope
+from app.core.lifecycle import requeue
+from app.core.settings import Settings
+from app.core.states import QUEUED, STARTING
+from app.core.tables import Job, JobEvent
+from tests.service.conftest import make_settings
+from tests.service.factories import queued_job, tiny_job
+from worker.launcher import JobRunner
+
+
+def take_over(settings: Settings, job_id: int) -> JobRunner:
+    """What a stale claim meets: the reaper requeues the job (`worker_lost`), worker-b claims it; worker-b's runner."""
+    with session_scope(settings.database) as session:
+        assert requeue(session, job_id, [STARTING], "worker_lost")
+    other = make_settings(settings.data_dir.parent, settings.database, worker_name="worker-b", host_id="host-b")
+    runner = JobRunner(job_id, other, threading.Event())
+    assert runner.claim()
+    return runner
+
+
+def snapshot(settings: Settings, job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[Any]]:
+    """The job's row, its attempts and its events, as the database holds them now."""
+    with Session(get_engine(settings.database)) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        attempts = [attempt.model_dump() for attempt in attempts_of(session, job_id)]
+        query = select(JobEvent.kind, JobEvent.data).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))
+        return job.model_dump(), attempts, list(session.exec(query).all())
+
+
+class TakenOverWhilePreparing(JobRunner):
+    """A run whose job is taken over (`take_over`) right after its first transaction: while it prepares the job."""
+
+    taken: JobRunner | None = None
+
+    @contextmanager
+    def fenced(self, ending: bool = False) -> Iterator[Session]:
+        with super().fenced(ending) as session:
+            yield session
+        if self.taken is None:
+            self.taken = take_over(self.settings, self.job_id)
+
+
+@pytest.mark.parametrize("when", ["before", "while"])
+def test_a_run_whose_claim_was_taken_over_prepares_nothing(settings: Settings, when: str) -> None:
+    job_id = queued_job(settings, tiny_job())
+    stale = (JobRunner if when == "before" else TakenOverWhilePreparing)(job_id, settings, threading.Event())
+    assert stale.claim()
+    if when == "before":
+        take_over(settings, job_id)
+    else:
+        assert isinstance(stale, TakenOverWhilePreparing) and stale.taken is None
+    before = snapshot(settings, job_id) if when == "before" else None
+    run_dirs = sorted(settings.runs.iterdir()) if settings.runs.exists() else []
+    assert stale.prepare() is None
+    job, attempts, events = snapshot(settings, job_id)
+    if before is not None:
+        assert (job, attempts, events) == before
+        assert (sorted(settings.runs.iterdir()) if settings.runs.exists() else []) == run_dirs
+    # the other claim's: starting on worker-b, no run directory yet, its attempt with no shape; the first requeued
+    assert (job["state"], job["worker"], job["run_dir"]) == (STARTING, "worker-b", None)
+    shapes = [(a["number"], a["worker"], a["outcome"], a["nodes"], a["nproc"], a["resumed_from"]) for a in attempts]
+    assert shapes == [(1, settings.worker_name, "requeued", None, None, None), (2, "worker-b", None, None, None, None)]
+    assert [data["state"] for kind, data in events if kind == "state"] == [QUEUED, STARTING, QUEUED, STARTING]
