@@ -9,7 +9,10 @@ from the record's predictions and measurements, from the profile alone (what the
   and fast, and the largest errors, so a reader sees whether the error is one-sided (a cost the model
   leaves out or counts twice) or scattered; and, where the record has both, the profile's own ideal
   step (all the work divided evenly) against the measured bound's (T1 / N): how far the blocks' costs as
-  profiled are from what one rank doing all the work measured;
+  profiled are from what one rank doing all the work measured; and, where the record has its reference
+  speed at the start (taken just before the profile is measured or read) and at the end, how much the machine's speed
+  changed under the bench and whether that change points the way the plans are off (a machine slower
+  after its profile than while profiling makes every plan's prediction fast);
 - tau under its target: the pairs of plans the profile orders against the measurement where the
   measurement's order is clear of the noise (the two arms' intervals do not overlap);
 - a chosen plan slower than the fastest beyond the noise: each one's prediction against its measurement.
@@ -17,11 +20,14 @@ from the record's predictions and measurements, from the profile alone (what the
 
 from __future__ import annotations
 
+import statistics
+
 from pipebd_core.bench.doubt import FigureDoubt, arm_interval, target
-from pipebd_core.documents.bench_record import Arm, Bound, PlanAccuracy
+from pipebd_core.documents.bench_record import Arm, Bound, PlanAccuracy, Reference
 
 TAU_TARGET = {"distill": 0.8, "finetune": 0.7}
 SHOWN = 3  # the largest errors and the misordered pairs named
+DRIFT = 0.05  # a change of the reference speed that counts: both kernels by more than the smallest MAPE target
 
 
 def relative_error(plan: PlanAccuracy) -> float:
@@ -40,11 +46,39 @@ def bound_text(bound: Bound | None) -> str:
     )
 
 
+def drift_text(reference: Reference | None, plans: list[PlanAccuracy]) -> str:
+    """The machine's reference speed at the bench's end against its start, and whether the change points the
+    way the plans' predictions are off on average."""
+    if reference is None or reference.end is None or not plans:
+        return ""
+    start, end = reference.start, reference.end
+    matmul, conv = end.matmul_gflops / start.matmul_gflops - 1, end.conv_gflops / start.conv_gflops - 1
+    mean_error = statistics.mean(relative_error(plan) for plan in plans)
+    said = (
+        f" The machine's reference speed (one thread) changed {matmul:+.0%} (matmul) and {conv:+.0%} (conv) from"
+        f" the bench's start (just before its profile was measured or read) to its end; the plans' mean error is"
+        f" {mean_error:+.0%}"
+    )
+    if max(matmul, conv) < -DRIFT and mean_error < 0:
+        reading = "a machine slower after its profile than while profiling predicts every plan fast, by up to that much"
+    elif min(matmul, conv) > DRIFT and mean_error > 0:
+        reading = "a machine faster after its profile than while profiling predicts every plan slow, by up to that much"
+    else:
+        reading = (
+            "the change does not point the way the plans are off by more than 5%, so it does not explain the error"
+        )
+    return f"{said}: {reading}."
+
+
 def mape_miss(
-    plans: list[PlanAccuracy], doubt: FigureDoubt, floor: float | None, bound: Bound | None = None
+    plans: list[PlanAccuracy],
+    doubt: FigureDoubt,
+    floor: float | None,
+    bound: Bound | None = None,
+    reference: Reference | None = None,
 ) -> str | None:
-    """The plans off by more than the MAPE target, by direction, the largest errors, and the profile's
-    ideal against the measured bound."""
+    """The plans off by more than the MAPE target, by direction, the largest errors, the profile's ideal
+    against the measured bound, and the machine's change of speed under the bench."""
     aim = target(floor)
     if doubt.mape is None or doubt.mape.value <= aim:
         return None
@@ -55,7 +89,9 @@ def mape_miss(
     return (
         f"MAPE {doubt.mape.value - aim:.1%} over its target {aim:.1%}: of {len(plans)} plans, {len(slow)} predicted"
         f" slow by more than the target ({', '.join(slow) or 'none'}) and {len(fast)} fast"
-        f" ({', '.join(fast) or 'none'}); the largest errors {named}." + bound_text(bound)
+        f" ({', '.join(fast) or 'none'}); the largest errors {named}."
+        + bound_text(bound)
+        + drift_text(reference, plans)
     )
 
 
@@ -109,9 +145,10 @@ def miss_lines(
     floor: float | None,
     phase: str,
     bound: Bound | None = None,
+    reference: Reference | None = None,
 ) -> list[str]:
     """The paragraph on the targets the profile's predictions miss, or nothing when every target is met."""
-    misses = [mape_miss(plans, doubt, floor, bound), tau_miss(plans, arms, doubt, phase)]
+    misses = [mape_miss(plans, doubt, floor, bound, reference), tau_miss(plans, arms, doubt, phase)]
     misses.append(regret_miss(plans, chosen, doubt))
     found = [miss for miss in misses if miss is not None]
     return ["Where it misses (from the profile alone): " + " ".join(found)] if found else []

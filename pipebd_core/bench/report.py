@@ -38,6 +38,7 @@ from pipebd_core.documents.bench_record import (
     Bound,
     KernelSpeed,
     PlanAccuracy,
+    Reference,
 )
 from pipebd_core.documents.distill_plan import StageSpan, stages_line
 
@@ -77,7 +78,8 @@ def render_record(record: BenchRecord) -> str:
     if record.split_cost is not None:
         lines += [f"Split backward, (I + W) / B over the layers: {record.split_cost:.2f}.", ""]
     if record.accuracy is not None:
-        lines += accuracy_lines(record.accuracy, {arm.name: arm for arm in record.arms}, record.phase, record.bound)
+        arms = {arm.name: arm for arm in record.arms}
+        lines += accuracy_lines(record.accuracy, arms, record.phase, record.bound, record.reference)
     lines += partitions_lines(record)
     return "\n".join(lines)
 
@@ -92,7 +94,13 @@ def incomplete(record: BenchRecord, title: str) -> str:
     )
 
 
-def accuracy_lines(accuracy: Accuracy, arms: dict[str, Arm], phase: str, bound: Bound | None = None) -> list[str]:
+def accuracy_lines(
+    accuracy: Accuracy,
+    arms: dict[str, Arm],
+    phase: str,
+    bound: Bound | None = None,
+    reference: Reference | None = None,
+) -> list[str]:
     """The accuracy table: each candidate's predictions against its measured step, then the figures, each
     with its interval over the repeats, beside the noise floor and the target it sets, and where they miss
     a target, by how much and why (misses.py)."""
@@ -102,7 +110,7 @@ def accuracy_lines(accuracy: Accuracy, arms: dict[str, Arm], phase: str, bound: 
     floor = noise_floor([arms[plan.arm] for plan in accuracy.plans])
     alone = figure_doubt({plan.arm: plan.predicted_step_s for plan in accuracy.plans}, arms, accuracy.chosen)
     lines += ["", "From the profile alone: " + doubt_text(alone, accuracy.chosen, "the planner's first plan", floor)]
-    misses = miss_lines(accuracy.plans, arms, accuracy.chosen, alone, floor, phase, bound)
+    misses = miss_lines(accuracy.plans, arms, accuracy.chosen, alone, floor, phase, bound, reference)
     lines += [part for miss in misses for part in ("", miss)]
     if accuracy.calibrated is None:
         lines += ["", "Calibrated: no run wrote a calibration.", ""]

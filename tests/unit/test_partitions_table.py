@@ -15,7 +15,7 @@ from pipebd_core.bench.doubt import figure_doubt
 from pipebd_core.bench.misses import miss_lines
 from pipebd_core.bench.partitions import partitions_lines
 from pipebd_core.bench.report import render
-from pipebd_core.documents.bench_record import Accuracy, Arm, BenchRecord, Bound, PlanAccuracy
+from pipebd_core.documents.bench_record import Accuracy, Arm, BenchRecord, Bound, KernelSpeed, PlanAccuracy, Reference
 from pipebd_core.documents.distill_plan import StageSpan
 from tests.unit.bench_samples import measured_run
 
@@ -116,3 +116,25 @@ def test_the_accuracy_table_has_a_row_a_record_development_or_held_out() -> None
     assert "| 0.0% [0.0%, 0.0%] (the fastest) | - | development | `dev.json` |" in text
     assert "| 5.0% [5.0%, 5.0%] | 1.00 [1.00, 1.00] |" in text  # MAPE (0 and 10%) / 2 in every repeat; tau 1
     assert "| held-out | `held.json` |" in text
+
+
+def test_a_missed_mape_says_how_the_machines_speed_changed_under_the_bench_and_whether_it_explains_the_error() -> None:
+    plans = [cut("a", "gpipe", 3, 0.8, 1.0), cut("b", "gpipe", 4, 1.6, 2.0)]  # both predicted 20% fast
+    arms = {"a": arm("a", [1.0, 1.01, 0.99]), "b": arm("b", [2.0, 2.02, 1.98])}
+    doubt = figure_doubt({plan.arm: plan.predicted_step_s for plan in plans}, arms, "a")
+    start = KernelSpeed(matmul_gflops=100.0, conv_gflops=80.0)
+    slowed = Reference(start=start, end=KernelSpeed(matmul_gflops=90.0, conv_gflops=68.0))
+    (said,) = miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=slowed)
+    assert (
+        "The machine's reference speed (one thread) changed -10% (matmul) and -15% (conv) from the bench's start"
+        " (just before its profile was measured or read) to its end; the plans' mean error is -20%: a machine"
+        " slower after its profile than while profiling predicts every plan fast, by up to that much." in said
+    )
+    faster = Reference(start=start, end=KernelSpeed(matmul_gflops=110.0, conv_gflops=96.0))
+    (against,) = miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=faster)
+    assert "changed +10% (matmul) and +20% (conv)" in against
+    assert "the change does not point the way the plans are off by more than 5%, so it does not explain" in against
+    (without,) = miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill")
+    assert "reference speed" not in without
+    unfinished = Reference(start=start, end=None)  # a bench still under way has no end speed
+    assert miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=unfinished) == [without]
