@@ -2,7 +2,8 @@
 
 Profiles are cached in a folder of this test session, never in ~/.cache. `finished_run` runs a spec
 through torchrun once per session (across the test processes), so tests that only read a run's outputs
-share it.
+share it; `shared_text` is the transformer tests' text folder, one path for the session, so that a spec
+naming it is the same spec (the same run) in every test file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pipebd_core.planning.profiles import CACHE_ENV
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from tests.helpers import run_job
+from tests.transformer_specs import write_text
 
 # One thread per process, as every rank runs (pipebd_core/job/processes.py): the reference loops a test
 # runs in its own process would otherwise spin two OpenMP threads against the ranks and the other test
@@ -123,3 +125,15 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunD
         return RunDir(out)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def shared_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/transformer_specs.py's text folder, written once per session (across the test processes, under a
+    file lock): the transformer specs of several test files name it, and `finished_run` shares their runs."""
+    folder = shared_runs_folder(tmp_path_factory) / "text"
+    with open(folder.parent / "text.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not folder.exists():
+            write_text(folder.with_name("text.partial")).rename(folder)
+    return folder

@@ -1,5 +1,5 @@
-"""A tiny random Llama (Qwen2, GPT-2) teacher on a small text folder, and a tiny random vision transformer on
-digits: the transformer workload's test specs."""
+"""A tiny random Llama (Qwen2, GPT-2) teacher on a small text folder, a budgeted search of it, and a tiny random
+vision transformer on digits: the transformer workload's test specs."""
 
 from __future__ import annotations
 
@@ -52,6 +52,21 @@ def transformer_document(root: Path, **sections: dict[str, Any]) -> dict[str, An
     }
     for section, values in sections.items():
         document[section] = {**document.get(section, {}), **values}
+    return document
+
+
+LLAMA_SEARCH = ["keep", "ffn_1/4", "kv_1", "linear_attention", "no_attention", "linear", "noop"]  # every kind
+LLAMA_SEARCH_BUDGET = {"params": 0.5, "kv_cache": 0.2}
+
+
+def llama_search_document(root: Path, budget: dict[str, float] = LLAMA_SEARCH_BUDGET) -> dict[str, Any]:
+    """A Llama search over every replacement kind within `budget` (half the parameters and a fifth of the KV
+    cache unless given), 2 steps, then two steps of fine-tuning: test_hf_directories.py's search, which
+    test_choose_again.py chooses from again (`finished_run` runs it once for both)."""
+    document = transformer_document(root, train={"max_steps": 2})
+    document["workload"]["replacements"] = LLAMA_SEARCH
+    document["workload"]["budget"] = budget
+    document["finetune"] = {"strategy": "ddp", "epochs": 1, "max_steps": 2, "lr": 0.05, "profile": False}
     return document
 
 

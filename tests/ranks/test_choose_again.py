@@ -1,12 +1,15 @@
 """Choosing again: a finished transformer search's network for another budget, from its kept candidate
 library, without training. Tier: two tiny Llama searches through the supervisor (the same seed, spec and
-candidates; budgets A and B); the choice made again from A's library for budget B must be the architecture
-that B's own search chose, with the same trained weights, and choosing starts no process."""
+candidates; budgets A and B): A is test_hf_directories.py's search (`finished_run` runs it once for both files;
+chosen from in a copy here, as the shared run is only read), B the same spec at budget B, stopped after
+finalize (its fine-tuning is not read); the choice made again from A's library for budget B must be the
+architecture that B's own search chose, with the same trained weights, and choosing starts no process."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -16,23 +19,23 @@ import pytest
 import torch
 
 from pipebd_core.distill.choose import choose_again, main
+from pipebd_core.documents.phases import FINALIZE
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import Budget, Spec, SpecError, parse_spec
-from tests.transformer_specs import transformer_document, write_text
+from pipebd_core.spec import Budget, SpecError, parse_spec
+from tests.transformer_specs import LLAMA_SEARCH_BUDGET, llama_search_document
 
-NAMES = ["keep", "ffn_1/4", "kv_1", "no_attention", "noop"]
-BUDGET_A, BUDGET_B = {"params": 0.8}, {"params": 0.45, "kv_cache": 0.5}
-
-
-def search(root: Path, budget: dict[str, float]) -> Spec:
-    document = transformer_document(root, workload={"replacements": NAMES, "budget": budget})
-    return parse_spec(document)
+BUDGET_A, BUDGET_B = LLAMA_SEARCH_BUDGET, {"params": 0.8, "kv_cache": 0.5}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, finished_run: Callable[[Spec], RunDir]) -> tuple[RunDir, RunDir]:
-    root = write_text(tmp_path_factory.mktemp("text"))
-    return finished_run(search(root, BUDGET_A)), finished_run(search(root, BUDGET_B))
+def runs(
+    shared_text: Path, tmp_path_factory: pytest.TempPathFactory, finished_run: Callable[..., RunDir]
+) -> tuple[RunDir, RunDir]:
+    shared = finished_run(parse_spec(llama_search_document(shared_text, BUDGET_A)))
+    copy = tmp_path_factory.mktemp("search-a") / "run"
+    shutil.copytree(shared.root, copy)
+    searched_b = finished_run(parse_spec(llama_search_document(shared_text, BUDGET_B)), until=FINALIZE)
+    return RunDir(copy), searched_b
 
 
 def architecture(path: Path) -> dict[str, Any]:
@@ -79,7 +82,8 @@ def test_the_command_takes_the_run_directory_as_text_and_prints_its_record(
     runs: tuple[RunDir, RunDir], capsys: pytest.CaptureFixture[str]
 ) -> None:
     searched_a, searched_b = runs
-    main(["--run-dir", str(searched_a.root), "--params", "0.45", "--kv-cache", "0.5"])  # what the service runs
+    budget = ["--params", str(BUDGET_B["params"]), "--kv-cache", str(BUDGET_B["kv_cache"])]
+    main(["--run-dir", str(searched_a.root), *budget])  # what the service runs
     record = json.loads(capsys.readouterr().out)
     assert record["layers"] == [block["layers"][0] for block in architecture(searched_b.architecture)["blocks"]]
     with pytest.raises(SystemExit, match=r"^pipebd choose: .*latency"):

@@ -1,5 +1,7 @@
 """The finetune phase of a transformer: a distilled tiny Llama trained end to end with KD on its logits,
-and a tiny Llama trained from scratch here (kind train) as the teacher a transformer job loads.
+and a Llama trained from scratch here (kind train) as the teacher a transformer job loads (checked by
+`assert_trained_here_and_a_teacher` on the bundled teacher example's job, which tests/service/test_phases.py
+runs anyway).
 
 Tier: one 2-rank gloo job through the supervisor (tr_dpu distillation, then a zero-bubble pipeline of the
 decoder layers, token ids entering stage 0), against end-to-end training written out here from the same
@@ -26,14 +28,15 @@ from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 from pipebd_core.workloads.transformer import language_model_to_train
 from tests.helpers import assert_same_weights, end_to_end_training
-from tests.transformer_specs import transformer_document, write_text
+from tests.transformer_specs import transformer_document
 
 ALPHA, TEMPERATURE = 0.4, 2.0
 
 
-@pytest.fixture(scope="module")
-def spec(tmp_path_factory: pytest.TempPathFactory) -> Spec:
-    document = transformer_document(write_text(tmp_path_factory.mktemp("text")), schedule={"nproc": 2})
+def kd_finetune_spec(text_root: Path) -> Spec:
+    """A compression of the tiny Llama (every FFN halved) on 2 ranks, then 3 steps of pipelined KD fine-tuning;
+    its distill phase is test_hf_directories.py's plain Llama compression too (one run for both files)."""
+    document = transformer_document(text_root, schedule={"nproc": 2})
     document["finetune"] = {
         "strategy": "zb",
         "loss": "kd",
@@ -46,6 +49,11 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> Spec:
         "profile": False,
     }
     return parse_spec(document)
+
+
+@pytest.fixture(scope="module")
+def spec(shared_text: Path) -> Spec:
+    return kd_finetune_spec(shared_text)
 
 
 def kd_training(spec: Spec, run_dir: RunDir) -> dict[str, torch.Tensor]:
@@ -119,14 +127,13 @@ def next_token_cross_entropy(ids: torch.Tensor, logits: torch.Tensor, next_ids: 
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), next_ids.reshape(-1))
 
 
-def test_a_language_model_trained_here_is_a_teacher_a_transformer_job_loads(
-    spec: Spec, finished_run: Callable[[Spec], RunDir]
-) -> None:
-    document = json.loads(spec.model_dump_json(exclude_none=True))
-    document["workload"] = {"kind": "train", "config": document["workload"]["config"]}
-    document["finetune"] = {"strategy": "ddp", "epochs": 1, "max_steps": 3, "lr": 0.3, "profile": False}
-    teacher_spec = parse_spec(document)
-    run_dir = finished_run(teacher_spec)
+def assert_trained_here_and_a_teacher(run_dir: RunDir) -> None:
+    """A language model trained here (kind train; tests/service/test_phases.py passes the bundled
+    tiny-llama-teacher.yaml's 2-rank job, which the next example job of its chain distils) is end-to-end
+    training with next-token cross-entropy, reports its perplexity as the teacher's (lower than before), and
+    teacher_model/ is a directory a transformer job loads as its teacher: it passes preflight, computes the
+    trained network's logits, and carries the data's tokenizer."""
+    teacher_spec = run_dir.load_spec()
     trained = torch.load(run_dir.finetuned_model, map_location="cpu", weights_only=True)
     network = language_model_to_train(teacher_spec)
     expected = end_to_end_training(teacher_spec, network, next_token_cross_entropy)
@@ -134,7 +141,8 @@ def test_a_language_model_trained_here_is_a_teacher_a_transformer_job_loads(
     report = run_dir.load_summary().finetune
     assert report is not None and report.top1_after is None and report.perplexity_after is not None
     assert report.teacher_perplexity == report.perplexity_after < report.perplexity_before
-    compress = json.loads(spec.model_dump_json(exclude_none=True))
+    compress = json.loads(teacher_spec.model_dump_json(exclude_none=True))
+    del compress["finetune"]
     compress["workload"] = {"kind": "transformer", "teacher": str(run_dir.teacher_model), "replacements": ["ffn_1/2"]}
     compress_spec = parse_spec(compress)
     preflight(compress_spec)  # a model directory of a supported family: config.json and safetensors

@@ -7,7 +7,8 @@ Oracles: the job's network as PipeBD rebuilds it (`rebuild` with distilled_state
 state_dict in `build_network`), its logits on held-out tokens, and a greedy loop over it written here;
 `generate` with and without the cache; and PipeBD's byte-level token ids (data/text.py).
 
-Tier: four 1-rank gloo jobs through the supervisor (finished_run), and one `python -I` subprocess.
+Tier: four 1-rank gloo jobs and test_finetune_transformer.py's 2-rank one (the Llama compression) through the
+supervisor (finished_run, on the session's `shared_text`), and one `python -I` subprocess.
 """
 
 from __future__ import annotations
@@ -33,16 +34,11 @@ from pipebd_core.spec import Spec, parse_spec
 from pipebd_core.workloads.hf_directory import write_model_directory
 from pipebd_core.workloads.replacements import FFNOnly
 from pipebd_core.workloads.transformer import DecoderBlock, build_transformer_workload, held_out_ids, rebuild
-from tests.transformer_specs import TINY_GPT2, TINY_LLAMA, TINY_QWEN2, transformer_document, write_text
+from tests.ranks.test_finetune_transformer import kd_finetune_spec
+from tests.transformer_specs import TINY_GPT2, TINY_LLAMA, TINY_QWEN2, llama_search_document, transformer_document
 
-SEARCH = ["keep", "ffn_1/4", "kv_1", "linear_attention", "no_attention", "linear", "noop"]
 GPT2_KINDS = ["keep", "ffn_1/2", "linear_attention", "no_attention", "linear", "noop"]  # no separate KV heads
 NEW_TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def text_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_text(tmp_path_factory.mktemp("text"))
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -52,20 +48,20 @@ def module_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 def compression(text_root: Path, config: dict[str, Any], replacement: str) -> Spec:
+    """A 2-step compression of `config` by `replacement`; the Llama's by ffn_1/2 is test_finetune_transformer.py's
+    job (its distill phase is that compression, 3 steps on 2 ranks, fine-tuned after): one run for both files."""
+    if config == TINY_LLAMA and replacement == "ffn_1/2":
+        return kd_finetune_spec(text_root)
     document = transformer_document(text_root, train={"max_steps": 2})
     document["workload"] = {"kind": "transformer", "config": config, "replacements": [replacement]}
     return parse_spec(document)
 
 
 @pytest.fixture(scope="module")
-def search(text_root: Path, finished_run: Callable[[Spec], RunDir]) -> tuple[Spec, RunDir]:
+def search(shared_text: Path, finished_run: Callable[[Spec], RunDir]) -> tuple[Spec, RunDir]:
     """A Llama search over every replacement within half the parameters and a fifth of the KV cache, then
     two steps of fine-tuning."""
-    document = transformer_document(text_root, train={"max_steps": 2})
-    document["workload"]["replacements"] = SEARCH
-    document["workload"]["budget"] = {"params": 0.5, "kv_cache": 0.2}
-    document["finetune"] = {"strategy": "ddp", "epochs": 1, "max_steps": 2, "lr": 0.05, "profile": False}
-    spec = parse_spec(document)
+    spec = parse_spec(llama_search_document(shared_text))
     return spec, finished_run(spec)
 
 
@@ -141,10 +137,10 @@ def test_a_plain_compression_loads_as_its_teachers_family_without_remote_code(
     config: dict[str, Any],
     replacement: str,
     changed: dict[str, int],
-    text_root: Path,
+    shared_text: Path,
     finished_run: Callable[[Spec], RunDir],
 ) -> None:
-    spec = compression(text_root, config, replacement)
+    spec = compression(shared_text, config, replacement)
     run = finished_run(spec)
     folder = run.distilled_hf
     written = json.loads((folder / "config.json").read_text())
@@ -202,10 +198,10 @@ def test_the_tokenizer_gives_pipebds_ids(search: tuple[Spec, RunDir]) -> None:
     ids=["llama", "qwen2", "gpt2", "gpt2-linear"],
 )
 def test_every_replacement_kind_runs_in_the_remote_code(
-    config: dict[str, Any], names: list[str], text_root: Path, tmp_path: Path
+    config: dict[str, Any], names: list[str], shared_text: Path, tmp_path: Path
 ) -> None:
     kinds = ["keep", *sorted(set(names) - {"keep"})]  # a search of these: rebuilt from the chosen names
-    document = transformer_document(text_root)
+    document = transformer_document(shared_text)
     document["workload"] = {"kind": "transformer", "config": config, "replacements": kinds}
     spec = parse_spec(document)
     blocks = [ArchitectureBlock(block=i, layers=[name], loss=0.0, params=0) for i, name in enumerate(names)]
@@ -221,7 +217,7 @@ def test_every_replacement_kind_runs_in_the_remote_code(
     ids = held_out_ids(spec)
     assert_runs_as(model, network, ids)
     assert_decodes_one_token_at_a_time(model, ids[:2])
-    assert_is_a_teacher(tmp_path / "model", model, text_root, tmp_path / "again")
+    assert_is_a_teacher(tmp_path / "model", model, shared_text, tmp_path / "again")
 
 
 KIND_MODULES = {"decoder": DecoderBlock, "ffn_only": FFNOnly, "linear": nn.Linear, "noop": nn.Identity}
@@ -268,12 +264,12 @@ def assert_is_a_teacher(folder: Path, model: Any, text_root: Path, again: Path) 
 
 
 def test_a_search_is_the_next_jobs_teacher_and_the_network_it_fine_tunes(
-    search: tuple[Spec, RunDir], text_root: Path, finished_run: Callable[[Spec], RunDir]
+    search: tuple[Spec, RunDir], shared_text: Path, finished_run: Callable[[Spec], RunDir]
 ) -> None:
     """Search -> fine-tune the searched architecture: a job whose teacher is searched_hf/, every layer kept
     (the searched weights), trained end to end; its directories are the searched layers again."""
     _, run = search
-    document = transformer_document(text_root, train={"max_steps": 2, "weight_decay": 0.0})
+    document = transformer_document(shared_text, train={"max_steps": 2, "weight_decay": 0.0})
     document["workload"] = {"kind": "transformer", "teacher": str(run.searched_hf), "replacements": ["keep"]}
     document["finetune"] = {"strategy": "ddp", "epochs": 1, "max_steps": 2, "lr": 0.05, "profile": False}
     spec = parse_spec(document)
@@ -306,13 +302,13 @@ sys.meta_path.insert(0, Blocked())
 
 
 def test_the_directories_load_and_generate_where_pipebd_cannot_be_imported(
-    search: tuple[Spec, RunDir], text_root: Path, finished_run: Callable[[Spec], RunDir], tmp_path: Path
+    search: tuple[Spec, RunDir], shared_text: Path, finished_run: Callable[[Spec], RunDir], tmp_path: Path
 ) -> None:
     """Stands in for "a fresh virtualenv with only torch, transformers and safetensors": making one here would
     download gigabytes. `python -I` (no PYTHONPATH, no user site), a meta path finder that refuses pipebd_core,
     app, worker and tests, and a working directory outside the repository."""
     spec, run = search
-    plain = finished_run(compression(text_root, TINY_LLAMA, "ffn_1/2"))
+    plain = finished_run(compression(shared_text, TINY_LLAMA, "ffn_1/2"))
     prompt = held_out_ids(spec)[:1, :4]
     script = BLOCKED + textwrap.dedent(f"""
         import json, torch
@@ -339,5 +335,5 @@ def test_the_directories_load_and_generate_where_pipebd_cannot_be_imported(
     architecture = Architecture.from_json(run.read_json(run.architecture))
     expected = greedy_loop(job_network(spec, run, architecture), prompt, NEW_TOKENS)
     assert tokens[str(run.searched_hf)] == expected.tolist()
-    plain_spec = compression(text_root, TINY_LLAMA, "ffn_1/2")
+    plain_spec = compression(shared_text, TINY_LLAMA, "ffn_1/2")
     assert tokens[str(plain.distilled_hf)] == greedy_loop(job_network(plain_spec, plain, None), prompt, 6).tolist()

@@ -3,7 +3,7 @@
 examples/tiny-vit-teacher.yaml, then examples/tiny-vit-digits.yaml distilling the teacher that job wrote,
 named as the registered model it became (`--set 'workload.teacher={model: N}'`, no file copied: the model's
 `teacher_model/`, a ViTForImageClassification directory, replaces the example's random-teacher `config` and
-its `teacher_weights`); and examples/tiny-llama-search.yaml with its random teacher. Each file is submitted
+its `teacher_weights`); and examples/tiny-llama-search.yaml with its random teacher, 2 steps. Each file is submitted
 as `pipebd submit` posts it, nothing else overridden, on the session's `embedded` service (a real worker with
 a default server's data roots). The teacher's directory is also checked against the job's own teacher:
 `ViTForImageClassification.from_pretrained` gives teacher.pt's logits. The language-model chain
@@ -90,7 +90,7 @@ def test_the_vit_teacher_then_its_distillation_run_as_shipped_chained_by_the_reg
 
 def test_the_llama_search_runs_as_shipped(embedded: Embedded, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # as `make run` runs: the example's `data.root: docs` is the checkout's
-    job = submit(embedded, submitted_example("tiny-llama-search.yaml"))
+    job = submit(embedded, submitted_example("tiny-llama-search.yaml", "train.max_steps=2"))  # not 100
     run = embedded.job_dir(job["id"])
     architecture = json.loads((run / "architecture.json").read_text())
     assert len(architecture["candidates"]) == 4 * 7  # the library kept: every layer's seven candidates

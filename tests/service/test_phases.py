@@ -4,8 +4,9 @@ The same spec through `pipebd run` and through the service writes the same event
 phases are in order, back to back, each with an outcome, and a cached profile shows as skipped; every
 documented output of the run directory (NAS and compression ones included) is listed and downloads
 byte for byte; the bundled language-model examples run to success as shipped (step counts shrunk), the
-second distilling the teacher the first wrote. Jobs run on the session's `embedded` service (a real worker
-on SQLite, with a default server's data roots).
+second distilling the teacher the first wrote, which is end-to-end training and a teacher directory
+(tests/ranks/test_finetune_transformer.py's `assert_trained_here_and_a_teacher`). Jobs run on the session's
+`embedded` service (a real worker on SQLite, with a default server's data roots).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any
 
 import pytest
 
+from pipebd_core.rundir import RunDir
 from tests.helpers import ROOT, pipebd, tiny_document, write_spec
+from tests.ranks.test_finetune_transformer import assert_trained_here_and_a_teacher
 from tests.ranks.test_nas import nas_document
 from tests.service.conftest import Embedded
 from tests.service.downloads import assert_outputs_download
@@ -174,6 +177,7 @@ def test_the_bundled_language_model_examples_run_chained_through_the_service_and
     assert got == files
     page = embedded.client.get(f"/jobs/{job['id']}").text
     assert f'href="/api/v1/jobs/{job["id"]}/artifacts/teacher_model.tar"' in page
+    assert_trained_here_and_a_teacher(RunDir(model.parent))  # end-to-end training, a teacher, the data's tokenizer
     # the next job names it where this server wrote it: the runs folder counts as inside the data roots
     teacher = ("workload.teacher=" + str(model), "workload.config=null")
     distilled = submit(embedded, submitted_example("tiny-llama-text.yaml", *teacher, "train.max_steps=2"))
