@@ -77,12 +77,12 @@ def take_part(
             return GangLeader(seat.job_id, settings, shutdown, seat, nodes, extra_env, publish).run()
         return GangFollower(settings, shutdown, seat, nodes, extra_env).run()
     finally:  # the seat must go even through a database restart, or it keeps this host from every gang
-        persist(lambda: _leave(settings.database, seat.id), settings.outage_patience_s, f"job {seat.job_id}: seat")
+        persist(lambda: _leave(settings.database, seat), settings.outage_patience_s, f"job {seat.job_id}: seat")
 
 
-def _leave(database: str, seat_id: int | None) -> None:
+def _leave(database: str, seat: GangSeat) -> None:
     with session_scope(database) as session:
-        gangs.leave(session, seat_id)
+        gangs.leave(session, seat)
 
 
 def _job(settings: Settings, job_id: int) -> Job | None:
@@ -127,8 +127,13 @@ class GangLeader(JobRunner):
             persist(self._dissolve, patience, f"job {self.job_id}: its gang")
 
     def _dissolve(self) -> None:
+        """The whole gang goes while this run still holds the job; once the job was claimed again elsewhere, only
+        this run's own seat (the seats there are a new gang's)."""
         with session_scope(self.database) as session:
-            gangs.dissolve(session, self.job_id)
+            if self.holds(session):
+                gangs.dissolve(session, self.job_id)
+            else:
+                gangs.leave(session, self.seat)
 
     def node_role(self) -> NodeRole:
         with session_scope(self.database) as session:

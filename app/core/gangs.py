@@ -97,9 +97,11 @@ def release(session: Session, job_id: int, may_shrink: bool = True) -> bool:
     return True
 
 
-def leave(session: Session, seat_id: int | None) -> None:
-    """A worker's part of the job ended: its own seat goes, if the gang still has it (commits)."""
-    session.execute(delete(GangSeat).where(col(GangSeat.id) == seat_id))
+def leave(session: Session, seat: GangSeat) -> None:
+    """A worker's part of the job ended: its own seat goes, if the gang still has it (commits). The seat is known
+    by its id and the time it was taken: SQLite gives a removed seat's id to the next seat taken."""
+    mine = (col(GangSeat.id) == seat.id, col(GangSeat.job_id) == seat.job_id, col(GangSeat.joined_at) == seat.joined_at)
+    session.execute(delete(GangSeat).where(*mine))
     session.commit()
 
 

@@ -1,7 +1,8 @@
 """Service tier, on real SQLite and PostgreSQL: a run whose claim on a job was taken over (the reaper requeued the
 job, another worker claimed it) prepares nothing (worker/launcher.py `JobRunner.fenced`): whether its claim was
 taken before it read the job or while it prepared it, it leaves the other claim's row, attempts and events as they
-are, and one that lost its claim before it began creates no run directory."""
+are, and one that lost its claim before it began creates no run directory. A gang's node 0 whose claim was taken
+over removes only its own seat when it ends, never the seats of the gang that took the job."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from sqlmodel import Session, col, select
 
+from app.core import gangs
 from app.core.attempts import attempts_of
 from app.core.database import get_engine, session_scope
 from app.core.lifecycle import requeue
@@ -21,6 +23,7 @@ from app.core.states import QUEUED, STARTING
 from app.core.tables import Job, JobEvent
 from tests.service.conftest import make_settings
 from tests.service.factories import queued_job, tiny_job
+from worker.gang import GangLeader
 from worker.launcher import JobRunner
 
 
@@ -78,3 +81,23 @@ def test_a_run_whose_claim_was_taken_over_prepares_nothing(settings: Settings, w
     shapes = [(a["number"], a["worker"], a["outcome"], a["nodes"], a["nproc"], a["resumed_from"]) for a in attempts]
     assert shapes == [(1, settings.worker_name, "requeued", None, None, None), (2, "worker-b", None, None, None, None)]
     assert [data["state"] for kind, data in events if kind == "state"] == [QUEUED, STARTING, QUEUED, STARTING]
+
+
+def test_a_gang_leader_whose_claim_was_taken_over_leaves_the_new_gangs_seats(settings: Settings) -> None:
+    job_id = queued_job(settings, tiny_job(schedule={"nodes": 2, "nproc": 1}))
+    with session_scope(settings.database) as session:
+        seat = gangs.take_seat(session, host=settings.host_id, worker=settings.worker_name)
+        assert seat is not None and gangs.take_seat(session, host="host-c", worker="worker-c") is not None
+    stale = GangLeader(job_id, settings, threading.Event(), seat, 2, {}, lambda *_: None)
+    assert stale.claim()
+    with session_scope(settings.database) as session:  # the reaper drops the gang and requeues the job ...
+        gangs.dissolve(session, job_id)
+        assert requeue(session, job_id, [STARTING], "worker_lost")
+        session.commit()
+        for host in ("host-b", "host-d"):  # ... and a new gang forms on two other hosts, worker-b its node 0
+            assert gangs.take_seat(session, host=host, worker=host.replace("host", "worker")) is not None
+    other = make_settings(settings.data_dir.parent, settings.database, worker_name="worker-b", host_id="host-b")
+    assert JobRunner(job_id, other, threading.Event()).claim()
+    stale._dissolve()  # what the stale node 0 does as its run ends
+    with session_scope(settings.database) as session:
+        assert [(seat.node, seat.host) for seat in gangs.seats(session, job_id)] == [(0, "host-b"), (1, "host-d")]

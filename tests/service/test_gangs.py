@@ -111,7 +111,7 @@ def test_node_zero_publishes_the_rendezvous_for_the_others(settings: Settings) -
     ready = gangs.wait_for_gang(settings.database, one, bound_s=5)
     assert ready is not None and ready[0].endpoint == "a:29500" and ready[0].host == "a"
     with Session(get_engine(settings.database)) as session:
-        gangs.leave(session, one.id)
+        gangs.leave(session, one)
     assert gang(settings, job.id) == [("a", 0)]
 
 
