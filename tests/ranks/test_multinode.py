@@ -2,8 +2,10 @@
 1's `follow`), each starting its own torchrun agent (1 rank each, gloo) that meet at a c10d rendezvous on
 loopback (pipebd_core/job/nodes.py). Checks that a 2-node `pipebd run` trains exactly the oracle's students
 (the sequential loop every 1-node mode is tested against), that a node killed mid-run stops the other at
-once, that nodes which do not share the run directory fail at start, saying so, and that an `auto` job on two
-nodes re-plans mid-run on the same two nodes and still trains the oracle's students.
+once, that nodes which do not share the run directory fail at start, saying so, and that the finetune phases
+train on two nodes (and resume re-cut on one). An `auto` job on two nodes re-planning mid-run on the same two nodes
+runs through the service, in tests/service/test_multinode_service.py (the same supervisors, under each host's
+worker).
 
 Tier: real torchrun processes, no service.
 """
@@ -23,6 +25,7 @@ import psutil
 import pytest
 import torch
 
+from pipebd_core.documents.phases import FINETUNE
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.nodes import NodeRole
 from pipebd_core.job.outcomes import FAILED
@@ -33,6 +36,7 @@ from tests.helpers import (
     ROOT,
     RUN_TIMEOUT_S,
     assert_same_weights,
+    checkpointed_finetune,
     load_students,
     plain_loop,
     processes_mentioning,
@@ -54,10 +58,11 @@ def roles(run_id: str) -> tuple[NodeRole, NodeRole]:
 
 
 def run_nodes(
-    run_dir: RunDir, follower_watcher: Watcher | None = None, follower_mute: bool = False
+    run_dir: RunDir, follower_watcher: Watcher | None = None, follower_mute: bool = False, until: str | None = None
 ) -> tuple[Outcome, Outcome, float]:
     """Node 0 in this thread, node 1 in another; both outcomes and node 0's wall time. `follower_mute`: node 1
-    never says how its launches ended (as when its host is gone with its supervisor)."""
+    never says how its launches ended (as when its host is gone with its supervisor). `until`: the last phase
+    node 0 runs."""
     node0, node1 = roles(uuid.uuid4().hex[:8])
     followed: list[Outcome] = []
     follower = Supervisor(run_dir, follower_watcher, node=node1, time_limit_s=RUN_TIMEOUT_S, kill_grace_s=2)
@@ -68,7 +73,7 @@ def run_nodes(
     thread.start()
     started = time.monotonic()
     try:
-        outcome = Supervisor(run_dir, node=node0, time_limit_s=RUN_TIMEOUT_S, kill_grace_s=2).run()
+        outcome = Supervisor(run_dir, node=node0, time_limit_s=RUN_TIMEOUT_S, kill_grace_s=2, until=until).run()
     finally:
         thread.join(RUN_TIMEOUT_S)
     assert not thread.is_alive() and followed, "node 1 did not end with node 0"
@@ -173,7 +178,8 @@ def test_pipebd_run_on_two_nodes_from_the_command_line(tmp_path: Path) -> None:
 def test_end_to_end_training_on_two_nodes_trains_the_full_batch(tmp_path: Path) -> None:
     """The finetune phases on two emulated nodes of one rank each, under ddp and under 1f1b (its layers profiled
     across both nodes, the link between them measured and planned with): each trains exactly what full-batch
-    training on one process trains."""
+    training on one process trains (read from the finetune's last checkpoints, as the evaluate phase, not run
+    here, reads them)."""
     from tests.ranks.test_finetune import e2e_document, full_batch_training
 
     reference = full_batch_training(parse_spec(e2e_document("ddp", 1)))
@@ -181,11 +187,11 @@ def test_end_to_end_training_on_two_nodes_trains_the_full_batch(tmp_path: Path) 
         document = e2e_document(strategy, 1, profile=profiled)
         document["schedule"]["nodes"] = 2
         run_dir = prepare_run(parse_spec(document), tmp_path / strategy)
-        outcome, followed, _ = run_nodes(run_dir)
+        outcome, followed, _ = run_nodes(run_dir, until=FINETUNE)
         assert (outcome.result, followed.result) == ("succeeded", "succeeded"), (outcome, followed)
         plan = run_dir.read_json(run_dir.finetune_plan)
         assert plan["strategy"] == strategy and plan["nproc"] == 2
-        assert_same_weights(torch.load(run_dir.finetuned_model, weights_only=True), reference)
+        assert_same_weights(checkpointed_finetune(run_dir), reference)
         started = [e for e in run_dir.read_events() if e["event"] == "rank_started" and e.get("phase") == "finetune"]
         assert sorted(event["rank"] for event in started) == [0, 1]
         assert run_dir.launcher_log("finetune", 1).exists()  # node 1's agent ran its rank
@@ -229,42 +235,3 @@ def test_a_finetune_resumed_on_fewer_ranks_is_recut_and_ends_with_the_uninterrup
     starts = [e["start_step"] for e in events if e["event"] == "rank_started" and e.get("phase") == "finetune"]
     assert starts == [0, 0, 5]  # both nodes' ranks began at 0; the one rank left resumed at the first epoch's end
     assert processes_mentioning(str(tmp_path)) == []
-
-
-def test_auto_on_two_nodes_replans_mid_run_on_the_same_gang_and_ends_with_the_oracles_students(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An `auto` job on two nodes of one rank, planned from a deliberately wrong profile measured across them
-    (tests/fixtures/replan_profile.json made wrong as test_replan.py does, with a link between the nodes): its
-    first calibration finds a faster plan, the ranks of both nodes stop at one step boundary, node 0 re-plans with
-    the link between the nodes in the cost model and opens the next launch, and both nodes' agents run it: the same
-    gang, no requeue. Every block resumes at that step and the students are the oracle's."""
-    from pipebd_core.documents.profile import LinkFit
-    from pipebd_core.job.replan import RELAUNCH_ENV
-    from pipebd_core.planning import profiles
-    from pipebd_core.planning.distill_planner import resolve_plan
-    from tests.ranks.test_replan import FIXED_PROFILE, misplanned, replan_spec
-
-    document = replan_spec(samples=16 * 100).model_dump(mode="json")  # 2 epochs of 100 steps of tens of ms
-    document["schedule"].update(nproc=1, nodes=2)
-    spec = parse_spec(document)
-    wrong, cut = misplanned(FIXED_PROFILE, spec.data.batch_size)
-    loopback = LinkFit(latency_s=1e-4, bytes_per_s=1e9)  # about what the profile phase measures on loopback
-    profiles.store(spec, wrong.model_copy(update={"nodes": 2, "links": {"inter": loopback}}))
-    stages = [(s.start, s.stop) for s in resolve_plan(spec, profiles.load_cached(spec)).stages]
-    assert stages == [(0, cut), (cut, 8)], f"the wrong profile should plan the cut at {cut}, not {stages}"
-    monkeypatch.setenv(RELAUNCH_ENV, "0.05")  # the mechanism is checked here, not the machine (test_replan.py)
-    run_dir = prepare_run(spec, tmp_path / "run")
-    outcome, followed, _ = run_nodes(run_dir)
-    assert (outcome.result, followed.result) == ("succeeded", "succeeded"), (outcome, followed)
-
-    plan = run_dir.load_plan()
-    (entry,) = plan.details.replans
-    assert [(s.start, s.stop) for s in entry.from_] == [(0, cut), (cut, 8)] and entry.to != entry.from_
-    assert plan.nodes == 2 and plan.nproc == 2 and all(route.crosses_nodes for route in plan.routes)
-    started = [e for e in run_dir.read_events() if e["event"] == "rank_started"]
-    assert [sorted(e["node"] for e in started[i : i + 2]) for i in (0, 2)] == [[0, 1], [0, 1]]  # both launches
-    assert {tuple(e["start_steps"]) for e in started[2:]} == {(entry.resumed_at_step,) * 8}
-    assert not [e for e in run_dir.read_events() if e["event"] in ("reshaped", "grow_requested")]
-    assert_same_weights(load_students(run_dir), plain_loop(spec))
-    assert processes_mentioning(str(run_dir.root)) == []

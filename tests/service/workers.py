@@ -62,8 +62,10 @@ def start_worker(
     devices: int,
     extra_env: dict[str, str] | None = None,
     imports_asked_in: Path | None = None,
+    wait: bool = True,
 ) -> WorkerProcess:
-    """`pipebd worker` in a subprocess; returns once it has announced itself and Celery is consuming.
+    """`pipebd worker` in a subprocess; returns once it has announced itself and Celery is consuming (`wait`),
+    else at once: `wait_ready` then waits for it (several workers started together start side by side).
     `imports_asked_in`: the worker also answers there which heavy packages it imported (heavy_imports.py)."""
     log = settings.data_dir / f"worker-{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -73,8 +75,14 @@ def start_worker(
     with log.open("wb") as handle:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
     worker = WorkerProcess(name, process, log)
-    wait_for(lambda: _ready(settings, worker), START_TIMEOUT_S, f"worker {name} to start", worker.output)
+    if wait:
+        wait_ready(settings, worker)
     return worker
+
+
+def wait_ready(settings: Settings, worker: WorkerProcess) -> None:
+    """Until the worker has announced itself and Celery is consuming."""
+    wait_for(lambda: _ready(settings, worker), START_TIMEOUT_S, f"worker {worker.name} to start", worker.output)
 
 
 def _ready(settings: Settings, worker: WorkerProcess) -> bool:
