@@ -1,8 +1,8 @@
 """Service tier: a real Celery worker process on the embedded SQLite broker runs real torchrun jobs.
 
 The session's `embedded` service (tests/service/conftest.py) runs most of them; its worker makes rank 2
-raise at step 1, so a 3-rank job is the crash test. The tests of a job stopped while it profiles
-(cancel, the worker killed) start workers of their own with 2 slots.
+raise at step 1, so a 3-rank job is the crash test. The test of jobs stopped while they profile
+(one cancelled, then the worker killed under the other) starts a worker of its own with 2 slots.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def profiling_settings(folder: Path, **overrides: object) -> Settings:
 
 
 def start_two_slot_worker(settings: Settings, name: str) -> WorkerProcess:
-    # two jobs at once: stopping a profiler must not rely on it being the worker's only child
+    # two jobs at once: stopping a profiler must not rely on it being the worker's only child (nor stop the other's)
     return start_worker(settings, name, devices=2, extra_env={"PIPEBD_WORKER_SLOTS": "2"})
 
 
@@ -186,14 +186,19 @@ def nothing_left(profiling: list[psutil.Process], run_dir: str) -> bool:
     return not any(alive(p) for p in profiling) and rank_processes(run_dir) == []
 
 
-def test_cancel_while_profiling_stops_the_profiler_at_once(tmp_path: Path) -> None:
-    settings = profiling_settings(tmp_path)
+def test_a_cancel_while_profiling_stops_that_profiler_at_once_and_a_killed_worker_leaves_no_profiler_behind(
+    tmp_path: Path,
+) -> None:
+    """One worker, two jobs profiling at once: the cancelled one's profiler stops within the deadline while
+    the other profiles on; then the worker is SIGKILLed and the other's orphaned profiler is killed too."""
+    settings = profiling_settings(tmp_path, stale_after_s=3.0, reaper_interval_s=0.5, max_restarts=0)
     with TestClient(create_app(settings)) as client:
-        worker = start_two_slot_worker(settings, "profiling")
+        worker = start_two_slot_worker(settings, "doomed")
         try:
-            job_id = client.post("/api/v1/jobs", json=slow_profiling_job()).json()["id"]
-            run_dir = str(settings.runs / f"job-{job_id}")
+            job_id, doomed_id = (client.post("/api/v1/jobs", json=slow_profiling_job()).json()["id"] for _ in range(2))
+            run_dir, doomed_dir = (str(settings.runs / f"job-{i}") for i in (job_id, doomed_id))
             profiling = wait_profiling(client, job_id, run_dir, worker)
+            doomed_profiling = wait_profiling(client, doomed_id, doomed_dir, worker)
             agent = stored_pid(settings, job_id)  # recorded on the job while it starts
             assert agent in {p.pid for p in profiling} and os.getsid(agent) == agent  # a session of its own
             asked = time.time()
@@ -212,31 +217,23 @@ def test_cancel_while_profiling_stops_the_profiler_at_once(tmp_path: Path) -> No
             assert phases == [("profile", "cancelled"), ("plan", None), ("distill", None), ("finalize", None)]
             assert stored_pid(settings, job_id) is None
             print(f"cancel while profiling: cancelled and every process gone {stopped_s:.1f} s after the request")
-        finally:
-            worker.stop()
+            doomed = client.get(f"/api/v1/jobs/{doomed_id}").json()  # the other job's profiler was left alone
+            assert (doomed["state"], doomed["phase"]) == ("running", "profile")
+            assert all(alive(p) for p in doomed_profiling)
 
-
-def test_a_worker_killed_while_profiling_leaves_no_profiler_behind(tmp_path: Path) -> None:
-    settings = profiling_settings(tmp_path, stale_after_s=3.0, reaper_interval_s=0.5, max_restarts=0)
-    with TestClient(create_app(settings)) as client:
-        worker = start_two_slot_worker(settings, "doomed")
-        try:
-            job_id = client.post("/api/v1/jobs", json=slow_profiling_job()).json()["id"]
-            run_dir = str(settings.runs / f"job-{job_id}")
-            profiling = wait_profiling(client, job_id, run_dir, worker)
             os.kill(worker.process.pid, signal.SIGKILL)  # its profiling torchrun lives on in its own session
             worker.process.wait()
             killed = time.time()
 
             def lost() -> dict[str, Any] | None:
-                job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}").json()
+                job: dict[str, Any] = client.get(f"/api/v1/jobs/{doomed_id}").json()
                 return job if job["state"] == "failed" else None
 
             job = wait_for(lost, 30, "the reaper", worker.output)
             assert job["termination_reason"] == "worker_lost"
             assert "the worker doomed (pid" in job["error"] and "died" in job["error"]  # seen at once, on this host
             assert "(phase profile)" in job["error"]
-            wait_for(lambda: nothing_left(profiling, run_dir), 15, "the orphaned profiler to be killed")
+            wait_for(lambda: nothing_left(doomed_profiling, doomed_dir), 15, "the orphaned profiler to be killed")
             print(f"worker killed while profiling: profiler gone {time.time() - killed:.1f} s after the kill")
         finally:
             worker.stop()
