@@ -147,6 +147,15 @@ class Service:
             server.stop()
 
     def start(self) -> None:
+        """PostgreSQL and Redis (unless embedded), the API, then the workers, each ready; a start that fails or is
+        interrupted (Ctrl-C) stops what it had started before it raises."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.servers_folder is not None:
             self.start_servers()

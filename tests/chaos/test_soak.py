@@ -3,18 +3,25 @@ drain and one undisturbed rerun: a real API and two workers (two host ids) on th
 Redis, tiny jobs of several kinds, cancels, pauses, resumes and priority changes, workers SIGKILLed and
 SIGTERMed, ranks SIGKILLed, PostgreSQL or Redis restarted, the webhook receiver down, SSE followers
 reconnecting, bad requests. Every invariant holds on its history, and the record has the issue's fields and the
-segment's load (its PostgreSQL's CPU, outside the soak's process tree, counted as the soak's own)."""
+segment's load (its PostgreSQL's CPU, outside the soak's process tree, counted as the soak's own). A soak's
+service that cannot start (its API's port taken) stops the PostgreSQL and Redis it had started."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from app.core.throwaway import postgres_answers, redis_answers
+from app.soak.driver import servers_folder
 from app.soak.history import Fault, Outputs, Request, Segment, read_history
 from app.soak.invariants import INVARIANTS
+from app.soak.service import Service
 from tests.service.workers import REPO
 
 SEED = 7
@@ -56,3 +63,19 @@ def test_a_short_soak_holds_every_invariant(tmp_path: Path) -> None:
     hooks = record["webhooks"]  # every job's job.queued at least, each delivered once or failed after its retries
     assert hooks["deliveries"] >= 3 and hooks["succeeded"] + hooks["failed"] == hooks["deliveries"]
     assert hooks["received"] == hooks["succeeded"] and set(record["followers"]) == {"followers", "reconnects", "events"}
+
+
+def test_a_service_that_cannot_start_leaves_no_server_running(tmp_path: Path) -> None:
+    servers = Path(servers_folder())  # where the postgres user reaches, as the soak's own
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            service = Service(tmp_path / "service", servers, port=taken.getsockname()[1])
+            with pytest.raises(RuntimeError, match="the API did not come up"):
+                service.start()
+    finally:
+        shutil.rmtree(servers, ignore_errors=True)
+    urls = {name: server.url for name, server in service.servers.items()}
+    assert set(urls) == {"postgres", "redis"} and all(urls.values()), urls  # both had started
+    assert not postgres_answers(str(urls["postgres"])) and not redis_answers(str(urls["redis"]))
