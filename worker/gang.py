@@ -38,6 +38,7 @@ from pipebd_core.job.nodes import NodeRole
 from pipebd_core.job.supervisor import Stop, Supervisor, Watcher
 from pipebd_core.rundir import RunDir
 from worker.launcher import JobRunner, Publish
+from worker.streaming import TakenOver
 
 log = logging.getLogger("pipebd.worker")
 
@@ -112,11 +113,16 @@ class GangLeader(JobRunner):
         self.last_leaving_look = 0.0  # when node 0 last looked for nodes whose worker was told to stop
 
     def claim(self) -> bool:
+        """Claim the job, then, while this run still holds it (`fenced`), record the attempt's hosts and publish
+        the rendezvous' endpoint in one transaction; False when the job was claimed again elsewhere meanwhile."""
         if not super().claim():
             return False
-        with session_scope(self.database) as session:
-            gangs.publish_endpoint(session, self.job_id, self.settings.address)
-            attempts.record_hosts(session, self.job_id, [seat.host for seat in gangs.seats(session, self.job_id)])
+        try:
+            with self.fenced() as session:
+                attempts.record_hosts(session, self.job_id, [seat.host for seat in gangs.seats(session, self.job_id)])
+                gangs.publish_endpoint(session, self.job_id, self.settings.address)  # commits both
+        except TakenOver:
+            return False
         return True
 
     def run(self) -> str:

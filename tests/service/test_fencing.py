@@ -2,7 +2,8 @@
 job, another worker claimed it) prepares nothing (worker/launcher.py `JobRunner.fenced`): whether its claim was
 taken before it read the job or while it prepared it, it leaves the other claim's row, attempts and events as they
 are, and one that lost its claim before it began creates no run directory. A gang's node 0 whose claim was taken
-over removes only its own seat when it ends, never the seats of the gang that took the job."""
+over removes only its own seat when it ends, never the seats of the gang that took the job, and one whose claim is
+taken over as it claims publishes no endpoint and records no hosts."""
 
 from __future__ import annotations
 
@@ -101,3 +102,26 @@ def test_a_gang_leader_whose_claim_was_taken_over_leaves_the_new_gangs_seats(set
     stale._dissolve()  # what the stale node 0 does as its run ends
     with session_scope(settings.database) as session:
         assert [(seat.node, seat.host) for seat in gangs.seats(session, job_id)] == [(0, "host-b"), (1, "host-d")]
+
+
+class TakenOverAsItClaims(GangLeader):
+    """Node 0 of a gang whose job is taken over (`take_over`) between its claim and its endpoint's publication."""
+
+    @contextmanager
+    def fenced(self, ending: bool = False) -> Iterator[Session]:
+        take_over(self.settings, self.job_id)
+        with super().fenced(ending) as session:
+            yield session
+
+
+def test_a_gang_leader_whose_claim_is_taken_over_as_it_claims_publishes_nothing(settings: Settings) -> None:
+    job_id = queued_job(settings, tiny_job(schedule={"nodes": 2, "nproc": 1}))
+    with session_scope(settings.database) as session:
+        seat = gangs.take_seat(session, host=settings.host_id, worker=settings.worker_name)
+        assert seat is not None and gangs.take_seat(session, host="host-c", worker="worker-c") is not None
+    assert not TakenOverAsItClaims(job_id, settings, threading.Event(), seat, 2, {}, lambda *_: None).claim()
+    with session_scope(settings.database) as session:
+        assert [seat.endpoint for seat in gangs.seats(session, job_id)] == [None, None]
+        hosts = [(attempt.worker, attempt.hosts) for attempt in attempts_of(session, job_id)]
+    # each attempt names its own claim's host; the stale gang's hosts (node 0's and host-c) are recorded nowhere
+    assert hosts == [(settings.worker_name, [settings.host_id]), ("worker-b", ["host-b"])]
