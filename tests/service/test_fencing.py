@@ -21,7 +21,7 @@ from app.core.database import get_engine, session_scope
 from app.core.lifecycle import requeue
 from app.core.settings import Settings
 from app.core.states import QUEUED, STARTING
-from app.core.tables import Job, JobEvent
+from app.core.tables import GangSeat, Job, JobEvent
 from tests.service.conftest import make_settings
 from tests.service.factories import queued_job, tiny_job
 from worker.gang import GangLeader
@@ -84,11 +84,17 @@ def test_a_run_whose_claim_was_taken_over_prepares_nothing(settings: Settings, w
     assert [data["state"] for kind, data in events if kind == "state"] == [QUEUED, STARTING, QUEUED, STARTING]
 
 
-def test_a_gang_leader_whose_claim_was_taken_over_leaves_the_new_gangs_seats(settings: Settings) -> None:
+def seated_gang(settings: Settings) -> tuple[int, GangSeat]:
+    """A queued 2-node job whose gang sat down: this worker's host as node 0 (its seat returned), host-c as node 1."""
     job_id = queued_job(settings, tiny_job(schedule={"nodes": 2, "nproc": 1}))
     with session_scope(settings.database) as session:
         seat = gangs.take_seat(session, host=settings.host_id, worker=settings.worker_name)
         assert seat is not None and gangs.take_seat(session, host="host-c", worker="worker-c") is not None
+    return job_id, seat
+
+
+def test_a_gang_leader_whose_claim_was_taken_over_leaves_the_new_gangs_seats(settings: Settings) -> None:
+    job_id, seat = seated_gang(settings)
     stale = GangLeader(job_id, settings, threading.Event(), seat, 2, {}, lambda *_: None)
     assert stale.claim()
     with session_scope(settings.database) as session:  # the reaper drops the gang and requeues the job ...
@@ -115,10 +121,7 @@ class TakenOverAsItClaims(GangLeader):
 
 
 def test_a_gang_leader_whose_claim_is_taken_over_as_it_claims_publishes_nothing(settings: Settings) -> None:
-    job_id = queued_job(settings, tiny_job(schedule={"nodes": 2, "nproc": 1}))
-    with session_scope(settings.database) as session:
-        seat = gangs.take_seat(session, host=settings.host_id, worker=settings.worker_name)
-        assert seat is not None and gangs.take_seat(session, host="host-c", worker="worker-c") is not None
+    job_id, seat = seated_gang(settings)
     assert not TakenOverAsItClaims(job_id, settings, threading.Event(), seat, 2, {}, lambda *_: None).claim()
     with session_scope(settings.database) as session:
         assert [seat.endpoint for seat in gangs.seats(session, job_id)] == [None, None]
