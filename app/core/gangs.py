@@ -4,7 +4,8 @@ A worker with room calls `take_seat`: under one lock shared by every gang claim 
 limit_state, app/core/limits.py: a row lock on PostgreSQL, the database's write lock on SQLite) it sits down
 in the first queued gang job, by priority then age, that still lacks a seat and where its host has none.
 Because every host fills the head gang before the next, two gangs never each hold part of the hosts they
-both wait for (no deadlock). The first seat is node 0: it runs the phases and hosts the rendezvous
+both wait for (no deadlock). The first seat is node 0 (a seat takes the lowest node number free, `free_node`:
+a host that joins a gang whose node 0 left leads it): it runs the phases and hosts the rendezvous
 (pipebd_core/job/nodes.py), and publishes its address with `publish_endpoint`. Each seated worker then
 `wait_for_gang`: the gang is complete when it has `nodes` seats; one that is still incomplete `bound_s`
 after its first seat is released whole (`release`: every seat goes, the job stays queued), so an
@@ -68,13 +69,21 @@ def take_seat(
     if head is None:
         session.commit()
         return None
-    job_id, count = head
+    job_id, _ = head
     assert job_id is not None
-    seat = GangSeat(job_id=job_id, host=host, worker=worker, node=int(count), joined_at=at)
+    seat = GangSeat(job_id=job_id, host=host, worker=worker, node=free_node(session, job_id), joined_at=at)
     session.add(seat)
     session.commit()
     session.refresh(seat)
     return seat
+
+
+def free_node(session: Session, job_id: int) -> int:
+    """The lowest node number no seat of the gang holds. Seats are not always 0..n-1: a node that left (its
+    worker's part ended, its seat removed) while another stayed leaves a gap, and the next host fills it (node 0
+    gone: the next host leads)."""
+    taken = set(session.exec(select(GangSeat.node).where(GangSeat.job_id == job_id)).all())
+    return next(node for node in range(len(taken) + 1) if node not in taken)
 
 
 def release(session: Session, job_id: int, may_shrink: bool = True) -> bool:
@@ -203,7 +212,8 @@ def wait_for_gang(
                 return None
             if len(gang) >= job.nodes:
                 return gang
-            if (now() - gang[0].joined_at > bound_s or stop()) and release(session, seat.job_id, not stop()):
+            first_seated = min(other.joined_at for other in gang)
+            if (now() - first_seated > bound_s or stop()) and release(session, seat.job_id, not stop()):
                 return None
         time.sleep(POLL_S)
 

@@ -57,6 +57,22 @@ def test_a_gang_takes_distinct_hosts_head_first_and_never_more_than_its_nodes(se
     assert gangs.wait_for_gang(settings.database, a, bound_s=0.0) is not None
 
 
+def test_a_host_joining_a_gang_whose_node_0_left_takes_node_0(settings: Settings) -> None:
+    """Found by the hour's soak: node 0's seat went (its worker's part ended) while node 1's stayed; the next host
+    was numbered by the count of seats (1), its insert broke the (job, node) key, and every worker with room
+    failed every task on it, whatever job the task named, until the reaper dropped the gang (issue 42)."""
+    migrate(settings.database)
+    job = insert_job(settings, nodes=2)
+    first, second = take(settings, "a"), take(settings, "b")
+    assert first is not None and second is not None and (first.node, second.node) == (0, 1)
+    with Session(get_engine(settings.database)) as session:
+        gangs.leave(session, first)
+    again = take(settings, "c")
+    assert again is not None and (again.job_id, again.node) == (job.id, 0)
+    assert gang(settings, job.id) == [("c", 0), ("b", 1)]
+    assert gangs.wait_for_gang(settings.database, again, bound_s=60.0) is not None  # complete: both run
+
+
 def test_concurrent_claimers_fill_two_gangs_without_deadlock_or_split(settings: Settings) -> None:
     """Four hosts race for two gangs of two: each gang gets two distinct hosts, both complete, none waits on
     a half-filled gang (the half-and-half split that deadlocks a naive claim)."""
