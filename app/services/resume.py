@@ -12,14 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from celery import Celery
-from sqlalchemy import delete, update
-from sqlmodel import Session, col, func, select
+from sqlmodel import Session
 
-from app.core.lifecycle import JobMove, request_pause, requeue
+from app.core.lifecycle import request_pause, requeue
 from app.core.queue import enqueue
 from app.core.settings import Settings
 from app.core.states import PAUSED, PAUSING, QUEUED, RESUMABLE
-from app.core.tables import Job, JobEvent
+from app.core.tables import Job
 from app.services.errors import ServiceError
 from app.services.jobs import ConflictError
 from app.services.specs import validate_document
@@ -52,35 +51,19 @@ def resume_job(session: Session, settings: Settings, celery: Celery, job: Job) -
     problem = resume_problem(job, settings)
     if problem is not None:
         raise ConflictError(problem)
-    before: JobMove = {
-        "state": job.state,
-        "termination_reason": job.termination_reason,
-        "error": job.error,
-        "exit_code": job.exit_code,
-        "finished_at": job.finished_at,
-        "restarts": job.restarts,
-        "updated_at": job.updated_at,
-    }
     if not requeue(session, job.id, [job.state], note=None, restarts=0):
         raise ConflictError(f"job {job.id} changed state meanwhile; read it and try again")
-    session.commit()
+    # Published before the requeue commits: a broker that refuses the message leaves nothing that anyone saw (a
+    # requeue committed, then taken back, had shown its `queued` event to the job's followers and stored its
+    # webhooks; found by the soak, issue 42). A worker that takes the message first waits on the job's row,
+    # locked by the requeue, until this commits; a commit that fails leaves a message whose claim finds the job
+    # not queued and drops it.
     try:
         enqueue(celery, job.id, job.queue)
     except Exception as error:
-        undo_requeue(session, job.id, before)
+        session.rollback()
         detail = f"the broker did not accept the job ({type(error).__name__}: {error}); nothing changed, retry"
         raise ServiceError(503, detail) from None
-
-
-def undo_requeue(session: Session, job_id: int, before: JobMove) -> None:
-    """Put back what a resume changed, unless a worker took the job meanwhile."""
-    session.rollback()
-    restored = session.execute(
-        update(Job).where(col(Job.id) == job_id, col(Job.state) == QUEUED).values(**before)
-    ).rowcount  # type: ignore[attr-defined]
-    if restored:  # and the `state` event the requeue appended
-        newest = session.exec(select(func.max(JobEvent.id)).where(JobEvent.job_id == job_id)).one()
-        session.execute(delete(JobEvent).where(col(JobEvent.id) == newest))
     session.commit()
 
 

@@ -1,9 +1,14 @@
 """Service tier: POST /api/v1/jobs/{id}/pause and /resume on real databases and the real SQLite broker,
 and `pipebd pause` / `pipebd resume` against a served API. A job that cannot resume is refused with 409
-and the reason, and nothing changes: not its row, not its events, not the broker."""
+and the reason, and nothing changes: not its row, not its events, not the broker; a resume the broker refuses
+is answered 503 and shows nothing to anyone meanwhile (no `queued` taken back)."""
 
 from __future__ import annotations
 
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +19,7 @@ from sqlmodel import Session, func, select
 from app.cli.main import main
 from app.core.database import get_engine, migrate
 from app.core.settings import Settings
-from app.core.tables import JobEvent
+from app.core.tables import Job, JobEvent
 from app.main import create_app
 from pipebd_core.rundir import RunDir
 from tests.service.conftest import make_settings
@@ -79,6 +84,61 @@ def test_resume_requeues_a_failed_job_and_publishes_it_once(client: TestClient, 
     assert job["restarts"] == 0 and job["max_restarts"] == settings.max_restarts and job["queue_position"] == 0
     assert broker_messages(settings) == messages + 1
     assert "only failed, cancelled or paused jobs resume" in refused(client, settings, lost.id, "resume")
+
+
+def state_and_events(settings: Settings, job_id: int) -> tuple[str | None, int]:
+    """The job's state and its number of events, as any other reader (an SSE follower, the UI) sees them."""
+    with Session(get_engine(settings.database)) as session:
+        job = session.get(Job, job_id)
+        return (None if job is None else job.state), events_of(settings, job_id)
+
+
+@contextmanager
+def refusing_broker(on_connect: Callable[[], None]) -> Iterator[str]:
+    """A broker address whose server hangs up on every connection (a Redis that went away mid-request), calling
+    `on_connect` first: what the rest of the service sees while a publish is being tried."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            on_connect()
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def test_a_resume_the_broker_refuses_is_never_seen_queued(tmp_path: Path, database_url: str) -> None:
+    """Found by the soak (issue 42): the resume committed the job `queued` (its event, its webhooks), then the broker
+    refused the message and the resume took it all back; an SSE follower had been sent the `queued` event
+    meanwhile, an event no longer stored. The message is now published before the requeue commits."""
+    seen: list[tuple[str | None, int]] = []
+    job_id: list[int] = []
+    with refusing_broker(lambda: seen.append(state_and_events(settings, job_id[0]))) as broker:
+        settings = make_settings(tmp_path, database_url, broker_url=broker)
+        with TestClient(create_app(settings)) as client:
+            paused = insert_job(
+                settings, state="paused", termination_reason="user_paused", run_dir=run_dir(settings, "p")
+            )
+            assert paused.id is not None
+            job_id.append(paused.id)
+            before = state_and_events(settings, paused.id)
+            response = client.post(f"/api/v1/jobs/{paused.id}/resume")
+    assert response.status_code == 503 and "the broker did not accept the job" in response.json()["detail"]
+    assert seen, "the resume never tried the broker"
+    assert set(seen) == {before} == {state_and_events(settings, paused.id)}  # while it tried, and after: paused
 
 
 def test_pause_a_queued_job_then_resume_or_cancel_it(client: TestClient, settings: Settings) -> None:
