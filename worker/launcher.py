@@ -402,10 +402,33 @@ class JobRunner:
         run's (claimed again elsewhere: then it touches neither the job's row, nor its attempt, nor its run
         directory). A job that ran before continues in its own run directory."""
         try:
-            return self._prepare()
+            with self.beating():
+                return self._prepare()
         except TakenOver as error:
             log.warning("job %s: not prepared: %s", self.job_id, error)
             return None
+
+    @contextmanager
+    def beating(self) -> Iterator[None]:
+        """Heartbeats from a thread while the block runs: a preparation that builds a large workload (a language
+        model's, on a loaded machine) outlasts the reaper's stale bound, and the reaper took the job from the live
+        worker preparing it, again and again (found by the soak, issue 42). The supervisor's watcher beats after."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.settings.heartbeat_s):
+                try:
+                    self.heartbeat(force=True)
+                except DATABASE_DOWN:
+                    continue  # the next beat tries again
+
+        thread = threading.Thread(target=beat, name=f"beat-job-{self.job_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def _prepare(self) -> RunDir | None:
         with self.fenced() as session:

@@ -441,9 +441,10 @@ class Soak:
         while not all(state in AT_REST for state in states.values()) and time.monotonic() < deadline:
             time.sleep(0.5)
             states = self.service.final_states(list(reruns.values()))
-        runs = self.service.data_dir / "runs"
+        folders = self.service.run_dirs([*reruns, *reruns.values()])
+        nowhere = self.service.data_dir / "runs" / "no-run-directory"  # a job that never stored one: nothing to compare
         for job_id, rerun_id in reruns.items():
-            compared, differing = compare_runs(runs / f"job-{job_id}", runs / f"job-{rerun_id}")
+            compared, differing = compare_runs(folders.get(job_id, nowhere), folders.get(rerun_id, nowhere))
             state = states.get(rerun_id, "missing")
             self.history.add(Outputs(job_id, self.kinds[job_id], rerun_id, compared, differing, state))
 

@@ -333,6 +333,13 @@ class Service:
             rows = session.exec(query.order_by(col(WebhookDelivery.id))).all()
         return [Delivery(int(row.id or 0), row.event, row.state, row.attempts) for row in rows]
 
+    def run_dirs(self, job_ids: list[int]) -> dict[int, Path]:
+        """Each job's run directory as its row names it (a job claimed twice may not be in `runs/job-<id>`: a claim
+        taken over before it stored its folder leaves that name to the next claim's `job-<id>-<time>`)."""
+        with Session(get_engine(self.database)) as session:
+            rows = session.exec(select(Job.id, Job.run_dir).where(col(Job.id).in_(job_ids))).all()
+        return {int(job_id): Path(run_dir) for job_id, run_dir in rows if job_id is not None and run_dir is not None}
+
     def final_states(self, job_ids: list[int]) -> dict[int, str]:
         with Session(get_engine(self.database)) as session:
             rows = session.exec(select(Job.id, Job.state).where(col(Job.id).in_(job_ids))).all()

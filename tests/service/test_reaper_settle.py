@@ -1,26 +1,32 @@
 """Service tier: how the reaper settles a job whose worker process is gone (seen at once on its host, not
 after the heartbeat delay), on real databases: a run that completed while nobody watched is recorded
 `succeeded`; one that did not is requeued (and published once) while it has restarts left, else failed
-`worker_lost`; a job that was pausing ends `paused`."""
+`worker_lost`; a job that was pausing ends `paused`. A live worker that prepares a job for longer than the stale
+bound keeps it (it beats while it prepares)."""
 
 from __future__ import annotations
 
 import os
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import torch
+from sqlmodel import Session
 
-from app.core.database import migrate
+from app.core.database import get_engine, migrate
 from app.core.reaper import reap_lost_jobs
 from app.core.settings import Settings
+from app.core.tables import Job
 from pipebd_core.documents.summary import Summary
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import parse_spec
 from tests.service.factories import insert_job, insert_sweep, tiny_job
+from tests.service.slow_workload import FACTORY as SLOW_BUILD
 from tests.service.test_lifecycle_resume import stored
+from worker.launcher import JobRunner
 
 
 def dead_pid() -> int:
@@ -104,3 +110,36 @@ def test_a_lost_sweep_child_wakes_the_next_child_of_its_sweep(settings: Settings
     published: list[tuple[int, str]] = []
     assert reap_lost_jobs(settings.database, 3600, lambda job_id, queue: published.append((job_id, queue))) == [lost]
     assert stored(settings, lost).state == "failed" and published == [(waiting, "pipebd.ranks-2")]
+
+
+def test_a_live_worker_preparing_a_job_past_the_stale_bound_keeps_it(settings: Settings) -> None:
+    """Found by the soak (issue 42): a language-model job's preparation (its workload built in a child process)
+    outlasted the soak's 6 s stale bound without a heartbeat, and the reaper took the job from the live worker
+    preparing it, four times over. Here the workload takes 2 s to build, the bound is 0.5 s, and the reaper runs
+    throughout as on another host (it cannot see the worker's process, only its beats); the worker beats while it
+    prepares, so the job is never requeued and starts on this worker."""
+    migrate(settings.database)
+    spec = tiny_job(workload={"factory": SLOW_BUILD, "options": {"build_s": 2.0}})
+    job = insert_job(settings, spec=spec)
+    assert job.id is not None
+    runner = JobRunner(job.id, settings.model_copy(update={"heartbeat_s": 0.1}), threading.Event())
+    assert runner.claim()
+    reaped: list[int] = []
+    preparing = threading.Event()
+    preparing.set()
+
+    def reap() -> None:
+        while preparing.is_set():
+            reaped.extend(reap_lost_jobs(settings.database, stale_after_s=0.5, here="the-api-host"))  # by beats alone
+            time.sleep(0.1)
+
+    reaper = threading.Thread(target=reap)
+    reaper.start()
+    try:
+        run_dir = runner.prepare()
+    finally:
+        preparing.clear()
+        reaper.join()
+    assert reaped == [] and run_dir is not None
+    with Session(get_engine(settings.database)) as session:
+        assert session.get(Job, job.id).state == "running"  # type: ignore[union-attr]
