@@ -388,9 +388,16 @@ def test_an_elastic_job_that_loses_a_node_for_good_resumes_on_the_node_left_with
     distilling = lambda: (job := cluster.job(job_id))["phase"] == "distill" and job["phase_progress"] > 0.2  # noqa: E731
     wait_for(distilling, JOB_TIMEOUT_S, "the job to distil", cluster.logs)
     follower = next(seat["host"] for seat in cluster.job(job_id)["gang"] if seat["node"] == 1)
-    victim = cluster.workers.pop(follower)
-    os.kill(victim.process.pid, signal.SIGKILL)  # and it never comes back
-    victim.process.wait()
+    # a step of 1 s while node 0 waits on the silent seat: the job stays mid-distillation (unheld, a loaded machine
+    # ran its last steps before the loss was seen, and the resumed attempt had nothing left to re-plan)
+    cluster.hold.touch()
+    try:
+        victim = cluster.workers.pop(follower)
+        os.kill(victim.process.pid, signal.SIGKILL)  # and it never comes back
+        victim.process.wait()
+        wait_for(lambda: cluster.job(job_id)["restarts"] == 1, 60, "node 0 to stop the job", cluster.logs)
+    finally:
+        cluster.hold.unlink()
 
     done = cluster.end(job_id, "the elastic job to end on the node left")
     assert done["state"] == "succeeded", (done["termination_reason"], done["error"], cluster.logs())
