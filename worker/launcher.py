@@ -399,8 +399,9 @@ class JobRunner:
     def prepare(self) -> RunDir | None:
         """The run directory with spec.json and phases.json, the job then `running`; None when the job
         cannot run (failed as launch_error), ended meanwhile (cancelled, paused, deleted) or is no longer this
-        run's (claimed again elsewhere: then it touches neither the job's row, nor its attempt, nor its run
-        directory). A job that ran before continues in its own run directory."""
+        run's (claimed again elsewhere: then it writes neither the job's row nor its attempt; taken over after
+        its first read, it may still have written into the run directory: a `resumed` event and a re-plan, or a
+        `job-<id>` folder the next claim passes by). A job that ran before continues in its own run directory."""
         try:
             with self.beating():
                 return self._prepare()

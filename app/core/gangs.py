@@ -60,17 +60,15 @@ def take_seat(
         return None
     taken = select(func.count()).where(GangSeat.job_id == Job.id).correlate(Job).scalar_subquery()
     query = (
-        select(Job.id, taken)
+        select(Job.id)
         .where(Job.state == QUEUED, col(Job.nodes) > 1, taken < Job.nodes, col(Job.id).not_in(list(skip)))
         .order_by(col(Job.priority).desc(), col(Job.id))
         .limit(1)
     )
-    head = session.exec(query).first()
-    if head is None:
+    job_id = session.exec(query).first()
+    if job_id is None:
         session.commit()
         return None
-    job_id, _ = head
-    assert job_id is not None
     seat = GangSeat(job_id=job_id, host=host, worker=worker, node=free_node(session, job_id), joined_at=at)
     session.add(seat)
     session.commit()

@@ -46,7 +46,8 @@ def resume_problem(job: Job, settings: Settings) -> str | None:
 
 
 def resume_job(session: Session, settings: Settings, celery: Celery, job: Job) -> None:
-    """Queue the job again (a fresh restart budget), then publish its id; ConflictError when it cannot."""
+    """Queue the job again (a fresh restart budget) and publish its id, the message before the requeue commits
+    (503, nothing changed, when the broker refuses it); ConflictError when it cannot."""
     assert job.id is not None
     problem = resume_problem(job, settings)
     if problem is not None:
