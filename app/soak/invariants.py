@@ -18,9 +18,12 @@ a failed soak names them.
     no_5xx                     no request answered with a server error, but 503 (with its reason) while the
                                soak had PostgreSQL or Redis stopped, or within OUTAGE_GRACE_S of its return
     nothing_leaked             no process, listening port, shared-memory segment or run lock left behind
-    memory_bounded             each process's resident memory grew by at most MEMORY_SLOPE_BYTES_PER_S over the
-                               run (least squares over its samples after WARMUP_S and the next WARMUP_FRACTION,
-                               when they span MIN_SPAN_S at least; a process started again is a new one)
+    memory_bounded             no process's resident memory grew by more than MEMORY_SLOPE_BYTES_PER_S: judged
+                               over one life (least squares over its samples after WARMUP_S and the next
+                               WARMUP_FRACTION) where those span LONG_LIFE_S at least, and, for a process started
+                               again (a worker after each kill), over the levels its lives settled at (the
+                               median-pairwise slope through each life's medians, MIN_LIVES lives at least,
+                               spanning LONG_LIFE_S)
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from statistics import median
 from typing import TypeVar
 
 from app.core.states import AT_REST, CANCELLED, FAILED, PAUSED, QUEUED, RUNNING, STARTING
@@ -50,7 +54,11 @@ IDLE_BOUND_S = 30.0  # a queued job may wait this long beside an idle worker tha
 MEMORY_SLOPE_BYTES_PER_S = 64 * 1024  # 3.75 MiB a minute, 225 MiB an hour: more is a leak, not a cache warming
 WARMUP_S = 60.0  # a process's first minute (imports, pools, caches filling) is not counted in its slope
 WARMUP_FRACTION = 0.2  # nor the first fifth of the samples after it
-MIN_SPAN_S = 60.0  # a slope over fewer seconds of samples than this is noise: not judged
+MIN_SPAN_S = 60.0  # a life whose warm samples span less has not settled: its level is not counted
+LONG_LIFE_S = 600.0  # a process's own slope is judged over ten minutes of warm samples at least: over fewer, one
+# step (a burst of failed tasks logging their tracebacks, 14 MiB once) reads as a slope; a step of h bytes at the
+# middle of T seconds fits a line of slope 1.5 h / T, so at T = 600 s a one-off step under 25 MiB holds
+MIN_LIVES = 3  # a process started again this many times at least has its levels across lives judged
 OUTAGE_GRACE_S = 15.0  # after a server answers again, the API's pool reconnects within this
 WEIGHT_RTOL, WEIGHT_ATOL = 1e-5, 1e-7  # the suite's equivalence tolerance (tests/helpers.py assert_same_weights)
 RUNS = frozenset({STARTING, RUNNING})
@@ -233,14 +241,9 @@ def nothing_leaked(records: Sequence[Record]) -> Verdict:
 
 
 def memory_bounded(records: Sequence[Record], bound: float = MEMORY_SLOPE_BYTES_PER_S) -> Verdict:
-    by_process: dict[tuple[str, int], list[Memory]] = defaultdict(list)
-    for sample in of_type(records, Memory):
-        by_process[(sample.process, sample.pid)].append(sample)
-    for (process, _), samples in sorted(by_process.items()):
-        samples.sort(key=lambda s: s.time)
-        warm = [s for s in samples if s.time >= samples[0].time + WARMUP_S]
-        kept = warm[int(len(warm) * WARMUP_FRACTION) :]
-        if not kept or kept[-1].time - kept[0].time < MIN_SPAN_S:
+    lives = process_lives(records)
+    for (process, _), kept in sorted(lives.items()):
+        if kept[-1].time - kept[0].time < LONG_LIFE_S:
             continue
         slope = least_squares_slope([s.time for s in kept], [float(s.rss_bytes) for s in kept])
         if slope > bound:
@@ -248,7 +251,51 @@ def memory_bounded(records: Sequence[Record], bound: float = MEMORY_SLOPE_BYTES_
                 f"{process}'s resident memory grew {slope / 1024:.0f} KiB/s (bound {bound / 1024:.0f} KiB/s):"
                 f" {kept[0].rss_bytes >> 20} MiB to {kept[-1].rss_bytes >> 20} MiB"
             )
+    for process, levels in sorted(levels_across_lives(lives).items()):
+        if len(levels) < MIN_LIVES or levels[-1][0] - levels[0][0] < LONG_LIFE_S:
+            continue
+        slope = median_pairwise_slope([time for time, _ in levels], [level for _, level in levels])
+        if slope > bound:
+            return violated(
+                f"{process}'s level across its {len(levels)} processes rose {slope / 1024:.0f} KiB/s"
+                f" (bound {bound / 1024:.0f} KiB/s): {int(levels[0][1]) >> 20} MiB to {int(levels[-1][1]) >> 20} MiB"
+            )
     return HELD
+
+
+def process_lives(records: Sequence[Record]) -> dict[tuple[str, int], list[Memory]]:
+    """Each process's samples after its warm-up (WARMUP_S, then WARMUP_FRACTION of the rest), in time order;
+    a process with none left is not listed."""
+    by_process: dict[tuple[str, int], list[Memory]] = defaultdict(list)
+    for sample in of_type(records, Memory):
+        by_process[(sample.process, sample.pid)].append(sample)
+    lives = {}
+    for key, samples in by_process.items():
+        samples.sort(key=lambda s: s.time)
+        warm = [s for s in samples if s.time >= samples[0].time + WARMUP_S]
+        kept = warm[int(len(warm) * WARMUP_FRACTION) :]
+        if kept:
+            lives[key] = kept
+    return lives
+
+
+def levels_across_lives(lives: dict[tuple[str, int], list[Memory]]) -> dict[str, list[tuple[float, float]]]:
+    """Per process name, the (median time, median resident bytes) each of its lives settled at, over lives whose
+    warm samples span MIN_SPAN_S at least, in time order."""
+    levels: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for (process, _), kept in lives.items():
+        if kept[-1].time - kept[0].time >= MIN_SPAN_S:
+            levels[process].append((median([s.time for s in kept]), median([float(s.rss_bytes) for s in kept])))
+    return {process: sorted(points) for process, points in levels.items()}
+
+
+def median_pairwise_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Theil-Sen: the median of the slopes between every two points of distinct x (0 without such a pair), so
+    that one life that settled high or low (it ran an unusual job, it was killed early) does not set the trend."""
+    slopes = [
+        (ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]
+    ]
+    return median(slopes) if slopes else 0.0
 
 
 def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:

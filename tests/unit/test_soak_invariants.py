@@ -89,7 +89,22 @@ def clean() -> list[Record]:
             Memory(float(t), "worker-a", (20 if t < 300 else 600) << 20, 11 if t < 300 else 12)
             for t in range(0, 600, 10)
         ],
+        *restarted("worker-b", [710, 724, 708, 727, 715], life_s=180),
     ]
+
+
+def restarted(process: str, levels_mib: list[int], life_s: int, start: int = 0) -> list[Memory]:
+    """A process killed every `life_s` seconds and started again, each life flat at its level (sampled each 2 s)."""
+    return [
+        Memory(float(start + n * life_s + t), process, level << 20, 100 + n)
+        for n, level in enumerate(levels_mib)
+        for t in range(0, life_s, 2)
+    ]
+
+
+def step(process: str, pid: int, life_s: int, at_s: int, low_mib: int, high_mib: int) -> list[Memory]:
+    """One life flat at `low_mib`, stepping to `high_mib` at `at_s` and flat again (sampled each 2 s)."""
+    return [Memory(float(t), process, (low_mib if t < at_s else high_mib) << 20, pid) for t in range(0, life_s, 2)]
 
 
 def test_a_clean_history_holds_every_invariant() -> None:
@@ -220,16 +235,21 @@ VIOLATIONS: dict[str, tuple[str, str, list[Record]]] = {
         "run lock",
         [*clean(), Leftovers(locks=["runs/job-2/.lock"])],
     ),
-    "memory growing": (
+    "memory growing over a long life": (
         "memory_bounded",
         "api's resident memory grew",
         [r for r in clean() if not isinstance(r, Memory)]
-        + [Memory(float(t), "api", (100 << 20) + t * (200 << 10)) for t in range(0, 600, 10)],
+        + [Memory(float(t), "api", (100 << 20) + t * (200 << 10)) for t in range(0, 1200, 10)],
     ),
-    "memory growing in a worker started again": (
+    "memory growing in a worker that lives long after a restart": (
         "memory_bounded",
         "worker-a's resident memory grew",
-        [*clean(), *[Memory(float(t), "worker-a", (20 << 20) + t * (200 << 10), 13) for t in range(600, 900, 10)]],
+        [*clean(), *[Memory(float(t), "worker-a", (20 << 20) + t * (200 << 10), 13) for t in range(600, 1500, 10)]],
+    ),
+    "memory level rising across a worker's restarts": (
+        "memory_bounded",
+        "worker-c's level across its 8 processes rose",
+        [*clean(), *restarted("worker-c", [600 + 20 * n for n in range(8)], life_s=150)],  # 20 MiB / 150 s
     ),
 }
 
@@ -241,6 +261,23 @@ def test_each_checker_catches_the_history_written_against_it(case: str) -> None:
     assert [name for name, verdict in verdicts.items() if not verdict.held] == [invariant]
     assert detail in (verdicts[invariant].detail or ""), verdicts[invariant].detail
     assert first_violated(verdicts) == invariant
+
+
+def test_one_step_in_memory_is_not_a_leak() -> None:
+    """A burst of failed tasks logging their tracebacks raised a worker 14 MiB once, then it stayed flat: in a life
+    of 171 s (too short to judge its own slope) and in a 15-minute API life (judged, the step at its middle)."""
+    short = [*clean(), *step("worker-d", 7, life_s=171, at_s=120, low_mib=710, high_mib=724)]
+    long = [*clean(), *step("api", 8, life_s=900, at_s=480, low_mib=138, high_mib=152)]
+    assert check_all(short)["memory_bounded"].held
+    assert check_all(long)["memory_bounded"].held
+
+
+def test_one_life_that_settled_high_does_not_make_a_trend() -> None:
+    """Eight lives of a worker flat at 700 MiB but one (it loaded a language model) at 1,200: the median pairwise
+    slope through their levels stays flat where a least-squares line through them would not."""
+    levels = [700, 700, 700, 700, 700, 700, 700, 1200]
+    assert check_all([*clean(), *restarted("worker-c", levels, life_s=150)])["memory_bounded"].held
+    assert least_squares_slope([75.0 + 150 * n for n in range(8)], [float(m << 20) for m in levels]) > 64 * 1024
 
 
 def test_a_resumed_soak_s_deliveries_count_over_its_segments() -> None:
