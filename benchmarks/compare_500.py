@@ -10,7 +10,9 @@ app serves it over HTTP (uvicorn), and each request below is sent `--requests` t
   spec_sort   GET /api/v1/compare?limit=50&sort=spec.train.lr    (sorted in Python over the 500 specs)
   loss_sort   GET /api/v1/compare?limit=50&sort=final_loss       (reads all 500 jobs' summary.json files)
 
-Printed, and written to benchmarks/records/compare-500.json (`--out`); never asserted.
+Printed, and written to benchmarks/records/compare-500.json (`--out`) with the machine and, per database, the
+load other processes put on it while its requests were timed (`quiet` or `shared`, as `pipebd bench` records
+say; a throw-away PostgreSQL's backends serving the bench's database are the bench's own); never asserted.
 
 .venv/bin/python benchmarks/compare_500.py [--jobs 500] [--requests 50] [--only sqlite|postgresql]
 """
@@ -19,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +39,7 @@ from app.core.queue import queue_name  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
 from app.core.tables import Job, JobMetric  # noqa: E402
 from app.main import create_app  # noqa: E402
+from pipebd_core.bench.conditions import LoadMeter, OutsideTree, commit, load_without, machine  # noqa: E402
 from pipebd_core.documents.summary import Summary  # noqa: E402
 from pipebd_core.rundir import RunDir  # noqa: E402
 from tests.service.factories import tiny_job  # noqa: E402
@@ -106,6 +107,7 @@ def measure(database_url: str, label: str, jobs: int, requests: int) -> dict[str
         fill(settings, jobs)
         filled_s = time.perf_counter() - started
         result: dict[str, Any] = {"database": label, "jobs": jobs, "fill_s": round(filled_s, 2)}
+        meter, outside = LoadMeter.open(), OutsideTree(database_url if database_url.startswith("postgresql") else None)
         with serve(create_app(settings)) as base, httpx.Client(base_url=base, timeout=60) as client:
             for name, path in REQUESTS.items():
                 for _ in range(3):
@@ -125,17 +127,11 @@ def measure(database_url: str, label: str, jobs: int, requests: int) -> dict[str
                     "bytes": len(answer.content),
                 }
                 print(f"{label:10} {name:9} p50 {result[name]['p50_ms']:7.1f} ms  p95 {result[name]['p95_ms']:7.1f} ms")
+        load = load_without(meter.load(), outside.seconds())  # the timed requests' window, warm-ups included
+        result["load"] = load.model_dump()
+        print(f"{label:10} other processes {load.other_cores:.3f} cores: {'shared' if load.shared else 'quiet'}")
         get_engine(database_url).dispose()
         return result
-
-
-def commit() -> str | None:
-    """git HEAD, with "+dirty" when tracked files differ from it (as pipebd bench records say)."""
-    found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False)
-    changed = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, check=False
-    )
-    return (found.stdout.strip() + ("+dirty" if changed.stdout.strip() else "")) or None
 
 
 def main() -> None:
@@ -165,7 +161,7 @@ def main() -> None:
     record = {
         "benchmark": "compare",
         "commit": commit(),
-        "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
+        "machine": machine().model_dump(),
         "results": results,
     }
     args.out.write_text(json.dumps(record, indent=1) + "\n")

@@ -22,7 +22,6 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -37,9 +36,8 @@ sys.path.insert(0, str(REPO))
 from app.core.database import get_engine  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
 from app.main import create_app  # noqa: E402
-from pipebd_core.bench.conditions import LoadMeter, commit, machine  # noqa: E402
+from pipebd_core.bench.conditions import LoadMeter, OutsideTree, commit, load_without, machine  # noqa: E402
 from pipebd_core.bench.recovery import Event, RecoveryRecord, RecoveryRun, render_recovery  # noqa: E402
-from pipebd_core.documents.bench_record import SHARED_CORES, Load  # noqa: E402
 from pipebd_core.documents.telemetry import DistillLine  # noqa: E402
 from pipebd_core.rundir import RunDir  # noqa: E402
 from tests.chaos.jobs import slow_job  # noqa: E402
@@ -55,42 +53,6 @@ REDIS_DB = 11
 EPOCHS = 25  # 4 steps each: the job still distils when node 0 hears of a kill
 JOB_TIMEOUT_S = 240
 ALLOW = "pipebd_core.workloads,tests.service.slow_data"
-
-
-class OutsideTree:
-    """CPU the runs cause outside the bench's process tree, which the load meter would count as other processes':
-    the PostgreSQL backends serving the bench's own database, and the ranks a SIGKILLed worker leaves behind
-    (`adopt`). Sampled every SAMPLE_S while they live; what a process used after its last sample errs high."""
-
-    SAMPLE_S = 0.2
-
-    def __init__(self, database: str) -> None:
-        self.database = database.rsplit("/", 1)[-1]
-        self.adopted: list[psutil.Process] = []
-        self.used: dict[int, float] = {}  # pid -> CPU seconds at its last sample
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def adopt(self, processes: list[psutil.Process]) -> None:
-        self.adopted += processes
-
-    def _loop(self) -> None:
-        while not self.stopped.wait(self.SAMPLE_S):
-            backends = [
-                p for p in psutil.process_iter(["cmdline"]) if self.database in " ".join(p.info["cmdline"] or [])
-            ]
-            for process in backends + self.adopted:
-                try:
-                    times = process.cpu_times()
-                except psutil.Error:
-                    continue
-                self.used[process.pid] = times.user + times.system
-
-    def seconds(self) -> float:
-        self.stopped.set()
-        self.thread.join()
-        return sum(self.used.values())
 
 
 class Cluster:
@@ -209,7 +171,6 @@ def measure(repeats: int) -> RecoveryRecord:
         drop_database(POSTGRES_DEFAULT, database)
         broker.flushdb()
     load, outside_s = meter.load(), outside.seconds()
-    others = max(0.0, load.other_cores - outside_s / load.wall_s)
     document = slow_job("shape")
     return RecoveryRecord(
         commit=measured_at,
@@ -221,7 +182,7 @@ def measure(repeats: int) -> RecoveryRecord:
         preempt_grace_s=settings.preempt_grace_s,
         runs=runs,
         outside_tree_cpu_s=outside_s,
-        load=Load(wall_s=load.wall_s, other_cores=others, shared=others > SHARED_CORES),
+        load=load_without(load, outside_s),
     )
 
 

@@ -19,8 +19,7 @@ from pathlib import Path
 import psutil
 
 from app.soak.history import SegmentLoad
-from pipebd_core.bench.conditions import LoadMeter
-from pipebd_core.documents.bench_record import SHARED_CORES
+from pipebd_core.bench.conditions import LoadMeter, load_without
 
 SAMPLE_S = 0.5
 
@@ -84,6 +83,6 @@ class SegmentMeter:
         self.outside = OwnOutsideTree(folders, data_dir)
 
     def close(self) -> SegmentLoad:
-        load, outside_s = self.meter.load(), self.outside.seconds()
-        others = max(0.0, load.other_cores - outside_s / load.wall_s) if load.wall_s > 0 else 0.0
-        return SegmentLoad(time.time(), self.index, load.wall_s, others, others > SHARED_CORES, outside_s)
+        outside_s = self.outside.seconds()
+        load = load_without(self.meter.load(), outside_s)
+        return SegmentLoad(time.time(), self.index, load.wall_s, load.other_cores, load.shared, outside_s)

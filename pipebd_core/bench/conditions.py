@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,3 +124,50 @@ def measured_command(
     if done.returncode:
         raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
     return MeasuredCommand(stdout=done.stdout, wall_s=wall, load=meter.load())
+
+
+class OutsideTree:
+    """CPU a bench's runs cause outside its process tree, which the load meter would count as other processes':
+    the PostgreSQL backends serving the bench's own database (their command line names it), and processes handed
+    over with `adopt` (the ranks a SIGKILLed worker leaves behind). Sampled every SAMPLE_S while they live; what a
+    process used after its last sample still counts as other, so the load errs high, never low."""
+
+    SAMPLE_S = 0.2
+
+    def __init__(self, database: str | None) -> None:
+        self.database = database.rsplit("/", 1)[-1] if database else None
+        self.adopted: list[psutil.Process] = []
+        self.used: dict[int, float] = {}  # pid -> CPU seconds at its last sample
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def adopt(self, processes: list[psutil.Process]) -> None:
+        self.adopted += processes
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.SAMPLE_S):
+            for process in self.backends() + self.adopted:
+                try:
+                    times = process.cpu_times()
+                except psutil.Error:
+                    continue
+                self.used[process.pid] = times.user + times.system
+
+    def backends(self) -> list[psutil.Process]:
+        if self.database is None:
+            return []
+        named = self.database
+        return [p for p in psutil.process_iter(["cmdline"]) if named in " ".join(p.info["cmdline"] or [])]
+
+    def seconds(self) -> float:
+        """Stop sampling; the CPU seconds the sampled processes used."""
+        self.stopped.set()
+        self.thread.join()
+        return sum(self.used.values())
+
+
+def load_without(load: Load, outside_s: float) -> Load:
+    """`load` with `outside_s` CPU seconds of the bench's own processes outside its tree taken out of the others'."""
+    others = max(0.0, load.other_cores - outside_s / load.wall_s) if load.wall_s > 0 else 0.0
+    return Load(wall_s=load.wall_s, other_cores=others, shared=others > SHARED_CORES)

@@ -12,7 +12,8 @@ from the record's predictions and measurements, from the profile alone (what the
   profiled are from what one rank doing all the work measured; and, where the record has its reference
   speed at the start (taken just before the profile is measured or read) and at the end, how much the machine's speed
   changed under the bench and whether that change points the way the plans are off (a machine slower
-  after its profile than while profiling makes every plan's prediction fast);
+  after its profile than while profiling makes every plan's prediction fast); and, where the record has the
+  reference speed after each run, how each run's error follows the machine's speed as it ran;
 - tau under its target: the pairs of plans the profile orders against the measurement where the
   measurement's order is clear of the noise (the two arms' intervals do not overlap);
 - a chosen plan slower than the fastest beyond the noise: each one's prediction against its measurement.
@@ -28,6 +29,8 @@ from pipebd_core.documents.bench_record import Arm, Bound, PlanAccuracy, Referen
 TAU_TARGET = {"distill": 0.8, "finetune": 0.7}
 SHOWN = 3  # the largest errors and the misordered pairs named
 DRIFT = 0.05  # a change of the reference speed that counts: both kernels by more than the smallest MAPE target
+MIN_RUNS_CORRELATED = 6  # runs with a reference speed after them needed to set their errors beside it
+CORRELATED = 0.5  # a Pearson r from which the runs' errors are read as following the machine's speed
 
 
 def relative_error(plan: PlanAccuracy) -> float:
@@ -70,12 +73,48 @@ def drift_text(reference: Reference | None, plans: list[PlanAccuracy]) -> str:
     return f"{said}: {reading}."
 
 
+def run_speed_text(reference: Reference | None, arms: dict[str, Arm] | None) -> str:
+    """Each run's prediction error set beside the reference speed measured right after it (relative to the
+    start's, the geometric mean of both kernels): their Pearson correlation over the runs, where the record has
+    MIN_RUNS_CORRELATED such runs. A machine whose speed wanders makes the runs taken while it was slow come out
+    slow, so their predictions fast: the correlation is then positive."""
+    if reference is None or not reference.after_runs or not arms:
+        return ""
+    speeds = {measured.run: measured.speed for measured in reference.after_runs}
+    start = reference.start
+    pairs = []
+    for arm in arms.values():
+        for run in arm.runs:
+            speed = speeds.get(f"{arm.name}-{run.repeat}")
+            if speed is None or run.predicted_step_s is None:
+                continue
+            relative = (speed.matmul_gflops / start.matmul_gflops * speed.conv_gflops / start.conv_gflops) ** 0.5
+            pairs.append((relative, (run.predicted_step_s - run.measured_step_s) / run.measured_step_s))
+    if len(pairs) < MIN_RUNS_CORRELATED:
+        return ""
+    relatives, errors = [pair[0] for pair in pairs], [pair[1] for pair in pairs]
+    if statistics.pstdev(relatives) == 0 or statistics.pstdev(errors) == 0:
+        return ""
+    r = statistics.correlation(relatives, errors)
+    reading = (
+        "the runs taken while the machine was slower are the ones predicted fast: its wandering speed accounts for"
+        " part of the error"
+        if r >= CORRELATED
+        else "the errors do not follow the machine's speed run by run"
+    )
+    return (
+        f" The reference speed measured after each of {len(pairs)} runs ranged {min(relatives):.0%} to"
+        f" {max(relatives):.0%} of the start's; against each run's own error, Pearson r = {r:+.2f}: {reading}."
+    )
+
+
 def mape_miss(
     plans: list[PlanAccuracy],
     doubt: FigureDoubt,
     floor: float | None,
     bound: Bound | None = None,
     reference: Reference | None = None,
+    arms: dict[str, Arm] | None = None,
 ) -> str | None:
     """The plans off by more than the MAPE target, by direction, the largest errors, the profile's ideal
     against the measured bound, and the machine's change of speed under the bench."""
@@ -92,6 +131,7 @@ def mape_miss(
         f" ({', '.join(fast) or 'none'}); the largest errors {named}."
         + bound_text(bound)
         + drift_text(reference, plans)
+        + run_speed_text(reference, arms)
     )
 
 
@@ -148,7 +188,7 @@ def miss_lines(
     reference: Reference | None = None,
 ) -> list[str]:
     """The paragraph on the targets the profile's predictions miss, or nothing when every target is met."""
-    misses = [mape_miss(plans, doubt, floor, bound, reference), tau_miss(plans, arms, doubt, phase)]
+    misses = [mape_miss(plans, doubt, floor, bound, reference, arms), tau_miss(plans, arms, doubt, phase)]
     misses.append(regret_miss(plans, chosen, doubt))
     found = [miss for miss in misses if miss is not None]
     return ["Where it misses (from the profile alone): " + " ".join(found)] if found else []

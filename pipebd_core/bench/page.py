@@ -33,7 +33,8 @@ from pipebd_core.bench.accuracy_table import accuracy_tables
 from pipebd_core.bench.machines import machines_table
 from pipebd_core.bench.recovery import RecoveryRecord, render_recovery
 from pipebd_core.bench.report import load_record, render
-from pipebd_core.bench.soak_page import render_soak
+from pipebd_core.bench.soak_page import machine_text, render_soak
+from pipebd_core.documents.bench_record import Load, Machine
 from pipebd_core.documents.soak_record import SoakRecord
 from pipebd_core.documents.tradeoff_record import TradeoffRecord, TradeoffRow
 
@@ -88,8 +89,10 @@ def render_compare(record: dict[str, Any]) -> str:
     sorts done outside SQL), per database."""
     results = record["results"]
     first = results[0]
+    machine = Machine.model_validate(record["machine"]) if "cpu_model" in record.get("machine", {}) else None
     lines = [
-        f"Commit `{record['commit']}`; {first['jobs']} jobs, {first['api']['requests']} requests of each.",
+        f"Commit `{record['commit']}`; machine: {machine_text(machine)}; {first['jobs']} jobs,"
+        f" {first['api']['requests']} requests of each. {compare_load_text(results)}.",
         "",
         "| request | " + " | ".join(f"{result['database']} p50 / p95" for result in results) + " |",
         "|---|" + "---|" * len(results),
@@ -98,6 +101,15 @@ def render_compare(record: dict[str, Any]) -> str:
         cells = [f"{result[key]['p50_ms']:.1f} / {result[key]['p95_ms']:.1f} ms" for result in results]
         lines.append(f"| `{first[key]['path']}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def compare_load_text(results: list[dict[str, Any]]) -> str:
+    """Per database, the cores other processes used while its requests were timed, and the verdict."""
+    if not all("load" in result for result in results):
+        return "Other processes' load: not recorded"
+    loads = [(result["database"], Load.model_validate(result["load"])) for result in results]
+    each = [f"{name} {load.other_cores:.3f} cores ({'**shared**' if load.shared else 'quiet'})" for name, load in loads]
+    return "Other processes: " + ", ".join(each)
 
 
 def render_shaped_link(record: dict[str, Any]) -> str:

@@ -9,7 +9,8 @@ run; the report renders a record with runs left as incomplete.
 repeats (all in the record), planned from the same frozen profile (frozen-profile.json beside the record,
 checked against the record's hash), skipping every run the record holds and running the others in the
 order the uninterrupted bench would have. The reference speed at the start stays the first start's; the
-end's is measured when the bench ends.
+speed is measured again after every run (kept per run, so a run's error can be set beside the machine's speed
+as it ran) and when the bench ends.
 
 `--resume RECORD --again-shared` first takes out of the record every run measured while other
 processes used more than its `shared_cores` (a shared figure is not a figure) and puts it back among the
@@ -22,14 +23,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
 from pipebd_core.bench.arms import BOUND, FROZEN_PROFILE, RECORD, freeze
 from pipebd_core.bench.reference import reference_speed
 from pipebd_core.documents.base import Document
-from pipebd_core.documents.bench_record import ArmRun, BenchRecord, KernelSpeed, Reference
+from pipebd_core.documents.bench_record import ArmRun, BenchRecord, KernelSpeed, Reference, RunSpeed
 
 P = TypeVar("P", bound=Document)
 Runs = dict[str, list[ArmRun]]
@@ -83,14 +84,23 @@ class Progress(Generic[P]):
     profile_hash: str
     start: KernelSpeed
     done: Runs
+    after_runs: dict[str, KernelSpeed] = field(default_factory=dict)  # run name -> speed, in the order measured
 
     def reference(self, ended: bool) -> Reference:
-        return Reference(start=self.start, end=reference_speed() if ended else None)
+        after = [RunSpeed(run=name, speed=speed) for name, speed in self.after_runs.items()]
+        return Reference(start=self.start, end=reference_speed() if ended else None, after_runs=after)
+
+    def measure_after(self, runs: Runs) -> None:
+        """The reference speed after each run in `runs` that has none yet (the one that just ended)."""
+        for name in [f"{arm}-{run.repeat}" for arm, arm_runs in runs.items() for run in arm_runs]:
+            if name not in self.after_runs:
+                self.after_runs[name] = reference_speed()
 
     def writer(self, build: Callable[[Runs, Reference], BenchRecord]) -> Callable[[Runs, list[str]], None]:
         """What the rotation calls after every run: the record of the runs so far, `left` to run."""
 
         def written(runs: Runs, left: list[str]) -> None:
+            self.measure_after(runs)
             record = build(runs, self.reference(ended=False))
             write_record(self.out, record.model_copy(update={"runs_left": left}))
 
@@ -115,4 +125,11 @@ def begin(out: Path, resume: BenchRecord | None, measure: Callable[[], P], kind:
             f" {resume.profile_hash}; restore that profile or run the bench again"
         )
     start = resume.reference.start if resume.reference is not None else reference_speed()
-    return Progress(out, profile, resume.profile_hash, start, recorded_runs(resume))
+    return Progress(out, profile, resume.profile_hash, start, recorded_runs(resume), speeds_kept(resume))
+
+
+def speeds_kept(record: BenchRecord) -> dict[str, KernelSpeed]:
+    """The reference speeds after the runs `record` still holds (not those it runs again), by run name."""
+    kept = {f"{arm}-{run.repeat}" for arm, runs in recorded_runs(record).items() for run in runs}
+    measured = record.reference.after_runs if record.reference is not None else []
+    return {speed.run: speed.speed for speed in measured if speed.run in kept}

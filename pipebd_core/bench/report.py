@@ -222,9 +222,16 @@ def reference_text(record: BenchRecord) -> str:
     if reference is None:
         return "reference speed not measured (the record predates it)"
     end = speed_text(reference.end) if reference.end is not None else "not reached"
+    between = ""
+    if reference.after_runs:
+        speeds = [measured.speed for measured in reference.after_runs]
+        matmul, conv = [s.matmul_gflops for s in speeds], [s.conv_gflops for s in speeds]
+        between = (
+            f", {min(matmul):.0f}-{max(matmul):.0f} / {min(conv):.0f}-{max(conv):.0f} after its {len(speeds)} runs"
+        )
     return (
-        f"reference speed, one thread, matmul / conv GFLOP/s: {speed_text(reference.start)} at the start, {end}"
-        " at the end"
+        f"reference speed, one thread, matmul / conv GFLOP/s: {speed_text(reference.start)} at the start{between},"
+        f" {end} at the end"
     )
 
 

@@ -48,11 +48,21 @@ class KernelSpeed(Part):
     conv_gflops: float
 
 
+class RunSpeed(Part):
+    """The reference speed measured right after one run ("<arm>-<repeat>") ended."""
+
+    run: str
+    speed: KernelSpeed
+
+
 class Reference(Part):
-    """The reference speed at the start of the bench and at its end (None while it runs)."""
+    """The reference speed at the start of the bench, after each of its runs (in the order they ran; a run
+    measured again by `--again-shared` keeps its last) and at its end (None while it runs). A record written
+    before `after_runs` existed has none."""
 
     start: KernelSpeed
     end: KernelSpeed | None = None
+    after_runs: list[RunSpeed] = Field(default_factory=list)
 
 
 class TimingRule(Part):

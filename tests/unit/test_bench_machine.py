@@ -13,7 +13,7 @@ from pipebd_core.bench.conditions import cpu_flags, machine
 from pipebd_core.bench.machines import group, machines_table
 from pipebd_core.bench.reference import reference_speed
 from pipebd_core.bench.report import describe
-from pipebd_core.documents.bench_record import BenchRecord, KernelSpeed, Reference
+from pipebd_core.documents.bench_record import BenchRecord, KernelSpeed, Reference, RunSpeed
 
 RECORD = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "record.json"
 CPUINFO = """processor\t: 0
@@ -58,6 +58,10 @@ def test_the_report_prints_the_flags_and_the_reference_speed_at_both_ends() -> N
     )
     text = describe(ended)
     assert "(avx512f)" in text and "matmul / conv GFLOP/s: 40.0 / 20.0 at the start, 38.5 / 19.0 at the end" in text
+    after = [RunSpeed(run=f"dp-{n}", speed=KernelSpeed(matmul_gflops=36.0 + n, conv_gflops=18.0 + n)) for n in range(3)]
+    assert ended.reference is not None
+    between = ended.model_copy(update={"reference": ended.reference.model_copy(update={"after_runs": after})})
+    assert "40.0 / 20.0 at the start, 36-38 / 18-20 after its 3 runs, 38.5 / 19.0 at the end" in describe(between)
     assert "reference speed not measured" in describe(record_on(None)) and "CPU flags not recorded" in describe(
         record_on(None)
     )

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from pipebd_core.bench import progress
 from pipebd_core.bench.arms import rotate, rotation
 from pipebd_core.bench.fit import LAUNCH_S, MIN_REPEATS, MIN_STEPS, Budget, budget, fit, predicted_s
 from pipebd_core.bench.progress import read_record
 from pipebd_core.bench.report import render
-from pipebd_core.documents.bench_record import ArmRun, BenchRecord
+from pipebd_core.documents.bench_record import ArmRun, BenchRecord, KernelSpeed, Reference, RunSpeed
 from pipebd_core.spec import Spec, SpecError
 from tests.helpers import pipebd_here, tiny_spec
 from tests.unit.bench_samples import measured_run
@@ -139,3 +140,35 @@ def test_again_shared_takes_the_shared_runs_out_and_runs_them_again_in_their_pla
     done["dp"] = [made_run("dp", 1)]  # dp-0 taken out: measured again, it goes back before dp-1
     rerun = rotate(arms, 2, tmp_path, False, lambda n, a, f, r: made_run(n, r), done)
     assert [run.repeat for run in rerun["dp"]] == [0, 1]
+
+
+def test_the_reference_speed_is_taken_after_each_run_and_a_run_measured_again_drops_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Progress measures the reference speed once after each run that ends (not again for those done), and a
+    resume with --again-shared keeps the speeds after the runs it keeps, not after those it measures again."""
+    counted = iter(range(1, 100))
+    monkeypatch.setattr(progress, "reference_speed", lambda: KernelSpeed(matmul_gflops=next(counted), conv_gflops=1))
+    start = KernelSpeed(matmul_gflops=0.0, conv_gflops=1.0)
+    measuring = progress.Progress(tmp_path, object(), "hash", start, {})  # type: ignore[arg-type]
+    seen: list[dict[str, float]] = []
+
+    def write(runs: dict[str, list[ArmRun]], left: list[str]) -> None:
+        measuring.measure_after(runs)
+        seen.append({name: speed.matmul_gflops for name, speed in measuring.after_runs.items()})
+
+    rotate(dict.fromkeys(ARMS, tiny_spec()), 2, tmp_path, False, lambda n, a, f, r: made_run(n, r), written=write)
+    assert seen[0] == {} and seen[1] == {"dp-0": 1.0} and seen[2] == {"dp-0": 1.0, "tr_dpu-0": 2.0}
+    assert list(seen[-1]) == [f"{name}-{repeat}" for name, repeat in rotation(ARMS, 2)]
+    reference = measuring.reference(ended=True)
+    assert [speed.run for speed in reference.after_runs] == list(seen[-1]) and reference.end == KernelSpeed(
+        matmul_gflops=7, conv_gflops=1
+    )
+
+    measured = BenchRecord.from_json(json.loads(RECORD.read_text()))  # its tr_dpu-1 was measured shared
+    names = [f"{arm.name}-{run.repeat}" for arm in measured.arms for run in arm.runs]
+    names += [f"bound-{run.repeat}" for run in measured.bound.runs]
+    after = [RunSpeed(run=name, speed=start) for name in names]
+    with_speeds = measured.model_copy(update={"reference": Reference(start=start, after_runs=after)})
+    kept = progress.speeds_kept(progress.without_shared(with_speeds))
+    assert "tr_dpu-1" in names and sorted(kept) == sorted(set(names) - {"tr_dpu-1"})

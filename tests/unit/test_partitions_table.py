@@ -15,7 +15,16 @@ from pipebd_core.bench.doubt import figure_doubt
 from pipebd_core.bench.misses import miss_lines
 from pipebd_core.bench.partitions import partitions_lines
 from pipebd_core.bench.report import render
-from pipebd_core.documents.bench_record import Accuracy, Arm, BenchRecord, Bound, KernelSpeed, PlanAccuracy, Reference
+from pipebd_core.documents.bench_record import (
+    Accuracy,
+    Arm,
+    BenchRecord,
+    Bound,
+    KernelSpeed,
+    PlanAccuracy,
+    Reference,
+    RunSpeed,
+)
 from pipebd_core.documents.distill_plan import StageSpan
 from tests.unit.bench_samples import measured_run
 
@@ -138,3 +147,45 @@ def test_a_missed_mape_says_how_the_machines_speed_changed_under_the_bench_and_w
     assert "reference speed" not in without
     unfinished = Reference(start=start, end=None)  # a bench still under way has no end speed
     assert miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=unfinished) == [without]
+
+
+def predicted_arm(name: str, runs: list[tuple[float, float]]) -> Arm:
+    """An arm whose runs each have (measured, predicted) seconds a step."""
+    return Arm(
+        name=name,
+        runs=[
+            measured_run(repeat, measured).model_copy(update={"predicted_step_s": predicted})
+            for repeat, (measured, predicted) in enumerate(runs)
+        ],
+    )
+
+
+def after_each_run(arms: dict[str, Arm], relative: dict[str, list[float]]) -> Reference:
+    """A reference speed of 100 / 80 GFLOP/s at the start, then `relative` of it after each arm's runs."""
+    start = KernelSpeed(matmul_gflops=100.0, conv_gflops=80.0)
+    after = [
+        RunSpeed(run=f"{name}-{repeat}", speed=KernelSpeed(matmul_gflops=100.0 * share, conv_gflops=80.0 * share))
+        for name in arms
+        for repeat, share in enumerate(relative[name])
+    ]
+    return Reference(start=start, end=start, after_runs=after)
+
+
+def test_a_missed_mape_sets_each_run_s_error_beside_the_machine_s_speed_after_it() -> None:
+    """Pearson r over the runs: the slow runs were measured while the machine was slow (r near +1), or not."""
+    plans = [cut("a", "gpipe", 3, 0.8, 1.0), cut("b", "gpipe", 4, 1.6, 2.0)]
+    arms = {
+        "a": predicted_arm("a", [(1.0, 0.9), (1.2, 0.9), (1.0, 0.9)]),
+        "b": predicted_arm("b", [(2.0, 1.8), (2.4, 1.8), (2.0, 1.8)]),
+    }
+    doubt = figure_doubt({plan.arm: plan.predicted_step_s for plan in plans}, arms, "a")
+    followed = after_each_run(arms, {"a": [1.0, 0.83, 1.0], "b": [1.0, 0.83, 1.0]})  # repeat 1 ran 17% slower
+    (said,) = miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=followed)
+    assert "The reference speed measured after each of 6 runs ranged 83% to 100% of the start's" in said
+    assert "Pearson r = +1.00: the runs taken while the machine was slower are the ones predicted fast" in said
+    unrelated = after_each_run(arms, {"a": [0.83, 1.0, 1.0], "b": [1.0, 1.0, 0.83]})
+    (other,) = miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=unrelated)
+    assert "the errors do not follow the machine's speed run by run" in other
+    few = after_each_run({"a": arms["a"]}, {"a": [1.0, 0.83, 1.0]})  # 3 runs: too few to correlate
+    (short,) = miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=few)
+    assert "Pearson" not in short
