@@ -94,9 +94,11 @@ class NodeLink:
         document = _read(path, kind)
         return document if document is not None and document.run_id == self.role.run_id else None
 
-    def check_shared(self) -> None:
-        """Write this node's token, then wait up to `bound_s` for every other node's: NodeError names the
-        missing nodes and what an operator must provide."""
+    def check_shared(self, stop: Callable[[], bool] = lambda: False) -> bool:
+        """Write this node's token, then wait up to `bound_s` for every other node's: True once every node's is
+        there, False as soon as `stop()` says the wait is over (the job ended or was requeued elsewhere, a peer's
+        seat was lost, this worker shuts down); NodeError names the missing nodes and what an operator must
+        provide."""
         role = self.role
         token = NodeToken(run_id=role.run_id, node=role.node, host=socket.gethostname(), pid=os.getpid())
         self._write(self.run_dir.node_token(role.node), token)
@@ -104,7 +106,9 @@ class NodeLink:
         while True:
             missing = [k for k in range(role.nnodes) if self._ours(self.run_dir.node_token(k), NodeToken) is None]
             if not missing:
-                return
+                return True
+            if stop():
+                return False
             if time.monotonic() > deadline:
                 raise NodeError(
                     f"node {role.node}: node(s) {', '.join(map(str, missing))} of {role.nnodes} did not show up in the"

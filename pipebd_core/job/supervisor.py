@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pipebd_core.distill.control import PAUSE, clear_stop, request_stop, stopped_early
@@ -80,6 +81,11 @@ class Outcome:
     @property
     def error(self) -> str | None:
         return self.termination.error if self.termination else None
+
+
+def stopped_outcome(stop: Stop) -> Outcome:
+    """How a job ends when a Stop comes while no phase runs (between launches, or before the first)."""
+    return Outcome(stop.result, Termination(stop.reason, stop.message))
 
 
 class Watcher:
@@ -142,7 +148,9 @@ class Supervisor:
         current: PhaseRecord | None = None
         try:
             if self.link is not None:
-                self.link.check_shared()
+                stopped, stops = self._stopper()
+                if not self.link.check_shared(stopped):  # the job ended elsewhere while its nodes gathered
+                    return self._end(stopped_outcome(stops[0]))
             for record in self.records:
                 if record.done:
                     continue
@@ -168,18 +176,13 @@ class Supervisor:
         link = self.link
         assert link is not None and link.role.node != 0, "node 0 runs the phases: use run()"
         try:
-            link.check_shared()
-            stops: list[Stop] = []  # what ended a wait for node 0's next launch
-
-            def stopped() -> bool:
-                stop = self.watcher.tick("") or self._over_time()
-                stops.extend([stop] if stop is not None else [])
-                return stop is not None
-
+            stopped, stops = self._stopper()
+            if not link.check_shared(stopped):
+                return stopped_outcome(stops[0])
             while True:
                 launch = link.next_launch(stopped)
                 if launch is None:
-                    return Outcome(stops[0].result, Termination(stops[0].reason, stops[0].message))
+                    return stopped_outcome(stops[0])
                 if launch.done:
                     result = launch.result or FAILED
                     ended = Termination("node_lost", f"node 0 ended the job: {result}") if result != SUCCEEDED else None
@@ -192,6 +195,18 @@ class Supervisor:
             return Outcome(CANCELLED, Termination("user_cancelled", "interrupted"))
         except NodeError as error:
             return Outcome(FAILED, Termination("launch_error", str(error)))
+
+    def _stopper(self) -> tuple[Callable[[], bool], list[Stop]]:
+        """A check for a wait between launches (the nodes gathering, a follower waiting for node 0's next
+        launch): whether the watcher or the time limit stops the job, and the list it records that Stop in."""
+        stops: list[Stop] = []
+
+        def stopped() -> bool:
+            stop = self.watcher.tick("") or self._over_time()
+            stops.extend([stop] if stop is not None else [])
+            return stop is not None
+
+        return stopped, stops
 
     def _run_phase(self, record: PhaseRecord) -> Outcome:
         skipped = launch.skip_reason(self.run_dir, self.spec, record.name, self.refresh_profile)

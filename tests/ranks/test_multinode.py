@@ -29,7 +29,7 @@ from pipebd_core.documents.phases import FINETUNE
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.nodes import NodeRole
 from pipebd_core.job.outcomes import FAILED
-from pipebd_core.job.supervisor import Outcome, Supervisor, Watcher
+from pipebd_core.job.supervisor import Outcome, Stop, Supervisor, Watcher
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import parse_spec
 from tests.helpers import (
@@ -133,6 +133,34 @@ def test_nodes_that_do_not_share_the_run_directory_fail_at_start(tmp_path: Path)
     assert "node(s) 1 of 2 did not show up in the run directory" in (outcome.error or "")
     assert "shared filesystem" in (outcome.error or "")
     assert time.monotonic() - started < HANG_S  # its 0.5 s bound, then the refusal; not a wait without end
+    assert not run_dir.rendezvous.exists() or "done" in run_dir.rendezvous.read_text()  # nothing launched
+    assert not run_dir.launcher_log("distill").exists()
+
+
+class EndedElsewhere(Watcher):
+    """The service's watcher once the reaper has requeued the job (its other node's worker died): a Stop."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def tick(self, phase: str) -> Stop | None:
+        self.ticks += 1
+        return Stop(FAILED, "worker_lost", "the job was ended elsewhere (queued)") if self.ticks >= 3 else None
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_a_node_waiting_for_its_peers_stops_when_its_job_ends_elsewhere(tmp_path: Path, node: int) -> None:
+    """The other node never shows up (its worker was SIGKILLed as the gang formed) and the reaper requeued the job:
+    the node waiting for it stops at its watcher's word, not after its bound (a soak found a leader holding its
+    worker's only slot for the whole 60 s bound while a job that fitted that worker waited)."""
+    spec = parse_spec(two_node_document())
+    run_dir = prepare_run(spec, tmp_path / "run")
+    role = NodeRole(2, node, f"ended-{uuid.uuid4().hex[:8]}", bound_s=20.0)  # without the stop: launch_error in 20 s
+    watcher = EndedElsewhere()
+    supervisor = Supervisor(run_dir, watcher, node=role)
+    outcome = supervisor.run() if node == 0 else supervisor.follow()
+    assert (outcome.result, outcome.reason) == (FAILED, "worker_lost"), outcome
+    assert outcome.error == "the job was ended elsewhere (queued)" and watcher.ticks == 3  # at its third look
     assert not run_dir.rendezvous.exists() or "done" in run_dir.rendezvous.read_text()  # nothing launched
     assert not run_dir.launcher_log("distill").exists()
 
