@@ -116,6 +116,20 @@ def test_the_reliability_page_is_its_records_report() -> None:
     assert f"| invariants | all {len(record.invariants)} held |" in text
 
 
+def test_the_hour_on_the_page_is_the_one_the_issue_asks_for() -> None:
+    """An hour of mix, 300 jobs or more, every fault kind 5 times or more, every invariant held, every segment
+    measured quiet (as the soak measures its load), and rendered on the reliability page."""
+    path = "benchmarks/records/soak-60min-seed1.json"
+    assert [path] in record_paths(PAGE.read_text())
+    record = SoakRecord.model_validate_json((ROOT / path).read_text())
+    assert record.minutes == 60 and sum(record.jobs.submitted.values()) >= 300
+    kinds = {"worker_sigkill", "worker_sigterm", "rank_sigkill", "redis_restart", "postgres_restart", "webhook_down"}
+    assert set(record.faults) == kinds and min(record.faults.values()) >= 5
+    assert {name: verdict.held for name, verdict in record.invariants.items()} == dict.fromkeys(record.invariants, True)
+    assert len(record.invariants) == 9 and record.segments is not None and len(record.segments) == 4
+    assert all(segment.load is not None and not segment.load.shared for segment in record.segments)
+
+
 def test_the_page_shows_a_violated_invariant_and_a_shared_segment() -> None:
     records = [
         Submitted(1.0, 1, "custom"),
