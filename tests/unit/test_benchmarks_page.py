@@ -41,6 +41,9 @@ def test_the_comparison_benchmark_renders_its_result_file() -> None:
     for result in record["results"]:
         for key in ("api", "page"):
             assert f"{result[key]['p50_ms']:.1f} / {result[key]['p95_ms']:.1f} ms" in text
+        assert not result["load"]["shared"], f"{result['database']} was measured on a busy machine"
+        assert f"{result['database']} {result['load']['other_cores']:.3f} cores (quiet)" in text
+    assert record["machine"]["cpu_model"] in text
 
 
 def test_the_shaped_link_benchmark_renders_its_result_file_and_was_measured_alone() -> None:
