@@ -129,8 +129,9 @@ def measured_command(
 class OutsideTree:
     """CPU a bench's runs cause outside its process tree, which the load meter would count as other processes':
     the PostgreSQL backends serving the bench's own database (their command line names it), and processes handed
-    over with `adopt` (the ranks a SIGKILLed worker leaves behind). Sampled every SAMPLE_S while they live; what a
-    process used after its last sample still counts as other, so the load errs high, never low."""
+    over with `adopt` (the ranks a SIGKILLed worker leaves behind). A backend already serving the database when
+    the tree opens (a pool's connection) counts only what it used after. Sampled every SAMPLE_S while they live;
+    what a process used after its last sample still counts as other, so the load errs high, never low."""
 
     SAMPLE_S = 0.2
 
@@ -138,6 +139,7 @@ class OutsideTree:
         self.database = database.rsplit("/", 1)[-1] if database else None
         self.adopted: list[psutil.Process] = []
         self.used: dict[int, float] = {}  # pid -> CPU seconds at its last sample
+        self.before = {process.pid: cpu_seconds(process) for process in self.backends()}  # what is not counted
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
@@ -148,11 +150,9 @@ class OutsideTree:
     def _loop(self) -> None:
         while not self.stopped.wait(self.SAMPLE_S):
             for process in self.backends() + self.adopted:
-                try:
-                    times = process.cpu_times()
-                except psutil.Error:
-                    continue
-                self.used[process.pid] = times.user + times.system
+                seconds = cpu_seconds(process)
+                if seconds is not None:
+                    self.used[process.pid] = seconds
 
     def backends(self) -> list[psutil.Process]:
         if self.database is None:
@@ -161,10 +161,19 @@ class OutsideTree:
         return [p for p in psutil.process_iter(["cmdline"]) if named in " ".join(p.info["cmdline"] or [])]
 
     def seconds(self) -> float:
-        """Stop sampling; the CPU seconds the sampled processes used."""
+        """Stop sampling; the CPU seconds the sampled processes used since the tree opened."""
         self.stopped.set()
         self.thread.join()
-        return sum(self.used.values())
+        return sum(max(0.0, used - (self.before.get(pid) or 0.0)) for pid, used in self.used.items())
+
+
+def cpu_seconds(process: psutil.Process) -> float | None:
+    """The process's user and system CPU seconds; None once it is gone."""
+    try:
+        times = process.cpu_times()
+    except psutil.Error:
+        return None
+    return float(times.user + times.system)
 
 
 def load_without(load: Load, outside_s: float) -> Load:

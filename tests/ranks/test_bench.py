@@ -12,13 +12,16 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pipebd_core.bench.accuracy import calibrated_prediction, donors, read_run
 from pipebd_core.bench.arms import FROZEN_PROFILE, RECORD, WARMUP_STEPS
+from pipebd_core.bench.conditions import OutsideTree
 from pipebd_core.bench.distill import BOUND_MODE, run_bench
 from pipebd_core.documents.bench_record import SHARED_CORES, BenchRecord
 from pipebd_core.documents.profile import Profile
@@ -211,3 +214,24 @@ def test_minutes_that_hold_no_bench_are_refused_before_any_run(
     code, _, err = pipebd_here("bench", str(spec), "--modes", "dp,tr_dpu", "--minutes", "0.5", "--out", str(out))
     assert code == 2 and "--minutes 0.5: 3 arms x 3 repeats need at least" in err, err
     assert sorted(path.name for path in out.iterdir()) == ["frozen-profile.json"]
+
+
+def test_outside_tree_counts_a_backend_only_from_when_it_opened() -> None:
+    """A backend already serving the bench's database (a pool's connection, busy filling it) before the window
+    opened: the CPU it used before is not the window's, or the other processes' load would read too low."""
+    token = f"pipebd_test_{uuid.uuid4().hex[:12]}"
+    code = "import sys, time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\nsys.stdin.read()"
+    busy = subprocess.Popen([sys.executable, "-c", code, token], stdin=subprocess.PIPE)
+    try:
+        process = psutil.Process(busy.pid)
+        deadline = time.monotonic() + 60
+        while sum(process.cpu_times()[:2]) < 0.4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = OutsideTree(f"postgresql://127.0.0.1/{token}")
+        time.sleep(0.5)  # sampled while it waits, using nothing
+        counted = tree.seconds()
+    finally:
+        assert busy.stdin is not None
+        busy.stdin.close()
+        busy.wait(30)
+    assert tree.used and counted < 0.2, (tree.used, counted)  # seen, but its 0.4 s before are not counted
