@@ -171,12 +171,10 @@ def render_tradeoff(record: TradeoffRecord) -> str:
     and the time to choose; then the time to choose again beside the search's."""
     machine, settings, search = record.machine, record.settings, record.search_job
     teacher = record.rows[0]
-    gpus = ", ".join(machine.gpus) if machine.gpus else "no GPU"
     phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in search.phase_s.items())
     load = "**Shared**: some part ran while other processes used more than 0.15 cores" if record.shared else "Quiet"
     lines = [
-        f"Commit `{record.commit or 'unknown'}`; {machine.cores} x {machine.cpu_model}, {gpus},"
-        f" {machine.memory_bytes / 2**30:.0f} GiB, Python {machine.python}, torch {machine.torch}. Teacher trained"
+        f"Commit `{record.commit or 'unknown'}`; {machine_text(machine)}. Teacher trained"
         f" {settings.teacher_steps} steps ({record.teacher_job.wall_s:.0f} s); the search (`{settings.example}`,"
         f" {settings.search_steps} steps) chose {', '.join(record.search_layers)} for"
         f" {budget_text(record.search_budget)} in {search.wall_s:.0f} s ({phases}). tokens/s: greedy `generate()`"
