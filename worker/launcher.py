@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -71,6 +70,7 @@ from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import PhaseRecord, current
 from pipebd_core.job.elastic import reshape
+from pipebd_core.job.forked import PhaseProcess
 from pipebd_core.job.isolated import StepDied
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.nodes import NodeRole
@@ -171,7 +171,7 @@ class JobWatcher(Watcher):
             session.add(JobEvent(job_id=self.job_id, kind="phase", data=dict(data)))
             notify_phases(session, self.job_id, before, records)
 
-    def process_changed(self, phase: str, process: subprocess.Popen[bytes] | None) -> None:
+    def process_changed(self, phase: str, process: PhaseProcess | None) -> None:
         pid = process.pid if process is not None else None
         self._store("pid", functools.partial(self._save_pid, pid))
 

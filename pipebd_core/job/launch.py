@@ -22,6 +22,8 @@ import torch
 from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import PLAN, PLAN_FINETUNE, PROFILE, PROFILE_FINETUNE
 from pipebd_core.finetune.recut import recut_checkpoints
+from pipebd_core.job import forked
+from pipebd_core.job.forked import PhaseProcess
 from pipebd_core.job.isolated import in_child
 from pipebd_core.job.phases import PHASE_KINDS, job_phases, new_records
 from pipebd_core.job.processes import Rendezvous, rank_environment, torchrun_command
@@ -187,24 +189,36 @@ def start_phase(
     extra_env: dict[str, str] | None = None,
     trials: int = PROFILE_TRIALS,
     rendezvous: Rendezvous | None = None,
-) -> subprocess.Popen[bytes]:
-    """Start the phase's processes in a session of their own; their output goes to its launcher log (this
-    node's, in a launch on several nodes: `rendezvous`)."""
+) -> PhaseProcess:
+    """Start the phase's processes in a session of their own, forked from this process where it can
+    (forked.py); their output goes to its launcher log (this node's, in a launch on several nodes:
+    `rendezvous`)."""
     node = rendezvous.node if rendezvous is not None else 0
     if node == 0:
         run_dir.clear_errors(phase)  # the errors of an earlier attempt are not this one's
     log_path = run_dir.launcher_log(phase, node)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = phase_command(run_dir, spec, phase, trials, rendezvous)
+    env = rank_environment(spec, extra_env)
     with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            phase_command(run_dir, spec, phase, trials, rendezvous),
-            env=rank_environment(spec, extra_env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stopped as a whole, never half
-        )
+        process: PhaseProcess | None = forked.start(command, env, log, warm_for(spec, phase))
+        if process is None:  # CUDA is initialised here: a fresh interpreter
+            process = subprocess.Popen(
+                command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stopped as a whole, never half
+            )
     run_dir.append_event("launched", phase=phase, pid=process.pid, **({"node": node} if rendezvous else {}))
     return process
+
+
+def warm_for(spec: Spec, phase: str) -> list[str]:
+    """What to import here before forking the phase's process, once for every later phase: what every rank of
+    a launch of several imports (warm_torchrun.py), which each launch's agent would import again."""
+    several = PHASE_KINDS[phase].runs == "torchrun" and spec.schedule.nproc > 1
+    return [forked.DYNAMO] if several else []
 
 
 def complete(run_dir: RunDir, spec: Spec, phase: str) -> None:

@@ -11,10 +11,10 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 import psutil
 
+from pipebd_core.job.forked import PhaseProcess
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 
@@ -90,7 +90,7 @@ def _signal_group(group: int, signum: int) -> None:
         os.killpg(group, signum)
 
 
-def stop_process_tree(process: subprocess.Popen[Any], grace_s: float = 10.0) -> list[int]:
+def stop_process_tree(process: PhaseProcess, grace_s: float = 10.0) -> list[int]:
     """SIGTERM the job's whole session (torchrun agent and ranks), then SIGKILL whatever is left after
     `grace_s`, descendants that left the session included. Returns the pids that had to be killed."""
     try:

@@ -35,6 +35,7 @@ from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import DISTILL, TRAINING_PHASES, PhaseOutcome, PhaseRecord
 from pipebd_core.job import launch
 from pipebd_core.job.diagnosis import diagnose
+from pipebd_core.job.forked import PhaseProcess
 from pipebd_core.job.grow import GROWN, FreeNodes
 from pipebd_core.job.isolated import StepDied
 from pipebd_core.job.nodes import NodeError, NodeLink, NodeRole
@@ -94,7 +95,7 @@ class Watcher:
     def phases_changed(self, records: list[PhaseRecord]) -> None:
         """A phase started or ended (records: every phase, in order)."""
 
-    def process_changed(self, phase: str, process: subprocess.Popen[bytes] | None) -> None:
+    def process_changed(self, phase: str, process: PhaseProcess | None) -> None:
         """A phase's process started (None: it is gone)."""
 
     def tick(self, phase: str) -> Stop | None:
@@ -290,7 +291,7 @@ class Supervisor:
             return Outcome(SUCCEEDED, exit_code=0)
         return Outcome(FAILED, diagnose(self.run_dir, phase, code), code, phase)
 
-    def _follow(self, phase: str, process: subprocess.Popen[bytes], monitor: DistillMonitor | None) -> Stop | None:
+    def _follow(self, phase: str, process: PhaseProcess, monitor: DistillMonitor | None) -> Stop | None:
         """Poll until the process exits (None) or a stop is asked for (the Stop). A checkpoint stop of the
         distill phase asks the ranks to stop at a step boundary and waits for them (any other stop still
         ends it at once); its Stop is returned once they have exited."""

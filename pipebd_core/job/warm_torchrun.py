@@ -24,13 +24,13 @@ import sys
 import traceback
 import uuid
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
+from pipebd_core.job.forked import DYNAMO, rank_module
 from pipebd_core.rank.process import exit_now, preload
 from pipebd_core.rundir import RunDir
 
@@ -43,9 +43,6 @@ FRESH_HANDLERS = (
 )
 
 
-DYNAMO = "torch._dynamo"  # imported by torch when a rank builds its optimiser: 1.3 s of CPU
-
-
 def for_every_rank(nproc: int) -> list[str]:
     """What every rank imports whatever it runs, imported here once for several ranks (one rank would pay
     the same itself): torch's dynamo, which building an optimiser imports."""
@@ -53,12 +50,6 @@ def for_every_rank(nproc: int) -> list[str]:
         return []
     importlib.import_module(DYNAMO)
     return [DYNAMO]
-
-
-def rank_module(name: str) -> ModuleType:
-    """What `python -m name` runs: the module, or a package's `__main__`."""
-    module = importlib.import_module(name)
-    return importlib.import_module(f"{name}.__main__") if hasattr(module, "__path__") else module
 
 
 def run_rank(name: str, argv: list[str]) -> None:

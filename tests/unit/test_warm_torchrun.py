@@ -18,7 +18,7 @@ import pytest
 
 from pipebd_core.data.datasets import DATASET_MODULES
 from pipebd_core.finetune import __main__ as finetune_rank
-from pipebd_core.job import warm_torchrun
+from pipebd_core.job import forked, warm_torchrun
 from pipebd_core.rank.process import preload
 from pipebd_core.rundir import RunDir
 from tests.helpers import ROOT, tiny_document
@@ -26,8 +26,8 @@ from tests.unit.plan_samples import FINETUNE_SAMPLE
 
 
 def test_a_package_runs_its_main_module_and_a_module_itself() -> None:
-    assert warm_torchrun.rank_module("pipebd_core.distill").__name__ == "pipebd_core.distill.__main__"
-    assert warm_torchrun.rank_module("pipebd_core.distill.finalize").__name__ == "pipebd_core.distill.finalize"
+    assert forked.rank_module("pipebd_core.distill").__name__ == "pipebd_core.distill.__main__"
+    assert forked.rank_module("pipebd_core.distill.finalize").__name__ == "pipebd_core.distill.finalize"
 
 
 def test_a_rank_that_raises_prints_its_traceback_and_gets_fresh_signal_handlers(
@@ -130,4 +130,4 @@ def test_an_agent_of_several_ranks_imports_what_every_ranks_optimiser_imports() 
     """torch imports its dynamo (1.3 s of CPU) when a rank builds its optimiser: an agent of several ranks
     imports it once before the fork; one of a single rank leaves it to the rank."""
     assert warm_torchrun.for_every_rank(1) == []
-    assert warm_torchrun.for_every_rank(2) == [warm_torchrun.DYNAMO] and warm_torchrun.DYNAMO in sys.modules
+    assert warm_torchrun.for_every_rank(2) == [forked.DYNAMO] and forked.DYNAMO in sys.modules
