@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, NoReturn, Protocol
@@ -44,6 +45,7 @@ from typing import IO, Any, NoReturn, Protocol
 DYNAMO = "torch._dynamo"  # imported by torch when a rank builds its optimiser: 1.1-1.3 s of CPU
 # glibc's mallopt parameters for the variables processes.RANK_ALLOCATOR sets (read only by a fresh process)
 MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 WAIT_STEP_S = 0.05  # how often `wait(timeout)` looks, as Popen's own wait does for a timeout
 
 
@@ -130,10 +132,38 @@ def start(
         importlib.import_module(name)
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        become(command, env, log.fileno())
-    return ForkedProcess(pid, command)
+    with signals_held() as caught:
+        pid = os.fork()
+        if pid == 0:
+            become(command, env, log.fileno())
+    process = ForkedProcess(pid, command)
+    if caught:  # asked to stop while starting it: nothing is left half-started, then the stop takes its course
+        os.kill(pid, signal.SIGKILL)
+        process.wait()
+        for signum in caught:
+            signal.raise_signal(signum)
+    return process
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[list[int]]:
+    """The stop signals that arrive while this process forks, caught and given back to the caller (the list
+    yielded) rather than handled inside os.fork's own callbacks, where the exception of a handler (a SIGTERM
+    that `pipebd run` or `pipebd bench` turns into KeyboardInterrupt) is printed and lost, and the stop with
+    it. Python runs signal handlers in the main thread only, so a fork from another thread needs nothing."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    held = {signum: handler for signum, handler in previous.items() if callable(handler)}
+    for signum in held:
+        signal.signal(signum, lambda signum, _: caught.append(signum))
+    try:
+        yield caught
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
 
 
 def become(command: list[str], env: dict[str, str], log_fd: int) -> NoReturn:

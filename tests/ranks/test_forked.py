@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,6 +66,27 @@ def test_a_phase_forked_from_a_thread_pools_thread_ends_its_own_children_cleanly
         process, log = pool.submit(start_probe, tmp_path, "--child").result()
     assert process.wait(DEADLINE_S) == 0, log.read_text()
     assert "probe: the child ran" in log.read_text()
+
+
+SIGTERM_WHILE_FORKING = threading.Event()
+os.register_at_fork(before=lambda: SIGTERM_WHILE_FORKING.is_set() and os.kill(os.getpid(), signal.SIGTERM))
+
+
+def test_a_stop_signal_during_the_fork_stops_the_caller_and_leaves_no_child(tmp_path: Path) -> None:
+    # `pipebd run` and `pipebd bench` turn SIGTERM into KeyboardInterrupt; one handled inside os.fork's own
+    # callbacks was printed and lost (the bench went on to the end), or left the child running
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    SIGTERM_WHILE_FORKING.set()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            start_probe(tmp_path, "--wait", str(tmp_path / "never"))
+    finally:
+        SIGTERM_WHILE_FORKING.clear()
+        signal.signal(signal.SIGTERM, previous)
+    assert [child for child in psutil.Process().children() if "forked_probe" in " ".join(child.cmdline())] == []
 
 
 def test_a_crash_leaves_its_traceback_in_the_log_and_exits_1(tmp_path: Path) -> None:
