@@ -45,6 +45,7 @@ from typing import IO, Any, NoReturn, Protocol
 DYNAMO = "torch._dynamo"  # imported by torch when a rank builds its optimiser: 1.1-1.3 s of CPU
 # glibc's mallopt parameters for the variables processes.RANK_ALLOCATOR sets (read only by a fresh process)
 MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3}
+C_INT_MAX = 2**31 - 1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 WAIT_STEP_S = 0.05  # how often `wait(timeout)` looks, as Popen's own wait does for a timeout
 
@@ -254,9 +255,9 @@ def take_environment(env: dict[str, str]) -> None:
     os.environ.update(env)
     sys.path[:0] = [os.getcwd(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]  # as `python -m`
     libc = ctypes.CDLL(None)
-    for variable, parameter in MALLOPT.items():
-        if variable in env and hasattr(libc, "mallopt"):
-            libc.mallopt(parameter, int(env[variable]))
+    if hasattr(libc, "mallopt"):
+        for parameter, value in allocator_options(env):
+            libc.mallopt(parameter, value)
     if "OMP_NUM_THREADS" in env:
         import torch
 
@@ -283,6 +284,13 @@ def retitle(command: list[str], env: dict[str, str]) -> None:
         if end == env_end and len(environment) <= env_end - env_start:
             area[args_room : args_room + len(environment)] = environment
     ctypes.memmove(arg_start, bytes(area), len(area))
+
+
+def allocator_options(env: dict[str, str]) -> list[tuple[int, int]]:
+    """The mallopt calls that set what glibc reads from `env` at start-up. mallopt takes a C int, which a
+    value past 2 GiB would wrap (4 GiB to 0: a trim threshold of 0 trims the heap at every free, the
+    opposite of what is asked); such a value is held at the largest int."""
+    return [(parameter, min(int(env[name]), C_INT_MAX)) for name, parameter in MALLOPT.items() if name in env]
 
 
 def run_module(command: list[str]) -> int:

@@ -26,7 +26,8 @@ RANK_VISIBLE = ("PIPEBD_CACHE_DIR", "PIPEBD_INJECT_FAULT")
 # zeroed pages for the next step's. Ranks keep what they freed instead: buffers up to 32 MiB (glibc's
 # largest threshold) come from the heap, and the heap is never trimmed below 4 GiB. Measured on the
 # LayerPipe sample network, 2 CPU ranks, three runs each: ddp 209-215 ms a step without, 172-188 ms with;
-# gpipe 316-340 ms without, 283-296 ms with. A launcher's own setting of either variable is kept.
+# gpipe 316-340 ms without, 283-296 ms with. A launcher's own setting of either variable is kept. A phase
+# process forked warm sets them with mallopt, which takes an int: the trim threshold is 2 GiB there (job/forked.py).
 RANK_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(4 * 2**30)}
 
 
