@@ -100,6 +100,12 @@ class ForkedProcess:
             self.returncode = os.waitstatus_to_exitcode(status)
 
 
+def every_rank_imports(nproc: int) -> list[str]:
+    """What every rank of a launch of `nproc` imports whatever it runs, worth importing once before the ranks
+    fork: torch's dynamo, which building an optimiser imports (for one rank nothing: it would pay the same)."""
+    return [DYNAMO] if nproc > 1 else []
+
+
 def rank_module(name: str) -> ModuleType:
     """What `python -m name` runs: the module, or a package's `__main__`."""
     module = importlib.import_module(name)

@@ -202,7 +202,7 @@ def start_phase(
     env = rank_environment(spec, extra_env)
     with log_path.open("ab") as log:
         process: PhaseProcess | None = forked.start(command, env, log, warm_for(spec, phase))
-        if process is None:  # CUDA is initialised here: a fresh interpreter
+        if process is None:  # it cannot fork here (forked.can_fork: CUDA initialised): a fresh interpreter
             process = subprocess.Popen(
                 command,
                 env=env,
@@ -217,8 +217,7 @@ def start_phase(
 def warm_for(spec: Spec, phase: str) -> list[str]:
     """What to import here before forking the phase's process, once for every later phase: what every rank of
     a launch of several imports (warm_torchrun.py), which each launch's agent would import again."""
-    several = PHASE_KINDS[phase].runs == "torchrun" and spec.schedule.nproc > 1
-    return [forked.DYNAMO] if several else []
+    return forked.every_rank_imports(spec.schedule.nproc) if PHASE_KINDS[phase].runs == "torchrun" else []
 
 
 def complete(run_dir: RunDir, spec: Spec, phase: str) -> None:

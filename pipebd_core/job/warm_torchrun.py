@@ -30,7 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
-from pipebd_core.job.forked import DYNAMO, rank_module
+from pipebd_core.job.forked import every_rank_imports, rank_module
 from pipebd_core.rank.process import exit_now, preload
 from pipebd_core.rundir import RunDir
 
@@ -44,12 +44,11 @@ FRESH_HANDLERS = (
 
 
 def for_every_rank(nproc: int) -> list[str]:
-    """What every rank imports whatever it runs, imported here once for several ranks (one rank would pay
-    the same itself): torch's dynamo, which building an optimiser imports."""
-    if nproc < 2:
-        return []
-    importlib.import_module(DYNAMO)
-    return [DYNAMO]
+    """What every rank imports whatever it runs (forked.every_rank_imports), imported here once."""
+    names = every_rank_imports(nproc)
+    for name in names:
+        importlib.import_module(name)
+    return names
 
 
 def run_rank(name: str, argv: list[str]) -> None:
