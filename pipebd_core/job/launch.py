@@ -190,8 +190,8 @@ def start_phase(
     trials: int = PROFILE_TRIALS,
     rendezvous: Rendezvous | None = None,
 ) -> PhaseProcess:
-    """Start the phase's processes in a session of their own, forked from this process where it can
-    (forked.py); their output goes to its launcher log (this node's, in a launch on several nodes:
+    """Start the phase's processes in a session of their own (a single-process phase's forked from this
+    process where it can: forked.py); their output goes to its launcher log (this node's, in a launch on several nodes:
     `rendezvous`)."""
     node = rendezvous.node if rendezvous is not None else 0
     if node == 0:
@@ -201,8 +201,9 @@ def start_phase(
     command = phase_command(run_dir, spec, phase, trials, rendezvous)
     env = rank_environment(spec, extra_env)
     with log_path.open("ab") as log:
-        process: PhaseProcess | None = forked.start(command, env, log, warm_for(spec, phase))
-        if process is None:  # it cannot fork here (forked.can_fork: CUDA initialised): a fresh interpreter
+        warm = PHASE_KINDS[phase].runs == "process"  # a torchrun agent is started fresh: see forked.py
+        process: PhaseProcess | None = forked.start(command, env, log) if warm else None
+        if process is None:  # a fresh interpreter
             process = subprocess.Popen(
                 command,
                 env=env,
@@ -212,12 +213,6 @@ def start_phase(
             )
     run_dir.append_event("launched", phase=phase, pid=process.pid, **({"node": node} if rendezvous else {}))
     return process
-
-
-def warm_for(spec: Spec, phase: str) -> list[str]:
-    """What to import here before forking the phase's process, once for every later phase: what every rank of
-    a launch of several imports (warm_torchrun.py), which each launch's agent would import again."""
-    return forked.every_rank_imports(spec.schedule.nproc) if PHASE_KINDS[phase].runs == "torchrun" else []
 
 
 def complete(run_dir: RunDir, spec: Spec, phase: str) -> None:
