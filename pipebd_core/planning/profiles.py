@@ -70,7 +70,8 @@ def profile_key(spec: Spec) -> str:
 
 def layer_profile_key(spec: Spec, architecture: str | None) -> str:
     """What the layer measurements depend on: the block profile's key, the finetune batch and micro-batches,
-    the initialisation's source, and a searched network's architecture (architecture.json's text)."""
+    the optimiser's settings that change its step's work (momentum, weight decay), the initialisation's source,
+    and a searched network's architecture (architecture.json's text)."""
     tune = spec.finetune
     assert tune is not None, "only a spec with a finetune section has layers to profile"
     key = {
@@ -78,6 +79,7 @@ def layer_profile_key(spec: Spec, architecture: str | None) -> str:
         "blocks": profile_key(spec),
         "batch": tune.batch_size or spec.data.batch_size,
         "microbatches": tune.microbatches,
+        "optimizer": {"momentum": tune.momentum, "weight_decay": tune.weight_decay},
         "architecture": architecture,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]

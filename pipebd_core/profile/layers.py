@@ -47,7 +47,7 @@ from pipebd_core.rank.deferred import defer_weight_gradients, input_gradient
 from pipebd_core.rank.network import Network, build_network, finetune_view
 from pipebd_core.rank.process import exit_now, gather_on_rank_zero, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import Spec
+from pipebd_core.spec import Spec, TrainSpec
 
 P2P_MAX_ELEMENTS = 2**24  # larger tensors (a big layer's weight) are costed by scaling the largest measured
 
@@ -98,9 +98,11 @@ def measure_layer(
     device: torch.device,
     first: bool,
     dtype: torch.dtype = torch.float32,
+    train: TrainSpec | None = None,
 ) -> LayerTrials:
     """F, B, I and W of one layer at one batch, as the strategies run them (`first`: its input is the data,
-    of `dtype`: token ids are zeros, which cost what any ids do)."""
+    of `dtype`: token ids are zeros, which cost what any ids do), and its optimiser step as the finetune rank
+    takes it (`train`: the finetune view's SGD settings; weight decay makes the step allocate a gradient copy)."""
     layer = copy.deepcopy(layer).to(device).train()
     trainable = any(p.requires_grad for p in layer.parameters())
     if dtype.is_floating_point:
@@ -125,7 +127,7 @@ def measure_layer(
         weight_s = [_w_time(layer, weights, x, grad, device) for _ in range(WARMUP + trials)][WARMUP:]
     weights.restore()
     split = measure_split(layer, x, grad, trials, device) if not first and (split_channels(layer) or 0) > 1 else None
-    optimizer = torch.optim.SGD(layer.parameters(), lr=0.01, momentum=0.9) if trainable else None
+    optimizer = sgd(layer, train) if trainable else None
     if backward:
         layer(x).backward(grad)
     weight = getattr(layer, "weight", None)
@@ -143,6 +145,13 @@ def measure_layer(
         I_kernel=split[0] if split else None,
         I_halves=split[1] if split else None,
     )
+
+
+def sgd(layer: nn.Module, train: TrainSpec | None) -> torch.optim.SGD:
+    """The optimiser the finetune rank builds (finetune/rank.py's Trainer), over `layer` alone."""
+    if train is None:
+        return torch.optim.SGD(layer.parameters(), lr=0.01, momentum=0.9)
+    return torch.optim.SGD(layer.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
 
 
 def timed_backward(
@@ -259,10 +268,12 @@ def measure_rank(
     device: torch.device,
     data_dtype: torch.dtype = torch.float32,
 ) -> LayerRankMeasurements:
-    batches = layer_batches(spec)
+    batches, train = layer_batches(spec), finetune_view(spec).train
     layers = {
         name: [
-            measure_layer(layer, shapes[i], batch, trials, device, i == 0, data_dtype if i == 0 else torch.float32)
+            measure_layer(
+                layer, shapes[i], batch, trials, device, i == 0, data_dtype if i == 0 else torch.float32, train
+            )
             for i, layer in enumerate(network.layers)
         ]
         for name, batch in (("microbatch", batches.microbatch), ("shard", batches.shard))
