@@ -12,34 +12,26 @@ process that lived less than SAMPLE_S, still counts as other: the figure errs hi
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
 import psutil
 
 from app.soak.history import SegmentLoad
-from pipebd_core.bench.conditions import LoadMeter, load_without
+from pipebd_core.bench.conditions import LoadMeter, OutsideSampler, load_without
 
 SAMPLE_S = 0.5
 
 
-class OwnOutsideTree:
-    """Samples the CPU of the soak's own processes that are not its descendants, from its start to `seconds`."""
+class OwnOutsideTree(OutsideSampler):
+    """The soak's own processes that are not its descendants, sampled from its start to `seconds()`."""
+
+    SAMPLE_S = SAMPLE_S
 
     def __init__(self, folders: list[Path], data_dir: Path) -> None:
         self.folders = [str(folder.resolve()) for folder in folders]
         self.data_dir = str(data_dir.resolve())
-        self.before = set(psutil.pids())  # alive when it started (create_time is only as precise as boot time)
-        self.base: dict[int, float] = {}  # pid -> CPU seconds not counted (used before the segment started)
-        self.used: dict[int, float] = {}  # pid -> CPU seconds at its last sample
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="soak-load")
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while not self.stopped.wait(SAMPLE_S):
-            self.sample()
+        super().__init__()
 
     def is_own(self, process: psutil.Process) -> bool:
         """The process works in one of the soak's folders, or serves its data directory."""
@@ -51,27 +43,19 @@ class OwnOutsideTree:
         except psutil.Error:
             return False
 
-    def sample(self) -> None:
+    def sampled(self) -> list[psutil.Process]:
         me = os.getpid()
+        own = []
         for process in psutil.process_iter():
             if process.pid == me or not self.is_own(process):
                 continue
             try:
                 if me in {parent.pid for parent in process.parents()}:
                     continue  # a descendant: counted by the load meter once reaped
-                times = process.cpu_times()
             except psutil.Error:
                 continue
-            seconds = times.user + times.system
-            if process.pid not in self.used:
-                self.base[process.pid] = seconds if process.pid in self.before else 0.0
-            self.used[process.pid] = seconds
-
-    def seconds(self) -> float:
-        """Stop sampling; the CPU seconds the soak's own processes outside its tree used since it started."""
-        self.stopped.set()
-        self.thread.join()
-        return sum(max(0.0, used - self.base[pid]) for pid, used in self.used.items())
+            own.append(process)
+        return own
 
 
 class SegmentMeter:

@@ -126,45 +126,63 @@ def measured_command(
     return MeasuredCommand(stdout=done.stdout, wall_s=wall, load=meter.load())
 
 
-class OutsideTree:
-    """CPU a bench's runs cause outside its process tree, which the load meter would count as other processes':
-    the PostgreSQL backends serving the bench's own database (their command line names it), and processes handed
-    over with `adopt` (the ranks a SIGKILLed worker leaves behind). A backend already serving the database when
-    the tree opens (a pool's connection) counts only what it used after. Sampled every SAMPLE_S while they live;
-    what a process used after its last sample still counts as other, so the load errs high, never low."""
+class OutsideSampler:
+    """CPU that processes outside the bench's (or soak's) process tree use for it, which the load meter would count
+    as other processes'. A thread samples `sampled()` every SAMPLE_S; a process already alive when the sampler
+    opened counts only what it used after (its CPU then is the base), one that appeared later all it used. What a
+    process used after its last sample still counts as other, so the load errs high, never low."""
 
     SAMPLE_S = 0.2
+
+    def __init__(self) -> None:
+        self.used: dict[int, float] = {}  # pid -> CPU seconds at its last sample
+        self.before = self._cpu_now()  # pid -> CPU seconds not counted (used before the sampler opened)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name=type(self).__name__)
+        self.thread.start()
+
+    def sampled(self) -> list[psutil.Process]:
+        """The processes whose CPU is the bench's own: each subclass says which."""
+        raise NotImplementedError
+
+    def _cpu_now(self) -> dict[int, float]:
+        now = {process.pid: cpu_seconds(process) for process in self.sampled()}
+        return {pid: seconds for pid, seconds in now.items() if seconds is not None}
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.SAMPLE_S):
+            self.sample()
+
+    def sample(self) -> None:
+        self.used.update(self._cpu_now())
+
+    def seconds(self) -> float:
+        """Stop sampling; the CPU seconds the sampled processes used since the sampler opened."""
+        self.stopped.set()
+        self.thread.join()
+        return sum(max(0.0, used - self.before.get(pid, 0.0)) for pid, used in self.used.items())
+
+
+class OutsideTree(OutsideSampler):
+    """A bench's processes outside its tree: the PostgreSQL backends serving the bench's own database (their
+    command line names it), and processes handed over with `adopt` (the ranks a SIGKILLed worker leaves behind)."""
 
     def __init__(self, database: str | None) -> None:
         self.database = database.rsplit("/", 1)[-1] if database else None
         self.adopted: list[psutil.Process] = []
-        self.used: dict[int, float] = {}  # pid -> CPU seconds at its last sample
-        self.before = {process.pid: cpu_seconds(process) for process in self.backends()}  # what is not counted
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
+        super().__init__()
 
     def adopt(self, processes: list[psutil.Process]) -> None:
         self.adopted += processes
 
-    def _loop(self) -> None:
-        while not self.stopped.wait(self.SAMPLE_S):
-            for process in self.backends() + self.adopted:
-                seconds = cpu_seconds(process)
-                if seconds is not None:
-                    self.used[process.pid] = seconds
+    def sampled(self) -> list[psutil.Process]:
+        return self.backends() + self.adopted
 
     def backends(self) -> list[psutil.Process]:
         if self.database is None:
             return []
         named = self.database
         return [p for p in psutil.process_iter(["cmdline"]) if named in " ".join(p.info["cmdline"] or [])]
-
-    def seconds(self) -> float:
-        """Stop sampling; the CPU seconds the sampled processes used since the tree opened."""
-        self.stopped.set()
-        self.thread.join()
-        return sum(max(0.0, used - (self.before.get(pid) or 0.0)) for pid, used in self.used.items())
 
 
 def cpu_seconds(process: psutil.Process) -> float | None:
