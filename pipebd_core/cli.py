@@ -94,7 +94,8 @@ def add_bench_command(commands: Any) -> None:
     bench.add_argument(
         "--minutes",
         type=float,
-        help="choose the steps (up to --steps) and repeats (at least --repeats) that fit this many minutes",
+        help="choose the steps (up to --steps) and repeats (at least --repeats) that fit this many minutes"
+        " (a short probe run first measures start-up and step)",
     )
     bench.add_argument(
         "--resume", metavar="RECORD", help="continue the bench whose record (bench.json) this is, where it stopped"

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Literal
 
 from pipebd_core.bench.arms import BOUND
-from pipebd_core.bench.distill import bench_record, bench_spec, frozen_profile, run_arms
+from pipebd_core.bench.distill import bench_record, bench_spec, frozen_profile, run_arm, run_arms
 from pipebd_core.bench.doubt import apply_guard, guarded_predictions, kendall_tau, mape, noise_floor, regret
-from pipebd_core.bench.fit import budget
+from pipebd_core.bench.fit import budget, probing
 from pipebd_core.bench.progress import begin, write_record
 from pipebd_core.distill.plan import Plan, build_stages
 from pipebd_core.documents.bench_record import (
@@ -326,7 +326,9 @@ def run_accuracy_bench(
         step_s = {c.name: timeline(candidate_plan(model, c), model).step_s for c in listed}
         return {**step_s, BOUND: model.ideal_step() * model.nproc}
 
-    fitted = budget(steps, repeats, minutes, resume, arm_steps)
+    first = listed[0]
+    probe = probing(out, first.name, lambda n, at: run_arm(candidate_spec(spec, first, n), profile, at, -1))
+    fitted = budget(steps, repeats, minutes, resume, arm_steps, probe)
     steps, repeats = fitted.steps, fitted.repeats
     base = bench_spec(spec, "auto", steps)
     specs = {candidate.name: candidate_spec(spec, candidate, steps) for candidate in listed}

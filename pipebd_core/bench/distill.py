@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pipebd_core.bench.arms import BOUND, WARMUP_STEPS, check_steps, rotate, run_in_own_dir, timed
 from pipebd_core.bench.conditions import commit, machine
-from pipebd_core.bench.fit import budget
+from pipebd_core.bench.fit import budget, probing
 from pipebd_core.bench.progress import begin, write_record
 from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, Reference, TimingRule
 from pipebd_core.documents.distill_plan import StageSpan
@@ -110,7 +110,8 @@ def run_bench(
     every run: progress.py). `resume`: the record of this bench stopped half-way; `minutes`: choose the
     steps and repeats that fit (fit.py); `reprofile`: measure the profile now (`frozen_profile`)."""
     progress = begin(out, resume, lambda: frozen_profile(bench_spec(spec, modes[0], steps), reprofile), Profile)
-    fitted = budget(steps, repeats, minutes, resume, lambda: predicted_steps(spec, modes, progress.profile))
+    first = probing(out, modes[0], lambda n, at: run_arm(bench_spec(spec, modes[0], n), progress.profile, at, -1))
+    fitted = budget(steps, repeats, minutes, resume, lambda: predicted_steps(spec, modes, progress.profile), first)
     steps, repeats = fitted.steps, fitted.repeats
     specs = {mode: bench_spec(spec, mode, steps) for mode in modes}
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pipebd_core.bench.arms import BOUND, WARMUP_STEPS, check_steps, epoch_starts, rotate, run_in_own_dir, timed
 from pipebd_core.bench.conditions import commit, machine
-from pipebd_core.bench.fit import budget
+from pipebd_core.bench.fit import budget, probing
 from pipebd_core.bench.progress import Progress, begin, write_record
 from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, Reference, TimingRule
 from pipebd_core.documents.distill_plan import StageSpan
@@ -158,12 +158,15 @@ def run_finetune_bench(
         return {name: bench_spec(spec, name, steps) for name in strategies}
 
     progress = begin(out, resume, lambda: obtain_layer_profile(next(iter(arm_specs(steps).values()))), LayerProfile)
+    first = next(iter(arm_specs(steps)))
+    probe = probing(out, first, lambda n, at: run_arm(arm_specs(n)[first], progress.profile, at, -1))
     fitted = budget(
         steps,
         repeats,
         minutes,
         resume,
         lambda: predicted_steps(arm_specs(steps), progress.profile, spec.schedule.nproc),
+        probe,
     )
     steps, repeats = fitted.steps, fitted.repeats
     specs = arm_specs(steps)

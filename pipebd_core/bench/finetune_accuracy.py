@@ -28,8 +28,8 @@ from typing import Literal
 from pipebd_core.bench import accuracy
 from pipebd_core.bench.arms import BOUND
 from pipebd_core.bench.doubt import noise_floor
-from pipebd_core.bench.finetune import bench_spec, finetune_record, plan_stages, run_with_bound
-from pipebd_core.bench.fit import budget
+from pipebd_core.bench.finetune import bench_spec, finetune_record, plan_stages, run_arm, run_with_bound
+from pipebd_core.bench.fit import budget, probing
 from pipebd_core.bench.progress import begin, write_record
 from pipebd_core.documents.bench_record import Accuracy, Arm, ArmRun, BenchRecord, PlanAccuracy, Reference
 from pipebd_core.documents.layer_profile import LayerProfile
@@ -195,7 +195,11 @@ def run_finetune_accuracy_bench(
     progress = begin(out, resume, lambda: obtain_layer_profile(bench_spec(spec, AUTO, steps)), LayerProfile)
     profile = progress.profile
     candidates, chosen = plan_candidates(spec, profile, steps)
-    fitted = budget(steps, repeats, minutes, resume, lambda: predicted_steps(candidates, spec.schedule.nproc))
+    first = candidates[0]
+    probe = probing(
+        out, first.name, lambda n, at: run_arm(bench_spec(spec, first.strategy, n, first.partitioner), profile, at, -1)
+    )
+    fitted = budget(steps, repeats, minutes, resume, lambda: predicted_steps(candidates, spec.schedule.nproc), probe)
     steps, repeats = fitted.steps, fitted.repeats
     specs = {c.name: bench_spec(spec, c.strategy, steps, c.partitioner) for c in candidates}
 

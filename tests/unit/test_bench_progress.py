@@ -11,7 +11,17 @@ import pytest
 
 from pipebd_core.bench import progress
 from pipebd_core.bench.arms import rotate, rotation
-from pipebd_core.bench.fit import LAUNCH_S, MIN_REPEATS, MIN_STEPS, Budget, budget, fit, predicted_s
+from pipebd_core.bench.fit import (
+    LAUNCH_S,
+    MIN_REPEATS,
+    MIN_STEPS,
+    SCALE_LIMITS,
+    Budget,
+    Probe,
+    budget,
+    fit,
+    predicted_s,
+)
 from pipebd_core.bench.progress import read_record
 from pipebd_core.bench.report import render
 from pipebd_core.documents.bench_record import ArmRun, BenchRecord, KernelSpeed, Reference, RunSpeed
@@ -172,3 +182,36 @@ def test_the_reference_speed_is_taken_after_each_run_and_a_run_measured_again_dr
     with_speeds = measured.model_copy(update={"reference": Reference(start=start, after_runs=after)})
     kept = progress.speeds_kept(progress.without_shared(with_speeds))
     assert "tr_dpu-1" in names and sorted(kept) == sorted(set(names) - {"tr_dpu-1"})
+
+
+def test_a_probe_run_measures_the_start_up_and_scales_the_predictions_the_fit_uses() -> None:
+    step_s = {"dp": 0.5, "tr_dpu": 0.3, "bound": 0.6}
+    probe = Probe("dp", 6, wall_s=30.0, step_s=1.0, predicted_step_s=0.5)  # 24 s beyond its steps, 2x predicted
+    assert (probe.launch_s, probe.scale) == (24.0, 2.0)
+    assert Probe("dp", 6, 30.0, 10.0, 1.0).scale == SCALE_LIMITS[1] and Probe("dp", 6, 30.0, 1.0, None).scale == 1
+    chosen = fit(step_s, minutes=10, max_steps=100, probe=probe)
+    scaled = {arm: 2 * step for arm, step in step_s.items()}
+    assert chosen.predicted_s == predicted_s(scaled, chosen.steps, chosen.repeats, 24.0) + 30.0 <= 10 * 60
+    assert predicted_s(scaled, chosen.steps + 1, chosen.repeats, 24.0) + 30.0 > 10 * 60  # as many steps as fit
+    assert "24 s start-up a run" in chosen.says() and "x 2.00" in chosen.says() and "6-step run of dp" in chosen.says()
+    with pytest.raises(SpecError, match=r"--minutes 1, 70 s of them spent on a probe run of dp: nothing is left"):
+        fit(step_s, minutes=1, max_steps=40, probe=Probe("dp", 6, 70.0, 1.0, 0.5))
+    with pytest.raises(SpecError, match=r"--minutes 2, 30 s of them spent on a probe run of dp .*: --minutes 1.5"):
+        fit(step_s, minutes=2, max_steps=40, probe=probe)
+
+
+def test_a_fitted_bench_probes_once_and_only_a_budget_the_fastest_start_up_could_hold() -> None:
+    step_s = {"dp": 0.5, "tr_dpu": 0.3, "bound": 0.6}
+    probed: list[int] = []
+
+    def probe(steps: int) -> Probe:
+        probed.append(steps)
+        return Probe("dp", steps, 30.0, 1.0, 0.5)
+
+    chosen = fit(step_s, minutes=10, max_steps=40, probe=Probe("dp", MIN_STEPS, 30.0, 1.0, 0.5))
+    assert budget(40, 3, 10, None, lambda: step_s, probe) == Budget(chosen.steps, chosen.repeats, chosen.says())
+    assert probed == [MIN_STEPS]
+    with pytest.raises(SpecError, match=r"--minutes 0.5: 3 arms x 3 repeats need at least"):
+        budget(40, 3, 0.5, None, lambda: step_s, probe)  # 9 runs of 5 s start-up each: refused, nothing run
+    assert probed == [MIN_STEPS]
+    assert budget(4, 3, 10, None, lambda: step_s, probe).steps == 4 and probed[-1] == 4  # --steps below MIN_STEPS
