@@ -88,13 +88,16 @@ class LayerProfile(Document):
     # per count k of ranks computing at once (1 .. nproc), how much slower each computes than one alone; the
     # layer times were measured with every rank computing (co_run[-1]). Empty: not measured (no slowdown)
     co_run: list[float] = Field(default_factory=list)
+    # likewise for the whole network's optimiser step (memory-bound: ranks stepping together share the node's
+    # memory bandwidth); the layers' optim times are each rank's alone. Empty: not measured (no slowdown)
+    co_run_optim: list[float] = Field(default_factory=list)
     measured_at: float | None = None  # seconds since the epoch (None: a profile written by hand)
     # the node's logical CPUs the ranks shared (planning/cpu_sharing.py); None: not recorded
     cpus: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The fields added to version 1 after profiles were first committed (nodes, inter, cpus) are written
-        only where they differ from their defaults: a profile written before them keeps its hash, so a
+        """The fields added to version 1 after profiles were first committed (nodes, inter, cpus, co_run_optim)
+        are written only where they differ from their defaults: a profile written before them keeps its hash, so a
         benchmark record that names it still finds it (bench/check.py)."""
         data = super().to_json()
         for name, default in LATER_FIELDS.items():
@@ -103,4 +106,5 @@ class LayerProfile(Document):
         return data
 
 
-LATER_FIELDS: dict[str, object] = {"nodes": 1, "inter": None, "cpus": None}  # added to version 1, with defaults
+# added to version 1, with their defaults
+LATER_FIELDS: dict[str, object] = {"nodes": 1, "inter": None, "cpus": None, "co_run_optim": []}

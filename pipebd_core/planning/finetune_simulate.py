@@ -21,7 +21,10 @@ less delta work and the next stage more (each piece of the split with its own co
 travels with micro-batch 0's activation and each micro-batch's partial input gradient with its output
 gradient. `simulate_ddp` is a forward and a backward of one
 shard, the gradients' all-reduce (over ranks on several nodes, at least a ring over the link between them)
-and the optimiser step. Both give the step time, each rank's busy
+and the optimiser step. Optimiser steps, which read and write every parameter, gradient and momentum and so
+are bound by memory, share the node by their own co-run curve (co_run_optim): each rank's step, its layers'
+profiled steps alone, runs at 1 / co_run_optim[k - 1] while k ranks step (DDP's ranks all at once; a pipeline's
+as each stage finishes its last backward). Both give the step time, each rank's busy
 share and compute seconds, its peak memory estimate and Gantt segments (rank, kind, micro-batch, start,
 end).
 """
@@ -87,6 +90,33 @@ class TrainCosts:
         cpus = self.profile.cpus if self.profile.device == "cpu" else None
         per_node = min(computing, self.profile.nproc // max(1, self.profile.nodes))
         return max(measured, shared_slowdown(per_node * self.threads_per_rank, cpus))
+
+    def optim_slowdown(self, stepping: int) -> float:
+        """How much slower each rank's optimiser step runs while `stepping` ranks step at once than alone: the
+        profile's measured curve for it (1 where it measured none)."""
+        curve = self.profile.co_run_optim
+        if stepping < 1 or not curve:
+            return 1.0
+        return curve[min(stepping, len(curve)) - 1]
+
+    def optimiser_ends(self, starts: Sequence[float], work: Sequence[float]) -> list[float]:
+        """When each rank's optimiser step ends: rank s starts at `starts[s]` with `work[s]` seconds of it alone,
+        and the ranks stepping at a moment share the node by the optimiser's co-run curve."""
+        left = list(work)
+        ends = [start if seconds <= 0 else math.inf for start, seconds in zip(starts, work, strict=True)]
+        now = min(starts, default=0.0)
+        while math.inf in ends:
+            waiting = [s for s, end in enumerate(ends) if end == math.inf]
+            stepping = [s for s in waiting if starts[s] <= now]
+            rate = 1.0 / self.optim_slowdown(len(stepping))
+            finishing = min((now + left[s] / rate for s in stepping), default=math.inf)
+            later = min(finishing, min((starts[s] for s in waiting if starts[s] > now), default=math.inf))
+            for s in stepping:
+                left[s] -= (later - now) * rate
+                if left[s] <= FINISHED * max(1.0, later):
+                    ends[s] = later
+            now = later
+        return ends
 
     def layer(self, index: int, batch: LayerBatch, part: TimedPart) -> float:
         return self.layers[index].at(batch).seconds(part)
@@ -247,11 +277,12 @@ def simulate_pipeline(
     done: dict[tuple[str, int, int], float] = {}
     segments: list[dict[str, Any]] = []
     clock = _replay(strategy, actions, times, sends, costs, done, segments)
-    step = max(clock[s] + times[s].optim for s in range(count))
+    stepped = costs.optimiser_ends(clock, [times[s].optim for s in range(count)])
+    step = max(stepped)
     computed = [sum(seg["end"] - seg["start"] for seg in segments if seg["rank"] == s) for s in range(count)]
     busy = [seconds / step for seconds in computed]
     memory = [_pipeline_memory(actions[s], times[s]) for s in range(count)]
-    stage_s = [seconds + times[s].optim for s, seconds in enumerate(computed)]
+    stage_s = [seconds + stepped[s] - clock[s] for s, seconds in enumerate(computed)]
     return Prediction(strategy, stages, step, busy, memory, segments, stage_s)
 
 
@@ -353,10 +384,12 @@ def _pipeline_memory(actions: list[Action], times: StageTimes) -> int:
 
 
 def simulate_ddp(costs: TrainCosts, layers: int, nproc: int) -> Prediction:
-    """A forward and a backward of the largest shard, the all-reduce of every gradient, the SGD step."""
+    """A forward and a backward of the largest shard, the all-reduce of every gradient, the SGD step (every rank
+    steps the whole network's at once)."""
     whole = costs.stage(0, layers, "shard")
     reduce = costs.allreduce() if nproc > 1 else 0.0
-    step = whole.f + whole.b + reduce + whole.optim
+    optim = whole.optim * costs.optim_slowdown(nproc)
+    step = whole.f + whole.b + reduce + optim
     segments = []
     for rank in range(nproc):
         segments += [
@@ -372,5 +405,5 @@ def simulate_ddp(costs: TrainCosts, layers: int, nproc: int) -> Prediction:
         ]
     memory = (MEMORY_COPIES + 1) * whole.param_bytes + whole.kept_bytes  # DDP's buckets hold a gradient copy
     busy = (whole.f + whole.b) / step
-    stage_s = [whole.f + whole.b + whole.optim] * nproc
+    stage_s = [whole.f + whole.b + optim] * nproc
     return Prediction("ddp", [(0, layers)], step, [busy] * nproc, [memory] * nproc, segments, stage_s)

@@ -15,7 +15,10 @@ such weight (what a moved share sends); on several nodes, the same sizes sent be
 node's first rank, fitted as the link between nodes (`inter`, latency + bytes / bandwidth); over all ranks,
 the all-reduce of the whole network's gradients; and the co-run curve: one forward and backward of the
 whole network at the micro-batch timed on rank 0 while k ranks run it at once, k = 1 .. N, over its time
-alone (co_run; the replay shares the node by it).
+alone (co_run; the replay shares the node by it); and the same for the whole network's optimiser step
+(co_run_optim): memory-bound, it slows far more than computing does when ranks step together, as DDP's do
+(VGG-16 student, 2 ranks on this 2-core machine: a step 1.09x slower together, an SGD step of its 485 MB of
+parameters about 2x).
 Each value: median of the trials after a warm-up, with its spread (p90 - p10) / median.
 """
 
@@ -85,6 +88,7 @@ class LayerRankMeasurements:
     batches: LayerBatches
     layers: dict[str, list[LayerTrials]]  # per batch ("microbatch", "shard"), per layer
     co_run: list[float]  # rank 0's seconds of a whole step while k = 1 .. N ranks run it ([] alone)
+    co_run_optim: list[float]  # rank 0's seconds of the whole network's optimiser step, likewise
     p2p: dict[int, list[float]]  # one-way seconds per tensor size (float32 elements), inside a node
     inter: list[tuple[int, float]]  # (bytes, one-way seconds) of sends to another node; rank 0 only
     allreduce: list[float]  # the whole network's gradients
@@ -236,11 +240,18 @@ def measure_inter_node(sizes: list[int], trials: int, device: torch.device, per_
 
 
 def measure_co_run(
-    network: Network, sample_shape: list[int], batch: int, trials: int, device: torch.device, dtype: torch.dtype
-) -> list[float]:
+    network: Network,
+    sample_shape: list[int],
+    batch: int,
+    trials: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    train: TrainSpec | None = None,
+) -> tuple[list[float], list[float]]:
     """Rank 0's seconds of one forward and backward of the whole network at `batch` while k ranks run it at
     once, for k = 1 .. the world's size (the others wait): how much ranks computing together slow each
-    other down on this node (on a CPU, ranks beyond its cores share them; on GPUs, nothing)."""
+    other down on this node (on a CPU, ranks beyond its cores share them; on GPUs, nothing); then likewise
+    of the whole network's optimiser step (`train`'s SGD), which shares the node's memory bandwidth."""
     rank, world = dist.get_rank(), dist.get_world_size()
     model = copy.deepcopy(network.sequential()).to(device).train()
     if dtype.is_floating_point:
@@ -251,13 +262,19 @@ def measure_co_run(
     def step() -> None:
         model(x).float().mean().backward()
 
-    seconds = []
-    for running in range(1, world + 1):
-        dist.barrier()
-        samples = timed_once(step, trials, device) if rank < running else [0.0]
-        dist.barrier()
-        seconds.append(statistics.median(samples))
-    return seconds
+    def together(fn: Callable[[], Any]) -> list[float]:
+        seconds = []
+        for running in range(1, world + 1):
+            dist.barrier()
+            samples = timed_once(fn, trials, device) if rank < running else [0.0]
+            dist.barrier()
+            seconds.append(statistics.median(samples))
+        return seconds
+
+    computing = together(step)  # leaves every parameter its gradient, which the optimiser steps with
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimiser = together(sgd(model, train).step) if trainable else []
+    return computing, optimiser
 
 
 def measure_rank(
@@ -284,14 +301,22 @@ def measure_rank(
     params = sum(p.numel() for p in network.model.parameters())
     flat = torch.zeros(max(1, params), device=device)
     microbatch = batches.microbatch
-    co_run = measure_co_run(network, shapes[0], microbatch, trials, device, data_dtype) if distributed else []
+    co_run, co_run_optim = (
+        measure_co_run(network, shapes[0], microbatch, trials, device, data_dtype, train) if distributed else ([], [])
+    )
     per_node = spec.schedule.nproc
     p2p = measure_p2p(sorted(sizes), trials, device, per_node) if distributed else {}
     several = distributed and spec.schedule.nodes > 1
     inter = measure_inter_node(sorted(sizes), trials, device, per_node) if several else []
     allreduce = timed_once(functools.partial(dist.all_reduce, flat), trials, device) if distributed else []
     return LayerRankMeasurements(
-        batches=batches, layers=layers, co_run=co_run, p2p=p2p, inter=inter, allreduce=allreduce
+        batches=batches,
+        layers=layers,
+        co_run=co_run,
+        co_run_optim=co_run_optim,
+        p2p=p2p,
+        inter=inter,
+        allreduce=allreduce,
     )
 
 
@@ -335,7 +360,6 @@ def pool(
         )
     p2p = {size: summarise([t for m in measured for t in m.p2p.get(size, [])]) for size in first.p2p}
     allreduce = [t for m in measured for t in m.allreduce]
-    alone, *together = first.co_run or [1.0]
     return LayerProfile(
         nproc=spec.schedule.world_size,
         nodes=spec.schedule.nodes,
@@ -347,10 +371,17 @@ def pool(
         layers=layers,
         p2p_s=p2p,
         allreduce_s=summarise(allreduce) if allreduce else Timing(median=0.0),
-        co_run=[1.0, *(seconds / alone for seconds in together)],
+        co_run=relative(first.co_run),
+        co_run_optim=relative(first.co_run_optim) if first.co_run_optim else [],
         measured_at=time.time(),
         cpus=len(os.sched_getaffinity(0)) if device.type == "cpu" else None,
     )
+
+
+def relative(seconds: list[float]) -> list[float]:
+    """A co-run curve: each count's seconds over one rank's alone ([1.0] where nothing ran together)."""
+    alone, *together = seconds or [1.0]
+    return [1.0, *(value / alone for value in together)]
 
 
 def _device_memory(device: torch.device, nproc: int) -> int:

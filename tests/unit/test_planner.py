@@ -213,3 +213,29 @@ def test_ranks_computing_at_once_share_the_node_as_the_profile_measured() -> Non
     assert spans[(1, "B", 1)] == pytest.approx((3.0, 5.0)) and spans[(0, "B", 0)] == pytest.approx((3.0, 5.0))
     assert spans[(0, "B", 1)] == pytest.approx((5.0, 6.0)) and result.step_s == pytest.approx(6.0)
     assert simulate_pipeline("gpipe", cuts, lists, flat).step_s == pytest.approx(9.0)
+
+
+def test_optimiser_steps_taken_together_share_the_node_by_their_own_curve() -> None:
+    """An optimiser step reads and writes every parameter, gradient and momentum: ranks stepping at once share
+    the node's memory bandwidth, measured apart from computing (co_run_optim, 2x for two ranks here; VGG-16's
+    SGD step of 485 MB ran 2.1x its profiled time under DDP). DDP's ranks all step at once; a pipeline's stages
+    step as each ends, so only the overlap slows them; a profile without the curve slows nothing."""
+    from pipebd_core.documents.profile import Timing
+    from pipebd_core.planning.finetune_simulate import TrainCosts, simulate_ddp
+    from tests.fake_profiles import fake_layer_profile
+
+    flat = fake_layer_profile(layers=2, f=1.0, i=1.0, w=1.0, b=2.0)
+    layers = [
+        layer.model_copy(update={"shard": layer.shard.model_copy(update={"optim": Timing(median=0.5, trials=1)})})
+        for layer in flat.profile.layers
+    ]
+    alone = TrainCosts(flat.profile.model_copy(update={"nproc": 2, "layers": layers}))
+    shared = TrainCosts(alone.profile.model_copy(update={"co_run_optim": [1.0, 2.0]}))
+    assert shared.optimiser_ends([0.0, 0.0], [2.0, 2.0]) == pytest.approx([4.0, 4.0])  # together: half speed each
+    assert shared.optimiser_ends([0.0, 3.0], [2.0, 2.0]) == pytest.approx([2.0, 5.0])  # one after the other
+    assert shared.optimiser_ends([0.0, 1.0], [2.0, 2.0]) == pytest.approx([3.0, 4.0])  # 1 s alone, 2 s together
+    assert shared.optimiser_ends([0.0, 0.0], [0.0, 2.0]) == pytest.approx([0.0, 2.0])  # nothing to step, no slowing
+    assert alone.optimiser_ends([0.0, 0.0], [2.0, 2.0]) == pytest.approx([2.0, 2.0])  # not measured: no slowdown
+    ddp_alone, ddp_shared = simulate_ddp(alone, 2, 2), simulate_ddp(shared, 2, 2)
+    assert ddp_shared.step_s - ddp_alone.step_s == pytest.approx(1.0)  # the whole network's 1 s step, taken twice over
+    assert ddp_shared.stage_s == pytest.approx([s + 1.0 for s in ddp_alone.stage_s])
