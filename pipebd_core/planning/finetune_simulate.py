@@ -282,7 +282,7 @@ def simulate_pipeline(
     computed = [sum(seg["end"] - seg["start"] for seg in segments if seg["rank"] == s) for s in range(count)]
     busy = [seconds / step for seconds in computed]
     memory = [_pipeline_memory(actions[s], times[s]) for s in range(count)]
-    stage_s = [seconds + stepped[s] - clock[s] for s, seconds in enumerate(computed)]
+    stage_s = [seconds + (stepped[s] - clock[s]) for s, seconds in enumerate(computed)]
     return Prediction(strategy, stages, step, busy, memory, segments, stage_s)
 
 
