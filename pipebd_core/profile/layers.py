@@ -16,9 +16,9 @@ node's first rank, fitted as the link between nodes (`inter`, latency + bytes / 
 the all-reduce of the whole network's gradients; and the co-run curve: one forward and backward of the
 whole network at the micro-batch timed on rank 0 while k ranks run it at once, k = 1 .. N, over its time
 alone (co_run; the replay shares the node by it); and the same for the whole network's optimiser step
-(co_run_optim): memory-bound, it slows far more than computing does when ranks step together, as DDP's do
-(VGG-16 student, 2 ranks on this 2-core machine: a step 1.09x slower together, an SGD step of its 485 MB of
-parameters about 2x).
+(co_run_optim): memory-bound, it may slow differently from computing when ranks step together, as DDP's do
+(VGG-16's student, 2 ranks on this 2-core machine: computing 1.09-1.20x slower together, its optimiser step
+1.04x).
 Each value: median of the trials after a warm-up, with its spread (p90 - p10) / median.
 """
 

@@ -217,8 +217,8 @@ def test_ranks_computing_at_once_share_the_node_as_the_profile_measured() -> Non
 
 def test_optimiser_steps_taken_together_share_the_node_by_their_own_curve() -> None:
     """An optimiser step reads and writes every parameter, gradient and momentum: ranks stepping at once share
-    the node's memory bandwidth, measured apart from computing (co_run_optim, 2x for two ranks here; VGG-16's
-    SGD step of 485 MB ran 2.1x its profiled time under DDP). DDP's ranks all step at once; a pipeline's stages
+    the node's memory bandwidth, measured apart from computing (co_run_optim, 2x for two ranks in this
+    fixture). DDP's ranks all step at once; a pipeline's stages
     step as each ends, so only the overlap slows them; a profile without the curve slows nothing."""
     from pipebd_core.documents.profile import Timing
     from pipebd_core.planning.finetune_simulate import TrainCosts, simulate_ddp
