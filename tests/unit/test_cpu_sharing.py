@@ -104,6 +104,6 @@ def test_repredict_restores_edited_predictions() -> None:
 
 
 def test_repredict_refuses_a_record_without_a_committed_profile() -> None:
-    path = RECORDS / "nas-mobilenetv2-cifar.json"
+    path = RECORDS / "tiny-llama-text.json"
     with pytest.raises(SpecError, match="no frozen profile committed beside it"):
         repredict(path, BenchRecord.from_json(json.loads(path.read_text())))
