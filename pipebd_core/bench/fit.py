@@ -44,7 +44,7 @@ class Fit:
     repeats: int
     predicted_s: float  # the whole bench, predicted
     arms: int  # runs a repeat (the bound included)
-    basis: str = f"{LAUNCH_S:.0f} s start-up a run and the profile's predicted steps"
+    basis: str  # what the prediction rests on (`assumed`, or a probe's `basis()`)
 
     def says(self) -> str:
         return (
@@ -78,7 +78,7 @@ class Probe:
 
     def basis(self) -> str:
         return (
-            f"{self.launch_s:.0f} s start-up a run and the profile's predicted steps x {self.scale:.2f}, measured by"
+            f"{assumed(self.launch_s)} x {self.scale:.2f}, measured by"
             f" a {self.steps}-step run of {self.arm} ({self.wall_s:.0f} s, counted in the minutes)"
         )
 
@@ -121,13 +121,17 @@ def fit(
         needed = predicted_s(step_s, fewest, repeats, launch_s)
         raise SpecError(
             f"--minutes {minutes:g}: {len(step_s)} arms x {repeats} repeats need at least"
-            f" {math.ceil(needed / 60)} minutes for {fewest} steps a run ({launch_s:.0f} s start-up a run and"
-            " the profile's predicted steps); give more minutes or fewer arms (--modes)"
+            f" {math.ceil(needed / 60)} minutes for {fewest} steps a run ({assumed(launch_s)});"
+            " give more minutes or fewer arms (--modes)"
         )
     while repeats < MAX_REPEATS and predicted_s(step_s, steps, repeats + 1, launch_s) <= budget:
         repeats += 1
-    basis = f"{launch_s:.0f} s start-up a run and the profile's predicted steps"
-    return Fit(minutes, steps, repeats, predicted_s(step_s, steps, repeats, launch_s), len(step_s), basis)
+    return Fit(minutes, steps, repeats, predicted_s(step_s, steps, repeats, launch_s), len(step_s), assumed(launch_s))
+
+
+def assumed(launch_s: float) -> str:
+    """What a fit's prediction rests on, said the one way every message says it."""
+    return f"{launch_s:.0f} s start-up a run and the profile's predicted steps"
 
 
 @dataclass(frozen=True)
