@@ -1,9 +1,8 @@
 """Start a phase's process warm: fork the supervising process, which has imported torch already, instead of
 starting a fresh interpreter that spends 2 s of CPU importing it again: the single process of finalize and
-evaluate (launch.start_phase). The torchrun agents of profile, distill and finetune are still started fresh
-(their ranks forked from the agent by warm_torchrun.py): forking them too cut the suite further, but two
-multi-rank runs in five full suites then failed in ways not explained (a rank that never joined its group, a
-rendezvous that timed out after 4 s of its 60), so that waits for a reason.
+evaluate (launch.start_phase). The torchrun agents of profile, distill and finetune are forked by an agent
+server instead (agent_server.py: a fresh interpreter that imported torch once), their ranks from the agent
+(warm_torchrun.py).
 
 The child becomes what `subprocess.Popen(command, env=env, stdout=log, stderr=STDOUT,
 start_new_session=True)` would have started:

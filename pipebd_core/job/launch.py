@@ -22,7 +22,7 @@ import torch
 from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import PLAN, PLAN_FINETUNE, PROFILE, PROFILE_FINETUNE
 from pipebd_core.finetune.recut import recut_checkpoints
-from pipebd_core.job import forked
+from pipebd_core.job import agent_server, forked
 from pipebd_core.job.forked import PhaseProcess
 from pipebd_core.job.isolated import in_child
 from pipebd_core.job.phases import PHASE_KINDS, job_phases, new_records
@@ -191,7 +191,8 @@ def start_phase(
     rendezvous: Rendezvous | None = None,
 ) -> PhaseProcess:
     """Start the phase's processes in a session of their own (a single-process phase's forked from this
-    process where it can: forked.py); their output goes to its launcher log (this node's, in a launch on several nodes:
+    process where it can: forked.py; a torchrun agent forked by this process's agent server: agent_server.py);
+    their output goes to its launcher log (this node's, in a launch on several nodes:
     `rendezvous`)."""
     node = rendezvous.node if rendezvous is not None else 0
     if node == 0:
@@ -201,8 +202,9 @@ def start_phase(
     command = phase_command(run_dir, spec, phase, trials, rendezvous)
     env = rank_environment(spec, extra_env)
     with log_path.open("ab") as log:
-        warm = PHASE_KINDS[phase].runs == "process"  # a torchrun agent is started fresh: see forked.py
-        process: PhaseProcess | None = forked.start(command, env, log) if warm else None
+        single = PHASE_KINDS[phase].runs == "process"  # forked from here; a torchrun agent by its server
+        warm = forked.start if single else agent_server.start
+        process: PhaseProcess | None = warm(command, env, log)
         if process is None:  # a fresh interpreter
             process = subprocess.Popen(
                 command,

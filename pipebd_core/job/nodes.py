@@ -32,6 +32,13 @@ from pipebd_core.job.processes import Rendezvous
 from pipebd_core.rundir import RunDir
 
 POLL_S = 0.1  # how often a node looks at its peers' files
+# What a launch's rendezvous allows beyond `bound_s` for the agents to meet: a follower hears of the launch
+# from the run directory and then starts its agent, while node 0's (forked warm: job/agent_server.py) is
+# waiting within milliseconds; a follower's first launch also starts its agent server (2-4 s of imports, more
+# on a loaded node). With the bound alone (3 s in the service tests) node 0's agent gave up on a follower
+# that was on its way, twice in one suite. A follower that is gone is found by its silence (node_lost), not
+# by this wait.
+AGENT_START_S = 30.0
 SETTLE_S = 3.0  # after a failed launch: how long a node waits for its peers' outcomes, to name the cause
 # what gloo and the c10d store say when the other end of a connection went away (its process or host)
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
@@ -51,7 +58,7 @@ class NodeRole:
     host: str = "127.0.0.1"  # node 0's address, where the others reach its rendezvous
     port: int | None = None  # node 0's rendezvous port; None: a free one for each launch
     local_addr: str | None = None  # the address the other nodes reach this one at (None: torchrun's guess)
-    bound_s: float = 30.0  # how long the nodes wait for each other's token and rendezvous
+    bound_s: float = 30.0  # how long the nodes wait for each other's token (and rendezvous, AGENT_START_S more)
 
     def __post_init__(self) -> None:
         if not 0 <= self.node < self.nnodes:
@@ -148,7 +155,8 @@ class NodeLink:
     def rendezvous(self, phase: str, endpoint: str) -> Rendezvous:
         role = self.role
         run_id = f"{role.run_id}-{self.launch}-{phase}"
-        return Rendezvous(role.nnodes, role.node, endpoint, run_id, max(1, int(role.bound_s)), role.local_addr)
+        join_timeout_s = max(1, int(role.bound_s + AGENT_START_S))
+        return Rendezvous(role.nnodes, role.node, endpoint, run_id, join_timeout_s, role.local_addr)
 
     # every node
     def ended(self, result: str, reason: str | None, error: str | None) -> None:

@@ -31,10 +31,14 @@ RANK_VISIBLE = ("PIPEBD_CACHE_DIR", "PIPEBD_INJECT_FAULT")
 RANK_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(4 * 2**30)}
 
 
+def inherited_environment() -> dict[str, str]:
+    """What a job's processes inherit of the launcher's environment: all of it less service secrets."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PIPEBD_") or k in RANK_VISIBLE}
+
+
 def rank_environment(spec: Spec, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a job's processes: the launcher's, less service secrets, plus `extra`."""
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PIPEBD_") or k in RANK_VISIBLE}
-    env = {**RANK_ALLOCATOR, **inherited, **(extra or {})}
+    env = {**RANK_ALLOCATOR, **inherited_environment(), **(extra or {})}
     threads = str(spec.schedule.threads_per_rank)
     env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))

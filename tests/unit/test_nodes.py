@@ -13,7 +13,7 @@ from app.cli.jobs import hosts_of, ranks
 from app.core.attempts import rank_hosts
 from app.core.tables import JobAttempt
 from pipebd_core.documents.errors import PlanError
-from pipebd_core.job.nodes import NodeLink, NodeRole
+from pipebd_core.job.nodes import AGENT_START_S, NodeLink, NodeRole
 from pipebd_core.job.processes import Rendezvous, torchrun_command
 from pipebd_core.planning.distill_planner import resolve_plan
 from pipebd_core.rundir import RunDir
@@ -86,3 +86,12 @@ def test_each_rank_is_shown_with_the_host_of_its_node() -> None:
     job = {"nproc": 2, "nodes": 2, "attempts": [{"hosts": ["gpu-01"]}, {"hosts": ["gpu-02", "gpu-01"]}]}
     assert (ranks(job), hosts_of(job)) == ("2 x 2", "gpu-02, gpu-01")  # `pipebd jobs` and `pipebd show`
     assert (ranks({"nproc": 3, "nodes": 1}), hosts_of({"nproc": 3, "nodes": 1, "attempts": []})) == ("3", None)
+
+
+def test_a_launchs_agents_wait_for_each_other_past_the_bound_while_a_follower_starts_its_agent(tmp_path: Path) -> None:
+    # node 0's agent, forked warm, waits within milliseconds; the follower hears of the launch, then starts its
+    # agent (its first launch: its agent server too): a 3 s bound alone gave up on followers on their way
+    link = NodeLink(RunDir(tmp_path), NodeRole(2, 0, "attempt-1", bound_s=3.0))
+    rendezvous = link.rendezvous("distill", "127.0.0.1:29500")
+    assert rendezvous.join_timeout_s == 3 + AGENT_START_S >= 30
+    assert f"join_timeout={rendezvous.join_timeout_s}" in " ".join(rendezvous.arguments())

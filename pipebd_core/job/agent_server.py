@@ -1,0 +1,302 @@
+"""torchrun agents started warm: forked by a small server that imported torch once, instead of a fresh
+interpreter per launch that spends 2 s of CPU importing torch, torch's elastic agent and the rank modules
+again, and 2 s more importing torch's dynamo for a launch of several ranks (`launch.start_phase`: the
+profile, distill, profile_finetune and finetune phases, and each relaunch of a job that re-plans).
+
+Why a server, and not a fork of the supervising process as forked.py does for the single-process phases: the
+supervisors are a Celery worker with a thread pool, or a test process with a history of its own (threads,
+sockets, an OpenMP pool that has computed). The server is exec'd fresh, imports what every agent imports
+(`PRELOAD`) and nothing else, computes nothing and holds no socket but its own, so an agent it forks starts
+where a fresh interpreter would be after those imports. (Agents forked straight from the supervisors failed
+twice in five suites: a rendezvous that timed out, which a warm node 0 explains, see nodes.AGENT_START_S, and
+a rank that never joined its group, not explained.)
+
+One server per supervising process, started with its first torchrun launch (`python -m
+pipebd_core.job.agent_server --control-fd N`: a session of its own, the supervisor's environment less what
+ranks may not see), on a Unix socket pair:
+- the supervisor sends a `StartRequest` (command, environment, working directory) with the phase log's
+  descriptor; the server forks a child that becomes the command as forked.become makes a phase process (a
+  session of its own, the log as stdout and stderr, exactly the environment given, the command line in /proc
+  where the reaper and `ps` look) and answers `started` with its pid;
+- when a child ends the server reaps it and sends `ended` with its exit code (a signal's as -N, as Popen's);
+- the server ends when the supervising process closes its end (it exited): agents still running are left as an
+  exec'd agent would be, to the supervisor's stop (processes.stop_process_tree) or the service's reaper.
+The supervisor holds a `ServedProcess` (the part of Popen's interface it uses). Where the server cannot serve
+(not a `python -m` command of this interpreter, PIPEBD_FRESH_AGENTS set, the server gone), `start` returns
+None and the caller starts the command as a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import IO, Literal
+
+import psutil
+
+from pipebd_core.job import forked
+from pipebd_core.job.processes import inherited_environment
+
+# What every agent imports, whatever its phase: torch, its elastic agent (warm_torchrun), the phases' rank
+# modules, and torch's dynamo (imported by every rank that builds an optimiser: 2 s of CPU a launch).
+PRELOAD = (
+    "torch",
+    "pipebd_core.job.warm_torchrun",
+    "pipebd_core.distill.__main__",
+    "pipebd_core.finetune.__main__",
+    "pipebd_core.profile.blocks",
+    "pipebd_core.profile.layers",
+    forked.DYNAMO,
+)
+FRESH_AGENTS = "PIPEBD_FRESH_AGENTS"  # set (to anything): every agent a fresh interpreter, as plain torchrun
+MESSAGE_BYTES = 1 << 20  # a request's command and environment, at most
+STARTED_TIMEOUT_S = 300.0  # the server's imports, then a fork: only a hung server misses it
+GONE_CODE = 1  # an agent whose server died before reporting its end: its code is lost
+
+
+class AgentServerGone(RuntimeError):
+    """The server ended (or never started): agents are started as fresh interpreters instead."""
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """Supervisor -> server: start `command` (a `python -m` command) with exactly `env`, in `cwd`."""
+
+    command: list[str]
+    env: dict[str, str]
+    cwd: str
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> StartRequest:
+        return cls(**json.loads(data))
+
+
+@dataclass(frozen=True)
+class ServerReply:
+    """Server -> supervisor: an agent `started` (its pid), or `ended` (its pid and exit code)."""
+
+    event: Literal["started", "ended"]
+    pid: int
+    code: int | None = None
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> ServerReply:
+        return cls(**json.loads(data))
+
+
+# ---- the supervisor's side ---------------------------------------------------------------------------------
+
+
+class ServedProcess:
+    """An agent the server forked, with the part of `subprocess.Popen`'s interface the supervisor uses."""
+
+    def __init__(self, server: AgentServer, pid: int, args: list[str]) -> None:
+        self.server = server
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(forked.WAIT_STEP_S if left is None else min(forked.WAIT_STEP_S, left))
+        assert self.returncode is not None
+        return self.returncode
+
+
+class AgentServer:
+    """The supervisor's handle on its server: start agents, and collect their exit codes."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {**inherited_environment(), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
+        command = [sys.executable, "-m", __name__, "--control-fd", str(theirs.fileno())]
+        with theirs:
+            self.process = subprocess.Popen(
+                command, env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        self.control = ours
+        self.owner = os.getpid()
+        self.lock = threading.Lock()
+        self.ended: dict[int, int] = {}
+        self.gone = False
+
+    def start(self, command: list[str], env: dict[str, str], log: IO[bytes]) -> ServedProcess:
+        """Fork an agent that runs `command` with `env` and its output on `log`; raises AgentServerGone."""
+        request = StartRequest(command, env, os.getcwd())
+        with self.lock:
+            try:
+                socket.send_fds(self.control, [request.encode()], [log.fileno()])
+            except OSError as error:
+                self.gone = True
+                raise AgentServerGone(f"the agent server is gone: {error}") from None
+            deadline = time.monotonic() + STARTED_TIMEOUT_S
+            while True:
+                reply = self._receive(max(0.0, deadline - time.monotonic()))
+                if reply is None:
+                    self.gone = True
+                    raise AgentServerGone(f"the agent server did not answer in {STARTED_TIMEOUT_S:.0f} s")
+                if reply.event == "started":
+                    return ServedProcess(self, reply.pid, command)
+                self._record(reply)
+
+    def exit_code(self, pid: int) -> int | None:
+        """`pid`'s exit code once the server reported its end, else None."""
+        with self.lock:
+            while not self.gone and (reply := self._receive(0.0)) is not None:
+                self._record(reply)
+            if pid in self.ended:
+                return self.ended.pop(pid)
+            if self.gone and not psutil.pid_exists(pid):  # orphaned when the server died, and ended since
+                return GONE_CODE
+            return None
+
+    def _record(self, reply: ServerReply) -> None:
+        if reply.event == "ended" and reply.code is not None:
+            self.ended[reply.pid] = reply.code
+
+    def _receive(self, timeout: float) -> ServerReply | None:
+        """The server's next reply within `timeout` seconds, or None (none yet, or the server gone)."""
+        readable, _, _ = select.select([self.control], [], [], timeout)
+        if not readable:
+            return None
+        data = self.control.recv(MESSAGE_BYTES)
+        if not data:
+            self.gone = True
+            return None
+        return ServerReply.decode(data)
+
+    def close(self) -> None:
+        """Close this end: the server exits (agents it started go on)."""
+        self.control.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+
+_SERVER: AgentServer | None = None
+_SERVER_LOCK = threading.Lock()
+
+
+def server() -> AgentServer:
+    """This process's server, started on first use (again in a forked child, or after the last one died)."""
+    global _SERVER
+    with _SERVER_LOCK:
+        if _SERVER is None or _SERVER.owner != os.getpid() or _SERVER.gone:
+            _SERVER = AgentServer()
+        return _SERVER
+
+
+def start(command: list[str], env: dict[str, str], log: IO[bytes]) -> ServedProcess | None:
+    """Start `command` as an agent forked by this process's server, or None where it cannot (see the module's
+    docstring): the caller then starts it as a fresh interpreter."""
+    if forked.module_of(command) is None or os.environ.get(FRESH_AGENTS):
+        return None
+    with forked.signals_held() as caught:
+        try:
+            process = server().start(command, env, log)
+        except AgentServerGone:
+            return None
+    if caught:  # asked to stop while starting it: nothing is left half-started, then the stop takes its course
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        for signum in caught:
+            signal.raise_signal(signum)
+    return process
+
+
+# ---- the server's side -------------------------------------------------------------------------------------
+
+
+def serve(control: socket.socket) -> None:
+    """Fork an agent for each request, report each one's end, and return when the supervisor closes its end."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor's Ctrl-C is its to handle
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the select below through wake_w
+    server_fds = [control.fileno(), wake_r, wake_w]
+    while True:
+        readable, _, _ = select.select([control.fileno(), wake_r], [], [])
+        try:
+            if wake_r in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+                report_ended(control)
+            if control.fileno() in readable:
+                message, fds, _, _ = socket.recv_fds(control, MESSAGE_BYTES, 1)
+                if not message:
+                    return
+                try:
+                    pid = fork_agent(StartRequest.decode(message), fds[0], server_fds)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                control.send(ServerReply("started", pid).encode())
+        except (BrokenPipeError, ConnectionResetError):
+            return
+
+
+def report_ended(control: socket.socket) -> None:
+    """Reap every child that ended and send its exit code."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        control.send(ServerReply("ended", pid, os.waitstatus_to_exitcode(status)).encode())
+
+
+def fork_agent(request: StartRequest, log_fd: int, server_fds: list[int]) -> int:
+    """Fork a child that becomes `request`'s command (forked.become); its pid."""
+    pid = os.fork()
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        for fd in server_fds:
+            os.close(fd)
+        os.chdir(request.cwd)
+        forked.become(request.command, request.env, log_fd)
+    return pid
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="fork torchrun agents for the process that started this one")
+    parser.add_argument("--control-fd", type=int, required=True, help="this end of the supervisor's socket pair")
+    args = parser.parse_args(argv)
+    control = socket.socket(fileno=args.control_fd)
+    for name in PRELOAD:
+        importlib.import_module(name)
+    serve(control)
+
+
+if __name__ == "__main__":
+    main()
