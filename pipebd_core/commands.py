@@ -317,6 +317,10 @@ def finetune_lines(report: dict[str, Any]) -> list[str]:
     for entry in report["strategies"]:
         said = f"{entry['step_s'] * 1e3:.1f} ms" if entry.get("step_s") is not None else "-"
         lines.append(f"  {entry['strategy']:6} {said}" + ("" if entry["fits"] else f"  (not run: {entry['reason']})"))
+    trust = report.get("profile_trust")
+    if trust is not None:
+        lines.append("layer profile: " + ("trusted" if trust["trusted"] else ", ".join(trust["flags"]).upper()))
+        lines += [f"  {message}" for message in trust["messages"]]
     return lines
 
 

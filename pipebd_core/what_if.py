@@ -121,4 +121,5 @@ def finetune_report(plan: TrainPlan) -> dict[str, Any]:
         "strategies": [
             entry.model_dump(mode="json", exclude={"segments"}, exclude_none=True) for entry in details.strategies or []
         ],
+        "profile_trust": details.profile_trust.model_dump(mode="json") if details.profile_trust else None,
     }

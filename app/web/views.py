@@ -13,8 +13,9 @@ from app.core.states import PAUSED, PAUSING, QUEUED, RESUMABLE, RUNNING, STARTIN
 from app.core.tables import Job
 from app.web.templating import blocks as block_text
 from pipebd_core.documents.calibration import Calibration
-from pipebd_core.documents.distill_plan import PlanDocument, ProfileTrust, Replan, StageSpan
+from pipebd_core.documents.distill_plan import PlanDocument, Replan, StageSpan
 from pipebd_core.documents.phases import DISTILL
+from pipebd_core.documents.trust import ProfileTrust
 
 CANCELLABLE = (QUEUED, STARTING, RUNNING, PAUSING, PAUSED)
 PAUSABLE = (QUEUED, STARTING, RUNNING)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pydantic import ConfigDict, Field
 
 from pipebd_core.documents.base import Document
-from pipebd_core.documents.calibration import CalibrationSource
 from pipebd_core.documents.parts import Flat, Part, StepCounts
+from pipebd_core.documents.trust import ProfileTrust
 
 Rows = tuple[int, int]  # [start, stop) rows of the global batch
 
@@ -150,29 +150,6 @@ class Replan(Part):
     predicted_after_s: float | None
     measured_after_s: float | None  # the first calibration under the new plan fills it in
     reason: str
-
-
-class NoisyMeasurement(Part):
-    """A measurement whose trials still disagree after re-measuring."""
-
-    what: str  # "block <i> <teacher|student|...>" or "data loading"
-    block: int | None
-    batch: int
-    spread: float  # (p90 - p10) / median, to 3 places
-    remeasured: int
-
-
-class ProfileTrust(Part):
-    """How far a profile can be trusted (pipebd_core.planning.trust.assess): plan.json's `profile_trust`,
-    `pipebd plan --json`'s."""
-
-    trusted: bool  # no flags
-    flags: list[str]  # noisy, busy, stale
-    messages: list[str]  # one per flag, then what else is known (no conditions recorded, a calibration)
-    noisy: list[NoisyMeasurement]  # widest first
-    other_cpu_cores: float | None  # other processes' CPU use while it was measured (None: not recorded)
-    age_s: float | None
-    calibrated_from: CalibrationSource | None  # the run whose block times the costs carry
 
 
 class PlanDetails(Flat):

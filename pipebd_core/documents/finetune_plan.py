@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field
 
 from pipebd_core.documents.base import Document
 from pipebd_core.documents.parts import Flat, Part, StepCounts
+from pipebd_core.documents.trust import ProfileTrust
 
 Span = tuple[int, int]  # layers [start, stop)
 Strategy = Literal["ddp", "gpipe", "1f1b", "zb"]
@@ -116,13 +117,14 @@ class FinetuneDetails(Flat):
 
     model_config = ConfigDict(extra="forbid")
     FLAT = ("predictions",)
-    OMIT_NONE = ("strategies", "partition")
+    OMIT_NONE = ("strategies", "partition", "profile_trust")
 
     layer_flops: list[float]
     requested_strategy: str
     strategies: list[StrategyEntry] | None = None  # with a layer profile, fastest first
     predictions: FinetunePredictions | None = None  # with a layer profile
     partition: PartitionEntry | None = None  # pipelines
+    profile_trust: ProfileTrust | None = None  # with a layer profile: how far it can be trusted (planning/trust.py)
 
     @property
     def predicted_step_s(self) -> float | None:

@@ -38,6 +38,7 @@ from pipebd_core.planning.finetune_simulate import (
     simulate_pipeline,
 )
 from pipebd_core.planning.topology import Topology
+from pipebd_core.planning.trust import assess_layers
 from pipebd_core.rank.network import Network, build_network, finetune_view
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError
@@ -217,6 +218,8 @@ def resolve_train_plan(
     layers = Layers(network, shapes, flops, train_costs(spec, measured, machines) if measured is not None else None)
     details = FinetuneDetails(layer_flops=flops, requested_strategy=tune.strategy)
     strategy = tune.strategy
+    if measured is not None:
+        details.profile_trust = assess_layers(measured)
     if layers.costs is not None:
         ranked = rank_strategies(spec, layers)
         details.strategies = ranked

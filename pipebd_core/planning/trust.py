@@ -4,19 +4,22 @@
 A profile is `noisy` when some measurement's trials still disagree after the profiler took it again
 (the measurement is named, with its spread), `busy` when other processes used a good part of the node
 while it was measured (or shared a rank's GPU), `stale` when it is old. A profile that training has
-calibrated (distill_calibration.py) says so, and from which run.
+calibrated (distill_calibration.py) says so, and from which run. `assess` judges a block profile (plan.json),
+`assess_layers` a layer profile (finetune_plan.json: noisy and stale; a layer profile records no load).
 """
 
 from __future__ import annotations
 
 import time
 
-from pipebd_core.documents.distill_plan import NoisyMeasurement, ProfileTrust
+from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.documents.profile import Profile, Timing
+from pipebd_core.documents.trust import NoisyMeasurement, ProfileTrust
 from pipebd_core.profile.measure import NOISY_SPREAD
 
 BUSY_CORES = 0.5  # other processes using more CPU than this (in cores) while profiling: a busy node
 STALE_AFTER_S = 7 * 24 * 3600.0
+LAYER_PARTS = ("F", "B", "I", "W", "optim", "I_kernel", "I_halves")  # a layer profile's timed parts
 
 
 def noisy_measurements(profile: Profile) -> list[NoisyMeasurement]:
@@ -30,6 +33,25 @@ def noisy_measurements(profile: Profile) -> list[NoisyMeasurement]:
     for batch, entry in profile.data_s.items():
         if entry.trials and entry.spread > NOISY_SPREAD:
             found.append(_noisy("data loading", None, batch, entry))
+    return sorted(found, key=lambda item: -item.spread)
+
+
+def noisy_layer_measurements(profile: LayerProfile) -> list[NoisyMeasurement]:
+    """Every layer part, send and all-reduce measurement whose trials disagree, widest first."""
+    found = []
+    for index, layer in enumerate(profile.layers):
+        for batch_name, times in (("microbatch", layer.microbatch), ("shard", layer.shard)):
+            batch = getattr(profile.batches, batch_name)
+            for part in LAYER_PARTS:
+                entry: Timing | None = getattr(times, part)
+                if entry is not None and entry.trials and entry.spread > NOISY_SPREAD:
+                    found.append(_noisy(f"layer {index} {part}", None, batch, entry))
+    for elements, entry in profile.p2p_s.items():
+        if entry.trials and entry.spread > NOISY_SPREAD:
+            found.append(_noisy(f"send of {elements} elements", None, profile.batches.microbatch, entry))
+    entry = profile.allreduce_s
+    if entry.trials and entry.spread > NOISY_SPREAD:
+        found.append(_noisy("all-reduce of the gradients", None, profile.batches.shard, entry))
     return sorted(found, key=lambda item: -item.spread)
 
 
@@ -51,16 +73,14 @@ def assess(profile: Profile, now: float | None = None) -> ProfileTrust:
     flags, messages = [], []
     if noisy:
         flags.append("noisy")
-        worst = ", ".join(f"{m.what} at batch {m.batch} spread {m.spread:.2f}" for m in noisy[:3])
-        more = f" and {len(noisy) - 3} more" if len(noisy) > 3 else ""
-        messages.append(f"noisy: {len(noisy)} measurements disagree after re-measuring ({worst}{more})")
+        messages.append(noisy_message(noisy))
     if (others is not None and others > BUSY_CORES) or gpu_others:
         flags.append("busy")
         gpu = f", other processes on the GPUs: {gpu_others}" if gpu_others else ""
         messages.append(f"busy: other processes used {others or 0:.2f} CPU cores while it was measured{gpu}")
     if age is not None and age > STALE_AFTER_S:
         flags.append("stale")
-        messages.append(f"stale: measured {age / 86400:.0f} days ago; `pipebd profile --refresh` measures afresh")
+        messages.append(stale_message(age, "`pipebd profile --refresh`"))
     if not conditions:
         messages.append("taken before profiles recorded their conditions: load unknown")
     calibration = profile.calibration
@@ -79,3 +99,36 @@ def assess(profile: Profile, now: float | None = None) -> ProfileTrust:
         age_s=age,
         calibrated_from=calibration.source if calibration else None,
     )
+
+
+def assess_layers(profile: LayerProfile, now: float | None = None) -> ProfileTrust:
+    """A layer profile's trust report: noisy and stale, as `assess` judges a block profile's."""
+    now = time.time() if now is None else now
+    noisy = noisy_layer_measurements(profile)
+    age = now - profile.measured_at if profile.measured_at is not None else None
+    flags, messages = [], []
+    if noisy:
+        flags.append("noisy")
+        messages.append(noisy_message(noisy))
+    if age is not None and age > STALE_AFTER_S:
+        flags.append("stale")
+        messages.append(stale_message(age, "removing it from the profile cache (PIPEBD_CACHE_DIR)"))
+    return ProfileTrust(
+        trusted=not flags,
+        flags=flags,
+        messages=messages,
+        noisy=noisy,
+        other_cpu_cores=None,
+        age_s=age,
+        calibrated_from=None,
+    )
+
+
+def noisy_message(noisy: list[NoisyMeasurement]) -> str:
+    worst = ", ".join(f"{m.what} at batch {m.batch} spread {m.spread:.2f}" for m in noisy[:3])
+    more = f" and {len(noisy) - 3} more" if len(noisy) > 3 else ""
+    return f"noisy: {len(noisy)} measurements disagree after re-measuring ({worst}{more})"
+
+
+def stale_message(age_s: float, afresh: str) -> str:
+    return f"stale: measured {age_s / 86400:.0f} days ago; {afresh} measures afresh"

@@ -45,12 +45,13 @@ from pipebd_core.data.datasets import build_dataset
 from pipebd_core.documents.phases import PROFILE
 from pipebd_core.documents.profile import BlockProfile, Conditions, LinkFit, Profile, Timing
 from pipebd_core.profile.measure import (
+    MAX_REMEASURES,
     NOISY_SPREAD,
     WARMUP,
     fit_link,
     ping_pong,
     saved_bytes,
-    spread_of,
+    steadiest,
     summarise,
     timed_once,
 )
@@ -62,8 +63,6 @@ from pipebd_core.spec import Spec
 from pipebd_core.workloads.candidates import Candidates, replaced_layer
 from pipebd_core.workloads.probe import BlockProbe, block_input, probe_workload
 from pipebd_core.workloads.workload import Workload, build_workload
-
-MAX_REMEASURES = 2  # extra attempts at a measurement whose trials disagree
 
 
 def profile_batch_sizes(batch_size: int, nproc: int) -> list[int]:
@@ -132,12 +131,9 @@ class RankMeasurements:
 
 
 def timed(fn: Callable[[], Any], trials: int, device: torch.device) -> Trials:
-    """`trials` timed calls; taken again (at most MAX_REMEASURES times) while they disagree, keeping the
-    steadiest attempt."""
-    attempts = [timed_once(fn, trials, device)]
-    while spread_of(attempts[-1]) > NOISY_SPREAD and len(attempts) <= MAX_REMEASURES:
-        attempts.append(timed_once(fn, trials, device))
-    return Trials(min(attempts, key=spread_of), len(attempts) - 1)
+    """`trials` timed calls; taken again while they disagree, keeping the steadiest attempt (measure.steadiest)."""
+    samples, remeasured = steadiest(lambda: timed_once(fn, trials, device))
+    return Trials(samples, remeasured)
 
 
 def measure_block(

@@ -19,7 +19,14 @@ alone (co_run; the replay shares the node by it); and the same for the whole net
 (co_run_optim): memory-bound, it may slow differently from computing when ranks step together, as DDP's do
 (VGG-16's student, 2 ranks on this 2-core machine: computing 1.09-1.20x slower together, its optimiser step
 1.04x).
-Each value: median of the trials after a warm-up, with its spread (p90 - p10) / median.
+Each value: median of the trials after a warm-up, with its spread (p90 - p10) / median. A layer's part whose
+trials disagree (spread above NOISY_SPREAD) is taken again, as the block profiler does (measure.steadiest). The
+all-reduce is timed three times, spread over the profile (before, between and after the two batches' layers),
+and pooled: on this 2-core machine it ran in one of two modes, about 250 or 500 ms for VGG-16's 485 MB of
+gradients, each steady (spread under 0.2) for tens of seconds and then switching, within one launch and between
+launches (so did 25 MB buckets, as DDP sends them); one attempt caught one mode, and two profiles of one
+network disagreed by 42% on it. Pooled, a profile taken across a switch says so by its spread, which the
+finetune plan's trust report (planning/trust.py) names.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -44,7 +51,7 @@ from pipebd_core.data.datasets import build_dataset
 from pipebd_core.documents.layer_profile import LayerBatches, LayerProfile, LayerProfileEntry, LayerTimes
 from pipebd_core.documents.phases import PROFILE_FINETUNE
 from pipebd_core.documents.profile import Timing
-from pipebd_core.profile.measure import WARMUP, fit_link, ping_pong, saved_bytes, summarise, timed_once
+from pipebd_core.profile.measure import WARMUP, fit_link, ping_pong, saved_bytes, steadiest, summarise, timed_once
 from pipebd_core.rank.channels import channel_dim, split_channels, weight_of, with_channels
 from pipebd_core.rank.deferred import defer_weight_gradients, input_gradient
 from pipebd_core.rank.network import Network, build_network, finetune_view
@@ -79,6 +86,7 @@ class LayerTrials:
     weight_bytes: int
     I_kernel: list[float] | None = None  # a splittable layer's input gradient, whole
     I_halves: list[float] | None = None  # ... and in two channel halves, put back together
+    remeasured: dict[str, int] = field(default_factory=dict)  # per part: times taken again (measure.steadiest)
 
 
 @dataclass
@@ -91,7 +99,7 @@ class LayerRankMeasurements:
     co_run_optim: list[float]  # rank 0's seconds of the whole network's optimiser step, likewise
     p2p: dict[int, list[float]]  # one-way seconds per tensor size (float32 elements), inside a node
     inter: list[tuple[int, float]]  # (bytes, one-way seconds) of sends to another node; rank 0 only
-    allreduce: list[float]  # the whole network's gradients
+    allreduce: list[float]  # the whole network's gradients: three attempts, spread over the profile
 
 
 def measure_layer(
@@ -120,15 +128,26 @@ def measure_layer(
         layer(x)
 
     backward = output.requires_grad
-    forward_s = timed_once(forward, trials, device)
-    backward_s = timed_backward(layer, x, grad, trials, device) if backward else [0.0] * trials
+    remeasured: dict[str, int] = {}
+
+    def part(name: str, take: Callable[[], list[float]], runs: bool = True) -> list[float]:
+        """One part's trials, taken again while they disagree (measure.steadiest); zeros where it does not run."""
+        if not runs:
+            return [0.0] * trials
+        samples, remeasured[name] = steadiest(take)
+        return samples
+
+    forward_s = part("F", lambda: timed_once(forward, trials, device))
+    backward_s = part("B", lambda: timed_backward(layer, x, grad, trials, device), backward)
     kept = saved_bytes(layer, x) if trainable else 0
     weights = defer_weight_gradients(layer)
-    input_s = timed_backward(layer, x, grad, trials, device) if backward else [0.0] * trials
+    input_s = part("I", lambda: timed_backward(layer, x, grad, trials, device), backward)
     weights.run()  # what the timed input passes kept: flushed, untimed
-    weight_s = [0.0] * trials
-    if weights.layers:  # one kept micro-batch per W, as the zero-bubble lists mostly run them
-        weight_s = [_w_time(layer, weights, x, grad, device) for _ in range(WARMUP + trials)][WARMUP:]
+
+    def weight_passes() -> list[float]:  # one kept micro-batch per W, as the zero-bubble lists mostly run them
+        return [_w_time(layer, weights, x, grad, device) for _ in range(WARMUP + trials)][WARMUP:]
+
+    weight_s = part("W", weight_passes, bool(weights.layers))
     weights.restore()
     split = measure_split(layer, x, grad, trials, device) if not first and (split_channels(layer) or 0) > 1 else None
     optimizer = sgd(layer, train) if trainable else None
@@ -140,7 +159,7 @@ def measure_layer(
         B=backward_s,
         I=input_s,
         W=weight_s,
-        optim=timed_once(optimizer.step, trials, device) if optimizer else [0.0] * trials,
+        optim=part("optim", lambda: timed_once(optimizer.step if optimizer else noop, trials, device), trainable),
         saved_bytes=kept,
         output_bytes_per_sample=output[0].numel() * output.element_size(),
         input_bytes_per_sample=x[0].numel() * x.element_size(),
@@ -148,7 +167,12 @@ def measure_layer(
         weight_bytes=weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else 0,
         I_kernel=split[0] if split else None,
         I_halves=split[1] if split else None,
+        remeasured=remeasured,
     )
+
+
+def noop() -> None:
+    """Nothing to time (a layer without parameters has no optimiser step)."""
 
 
 def sgd(layer: nn.Module, train: TrainSpec | None) -> torch.optim.SGD:
@@ -286,20 +310,27 @@ def measure_rank(
     data_dtype: torch.dtype = torch.float32,
 ) -> LayerRankMeasurements:
     batches, train = layer_batches(spec), finetune_view(spec).train
-    layers = {
-        name: [
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    params = sum(p.numel() for p in network.model.parameters())
+    flat = torch.zeros(max(1, params), device=device)
+    allreduce: list[float] = []
+
+    def all_reduce_attempt() -> None:
+        if distributed:
+            allreduce.extend(timed_once(functools.partial(dist.all_reduce, flat), trials, device))
+
+    layers: dict[str, list[LayerTrials]] = {}
+    all_reduce_attempt()  # three attempts: before, between and after the two batches' layers
+    for name, batch in (("microbatch", batches.microbatch), ("shard", batches.shard)):
+        layers[name] = [
             measure_layer(
                 layer, shapes[i], batch, trials, device, i == 0, data_dtype if i == 0 else torch.float32, train
             )
             for i, layer in enumerate(network.layers)
         ]
-        for name, batch in (("microbatch", batches.microbatch), ("shard", batches.shard))
-    }
-    distributed = dist.is_initialized() and dist.get_world_size() > 1
+        all_reduce_attempt()
     sizes = {batches.microbatch * max(1, torch.Size(shape).numel()) for shape in shapes[1:-1]}
     sizes |= {min(P2P_MAX_ELEMENTS, weight_of(layer).numel()) for layer in network.layers[1:] if split_channels(layer)}
-    params = sum(p.numel() for p in network.model.parameters())
-    flat = torch.zeros(max(1, params), device=device)
     microbatch = batches.microbatch
     co_run, co_run_optim = (
         measure_co_run(network, shapes[0], microbatch, trials, device, data_dtype, train) if distributed else ([], [])
@@ -308,7 +339,6 @@ def measure_rank(
     p2p = measure_p2p(sorted(sizes), trials, device, per_node) if distributed else {}
     several = distributed and spec.schedule.nodes > 1
     inter = measure_inter_node(sorted(sizes), trials, device, per_node) if several else []
-    allreduce = timed_once(functools.partial(dist.all_reduce, flat), trials, device) if distributed else []
     return LayerRankMeasurements(
         batches=batches,
         layers=layers,
@@ -330,16 +360,17 @@ def pool(
         found = [m.layers[batch][index] for m in measured]
         mine = found[0]
 
-        def pooled(part: Callable[[LayerTrials], list[float] | None]) -> Timing:
-            return summarise([t for trials in found for t in part(trials) or []])
+        def pooled(part: Callable[[LayerTrials], list[float] | None], name: str = "") -> Timing:
+            again = max(trials.remeasured.get(name, 0) for trials in found)
+            return summarise([t for trials in found for t in part(trials) or []], again)
 
         split = mine.I_kernel is not None
         return LayerTimes(
-            F=pooled(lambda t: t.F),
-            B=pooled(lambda t: t.B),
-            I=pooled(lambda t: t.I),
-            W=pooled(lambda t: t.W),
-            optim=pooled(lambda t: t.optim),
+            F=pooled(lambda t: t.F, "F"),
+            B=pooled(lambda t: t.B, "B"),
+            I=pooled(lambda t: t.I, "I"),
+            W=pooled(lambda t: t.W, "W"),
+            optim=pooled(lambda t: t.optim, "optim"),
             I_kernel=pooled(lambda t: t.I_kernel) if split else None,
             I_halves=pooled(lambda t: t.I_halves) if mine.I_halves is not None else None,
             saved_bytes=mine.saved_bytes,

@@ -33,8 +33,8 @@ from pipebd_core.planning.distill_costmodel import CostModel
 from pipebd_core.planning.distill_planner import resolve_plan
 from pipebd_core.planning.distill_simulate import simulate
 from pipebd_core.planning.trust import assess
-from pipebd_core.profile.blocks import MAX_REMEASURES, CpuUse, RankLoad, conditions, spread_of, timed
-from pipebd_core.profile.measure import NOISY_SPREAD
+from pipebd_core.profile.blocks import CpuUse, RankLoad, conditions, timed
+from pipebd_core.profile.measure import MAX_REMEASURES, NOISY_SPREAD, spread_of
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from tests.fake_profiles import fake_profile
