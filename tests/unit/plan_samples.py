@@ -8,7 +8,6 @@ from pipebd_core.documents.distill_plan import (
     PlanDetails,
     PlanDocument,
     Predictions,
-    ProfileTrust,
     RankedEntry,
     RankEntry,
     Replan,
@@ -31,6 +30,7 @@ from pipebd_core.documents.finetune_plan import (
     TrainSegment,
 )
 from pipebd_core.documents.parts import SearchEntry, StepCounts, StreamEntry, Streams
+from pipebd_core.documents.trust import ProfileTrust
 
 FIRST = StageEntry(start=0, stop=1, replicas=2, ranks=[0, 1], rows=[(0, 4), (4, 8)])
 SECOND = StageEntry(start=1, stop=3, replicas=1, ranks=[2], rows=[(0, 8)])

@@ -26,16 +26,15 @@ from app.web.new_job import bundled_examples
 from pipebd_core.documents.architecture import Architecture, ArchitectureBlock, CandidateResult
 from pipebd_core.documents.calibration import BlockCalibration, Calibration, CalibrationSource
 from pipebd_core.documents.distill_plan import (
-    NoisyMeasurement,
     PlanDocument,
     Predictions,
-    ProfileTrust,
     RankEntry,
     Replan,
     StageEntry,
 )
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.documents.telemetry import DistillLine
+from pipebd_core.documents.trust import NoisyMeasurement, ProfileTrust
 from pipebd_core.rundir import RunDir
 from tests.service.conftest import make_settings
 from tests.service.factories import insert_job, insert_metrics, store_lines, write_summary
