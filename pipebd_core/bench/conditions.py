@@ -20,6 +20,7 @@ import psutil
 import torch
 
 from pipebd_core.documents.bench_record import SHARED_CORES, Load, Machine
+from pipebd_core.job import agent_server
 from pipebd_core.profile.blocks import CpuWindow
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -83,9 +84,11 @@ def machine() -> Machine:
 
 
 def tree_cpu_seconds() -> float:
-    """CPU seconds of this process and of every child it has reaped (their own reaped children included)."""
+    """CPU seconds of this process and of every child it has reaped (their own reaped children included), and of
+    the torchrun agents its agent server forked and reaped, with their ranks (job/agent_server.py)."""
     times = psutil.Process().cpu_times()
-    return float(times.user + times.system + times.children_user + times.children_system)
+    own = times.user + times.system + times.children_user + times.children_system
+    return float(own + agent_server.served_cpu_seconds())
 
 
 @dataclass(frozen=True)

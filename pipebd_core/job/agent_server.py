@@ -87,11 +87,14 @@ class StartRequest:
 
 @dataclass(frozen=True)
 class ServerReply:
-    """Server -> supervisor: an agent `started` (its pid), or `ended` (its pid and exit code)."""
+    """Server -> supervisor: an agent `started` (its pid), or `ended` (its pid, exit code and the CPU seconds it
+    and the ranks it reaped used: what the supervisor's own RUSAGE_CHILDREN would have counted had it been its
+    child)."""
 
     event: Literal["started", "ended"]
     pid: int
     code: int | None = None
+    cpu_s: float = 0.0
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -178,8 +181,10 @@ class AgentServer:
             return None
 
     def _record(self, reply: ServerReply) -> None:
+        global _REAPED_CPU_S
         if reply.event == "ended" and reply.code is not None:
             self.ended[reply.pid] = reply.code
+            _REAPED_CPU_S += reply.cpu_s
 
     def _receive(self, timeout: float) -> ServerReply | None:
         """The server's next reply within `timeout` seconds, or None (none yet, or the server gone)."""
@@ -201,6 +206,18 @@ class AgentServer:
 
 _SERVER: AgentServer | None = None
 _SERVER_LOCK = threading.Lock()
+_REAPED_CPU_S = 0.0  # CPU seconds of the agents this process's servers reaped and reported
+
+
+def served_cpu_seconds() -> float:
+    """CPU seconds this process's agent server and the agents it reaped (with their ranks) used: a process's
+    tree CPU counts them as its own, as it counts the children it reaped itself (bench/conditions.py)."""
+    server_s = 0.0
+    if _SERVER is not None and _SERVER.owner == os.getpid():
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(_SERVER.process.pid).cpu_times()
+            server_s = times.user + times.system
+    return _REAPED_CPU_S + server_s
 
 
 def server() -> AgentServer:
@@ -268,12 +285,13 @@ def report_ended(control: socket.socket) -> None:
     """Reap every child that ended and send its exit code."""
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
-        control.send(ServerReply("ended", pid, os.waitstatus_to_exitcode(status)).encode())
+        cpu_s = usage.ru_utime + usage.ru_stime  # the agent's, and its reaped ranks'
+        control.send(ServerReply("ended", pid, os.waitstatus_to_exitcode(status), cpu_s).encode())
 
 
 def fork_agent(request: StartRequest, log_fd: int, server_fds: list[int]) -> int:

@@ -25,6 +25,7 @@ import pytest
 
 from app.core.reaper import kill_orphans
 from app.core.tables import Job
+from pipebd_core.bench.conditions import tree_cpu_seconds
 from pipebd_core.job import agent_server
 from pipebd_core.job.processes import stop_process_tree
 
@@ -160,3 +161,17 @@ def test_fresh_agents_when_asked_or_for_a_command_the_server_cannot_run(
         assert agent_server.start(["/bin/true"], {}, log) is None
         monkeypatch.setenv(agent_server.FRESH_AGENTS, "1")
         assert agent_server.start([sys.executable, "-m", "tests.forked_probe", str(tmp_path / "x")], {}, log) is None
+
+
+def test_a_served_agents_cpu_counts_as_the_supervisors_own_tree(tmp_path: Path) -> None:
+    # a bench reads its runs' load as the node's CPU less its own tree's: an agent the server forked is not the
+    # bench's child, and was counted as another process's (every run of a bench then read as shared)
+    before = tree_cpu_seconds()
+    loop = "sum(range(3 * 10**7))"  # timed by its process time (-p): the CPU it used, in seconds
+    command = [sys.executable, "-m", "timeit", "-p", "-u", "sec", "-n", "1", "-r", "1", loop]
+    log = tmp_path / "launcher.log"
+    with log.open("ab") as stream:
+        process = agent_server.start(command, {"OMP_NUM_THREADS": "1"}, stream)
+    assert process is not None and process.wait(DEADLINE_S) == 0, log.read_text()
+    burnt = float(log.read_text().split("best of 1:")[1].split()[0])  # "1 loop, best of 1: 0.458 sec per loop"
+    assert tree_cpu_seconds() - before >= burnt > 0.1
