@@ -10,9 +10,36 @@ import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, TypeVar
 
 import torch
+
+Started = TypeVar("Started")
+
+
+def start_probe(
+    start: Callable[[list[str], dict[str, str], IO[bytes]], Started | None],
+    folder: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+) -> tuple[Started, Path]:
+    """Start this probe (writing what it sees to `folder`/seen.json, its output to `folder`/launcher.log)
+    with `start` (forked.start or agent_server.start), which must start it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "tests.forked_probe", str(folder / "seen.json"), *args]
+    log = folder / "launcher.log"
+    with log.open("ab") as stream:
+        process = start(command, env if env is not None else {"OMP_NUM_THREADS": "1"}, stream)
+    assert process is not None, f"{start.__module__}.start declined the probe: it must start it"
+    return process, log
+
+
+def seen(folder: Path) -> dict[str, object]:
+    """What the probe started in `folder` saw of its process."""
+    loaded: dict[str, object] = json.loads((folder / "seen.json").read_text())
+    return loaded
 
 
 def main(argv: list[str] | None = None) -> None:

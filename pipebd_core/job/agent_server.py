@@ -122,14 +122,7 @@ class ServedProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            time.sleep(forked.WAIT_STEP_S if left is None else min(forked.WAIT_STEP_S, left))
-        assert self.returncode is not None
-        return self.returncode
+        return forked.poll_until_ended(self.poll, self.args, timeout)
 
 
 class AgentServer:

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, NoReturn, Protocol
@@ -82,14 +82,7 @@ class ForkedProcess:
             while self.returncode is None:
                 self._reap(0)
             return self.returncode
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(min(WAIT_STEP_S, left))
-        assert self.returncode is not None
-        return self.returncode
+        return poll_until_ended(self.poll, self.args, timeout)
 
     def _reap(self, options: int) -> None:
         try:
@@ -99,6 +92,18 @@ class ForkedProcess:
             return
         if pid == self.pid:
             self.returncode = os.waitstatus_to_exitcode(status)
+
+
+def poll_until_ended(poll: Callable[[], int | None], args: list[str], timeout: float | None) -> int:
+    """Look every WAIT_STEP_S (as Popen's own wait does for a timeout) until `poll` gives an exit code;
+    past `timeout` seconds raise Popen's TimeoutExpired."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while (code := poll()) is None:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise subprocess.TimeoutExpired(args, timeout or 0)
+        time.sleep(WAIT_STEP_S if left is None else min(WAIT_STEP_S, left))
+    return code
 
 
 def every_rank_imports(nproc: int) -> list[str]:

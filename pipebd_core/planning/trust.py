@@ -70,17 +70,11 @@ def assess(profile: Profile, now: float | None = None) -> ProfileTrust:
     others = conditions.other_cpu_cores if conditions else None
     gpu_others = [pid for pids in (conditions.gpu_other_processes if conditions else None) or [] for pid in pids]
     age = now - profile.measured_at if profile.measured_at is not None else None
-    flags, messages = [], []
-    if noisy:
-        flags.append("noisy")
-        messages.append(noisy_message(noisy))
+    busy = None
     if (others is not None and others > BUSY_CORES) or gpu_others:
-        flags.append("busy")
         gpu = f", other processes on the GPUs: {gpu_others}" if gpu_others else ""
-        messages.append(f"busy: other processes used {others or 0:.2f} CPU cores while it was measured{gpu}")
-    if age is not None and age > STALE_AFTER_S:
-        flags.append("stale")
-        messages.append(stale_message(age, "`pipebd profile --refresh`"))
+        busy = f"busy: other processes used {others or 0:.2f} CPU cores while it was measured{gpu}"
+    flags, messages = _flags(noisy, busy, age, "`pipebd profile --refresh`")
     if not conditions:
         messages.append("taken before profiles recorded their conditions: load unknown")
     calibration = profile.calibration
@@ -106,13 +100,7 @@ def assess_layers(profile: LayerProfile, now: float | None = None) -> ProfileTru
     now = time.time() if now is None else now
     noisy = noisy_layer_measurements(profile)
     age = now - profile.measured_at if profile.measured_at is not None else None
-    flags, messages = [], []
-    if noisy:
-        flags.append("noisy")
-        messages.append(noisy_message(noisy))
-    if age is not None and age > STALE_AFTER_S:
-        flags.append("stale")
-        messages.append(stale_message(age, "removing it from the profile cache (PIPEBD_CACHE_DIR)"))
+    flags, messages = _flags(noisy, None, age, "removing it from the profile cache (PIPEBD_CACHE_DIR)")
     return ProfileTrust(
         trusted=not flags,
         flags=flags,
@@ -122,6 +110,24 @@ def assess_layers(profile: LayerProfile, now: float | None = None) -> ProfileTru
         age_s=age,
         calibrated_from=None,
     )
+
+
+def _flags(
+    noisy: list[NoisyMeasurement], busy: str | None, age_s: float | None, afresh: str
+) -> tuple[list[str], list[str]]:
+    """The flags a profile earns and one message each, in the report's order: noisy, busy, stale (`busy`:
+    its message, None when the profile was not measured beside other work; `afresh`: how to re-measure)."""
+    flags, messages = [], []
+    if noisy:
+        flags.append("noisy")
+        messages.append(noisy_message(noisy))
+    if busy:
+        flags.append("busy")
+        messages.append(busy)
+    if age_s is not None and age_s > STALE_AFTER_S:
+        flags.append("stale")
+        messages.append(stale_message(age_s, afresh))
+    return flags, messages
 
 
 def noisy_message(noisy: list[NoisyMeasurement]) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -28,23 +27,14 @@ from app.core.tables import Job
 from pipebd_core.bench.conditions import tree_cpu_seconds
 from pipebd_core.job import agent_server
 from pipebd_core.job.processes import stop_process_tree
+from tests import forked_probe
 
+seen = forked_probe.seen
 DEADLINE_S = 60  # only a hang misses it
 
 
 def start_probe(folder: Path, *args: str, env: dict[str, str] | None = None) -> tuple[agent_server.ServedProcess, Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "tests.forked_probe", str(folder / "seen.json"), *args]
-    log = folder / "launcher.log"
-    with log.open("ab") as stream:
-        process = agent_server.start(command, env if env is not None else {"OMP_NUM_THREADS": "1"}, stream)
-    assert process is not None, "a `python -m` command of this interpreter: the server must start it"
-    return process, log
-
-
-def seen(folder: Path) -> dict[str, object]:
-    loaded: dict[str, object] = json.loads((folder / "seen.json").read_text())
-    return loaded
+    return forked_probe.start_probe(agent_server.start, folder, *args, env=env)
 
 
 def wait_for(path: Path) -> None:

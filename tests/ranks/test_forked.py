@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -25,22 +24,14 @@ import pytest
 from app.core.reaper import kill_orphans
 from app.core.tables import Job
 from pipebd_core.job import forked
+from tests import forked_probe
 
+seen = forked_probe.seen
 DEADLINE_S = 60  # only a hang misses it
 
 
-def start_probe(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[forked.ForkedProcess, Path]:
-    command = [sys.executable, "-m", "tests.forked_probe", str(tmp_path / "seen.json"), *args]
-    log = tmp_path / "launcher.log"
-    with log.open("ab") as stream:
-        process = forked.start(command, env if env is not None else {"OMP_NUM_THREADS": "1"}, stream)
-    assert process is not None, "the test process has imported torch and not CUDA: the probe must be forked"
-    return process, log
-
-
-def seen(tmp_path: Path) -> dict[str, object]:
-    loaded: dict[str, object] = json.loads((tmp_path / "seen.json").read_text())
-    return loaded
+def start_probe(folder: Path, *args: str, env: dict[str, str] | None = None) -> tuple[forked.ForkedProcess, Path]:
+    return forked_probe.start_probe(forked.start, folder, *args, env=env)
 
 
 def test_a_forked_phase_runs_its_module_as_a_fresh_interpreter_would(tmp_path: Path) -> None:
