@@ -103,7 +103,8 @@ def test_repredict_restores_edited_predictions() -> None:
     assert repredict(path, edited).to_json() == committed.to_json()
 
 
-def test_repredict_refuses_a_record_without_a_committed_profile() -> None:
-    path = RECORDS / "tiny-llama-text.json"
+def test_repredict_refuses_a_record_without_a_committed_profile(tmp_path: Path) -> None:
+    path = tmp_path / "tiny-llama-text.json"  # the record alone, its profile not beside it
+    path.write_text((RECORDS / path.name).read_text())
     with pytest.raises(SpecError, match="no frozen profile committed beside it"):
         repredict(path, BenchRecord.from_json(json.loads(path.read_text())))
