@@ -30,7 +30,7 @@ from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.documents.profile import Profile
 from pipebd_core.planning.distill_costmodel import CostModel
 from pipebd_core.planning.distill_planner import cost_model, mode_plans, timeline
-from pipebd_core.planning.finetune_planner import resolve_train_plan
+from pipebd_core.planning.finetune_planner import probe_network, resolve_train_plan
 from pipebd_core.spec import StageSpec, parse_spec
 
 TOLERANCE = 1e-9  # relative: the same profile, the same simulation, the same figure
@@ -128,13 +128,14 @@ def finetune_pairs(record: BenchRecord, profile: LayerProfile) -> Iterator[Pair]
         predicted = {c.name: c.predicted_step_s for c in plan_candidates(spec, profile, record.steps)[0]}
     else:
         predicted = {}
+        probed = probe_network(spec, None)  # every arm trains the same network
         for arm in record.arms:
             arm_spec = (
                 bench_spec(spec, record.strategy or "zb", record.steps, arm.name)
                 if record.compares == "partitioners"
                 else bench_spec(spec, arm.name, record.steps)
             )
-            train_plan = resolve_train_plan(arm_spec, None, profile)
+            train_plan = resolve_train_plan(arm_spec, None, profile, probed=probed)
             predictions = train_plan.details.predictions if train_plan.details is not None else None
             if predictions is not None and predictions.predicted_step_s is not None:
                 predicted[arm.name] = predictions.predicted_step_s

@@ -33,7 +33,7 @@ from pipebd_core.documents.phases import FINETUNE, PLAN_FINETUNE
 from pipebd_core.documents.telemetry import FinetuneLine
 from pipebd_core.finetune.plan import PIPELINED, TrainPlan
 from pipebd_core.job.profiling import obtain_layer_profile
-from pipebd_core.planning.finetune_planner import resolve_train_plan
+from pipebd_core.planning.finetune_planner import probe_network, resolve_train_plan
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 
@@ -188,8 +188,9 @@ def predicted_steps(specs: dict[str, Spec], profile: LayerProfile, nproc: int) -
     """Each arm's step as its plan phase predicts it from `profile`, and the bound's (ddp's on one rank:
     its prediction at `nproc` ranks times `nproc`, or the slowest arm's where ddp is no arm)."""
     predicted = {}
+    probed = probe_network(next(iter(specs.values())), None)  # every arm trains the same network
     for name, arm in specs.items():
-        plan = resolve_train_plan(arm, None, profile)
+        plan = resolve_train_plan(arm, None, profile, probed=probed)
         predictions = plan.details.predictions if plan.details is not None else None
         if predictions is None or predictions.predicted_step_s is None:
             raise RuntimeError(f"bench --minutes: {name}'s plan has no prediction from the layer profile")

@@ -36,7 +36,7 @@ from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.finetune.plan import PIPELINED, TrainPlan
 from pipebd_core.job.profiling import obtain_layer_profile
 from pipebd_core.planning.finetune_calibration import calibrated_layer_profile
-from pipebd_core.planning.finetune_planner import resolve_train_plan
+from pipebd_core.planning.finetune_planner import ProbedNetwork, probe_network, resolve_train_plan
 from pipebd_core.spec import Spec, parse_spec
 
 PARTITIONS = ("even", "pipedream", "layerpipe", "auto")  # the cuts a pipelined strategy is checked on (auto: the
@@ -88,13 +88,14 @@ def plan_candidates(spec: Spec, profile: LayerProfile, steps: int) -> tuple[list
     tune = spec.finetune
     assert tune is not None, "bench_spec refuses a spec without a finetune section"
     kept: dict[tuple[object, ...], Candidate] = {}
+    probed = probe_network(spec, None)  # every candidate cuts the same network
     for name, source, strategy, partitioner in listed(spec):
-        plan = resolve_train_plan(bench_spec(spec, strategy, steps, partitioner), None, profile)
+        plan = resolve_train_plan(bench_spec(spec, strategy, steps, partitioner), None, profile, probed=probed)
         cut = (partitioner or tune.partitioner,) if plan.pipelined else ()
         candidate = Candidate(name, source, strategy, partitioner, plan, partitioners=cut)
         first = kept.get(candidate.key())
         kept[candidate.key()] = candidate if first is None else first.merged(candidate)
-    plan = resolve_train_plan(bench_spec(spec, AUTO, steps), None, profile)
+    plan = resolve_train_plan(bench_spec(spec, AUTO, steps), None, profile, probed=probed)
     auto = Candidate(AUTO, "strategy", AUTO, None, plan, partitioners=(tune.partitioner,) if plan.pipelined else ())
     chosen = kept.get(auto.key())
     if chosen is None:
@@ -122,11 +123,13 @@ def plan_spec(spec: Spec, plan: TrainPlan, steps: int) -> Spec:
     return parse_spec(document)
 
 
-def calibrated_step_s(spec: Spec, candidate: Candidate, profile: LayerProfile, steps: int) -> float:
-    """`candidate`'s plan predicted again from `profile` (a calibrated one)."""
-    return replace(
-        candidate, plan=resolve_train_plan(plan_spec(spec, candidate.plan, steps), None, profile)
-    ).predicted_step_s
+def calibrated_step_s(
+    spec: Spec, candidate: Candidate, profile: LayerProfile, steps: int, probed: ProbedNetwork | None = None
+) -> float:
+    """`candidate`'s plan predicted again from `profile` (a calibrated one); `probed`: `spec`'s network
+    already probed (`probe_network`), or None to probe it."""
+    plan = resolve_train_plan(plan_spec(spec, candidate.plan, steps), None, profile, probed=probed)
+    return replace(candidate, plan=plan).predicted_step_s
 
 
 def calibrated_steps(
@@ -138,13 +141,14 @@ def calibrated_steps(
     given = accuracy.donors([c.name for c in candidates], {name for name, part in parts.items() if part}, stages)
     by_name = {c.name: c for c in candidates}
     result = {}
+    probed = probe_network(spec, None)
     for candidate in candidates:
         donor = given[candidate.name]
         donor_parts = parts[donor] if donor is not None else None
         if donor is None or donor_parts is None:
             continue
         calibrated = calibrated_layer_profile(profile, by_name[donor].plan, donor_parts)
-        result[candidate.name] = (calibrated_step_s(spec, candidate, calibrated, steps), donor)
+        result[candidate.name] = (calibrated_step_s(spec, candidate, calibrated, steps, probed), donor)
     return result
 
 

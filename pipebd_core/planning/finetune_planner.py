@@ -47,6 +47,25 @@ from pipebd_core.workloads.flops import count_flops
 LABEL_CHECK_SAMPLES = 8  # samples looked at for labels before a cross-entropy is accepted
 
 
+@dataclass(frozen=True)
+class ProbedNetwork:
+    """The network to fine-tune as planning sees it: its layers, the shape entering each layer (and the
+    logits') and each layer's FLOPs per sample, probed on one sample of its data. Planning reads it and
+    never changes it, so one probe serves every plan of the same network (a bench's arms: `probe_network`)."""
+
+    network: Network
+    sample: torch.Tensor
+    shapes: list[list[int]]
+    flops: list[float]
+
+
+def probe_network(spec: Spec, run_dir: RunDir | None) -> ProbedNetwork:
+    """Build `spec`'s network to fine-tune (as `run_dir` holds it, or freshly initialised) and probe it."""
+    network = build_network(spec, run_dir)
+    sample = build_dataset(finetune_view(spec))[0][0]
+    return ProbedNetwork(network, sample, *layer_probe(network, sample))
+
+
 def layer_probe(network: Network, sample: torch.Tensor) -> tuple[list[list[int]], list[float]]:
     """(per-sample shape entering each layer and the logits', FLOPs per sample of each layer)."""
     shapes, flops = [list(sample.shape)], []
@@ -203,18 +222,23 @@ def train_costs(spec: Spec, measured: LayerProfile, machines: Topology | None = 
 
 
 def resolve_train_plan(
-    spec: Spec, run_dir: RunDir | None, measured: LayerProfile | None = None, machines: Topology | None = None
+    spec: Spec,
+    run_dir: RunDir | None,
+    measured: LayerProfile | None = None,
+    machines: Topology | None = None,
+    probed: ProbedNetwork | None = None,
 ) -> TrainPlan:
     """The finetune plan of `spec` (its network as `run_dir` holds it, or freshly initialised), from the
-    layer profile `measured` when there is one (planned for `machines` when given: `train_costs`)."""
+    layer profile `measured` when there is one (planned for `machines` when given: `train_costs`); `probed`:
+    that network already probed (`probe_network`), for a caller planning it several ways."""
     tune = spec.finetune
     assert tune is not None, "only a spec with a finetune section has a finetune plan"
     view = finetune_view(spec)
     if tune.loss == "ce" or tune.alpha > 0:
         check_labels(view)
-    network = build_network(spec, run_dir)
-    sample = build_dataset(view)[0][0]
-    shapes, flops = layer_probe(network, sample)
+    probe = probed or probe_network(spec, run_dir)
+    network, sample = probe.network, probe.sample
+    shapes, flops = [list(shape) for shape in probe.shapes], list(probe.flops)  # the plan's own, a probe shared
     layers = Layers(network, shapes, flops, train_costs(spec, measured, machines) if measured is not None else None)
     details = FinetuneDetails(layer_flops=flops, requested_strategy=tune.strategy)
     strategy = tune.strategy
