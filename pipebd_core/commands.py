@@ -43,7 +43,7 @@ from pipebd_core.job.outcomes import CANCELLED, SUCCEEDED
 from pipebd_core.job.profiling import obtain_profile
 from pipebd_core.job.progress import MetricsFollower
 from pipebd_core.job.supervisor import Outcome, Supervisor, Watcher
-from pipebd_core.planning.distill_costmodel import CostModel
+from pipebd_core.planning.distill_costmodel import CostModel, chain_factors
 from pipebd_core.planning.distill_planner import mode_plans
 from pipebd_core.planning.distill_search import search
 from pipebd_core.planning.distill_simulate import simulate
@@ -256,6 +256,8 @@ def command_profile(args: argparse.Namespace) -> int:
             teacher, student = block.teacher_s[batch], block.student_s[batch]
             spread = max(teacher.spread, student.spread)
             print(f"{index:5} {batch:5} {teacher.median * 1e3:11.2f} {student.median * 1e3:11.2f} {spread:7.0%}")
+    for batch, factor in sorted(chain_factors(profile).items()):
+        print(f"blocks one after another at batch {batch}: {factor:.2f}x the sum of each timed alone")
     trust = assess(profile)
     print("profile: " + ("trusted" if trust.trusted else ", ".join(trust.flags).upper()))
     for message in trust.messages:

@@ -27,6 +27,9 @@ class Document(BaseModel):
 
     NAME: ClassVar[str] = "document"
     VERSION: ClassVar[int] = 1
+    # fields added to this VERSION after documents of it were committed (benchmark records' frozen profiles),
+    # with their defaults: written only where they differ, so a document written before them keeps its digest
+    LATER_FIELDS: ClassVar[dict[str, object]] = {}
 
     format_version: int = 0  # set to VERSION on creation (see model_post_init)
 
@@ -35,8 +38,12 @@ class Document(BaseModel):
             self.format_version = self.VERSION
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON value of this document (what is written to disk)."""
-        return self.model_dump(mode="json")
+        """The JSON value of this document (what is written to disk; LATER_FIELDS left out at their defaults)."""
+        data = self.model_dump(mode="json")
+        for name, default in self.LATER_FIELDS.items():
+            if name in data and data[name] == default:
+                del data[name]
+        return data
 
     def digest(self) -> str:
         """A hash of the content (16 hex digits of the SHA-256 of its JSON, keys sorted): equal documents,

@@ -12,7 +12,7 @@ all-reduce of the whole network's gradients.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -72,6 +72,8 @@ class LayerProfile(Document):
 
     NAME = "layer profile"
     VERSION = 1
+    # added to version 1 after profiles were first committed (bench/check.py finds them by their digest)
+    LATER_FIELDS: ClassVar[dict[str, object]] = {"nodes": 1, "inter": None, "cpus": None, "co_run_optim": []}
 
     nproc: int  # ranks in all, on every node
     nodes: int = 1  # the nodes they spanned: ranks numbered node by node, nproc / nodes on each
@@ -94,17 +96,3 @@ class LayerProfile(Document):
     measured_at: float | None = None  # seconds since the epoch (None: a profile written by hand)
     # the node's logical CPUs the ranks shared (planning/cpu_sharing.py); None: not recorded
     cpus: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The fields added to version 1 after profiles were first committed (nodes, inter, cpus, co_run_optim)
-        are written only where they differ from their defaults: a profile written before them keeps its hash, so a
-        benchmark record that names it still finds it (bench/check.py)."""
-        data = super().to_json()
-        for name, default in LATER_FIELDS.items():
-            if name in data and data[name] == default:
-                del data[name]
-        return data
-
-
-# added to version 1, with their defaults
-LATER_FIELDS: dict[str, object] = {"nodes": 1, "inter": None, "cpus": None, "co_run_optim": []}

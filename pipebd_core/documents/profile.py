@@ -16,6 +16,7 @@ it was measured; `calibration`, once a run calibrated it, what training measured
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -102,6 +103,7 @@ class Profile(Document):
 
     NAME = "block profile"
     VERSION = 2  # 2: student_group_s, the replicated student step (version 1 profiles are measured again)
+    LATER_FIELDS: ClassVar[dict[str, object]] = {"chain_s": {}}  # added to version 2 (Document.LATER_FIELDS)
 
     nproc: int  # ranks in all (nodes x ranks per node)
     nodes: int = 1  # the nodes it was measured across (ranks r and s share one when r // per node == s // per node)
@@ -114,6 +116,10 @@ class Profile(Document):
     boundary_bytes_per_sample: list[int]  # per boundary, as the blocks produce it
     blocks: list[BlockProfile]
     data_s: dict[int, Timing]  # loading a batch
+    # per batch, every block's work (teacher forward, student step) run one after another, as a training step
+    # runs it: more than the blocks timed each in a loop of its own where they evict each other from the
+    # caches (planning/distill_costmodel.py: chain_factors); measured on CPU only, empty where not measured
+    chain_s: dict[int, Timing] = {}
     p2p_s: list[dict[int, Timing]]  # per boundary, one-way send between two ranks of one node
     links: dict[str, LinkFit] = {}  # "intra" (ranks of one node), "inter" (nodes): absent where not measured
     measured_at: float | None = None  # seconds since the epoch (None: a profile written by hand)

@@ -82,6 +82,21 @@ def profiled_student(block: BlockProfile, batch: int, replicas: int, batch_size:
     return plain * replicated / step if step > 0 else plain
 
 
+def chain_factors(profile: Profile) -> dict[int, float]:
+    """Per measured batch, what the blocks' work costs in a training step over what it cost timed each in a
+    loop of its own: the blocks run one after another (chain_s) over the sum of their teacher and student
+    times. Empty where the chain was not measured (GPU profiles, profiles written before it) and for a
+    calibrated profile, whose factors were measured in training and include it."""
+    if profile.calibration is not None:
+        return {}
+    factors = {}
+    for size, chain in profile.chain_s.items():
+        alone = sum(at_batch(block.teacher_s, size) + at_batch(block.student_s, size) for block in profile.blocks)
+        if chain.trials and alone > 0:
+            factors[size] = chain.median / alone
+    return factors
+
+
 @dataclass(frozen=True)
 class Scales:
     """Multipliers from a profile's calibration (calibration.py); all 1 for a profile training has not
@@ -124,6 +139,7 @@ class CostModel:
         self.topology = topology or Topology.of(profile)  # the machines to plan for (default: the profile's)
         self.scales = Scales.of(profile)
         self.sharing = cpu_sharing(profile, self.topology, threads_per_rank)
+        self.chain_factors = chain_factors(profile)
         self.arch_every = arch_every
         arch_fraction = 1.0 / arch_every if arch_every else 0.0
         self.arch_fraction = arch_fraction
@@ -147,13 +163,23 @@ class CostModel:
         the profile's (1 for a calibrated profile)."""
         return scale * self.sharing
 
+    def chain(self, batch: int) -> float:
+        """The blocks' cost in a training step over their profiled cost, at the nearest measured batch (1
+        where not measured: chain_factors)."""
+        measured = sorted(self.chain_factors)
+        if not measured:
+            return 1.0
+        return self.chain_factors[next((size for size in measured if size >= batch), measured[-1])]
+
     def teacher(self, block: int, batch: int) -> float:
-        return at_batch(self.blocks[block].teacher_s, batch) * self.shared(self.scales.teacher[block])
+        profiled = at_batch(self.blocks[block].teacher_s, batch) * self.chain(batch)
+        return profiled * self.shared(self.scales.teacher[block])
 
     def student(self, block: int, batch: int, round_: str = "weights", replicas: int = 1) -> float:
-        """A student step at `batch` rows on a stage of `replicas` (see profiled_student), calibrated."""
+        """A student step at `batch` rows on a stage of `replicas` (see profiled_student), in a training step
+        (chain), calibrated."""
         profiled = profiled_student(self.blocks[block], batch, replicas, self.batch_size, round_)
-        return profiled * self.shared(self.scales.student[block])
+        return profiled * self.chain(batch) * self.shared(self.scales.student[block])
 
     def student_step(self, block: int, batch: int, replicas: int = 1) -> float:
         """A block's student work per step, architecture rounds included."""

@@ -27,7 +27,8 @@ from pipebd_core.spec import Spec
 
 CACHE_ENV = "PIPEBD_CACHE_DIR"
 # 4 and 3: measured by ranks that keep the memory they free (job/processes.py's RANK_ALLOCATOR)
-FORMAT_VERSION = 4  # 2: the replicated student step (student_group_s); 3: a search's candidates' forward
+FORMAT_VERSION = 5  # 2: the replicated student step (student_group_s); 3: a search's candidates' forward;
+# 5: the blocks' work one after another (chain_s)
 LAYER_FORMAT_VERSION = 6  # 2: backward times without their forward, input and weight bytes, split kernels;
 # 4: the co-run curve (co_run); 5: the optimiser's co-run curve (co_run_optim); 6: noisy parts taken again,
 # the all-reduce pooled from three attempts (profile/layers.py)

@@ -119,6 +119,7 @@ class RankMeasurements:
     probe: BlockProbe
     batches: list[int]
     blocks: dict[tuple[int, int], BlockMeasurement]  # by (block, batch)
+    chain: dict[int, Trials]  # by batch: every block's work one after another (CPU only)
     data: dict[int, Trials]  # by batch
     p2p: dict[tuple[int, int], Trials]  # by (boundary, batch)
     inter: list[tuple[int, float]]  # (bytes, one-way seconds) of sends to another node; rank 0 only
@@ -136,40 +137,84 @@ def timed(fn: Callable[[], Any], trials: int, device: torch.device) -> Trials:
     return Trials(samples, remeasured)
 
 
+@dataclass
+class BlockWork:
+    """One block's work on a fixed batch `x`, as the runtime runs it: the teacher's forward, the student's step
+    (on a copy of the workload's student, so measuring trains nothing a job uses)."""
+
+    x: torch.Tensor
+    teacher: nn.Module
+    target: torch.Tensor
+    student: StudentBlock
+    lr: float
+    steps: itertools.count[int] = field(default_factory=itertools.count)
+
+    @classmethod
+    def of(cls, workload: Workload, index: int, spec: Spec, x: torch.Tensor, device: torch.device) -> BlockWork:
+        teacher = workload.teacher_blocks[index]
+        with torch.no_grad():
+            target = teacher(x)
+        module = copy.deepcopy(workload.student_blocks[index])
+        student = StudentBlock(index, module, workload.loss_of(index), spec, workload.search, device)
+        return cls(x, teacher, target, student, spec.train.lr)
+
+    def teacher_step(self) -> None:
+        with torch.no_grad():
+            self.teacher(self.x)
+
+    def student_step(self, round_: str = "weights") -> None:
+        self.student.begin(next(self.steps), round_)  # supernets sample a fresh path each trial
+        self.student.loss(self.x, self.target).backward()
+        self.student.update(round_, self.lr)
+
+    def both(self) -> None:
+        self.teacher_step()
+        self.student_step()
+
+
 def measure_block(
     workload: Workload, index: int, spec: Spec, x: torch.Tensor, trials: int, device: torch.device
 ) -> BlockMeasurement:
-    """Teacher forward and student step times of one block on the batch `x`, as the runtime runs them."""
-    teacher = workload.teacher_blocks[index]
-    batch = len(x)
-    with torch.no_grad():
-        target = teacher(x)
-    module = copy.deepcopy(workload.student_blocks[index])
-    student = StudentBlock(index, module, workload.loss_of(index), spec, workload.search, device)
-    steps = itertools.count()
-
-    def teacher_step() -> None:
-        with torch.no_grad():
-            teacher(x)
-
-    def student_step(round_: str) -> None:
-        student.begin(next(steps), round_)  # supernets sample a fresh path each trial
-        student.loss(x, target).backward()
-        student.update(round_, spec.train.lr)
-
+    """Teacher forward and student step times of one block on the batch `x`, each timed in a loop of its own."""
+    work = BlockWork.of(workload, index, spec, x, device)
+    batch, module = len(x), work.student.module
     result = BlockMeasurement(
-        teacher=timed(teacher_step, trials, device),
-        student=timed(functools.partial(student_step, "weights"), trials, device),
-        saved_bytes=saved_bytes(student.module, x),
-        output_bytes_per_sample=target.numel() * target.element_size() // batch,
+        teacher=timed(work.teacher_step, trials, device),
+        student=timed(work.student_step, trials, device),
+        saved_bytes=saved_bytes(module, x),
+        output_bytes_per_sample=work.target.numel() * work.target.element_size() // batch,
     )
-    if student.supernet is not None:
-        result.student_arch = timed(functools.partial(student_step, "arch"), trials, device)
+    if work.student.supernet is not None:
+        result.student_arch = timed(functools.partial(work.student_step, "arch"), trials, device)
     if isinstance(module, Candidates) and len(module.options) > 1 and batch == spec.data.batch_size:
-        result.candidate_forward, result.layer_forward = measure_candidates(module, teacher, x, trials, device)
+        result.candidate_forward, result.layer_forward = measure_candidates(module, work.teacher, x, trials, device)
     if device.type == "cuda":
-        result.student_peak_bytes = cuda_peak_bytes(functools.partial(student_step, "weights"), device)
+        result.student_peak_bytes = cuda_peak_bytes(work.student_step, device)
     return result
+
+
+def measure_chain(
+    workload: Workload, spec: Spec, probe: BlockProbe, batch: int, dtype: torch.dtype, trials: int
+) -> Trials:
+    """Every block's work at `batch` rows run one after another, as a training step runs it (CPU: where the
+    blocks evict each other from the caches, what timing each in a loop of its own does not see)."""
+    cpu = torch.device("cpu")
+    works = [
+        BlockWork.of(
+            workload,
+            index,
+            spec,
+            block_input(probe.shapes[index], batch, dtype if index == 0 else torch.float32, cpu),
+            cpu,
+        )
+        for index in range(len(workload.teacher_blocks))
+    ]
+
+    def one_after_another() -> None:
+        for work in works:
+            work.both()
+
+    return timed(one_after_another, trials, cpu)
 
 
 def measure_candidates(
@@ -377,6 +422,11 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> RankMeasureme
         teacher.cpu()
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     param_counts = [sum(p.numel() for p in s.parameters()) for s in workload.student_blocks]
+    chain = (
+        {b: measure_chain(workload, spec, probe, b, sample.dtype, trials) for b in batches}
+        if device.type == "cpu"
+        else {}
+    )
     data = measure_data(spec, batches, trials, device)
     p2p = measure_p2p(probe.shapes, batches, trials, device, per_node) if distributed else {}
     inter = measure_inter_node(probe.shapes, batches, trials, device, per_node) if nodes > 1 else []
@@ -386,6 +436,7 @@ def measure_rank(spec: Spec, device: torch.device, trials: int) -> RankMeasureme
         probe=probe,
         batches=batches,
         blocks=blocks,
+        chain=chain,
         data=data,
         p2p=p2p,
         inter=inter,
@@ -463,6 +514,7 @@ def pool(measurements: list[RankMeasurements], spec: Spec, device: torch.device)
         boundary_bytes_per_sample=boundary_bytes,
         blocks=blocks,
         data_s={b: pooled(m.data.get(b) for m in measurements) for b in batches},
+        chain_s={b: pooled(m.chain.get(b) for m in measurements) for b in batches} if first.chain else {},
         p2p_s=p2p_s,
         links=links(p2p_s, boundary_bytes, first.inter),
         measured_at=time.time(),
