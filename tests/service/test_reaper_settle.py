@@ -115,11 +115,12 @@ def test_a_lost_sweep_child_wakes_the_next_child_of_its_sweep(settings: Settings
 def test_a_live_worker_preparing_a_job_past_the_stale_bound_keeps_it(settings: Settings) -> None:
     """Found by the soak (issue 42): a language-model job's preparation (its workload built in a child process)
     outlasted the soak's 6 s stale bound without a heartbeat, and the reaper took the job from the live worker
-    preparing it, four times over. Here the workload takes 2 s to build, the bound is 0.5 s, and the reaper runs
+    preparing it, four times over. Here the workload takes 3 s to build, the bound is 1.5 s (15 beats: a
+    bound of 0.5 s was missed once by a beat late under a full suite's load), and the reaper runs
     throughout as on another host (it cannot see the worker's process, only its beats); the worker beats while it
     prepares, so the job is never requeued and starts on this worker."""
     migrate(settings.database)
-    spec = tiny_job(workload={"factory": SLOW_BUILD, "options": {"build_s": 2.0}})
+    spec = tiny_job(workload={"factory": SLOW_BUILD, "options": {"build_s": 3.0}})
     job = insert_job(settings, spec=spec)
     assert job.id is not None
     runner = JobRunner(job.id, settings.model_copy(update={"heartbeat_s": 0.1}), threading.Event())
@@ -130,7 +131,7 @@ def test_a_live_worker_preparing_a_job_past_the_stale_bound_keeps_it(settings: S
 
     def reap() -> None:
         while preparing.is_set():
-            reaped.extend(reap_lost_jobs(settings.database, stale_after_s=0.5, here="the-api-host"))  # by beats alone
+            reaped.extend(reap_lost_jobs(settings.database, stale_after_s=1.5, here="the-api-host"))  # by beats alone
             time.sleep(0.1)
 
     reaper = threading.Thread(target=reap)
