@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipebd_core.documents.profile import BlockProfile, Profile, Timing
@@ -58,9 +58,16 @@ def at_batch(table: Mapping[int, Timing] | Mapping[int, int], batch: int) -> flo
     entry = table.get(batch)
     if entry is not None:
         return float(entry.median if isinstance(entry, Timing) else entry)
-    sizes = sorted(table)
-    nearest = next((size for size in sizes if size >= batch), sizes[-1])
+    nearest = nearest_measured(table, batch)
     return at_batch(table, nearest) * batch / nearest
+
+
+def nearest_measured(sizes: Collection[int], batch: int) -> int:
+    """`batch` where it was measured, else the nearest larger measured size, else the largest."""
+    if batch in sizes:
+        return batch
+    ordered = sorted(sizes)
+    return next((size for size in ordered if size >= batch), ordered[-1])
 
 
 def profiled_student(block: BlockProfile, batch: int, replicas: int, batch_size: int, round_: str = "weights") -> float:
@@ -166,10 +173,9 @@ class CostModel:
     def chain(self, batch: int) -> float:
         """The blocks' cost in a training step over their profiled cost, at the nearest measured batch (1
         where not measured: chain_factors)."""
-        measured = sorted(self.chain_factors)
-        if not measured:
+        if not self.chain_factors:
             return 1.0
-        return self.chain_factors[next((size for size in measured if size >= batch), measured[-1])]
+        return self.chain_factors[nearest_measured(self.chain_factors, batch)]
 
     def teacher(self, block: int, batch: int) -> float:
         profiled = at_batch(self.blocks[block].teacher_s, batch) * self.chain(batch)
