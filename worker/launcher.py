@@ -41,7 +41,7 @@ from sqlmodel import Session, col
 
 from app.core import gangs
 from app.core.attempts import record_plan, record_resume, record_shape
-from app.core.database import DATABASE_DOWN, persist, session_scope
+from app.core.database import DATABASE_DOWN, persist, session_scope, write_lock
 from app.core.job_phases import PhaseEntry, phase_entries
 from app.core.lifecycle import JobChanges, settle, transition
 from app.core.plan_summary import cut, summarize
@@ -324,7 +324,10 @@ class JobRunner:
         """Whether this run may still write the job's row (its preparation, telemetry, phases, process id, its end;
         through `fenced`): the row, locked until `session` commits, names its claim (`owns`). A runner that made no
         claim (a test's own, driving a job it moved itself) always may."""
-        return self.claimed_at is None or self.owns(session.get(Job, self.job_id, with_for_update=True))
+        if self.claimed_at is None:
+            return True
+        write_lock(session, Job, self.job_id)
+        return self.owns(session.get(Job, self.job_id, populate_existing=True))
 
     @contextmanager
     def fenced(self, ending: bool = False) -> Iterator[Session]:

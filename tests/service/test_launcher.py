@@ -138,3 +138,30 @@ def test_a_run_whose_job_was_claimed_again_elsewhere_stops_and_writes_nothing_mo
     assert (job.phase, job.phases, job.pid) == ("profile", [], 2)  # nor its phases, nor its process id
     assert event_rows(settings, job_id, "phase") == phase_events
     assert job.run_dir is not None and rank_processes(job.run_dir) == []
+
+
+def test_a_claim_waits_for_a_write_that_checked_it_still_holds_the_job(tmp_path: Path, database_url: str) -> None:
+    """The fence's check and the writes after it are one: a claim by another worker that arrives between them
+    waits for their commit (SQLite's driver starts no transaction on a read, so a check alone held nothing there
+    and a batch of telemetry was stored after the claim moved)."""
+    settings = make_settings(tmp_path, database_url)
+    job_id = queued_job(settings)
+    runner = JobRunner(job_id, settings, threading.Event())
+    assert runner.claim()
+    claimed = threading.Event()
+
+    def claim_elsewhere() -> None:
+        with session_scope(settings.database) as session:
+            session.execute(update(Job).where(col(Job.id) == job_id).values(worker="worker-b", heartbeat_at=1.0))
+        claimed.set()
+
+    with session_scope(settings.database) as session:
+        assert runner.holds(session)
+        other = threading.Thread(target=claim_elsewhere)
+        other.start()
+        assert not claimed.wait(1.0), "another worker's claim committed between the check and the write"
+        session.add(JobEvent(job_id=job_id, kind="phase", data={"phase": "profile"}))
+    other.join(timeout=30)
+    assert claimed.is_set()
+    with session_scope(settings.database) as session:
+        assert not runner.holds(session)
