@@ -1,13 +1,14 @@
-"""Service tier: the bundled examples not run elsewhere run to success as shipped, through the service.
+"""Service tier: the bundled examples not run elsewhere run to success as shipped (their step counts shrunk),
+through the service.
 
 examples/tiny-vit-teacher.yaml, then examples/tiny-vit-digits.yaml distilling the teacher that job wrote,
 named as the registered model it became (`--set 'workload.teacher={model: N}'`, no file copied: the model's
 `teacher_model/`, a ViTForImageClassification directory, replaces the example's random-teacher `config` and
-its `teacher_weights`); and examples/tiny-llama-search.yaml with its random teacher, 2 steps. Each file is submitted
-as `pipebd submit` posts it, nothing else overridden, on the session's `embedded` service (a real worker with
-a default server's data roots). The teacher's directory is also checked against the job's own teacher:
-`ViTForImageClassification.from_pretrained` gives teacher.pt's logits. The language-model chain
-(tiny-llama-teacher.yaml, then tiny-llama-text.yaml) runs in tests/service/test_phases.py.
+its `teacher_weights`), 4 steps a phase; and examples/tiny-llama-search.yaml with its random teacher, 2 steps.
+Each file is submitted as `pipebd submit` posts it, nothing overridden but those step counts, on the session's
+`embedded` service (a real worker with a default server's data roots). The teacher's directory is also checked
+against the job's own teacher: `ViTForImageClassification.from_pretrained` gives teacher.pt's logits. The
+language-model chain (tiny-llama-teacher.yaml, then tiny-llama-text.yaml) runs in tests/service/test_phases.py.
 
 A worker's own process never builds a network or loads a data set: every phase that does (the launch's
 preflight, plan, plan_finetune, and the ranks' phases) runs in a child process, so the long-lived worker
@@ -32,6 +33,10 @@ from tests.service.conftest import Embedded
 from tests.service.heavy_imports import imported_planning_here
 from tests.service.test_phases import submit, submitted_example
 
+# Only the step counts are shrunk, as the language-model chain's are: every phase still runs, and the shipped
+# 450 teacher steps and 100 + 135 distillation steps took 72-121 s of a suite's time to prove nothing more.
+SHRUNK = {"teacher": ["finetune.max_steps=4"], "distil": ["train.max_steps=4", "finetune.max_steps=4"]}
+
 
 def registered(embedded: Embedded, job_id: int) -> dict[str, dict[str, Any]]:
     """The job's registered models by kind."""
@@ -47,7 +52,7 @@ def test_the_vit_teacher_then_its_distillation_run_as_shipped_chained_by_the_reg
     from pipebd_core.spec import parse_spec
     from pipebd_core.workloads.vision_transformer import build_vit
 
-    trained = submit(embedded, submitted_example("tiny-vit-teacher.yaml"))
+    trained = submit(embedded, submitted_example("tiny-vit-teacher.yaml", *SHRUNK["teacher"]))
     run = embedded.job_dir(trained["id"])
     own = build_vit(parse_spec(trained["spec"]))
     own.load_state_dict(torch.load(run / "teacher.pt", weights_only=True))
@@ -61,7 +66,8 @@ def test_the_vit_teacher_then_its_distillation_run_as_shipped_chained_by_the_reg
     assert {"teacher_model.tar", "teacher.pt"} <= listed
 
     distilled = submit(
-        embedded, submitted_example("tiny-vit-digits.yaml", f"workload.teacher={{model: {teacher['id']}}}")
+        embedded,
+        submitted_example("tiny-vit-digits.yaml", f"workload.teacher={{model: {teacher['id']}}}", *SHRUNK["distil"]),
     )
     workload = distilled["spec"]["workload"]
     assert workload["teacher"] == str(run / "teacher_model") and workload.get("config") is None
