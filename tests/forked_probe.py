@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         "environ": dict(os.environ),
         "threads": torch.get_num_threads(),
         "path0": sys.path[0],
+        "imported": sorted(name for name in sys.modules if name.partition(".")[0] in ("torchvision", "tests")),
     }
     args.out.write_text(json.dumps(seen))
     print("probe: to stdout", flush=True)

@@ -11,7 +11,12 @@ where a fresh interpreter would be after those imports. (Agents forked straight 
 twice in five suites: a rendezvous that timed out, which a warm node 0 explains, see nodes.AGENT_START_S, and
 a rank that never joined its group, not explained.)
 
-One server per supervising process, started with its first torchrun launch (`python -m
+The server also forks the single-process phases (finalize, evaluate: launch.warm_start), and a request
+may name modules to import before the fork (`StartRequest.preload`: the job's torchvision or transformers
+workload, `rank.process.warm_modules`), which the server keeps for every later request: a job's phases and
+the next job's then fork with them imported instead of importing them again, once a phase.
+
+One server per supervising process, started with its first launch (`python -m
 pipebd_core.job.agent_server --control-fd N`: a session of its own, the supervisor's environment less what
 ranks may not see), on a Unix socket pair:
 - the supervisor sends a `StartRequest` (command, environment, working directory) with the phase log's
@@ -40,7 +45,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from typing import IO, Literal
 
 import psutil
@@ -59,6 +65,11 @@ PRELOAD = (
     "pipebd_core.profile.layers",
     forked.DYNAMO,
 )
+# What a request may also ask the server to import, once, before it forks (`StartRequest.preload`: the job's
+# torchvision or transformers workload, 2-5 s of CPU an import on a slow machine, paid by each agent and each
+# single-process phase of each job before). Only packages that do not change under a long-lived server: the
+# installed ones and PipeBD's own; a user's factory module is imported afresh by each process that needs it.
+SERVED_PACKAGES = ("torchvision", "transformers", "pipebd_core")
 FRESH_AGENTS = "PIPEBD_FRESH_AGENTS"  # set (to anything): every agent a fresh interpreter, as plain torchrun
 MESSAGE_BYTES = 1 << 20  # a request's command and environment, at most
 STARTED_TIMEOUT_S = 300.0  # the server's imports, then a fork: only a hung server misses it
@@ -71,11 +82,13 @@ class AgentServerGone(RuntimeError):
 
 @dataclass(frozen=True)
 class StartRequest:
-    """Supervisor -> server: start `command` (a `python -m` command) with exactly `env`, in `cwd`."""
+    """Supervisor -> server: start `command` (a `python -m` command) with exactly `env`, in `cwd`, forked once
+    the server imported `preload` (those of SERVED_PACKAGES; kept for every later request)."""
 
     command: list[str]
     env: dict[str, str]
     cwd: str
+    preload: list[str] = field(default_factory=list)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -143,9 +156,12 @@ class AgentServer:
         self.ended: dict[int, int] = {}
         self.gone = False
 
-    def start(self, command: list[str], env: dict[str, str], log: IO[bytes]) -> ServedProcess:
-        """Fork an agent that runs `command` with `env` and its output on `log`; raises AgentServerGone."""
-        request = StartRequest(command, env, os.getcwd())
+    def start(
+        self, command: list[str], env: dict[str, str], log: IO[bytes], preload: Sequence[str] = ()
+    ) -> ServedProcess:
+        """Fork a process that runs `command` with `env` and its output on `log`, with `preload` imported;
+        raises AgentServerGone."""
+        request = StartRequest(command, env, os.getcwd(), list(preload))
         with self.lock:
             try:
                 socket.send_fds(self.control, [request.encode()], [log.fileno()])
@@ -222,14 +238,14 @@ def server() -> AgentServer:
         return _SERVER
 
 
-def start(command: list[str], env: dict[str, str], log: IO[bytes]) -> ServedProcess | None:
-    """Start `command` as an agent forked by this process's server, or None where it cannot (see the module's
-    docstring): the caller then starts it as a fresh interpreter."""
+def start(command: list[str], env: dict[str, str], log: IO[bytes], preload: Sequence[str] = ()) -> ServedProcess | None:
+    """Start `command` as a process forked by this process's server, with `preload` imported there first, or
+    None where it cannot (see the module's docstring): the caller then starts it another way."""
     if forked.module_of(command) is None or os.environ.get(FRESH_AGENTS):
         return None
     with forked.signals_held() as caught:
         try:
-            process = server().start(command, env, log)
+            process = server().start(command, env, log, preload)
         except AgentServerGone:
             return None
     if caught:  # asked to stop while starting it: nothing is left half-started, then the stop takes its course
@@ -265,13 +281,24 @@ def serve(control: socket.socket) -> None:
                 if not message:
                     return
                 try:
-                    pid = fork_agent(StartRequest.decode(message), fds[0], server_fds)
+                    request = StartRequest.decode(message)
+                    import_served(request.preload)
+                    pid = fork_agent(request, fds[0], server_fds)
                 finally:
                     for fd in fds:
                         os.close(fd)
                 control.send(ServerReply("started", pid).encode())
         except (BrokenPipeError, ConnectionResetError):
             return
+
+
+def import_served(modules: list[str]) -> None:
+    """Import those of `modules` in SERVED_PACKAGES (once: Python keeps them). One that fails is left to the
+    forked process, which imports it again and reports why where its errors are written."""
+    for name in modules:
+        if name.partition(".")[0] in SERVED_PACKAGES and name not in sys.modules:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
 
 
 def report_ended(control: socket.socket) -> None:

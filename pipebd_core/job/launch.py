@@ -16,6 +16,7 @@ import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -31,6 +32,7 @@ from pipebd_core.planning import profiles
 from pipebd_core.planning.distill_planner import resolve_plan
 from pipebd_core.planning.finetune_planner import check_labels, resolve_train_plan
 from pipebd_core.rank.network import build_network, finetune_view
+from pipebd_core.rank.process import warm_modules
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
 
@@ -190,10 +192,11 @@ def start_phase(
     trials: int = PROFILE_TRIALS,
     rendezvous: Rendezvous | None = None,
 ) -> PhaseProcess:
-    """Start the phase's processes in a session of their own (a single-process phase's forked from this
-    process where it can: forked.py; a torchrun agent forked by this process's agent server: agent_server.py);
-    their output goes to its launcher log (this node's, in a launch on several nodes:
-    `rendezvous`)."""
+    """Start the phase's processes in a session of their own, their output on its launcher log (this node's,
+    in a launch on several nodes: `rendezvous`). Warm where it can: a torchrun agent is forked by this
+    process's agent server (agent_server.py), and so is a single-process phase (finalize, evaluate), the
+    server having imported the job's workload (torchvision, transformers) once for every later phase; where
+    there is no server, a single-process phase is forked from this process (forked.py)."""
     node = rendezvous.node if rendezvous is not None else 0
     if node == 0:
         run_dir.clear_errors(phase)  # the errors of an earlier attempt are not this one's
@@ -202,9 +205,7 @@ def start_phase(
     command = phase_command(run_dir, spec, phase, trials, rendezvous)
     env = rank_environment(spec, extra_env)
     with log_path.open("ab") as log:
-        single = PHASE_KINDS[phase].runs == "process"  # forked from here; a torchrun agent by its server
-        warm = forked.start if single else agent_server.start
-        process: PhaseProcess | None = warm(command, env, log)
+        process = warm_start(command, env, log, warm_modules(spec), single=PHASE_KINDS[phase].runs == "process")
         if process is None:  # a fresh interpreter
             process = subprocess.Popen(
                 command,
@@ -214,6 +215,16 @@ def start_phase(
                 start_new_session=True,  # its own process group: stopped as a whole, never half
             )
     run_dir.append_event("launched", phase=phase, pid=process.pid, **({"node": node} if rendezvous else {}))
+    return process
+
+
+def warm_start(
+    command: list[str], env: dict[str, str], log: IO[bytes], modules: list[str], single: bool
+) -> PhaseProcess | None:
+    """The phase's process started warm (see `start_phase`), or None: start it as a fresh interpreter."""
+    process: PhaseProcess | None = agent_server.start(command, env, log, modules)
+    if process is None and single:  # no server here (PIPEBD_FRESH_AGENTS, or gone): fork this process
+        process = forked.start(command, env, log)
     return process
 
 

@@ -23,21 +23,24 @@ from pipebd_core.spec import Spec
 from pipebd_core.workloads.workload import workload_module
 
 
-def preload(run_dir: RunDir) -> list[str]:
-    """Import what building this run's workload and data set needs (torchvision, transformers:
-    a second of CPU or more each), so that a warm agent's ranks fork with it imported instead
-    of each importing it again. Returns the modules imported. One that fails is left for the ranks to
-    import and report, where their errors are written."""
-    spec = run_dir.load_spec()
-    loaded = []
+def warm_modules(spec: Spec) -> list[str]:
+    """What building `spec`'s workload and data set imports (torchvision, transformers: a second of CPU or
+    more each), by module name, without importing it: the workload's builder, the network a `train` job
+    builds, the data set's module."""
     w = spec.workload
     if w.kind != "train" or w.factory is not None:
         network = None
     else:  # what network_to_train builds: a language model of a config, or a torchvision classifier
         network = "transformers" if w.config is not None else "torchvision.models"
-    for module in (workload_module(spec), network, dataset_module(spec)):
-        if module is None:
-            continue
+    return [module for module in (workload_module(spec), network, dataset_module(spec)) if module is not None]
+
+
+def preload(run_dir: RunDir) -> list[str]:
+    """Import `warm_modules` of this run's spec, so that a warm agent's ranks fork with them imported instead
+    of each importing them again. Returns the modules imported. One that fails is left for the ranks to
+    import and report, where their errors are written."""
+    loaded = []
+    for module in warm_modules(run_dir.load_spec()):
         try:
             importlib.import_module(module)
         except Exception:  # the rank that imports it again reports it

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -57,6 +58,21 @@ def test_an_agent_the_server_forks_runs_its_module_as_a_fresh_interpreter_would(
     assert probe["threads"] == 2 and probe["path0"] == os.getcwd()
     assert probe["argv"] == ["tests.forked_probe", str(tmp_path / "seen.json"), "--code", "3"]
     assert log.read_text().splitlines() == ["probe: to stdout", "probe: to stderr"]
+
+
+def test_the_server_imports_what_a_request_preloads_once_for_every_later_request_but_never_a_users_module(
+    tmp_path: Path,
+) -> None:
+    # a job's torchvision workload, and a module outside the installed packages and PipeBD's (a user's factory,
+    # which may change while a worker's server lives on: imported afresh by each process that needs it)
+    preload = ["torchvision.models", "tests.fake_profiles"]
+    first, _ = forked_probe.start_probe(partial(agent_server.start, preload=preload), tmp_path / "first")
+    later, _ = start_probe(tmp_path / "later")  # a later request that names nothing
+    assert first.wait(DEADLINE_S) == 0 and later.wait(DEADLINE_S) == 0
+    for probe in ("first", "later"):
+        imported = seen(tmp_path / probe)["imported"]
+        assert isinstance(imported, list) and "torchvision.models" in imported, probe
+        assert "tests.fake_profiles" not in imported and "tests.forked_probe" in imported, probe
 
 
 def test_a_crash_and_a_signal_end_with_the_codes_popen_gives(tmp_path: Path) -> None:
