@@ -326,8 +326,7 @@ class JobRunner:
         claim (a test's own, driving a job it moved itself) always may."""
         if self.claimed_at is None:
             return True
-        write_lock(session, Job, self.job_id)
-        return self.owns(session.get(Job, self.job_id, populate_existing=True))
+        return self.owns(write_lock(session, Job, self.job_id))
 
     @contextmanager
     def fenced(self, ending: bool = False) -> Iterator[Session]:

@@ -54,16 +54,17 @@ def get_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
-def write_lock(session: Session, table: Any, key: Any) -> None:
-    """Hold row `key` of `table` (a SQLModel class) locked until `session`'s transaction ends, so a check of it
-    and the writes that follow see no other writer's commit in between. PostgreSQL locks the row
-    (`SELECT ... FOR UPDATE`); SQLite has no row locks and its driver starts no transaction on a read, so a
-    no-op write takes the database's write lock there (other writers wait, up to the busy timeout)."""
-    if session.get_bind().dialect.name == "sqlite":
-        primary = table.__table__.c.id
-        session.execute(primary.table.update().where(primary == key).values(id=primary))
-    else:
-        session.get(table, key, with_for_update=True, populate_existing=True)
+def write_lock(session: Session, table: type[T], key: Any) -> T | None:
+    """Row `key` of `table` (a SQLModel class), read fresh and held locked until `session`'s transaction ends,
+    so a check of it and the writes that follow see no other writer's commit in between; None when there is
+    no such row. PostgreSQL locks the row (`SELECT ... FOR UPDATE`); SQLite has no row locks and its driver
+    starts no transaction on a read, so a no-op write takes the database's write lock there first (other
+    writers wait, up to the busy timeout)."""
+    if session.get_bind().dialect.name != "sqlite":
+        return session.get(table, key, with_for_update=True, populate_existing=True)
+    primary = table.__table__.c.id  # type: ignore[attr-defined]
+    session.execute(primary.table.update().where(primary == key).values(id=primary))
+    return session.get(table, key, populate_existing=True)
 
 
 @contextmanager
