@@ -27,11 +27,11 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from pipebd_core.bench.arms import BOUND, WARMUP_STEPS, check_steps, rotate, run_in_own_dir, timed
+from pipebd_core.bench.arms import BOUND, WARMUP_STEPS, check_steps, rotate, run_in_own_dir, timed, timing_rule
 from pipebd_core.bench.conditions import commit, machine
 from pipebd_core.bench.fit import budget, probing
 from pipebd_core.bench.progress import begin, write_record
-from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, Reference, TimingRule
+from pipebd_core.documents.bench_record import Arm, ArmRun, BenchRecord, Bound, Reference
 from pipebd_core.documents.distill_plan import StageSpan
 from pipebd_core.documents.phases import DISTILL, PLAN
 from pipebd_core.documents.profile import Profile
@@ -202,7 +202,7 @@ def bench_record(
         batch_size=spec.data.batch_size,
         steps=steps,
         repeats=repeats,
-        timing=TimingRule(warmup_steps=WARMUP_STEPS, timed_steps=steps - WARMUP_STEPS),
+        timing=timing_rule(WARMUP_STEPS, steps - WARMUP_STEPS),
         profile_hash=profile_hash,
         arms=[Arm(name=name, runs=arm_runs) for name, arm_runs in runs.items() if name != BOUND],
         bound=Bound(

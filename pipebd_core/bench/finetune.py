@@ -22,7 +22,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pipebd_core.bench.arms import BOUND, WARMUP_STEPS, check_steps, epoch_starts, rotate, run_in_own_dir, timed
+from pipebd_core.bench.arms import (
+    BOUND,
+    WARMUP_STEPS,
+    check_steps,
+    epoch_starts,
+    rotate,
+    run_in_own_dir,
+    timed,
+    timing_rule,
+)
 from pipebd_core.bench.conditions import commit, machine
 from pipebd_core.bench.fit import budget, probing
 from pipebd_core.bench.progress import Progress, begin, write_record
@@ -263,4 +272,4 @@ def timing_of(runs: dict[str, list[ArmRun]], steps: int) -> TimingRule:
     """The timing every run was measured by: the bound's first run's (every arm's alike), or before any
     bound ran, the first run's; before any run, the rule without its epoch starts."""
     first = runs[BOUND][:1] or [run for arm_runs in runs.values() for run in arm_runs][:1]
-    return first[0].timing if first else TimingRule(warmup_steps=WARMUP_STEPS, timed_steps=steps - WARMUP_STEPS)
+    return first[0].timing if first else timing_rule(WARMUP_STEPS, steps - WARMUP_STEPS)

@@ -30,7 +30,7 @@ from typing import Generic, TypeVar
 from pipebd_core.bench.arms import BOUND, FROZEN_PROFILE, RECORD, freeze
 from pipebd_core.bench.reference import reference_speed
 from pipebd_core.documents.base import Document
-from pipebd_core.documents.bench_record import ArmRun, BenchRecord, KernelSpeed, Reference, RunSpeed
+from pipebd_core.documents.bench_record import SLOWEST_RANK, ArmRun, BenchRecord, KernelSpeed, Reference, RunSpeed
 
 P = TypeVar("P", bound=Document)
 Runs = dict[str, list[ArmRun]]
@@ -57,6 +57,11 @@ def read_record(path: Path, again_shared: bool = False) -> BenchRecord:
     if record.complete:
         quiet = ", and no run of it was measured shared" if again_shared else ""
         raise ValueError(f"--resume {path}: the bench is complete ({record.repeats} repeats of every arm){quiet}")
+    if record.timing.pace != SLOWEST_RANK:
+        raise ValueError(
+            f"--resume {path}: its runs were timed by an earlier rule (each step's slowest rank), which the runs"
+            " added now would not share; start a new bench with the same arguments"
+        )
     return record
 
 

@@ -31,6 +31,7 @@ from pipebd_core.bench.doubt import (
 from pipebd_core.bench.misses import miss_lines
 from pipebd_core.bench.partitions import partitions_lines
 from pipebd_core.documents.bench_record import (
+    SLOWEST_RANK,
     Accuracy,
     Arm,
     ArmRun,
@@ -39,6 +40,7 @@ from pipebd_core.documents.bench_record import (
     KernelSpeed,
     PlanAccuracy,
     Reference,
+    TimingRule,
 )
 from pipebd_core.documents.distill_plan import StageSpan, stages_line
 
@@ -200,9 +202,16 @@ def describe(record: BenchRecord) -> str:
         f" {gpus}, {machine.memory_bytes / 2**30:.0f} GiB, Python {machine.python}, torch {machine.torch};"
         f" {reference_text(record)}."
         f" Batch {record.batch_size}, {record.steps} steps a run ({timing.warmup_steps} warm-up, then"
-        f" {timed}, every arm alike), {repeats}; every arm planned from profile"
+        f" {timed}, every arm alike, {pace_text(timing)}), {repeats}; every arm planned from profile"
         f" `{record.profile_hash}`. {shared_line(record)}"
     )
+
+
+def pace_text(timing: TimingRule) -> str:
+    """Which rank's steps a run's are (TimingRule.pace)."""
+    if timing.pace == SLOWEST_RANK:
+        return "each run's steps its slowest rank's"
+    return "each step its slowest rank's, the earlier rule, which overstates decoupled pipelines"
 
 
 def flags_text(record: BenchRecord) -> str:

@@ -65,16 +65,26 @@ class Reference(Part):
     after_runs: list[RunSpeed] = Field(default_factory=list)
 
 
+Pace = Literal["slowest_step", "slowest_rank"]
+SLOWEST_STEP: Pace = "slowest_step"  # the rule of records before the pace: each step, the slowest rank's time
+SLOWEST_RANK: Pace = "slowest_rank"  # each step as the rank with the slowest pace over the timed steps ran it
+
+
 class TimingRule(Part):
     """The rule a run was timed by: its first `warmup_steps` global steps left out, the next `timed_steps`
     measured. A step's time on a rank is the time from the end of the rank's task before it to the end
-    of its last task of that step, summed over its tasks of that step; the step's time is the slowest
-    rank's. The same rule for every mode, pipelined or not. `left_out`: steps in that window not timed
-    (the first step of an end-to-end training epoch, whose time holds the checkpoint and evaluation)."""
+    of its last task of that step, summed over its tasks of that step. `pace` says which rank's steps are
+    the run's: SLOWEST_RANK, those of the rank whose timed steps took longest in all (the run's pace: a
+    pipeline's ranks keep one pace, however their steps interleave); SLOWEST_STEP (records made before
+    it, which lack the field), each step the slowest rank's time at that step, which overstates a
+    decoupled pipeline whose ranks' long and short steps alternate out of phase. The same rule for every
+    mode, pipelined or not. `left_out`: steps in that window not timed (the first step of an end-to-end
+    training epoch, whose time holds the checkpoint and evaluation)."""
 
     warmup_steps: int
     timed_steps: int
     left_out: list[int] = Field(default_factory=list)
+    pace: Pace = SLOWEST_STEP
 
 
 class Load(Part):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipebd_core.bench import progress
-from pipebd_core.bench.arms import rotate, rotation
+from pipebd_core.bench.arms import rotate, rotation, timing_rule
 from pipebd_core.bench.fit import (
     LAUNCH_S,
     MIN_REPEATS,
@@ -31,6 +31,12 @@ from tests.unit.bench_samples import measured_run
 
 RECORD = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "record.json"
 ARMS = ["dp", "tr_dpu", "bound"]
+
+
+def paced_record() -> BenchRecord:
+    """The fixture record as if timed by today's rule (it was committed before the pace: bench/arms.py)."""
+    record = BenchRecord.from_json(json.loads(RECORD.read_text()))
+    return record.model_copy(update={"timing": timing_rule(record.timing.warmup_steps, record.timing.timed_steps)})
 
 
 def made_run(name: str, repeat: int) -> ArmRun:
@@ -111,7 +117,7 @@ def test_a_bench_s_budget_is_the_steps_asked_for_or_those_its_minutes_fit_said_o
 
 
 def test_a_record_with_runs_left_reports_itself_incomplete_and_resume_refuses_what_it_cannot(tmp_path: Path) -> None:
-    whole = BenchRecord.from_json(json.loads(RECORD.read_text()))
+    whole = paced_record()
     first = whole.arms[0].model_copy(update={"runs": whole.arms[0].runs[:1]})
     bound = whole.bound.model_copy(update={"runs": [], "t1_s": None, "ideal_s": None})
     stopped = whole.model_copy(update={"arms": [first], "bound": bound, "runs_left": ["bound-0", "dp-1"]})
@@ -129,7 +135,7 @@ def test_a_record_with_runs_left_reports_itself_incomplete_and_resume_refuses_wh
 
 
 def test_again_shared_takes_the_shared_runs_out_and_runs_them_again_in_their_place(tmp_path: Path) -> None:
-    measured = BenchRecord.from_json(json.loads(RECORD.read_text()))  # its tr_dpu-1 was measured shared
+    measured = paced_record()  # its tr_dpu-1 was measured shared
     quiet = [arm.model_copy(update={"runs": [run for run in arm.runs if not run.load.shared]}) for arm in measured.arms]
     whole = measured.model_copy(update={"arms": quiet})
     dp = whole.arms[0]
@@ -175,7 +181,7 @@ def test_the_reference_speed_is_taken_after_each_run_and_a_run_measured_again_dr
         matmul_gflops=7, conv_gflops=1
     )
 
-    measured = BenchRecord.from_json(json.loads(RECORD.read_text()))  # its tr_dpu-1 was measured shared
+    measured = paced_record()  # its tr_dpu-1 was measured shared
     names = [f"{arm.name}-{run.repeat}" for arm in measured.arms for run in arm.runs]
     names += [f"bound-{run.repeat}" for run in measured.bound.runs]
     after = [RunSpeed(run=name, speed=start) for name in names]

@@ -4,13 +4,15 @@ byte for byte; the one timing rule every mode is measured by; overlapping interv
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 
-from pipebd_core.bench.arms import epoch_starts, timed_step_s
-from pipebd_core.bench.report import fastest_line, load_record, render, versus
-from pipebd_core.documents.bench_record import Arm, BenchRecord
+from pipebd_core.bench.arms import epoch_starts, timed_step_s, timing_rule
+from pipebd_core.bench.progress import read_record
+from pipebd_core.bench.report import describe, fastest_line, load_record, render, versus
+from pipebd_core.documents.bench_record import SLOWEST_RANK, SLOWEST_STEP, Arm, BenchRecord
 from tests.helpers import pipebd_here
 from tests.telemetry_lines import distill_line, finetune_line
 
@@ -91,6 +93,34 @@ def test_every_mode_is_timed_by_one_rule() -> None:
     assert timed_step_s(pipeline, warmup=2) == {2: 1.5, 3: 1.5}
     first = [[distill_line(step=0, time=10.0, phases={"teacher": 0.25, "student": 0.5})]]
     assert timed_step_s(first, warmup=0) == {0: pytest.approx(0.75)}  # a rank's first task: from its own start
+
+
+def test_a_run_is_timed_at_its_slowest_ranks_pace_not_each_steps_slowest() -> None:
+    """A decoupled pipeline whose ranks alternate 1 s and 3 s steps out of phase: both keep a pace of 2 s a
+    step, which the run's steps are (each step's slowest rank would say 3 s)."""
+    out_of_phase = [
+        [distill_line(rank=0, step=s, time=float(sum(1 if i % 2 else 3 for i in range(s + 1)))) for s in range(6)],
+        [distill_line(rank=1, step=s, time=float(sum(3 if i % 2 else 1 for i in range(s + 1)))) for s in range(6)],
+    ]
+    steps = timed_step_s(out_of_phase, warmup=2)
+    assert statistics.fmean(steps.values()) == 2.0
+    assert steps == {2: 3.0, 3: 1.0, 4: 3.0, 5: 1.0}  # one rank's own steps, in order
+    slower = [out_of_phase[0], [line.model_copy(update={"time": 2 * line.time}) for line in out_of_phase[1]]]
+    assert statistics.fmean(timed_step_s(slower, warmup=2).values()) == 4.0  # the slower rank's pace
+
+
+def test_a_record_timed_by_the_earlier_rule_says_so_and_is_not_resumed(tmp_path: Path) -> None:
+    record = BenchRecord.from_json(json.loads(RECORD.read_text()))
+    assert record.timing.pace == SLOWEST_STEP  # committed before the pace: the field is absent
+    assert "the earlier rule, which overstates decoupled pipelines" in describe(record)
+    unfinished = record.model_copy(update={"runs_left": ["dp-9"]})
+    (tmp_path / "bench.json").write_text(unfinished.model_dump_json())
+    with pytest.raises(ValueError, match="timed by an earlier rule"):
+        read_record(tmp_path / "bench.json")
+    paced = unfinished.model_copy(update={"timing": timing_rule(2, 4)})
+    (tmp_path / "bench.json").write_text(paced.model_dump_json())
+    assert read_record(tmp_path / "bench.json").timing.pace == SLOWEST_RANK
+    assert "each run's steps its slowest rank's" in describe(paced)
 
 
 def test_an_epochs_first_step_is_not_timed() -> None:
