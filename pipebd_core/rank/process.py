@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import importlib
 import os
 import sys
@@ -21,6 +22,8 @@ from pipebd_core.documents.errors import RankError
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 from pipebd_core.workloads.workload import workload_module
+
+JOIN_STACKS_S = 60.0  # a rank still joining its process group after this long logs where it waits
 
 
 def warm_modules(spec: Spec) -> list[str]:
@@ -63,12 +66,19 @@ def pick_device(spec: Spec, local_rank: int) -> torch.device:
 
 
 def join_process_group(spec: Spec, device: torch.device, world: int, alone_too: bool = False) -> None:
-    """Join the job's process group; a single rank only when `alone_too` (a pipeline schedule needs one)."""
+    """Join the job's process group; a single rank only when `alone_too` (a pipeline schedule needs one).
+    A rank still joining after JOIN_STACKS_S writes every thread's stack to its log (stderr), once, and
+    goes on waiting: a rank that never joins (seen, rarely, under a full test suite's load) leaves where it
+    waited instead of an empty log."""
     if world == 1 and not alone_too:
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=spec.schedule.timeout_s)
-    dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
+    faulthandler.dump_traceback_later(JOIN_STACKS_S, repeat=False, file=sys.stderr)
+    try:
+        dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def gather_on_rank_zero(measured: Any) -> list[Any] | None:

@@ -8,6 +8,7 @@ Tier: the `pipebd` CLI as a subprocess, with 2-rank gloo runs through torchrun.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from pipebd_core.job.nodes import free_port
 from pipebd_core.planning import profiles
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import parse_spec
@@ -114,3 +116,33 @@ def test_sigterm_while_benchmarking_stops_the_arm_that_runs(tmp_path: Path, monk
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 2 and "bench: dp-0 cancelled in distill" in stderr, stderr
     assert processes_mentioning(str(out)) == []
+
+
+JOINING_ALONE = """
+import sys
+from pipebd_core.rank import process
+from tests.helpers import tiny_spec
+process.JOIN_STACKS_S = 0.5
+process.join_process_group(tiny_spec(), process.torch.device("cpu"), world=2)
+"""
+
+
+def test_a_rank_still_joining_its_group_logs_where_it_waits_and_waits_on(tmp_path: Path) -> None:
+    """Rank 0 of 2 joins alone: past JOIN_STACKS_S its stack is on its stderr (the rank's log), and it is
+    still waiting (the dump does not end it)."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")), "RANK": "0", "WORLD_SIZE": "2"}
+    log = tmp_path / "rank-0.log"
+    with log.open("w") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-c", JOINING_ALONE], cwd=ROOT, env={**os.environ, **env}, stderr=out, stdout=out
+        )
+        try:
+            deadline = time.monotonic() + 60  # only a hang misses it: the dump comes 0.5 s into the join
+            while "join_process_group" not in log.read_text() and time.monotonic() < deadline:
+                assert child.poll() is None, log.read_text()
+                time.sleep(0.1)
+            assert "join_process_group" in log.read_text() and "init_process_group" in log.read_text()
+            assert child.poll() is None  # still waiting for rank 1
+        finally:
+            child.kill()
+            child.wait()
