@@ -78,6 +78,9 @@ def make_settings(tmp_path: Path, database_url: str, **overrides: object) -> Set
         "broker_url": f"sqla+sqlite:///{tmp_path / 'broker.db'}",
         "data_roots": str(tmp_path / "datasets"),
         "sse_poll_s": 0.05,
+        # one test process creates many apps, all sharing its spec checkers (app/services/preflight.py): kept
+        # between tests instead of each idle minute's gap starting another (3-4 s of CPU, importing torch)
+        "spec_checker_idle_s": 900.0,
         **overrides,
     }
     return Settings(**values)  # type: ignore[arg-type]
