@@ -119,11 +119,11 @@ def test_sigterm_while_benchmarking_stops_the_arm_that_runs(tmp_path: Path, monk
 
 
 JOINING_ALONE = """
-import sys
+import torch
 from pipebd_core.rank import process
 from tests.helpers import tiny_spec
 process.JOIN_STACKS_S = 0.5
-process.join_process_group(tiny_spec(), process.torch.device("cpu"), world=2)
+process.join_process_group(tiny_spec(), torch.device("cpu"), world=2)
 """
 
 
