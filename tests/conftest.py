@@ -11,13 +11,16 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from pipebd_core.job import agent_server
 from pipebd_core.planning.profiles import CACHE_ENV
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
@@ -36,6 +39,8 @@ torch.set_num_threads(1)
 # handler is reset to the default in a child), so the suite passes however it was started.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+SHARED_SERVER = pytest.StashKey[tuple[agent_server.AgentServer, Path]]()
 
 
 # The heaviest files first (seconds of setup and calls per file, `--durations` on the slower 2-core machines),
@@ -82,6 +87,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank = {path: place for place, path in enumerate(HEAVIEST_FIRST)}
     root = config.rootpath
     items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One agent server for the whole session (job/agent_server.py `share`), started by the controlling process
+    before pytest-xdist starts its test processes, which inherit PIPEBD_AGENT_SOCKET as the workers, APIs and
+    CLIs they start do: every supervising process then forks its agents from it instead of starting its own (4-5
+    s of CPU each, importing torch and a job's workload; a suite started 42). It imports nothing until the first
+    job asks. Tests that start services without the service's PIPEBD_ variables (tests/chaos/embedded.py), and
+    the agent server's own tests, keep a server of their own, as a deployed worker has."""
+    if hasattr(config, "workerinput") or os.environ.get(agent_server.SHARED_AGENTS) or only_unit_tests(config):
+        return
+    folder = Path(tempfile.mkdtemp(prefix="pipebd-agents-"))
+    path = str(folder / "agents.sock")
+    config.stash[SHARED_SERVER] = (agent_server.share(path), folder)
+    os.environ[agent_server.SHARED_AGENTS] = path
+
+
+def only_unit_tests(config: pytest.Config) -> bool:
+    """Whether this session runs only tests/unit, which starts no process (tests/unit/conftest.py)."""
+    unit = Path(__file__).resolve().parent / "unit"
+    return all(Path(arg.split("::")[0]).resolve().is_relative_to(unit) for arg in config.args)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shared = config.stash.get(SHARED_SERVER, None)
+    if shared is not None:
+        server, folder = shared
+        os.environ.pop(agent_server.SHARED_AGENTS, None)
+        server.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

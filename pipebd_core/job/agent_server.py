@@ -18,14 +18,18 @@ the next job's then fork with them imported instead of importing them again, onc
 
 One server per supervising process, started with its first launch (`python -m
 pipebd_core.job.agent_server --control-fd N`: a session of its own, the supervisor's environment less what
-ranks may not see), on a Unix socket pair:
+ranks may not see), on a Unix socket pair; or one server shared by every supervising process that names it
+(`PIPEBD_AGENT_SOCKET`, a Unix socket path: `share` starts one listening there, and `server` connects to it,
+or starts its own where nothing listens), so that several workers on one machine (the test suite's dozens)
+pay its imports once. Each client is served alike:
 - the supervisor sends a `StartRequest` (command, environment, working directory) with the phase log's
   descriptor; the server forks a child that becomes the command as forked.become makes a phase process (a
   session of its own, the log as stdout and stderr, exactly the environment given, the command line in /proc
   where the reaper and `ps` look) and answers `started` with its pid;
 - when a child ends the server reaps it and sends `ended` with its exit code (a signal's as -N, as Popen's);
-- the server ends when the supervising process closes its end (it exited): agents still running are left as an
-  exec'd agent would be, to the supervisor's stop (processes.stop_process_tree) or the service's reaper.
+- the server ends when the process that started it closes its end (it exited; a shared server's other
+  clients only leave): agents still running are left as an exec'd agent would be, to the supervisor's stop
+  (processes.stop_process_tree) or the service's reaper.
 The supervisor holds a `ServedProcess` (the part of Popen's interface it uses). Where the server cannot serve
 (not a `python -m` command of this interpreter, PIPEBD_FRESH_AGENTS set, the server gone), `start` returns
 None and the caller starts the command as a fresh interpreter.
@@ -71,6 +75,7 @@ PRELOAD = (
 # installed ones and PipeBD's own; a user's factory module is imported afresh by each process that needs it.
 SERVED_PACKAGES = ("torchvision", "transformers", "pipebd_core")
 FRESH_AGENTS = "PIPEBD_FRESH_AGENTS"  # set (to anything): every agent a fresh interpreter, as plain torchrun
+SHARED_AGENTS = "PIPEBD_AGENT_SOCKET"  # a Unix socket path: use the server `share` started listening there
 MESSAGE_BYTES = 1 << 20  # a request's command and environment, at most
 STARTED_TIMEOUT_S = 300.0  # the server's imports, then a fork: only a hung server misses it
 GONE_CODE = 1  # an agent whose server died before reporting its end: its code is lost
@@ -139,22 +144,48 @@ class ServedProcess:
 
 
 class AgentServer:
-    """The supervisor's handle on its server: start agents, and collect their exit codes."""
+    """A supervisor's handle on a server: start agents, and collect their exit codes. `process` is the server
+    where this process started it (`launch`, `share`), None where it connected to a shared one (`connect`);
+    `asked` is the shared socket path this handle was made for (None: this process's own server)."""
 
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {**inherited_environment(), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
-        command = [sys.executable, "-m", __name__, "--control-fd", str(theirs.fileno())]
-        with theirs:
-            self.process = subprocess.Popen(
-                command, env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        self.control = ours
+    def __init__(self, control: socket.socket, process: subprocess.Popen[bytes] | None, asked: str | None) -> None:
+        self.control = control
+        self.process = process
+        self.asked = asked
         self.owner = os.getpid()
         self.lock = threading.Lock()
         self.ended: dict[int, int] = {}
         self.gone = False
+
+    @classmethod
+    def launch(cls, listen: str | None = None, asked: str | None = None) -> AgentServer:
+        """Start a server for this process; `listen`: a socket path where other processes may connect too."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {**inherited_environment(), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
+        command = [sys.executable, "-m", __name__, "--control-fd", str(theirs.fileno())]
+        fds = [theirs.fileno()]
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(theirs)
+            if listen is not None:  # bound here, so a client that connects before the server runs waits in line
+                listener = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+                listener.bind(listen)
+                listener.listen(64)
+                command += ["--listen-fd", str(listener.fileno())]
+                fds.append(listener.fileno())
+            process = subprocess.Popen(command, env=env, pass_fds=fds, stdin=subprocess.DEVNULL, start_new_session=True)
+        return cls(ours, process, asked)
+
+    @classmethod
+    def connect(cls, path: str) -> AgentServer:
+        """A handle on the shared server listening at `path`; raises OSError where none listens."""
+        control = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            control.connect(path)
+        except OSError:
+            control.close()
+            raise
+        return cls(control, None, path)
 
     def start(
         self, command: list[str], env: dict[str, str], log: IO[bytes], preload: Sequence[str] = ()
@@ -207,10 +238,11 @@ class AgentServer:
         return ServerReply.decode(data)
 
     def close(self) -> None:
-        """Close this end: the server exits (agents it started go on)."""
+        """Close this end: a server this process started exits (agents it started go on)."""
         self.control.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
+        if self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=10)
 
 
 _SERVER: AgentServer | None = None
@@ -222,7 +254,7 @@ def served_cpu_seconds() -> float:
     """CPU seconds this process's agent server and the agents it reaped (with their ranks) used: a process's
     tree CPU counts them as its own, as it counts the children it reaped itself (bench/conditions.py)."""
     server_s = 0.0
-    if _SERVER is not None and _SERVER.owner == os.getpid():
+    if _SERVER is not None and _SERVER.owner == os.getpid() and _SERVER.process is not None:
         with contextlib.suppress(psutil.Error):
             times = psutil.Process(_SERVER.process.pid).cpu_times()
             server_s = times.user + times.system
@@ -230,12 +262,30 @@ def served_cpu_seconds() -> float:
 
 
 def server() -> AgentServer:
-    """This process's server, started on first use (again in a forked child, or after the last one died)."""
+    """This process's server, started on first use (again in a forked child, or after the last one died), or
+    the shared one PIPEBD_AGENT_SOCKET names, where one listens there."""
     global _SERVER
+    asked = os.environ.get(SHARED_AGENTS) or None
     with _SERVER_LOCK:
-        if _SERVER is None or _SERVER.owner != os.getpid() or _SERVER.gone:
-            _SERVER = AgentServer()
-        return _SERVER
+        current = _SERVER
+        if current is None or current.owner != os.getpid() or current.gone or current.asked != asked:
+            current = _SERVER = connect_or_launch(asked)
+        return current
+
+
+def connect_or_launch(asked: str | None) -> AgentServer:
+    """The shared server at `asked`, or, where there is none (or none listens there), one of this process's own
+    (made for `asked` all the same: it is not asked again until this one is gone)."""
+    if asked is not None:
+        with contextlib.suppress(OSError):
+            return AgentServer.connect(asked)
+    return AgentServer.launch(asked=asked)
+
+
+def share(path: str) -> AgentServer:
+    """Start a server that listens at `path` too: every process with PIPEBD_AGENT_SOCKET=`path` uses it. It
+    ends when the returned handle is closed, or this process exits."""
+    return AgentServer.launch(listen=path)
 
 
 def start(command: list[str], env: dict[str, str], log: IO[bytes], preload: Sequence[str] = ()) -> ServedProcess | None:
@@ -260,36 +310,61 @@ def start(command: list[str], env: dict[str, str], log: IO[bytes], preload: Sequ
 # ---- the server's side -------------------------------------------------------------------------------------
 
 
-def serve(control: socket.socket) -> None:
-    """Fork an agent for each request, report each one's end, and return when the supervisor closes its end."""
+def serve(control: socket.socket, listener: socket.socket | None = None) -> None:
+    """Fork an agent for each request of each client (the starting process on `control`, others that connect to
+    `listener`), report each one's end to the client that asked for it, and return when `control` closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor's Ctrl-C is its to handle
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the select below through wake_w
-    server_fds = [control.fileno(), wake_r, wake_w]
+    clients = {control.fileno(): control}
+    owners: dict[int, socket.socket] = {}  # agent pid -> the client that asked for it
+    listening = [listener.fileno()] if listener is not None else []
     while True:
-        readable, _, _ = select.select([control.fileno(), wake_r], [], [])
-        try:
-            if wake_r in readable:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(wake_r, 4096)
-                report_ended(control)
-            if control.fileno() in readable:
-                message, fds, _, _ = socket.recv_fds(control, MESSAGE_BYTES, 1)
-                if not message:
+        readable, _, _ = select.select([*clients, wake_r, *listening], [], [])
+        if wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
+            report_ended(owners)
+        if listener is not None and listener.fileno() in readable:
+            with contextlib.suppress(OSError):
+                client, _ = listener.accept()
+                clients[client.fileno()] = client
+        for fd in [fd for fd in clients if fd in readable]:
+            client = clients[fd]
+            server_fds = [*clients, wake_r, wake_w, *listening]
+            if not serve_request(client, server_fds, owners):
+                if client is control:
                     return
-                try:
-                    request = StartRequest.decode(message)
-                    import_served(request.preload)
-                    pid = fork_agent(request, fds[0], server_fds)
-                finally:
-                    for fd in fds:
-                        os.close(fd)
-                control.send(ServerReply("started", pid).encode())
-        except (BrokenPipeError, ConnectionResetError):
-            return
+                del clients[fd]
+                client.close()
+
+
+def serve_request(client: socket.socket, server_fds: list[int], owners: dict[int, socket.socket]) -> bool:
+    """Fork the agent `client` asks for and answer with its pid; False where the client closed its end."""
+    try:
+        message, fds, _, _ = socket.recv_fds(client, MESSAGE_BYTES, 1)
+    except OSError:
+        return False
+    if not message:
+        return False
+    try:
+        request = StartRequest.decode(message)
+        for name in PRELOAD:  # imported at the first request (a shared server may serve none), then kept
+            importlib.import_module(name)
+        import_served(request.preload)
+        pid = fork_agent(request, fds[0], server_fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    owners[pid] = client
+    try:
+        client.send(ServerReply("started", pid).encode())
+    except OSError:
+        return False
+    return True
 
 
 def import_served(modules: list[str]) -> None:
@@ -301,8 +376,9 @@ def import_served(modules: list[str]) -> None:
                 importlib.import_module(name)
 
 
-def report_ended(control: socket.socket) -> None:
-    """Reap every child that ended and send its exit code."""
+def report_ended(owners: dict[int, socket.socket]) -> None:
+    """Reap every child that ended and send its exit code to the client that asked for it (where it is still
+    there: one that left no longer waits for it)."""
     while True:
         try:
             pid, status, usage = os.wait4(-1, os.WNOHANG)
@@ -311,7 +387,10 @@ def report_ended(control: socket.socket) -> None:
         if pid == 0:
             return
         cpu_s = usage.ru_utime + usage.ru_stime  # the agent's, and its reaped ranks'
-        control.send(ServerReply("ended", pid, os.waitstatus_to_exitcode(status), cpu_s).encode())
+        client = owners.pop(pid, None)
+        if client is not None and client.fileno() >= 0:
+            with contextlib.suppress(OSError):
+                client.send(ServerReply("ended", pid, os.waitstatus_to_exitcode(status), cpu_s).encode())
 
 
 def fork_agent(request: StartRequest, log_fd: int, server_fds: list[int]) -> int:
@@ -329,11 +408,11 @@ def fork_agent(request: StartRequest, log_fd: int, server_fds: list[int]) -> int
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="fork torchrun agents for the process that started this one")
     parser.add_argument("--control-fd", type=int, required=True, help="this end of the supervisor's socket pair")
+    parser.add_argument("--listen-fd", type=int, help="a listening socket other supervisors connect to")
     args = parser.parse_args(argv)
     control = socket.socket(fileno=args.control_fd)
-    for name in PRELOAD:
-        importlib.import_module(name)
-    serve(control)
+    listener = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else None
+    serve(control, listener)
 
 
 if __name__ == "__main__":

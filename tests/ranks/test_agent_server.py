@@ -1,7 +1,9 @@
 """A torchrun agent forked by the agent server (pipebd_core/job/agent_server.py) is the process
 `subprocess.Popen` would have started: its own session, exactly its environment, its output in its log, its
 exit code (a crash's, a signal's), its command line where the reaper looks; the server is a fresh interpreter
-with no thread of its own, serves several threads at once, and ends with the process it serves.
+with no thread of its own, serves several threads at once, and ends with the process it serves. A server
+shared through PIPEBD_AGENT_SOCKET serves several processes, each told of its own agents' ends only, and
+outlives the clients that leave; where none listens at that path, a process starts its own.
 
 Tier: a real server and real forks running a probe module (tests/forked_probe.py); every torchrun phase in
 tests/ranks, tests/service and tests/chaos starts its agent this way.
@@ -32,6 +34,13 @@ from tests import forked_probe
 
 seen = forked_probe.seen
 DEADLINE_S = 60  # only a hang misses it
+
+
+@pytest.fixture(autouse=True)
+def own_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are of the server a supervising process starts for itself: not the session's shared one
+    (tests/conftest.py), which the tests of sharing below start on a path of their own."""
+    monkeypatch.delenv(agent_server.SHARED_AGENTS, raising=False)
 
 
 def start_probe(folder: Path, *args: str, env: dict[str, str] | None = None) -> tuple[agent_server.ServedProcess, Path]:
@@ -181,3 +190,56 @@ def test_a_served_agents_cpu_counts_as_the_supervisors_own_tree(tmp_path: Path) 
     assert process is not None and process.wait(DEADLINE_S) == 0, log.read_text()
     burnt = float(log.read_text().split("best of 1:")[1].split()[0])  # "1 loop, best of 1: 0.458 sec per loop"
     assert tree_cpu_seconds() - before >= burnt > 0.1
+
+
+SHARED_CLIENT = """
+import sys
+from pathlib import Path
+from pipebd_core.job import agent_server
+folder = Path(sys.argv[1])
+command = [sys.executable, "-m", "tests.forked_probe", str(folder / "seen.json"), "--code", "4"]
+with (folder / "launcher.log").open("ab") as log:
+    process = agent_server.start(command, {"OMP_NUM_THREADS": "1"}, log)
+print(process.pid, process.wait(60), agent_server.server().process is None, flush=True)
+"""
+
+
+def test_processes_naming_a_shared_server_fork_their_agents_from_it_each_told_of_its_own_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "agents.sock")
+    shared = agent_server.share(path)
+    assert shared.process is not None
+    try:
+        monkeypatch.setenv(agent_server.SHARED_AGENTS, path)
+        ours, _ = start_probe(tmp_path / "ours", "--wait", str(tmp_path / "release"))
+        (tmp_path / "theirs").mkdir()
+        done = subprocess.run(
+            [sys.executable, "-c", SHARED_CLIENT, str(tmp_path / "theirs")],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+        )
+        assert done.returncode == 0, done.stderr
+        their_pid, their_code, connected = done.stdout.split()
+        assert (their_code, connected) == ("4", "True")  # its own code, from the shared server it connected to
+        assert seen(tmp_path / "theirs")["pid"] == int(their_pid)
+        assert psutil.Process(ours.pid).ppid() == shared.process.pid  # forked by the shared server too
+        assert ours.poll() is None  # the other process's agent ended: this one's did not
+        (tmp_path / "release").touch()
+        assert ours.wait(DEADLINE_S) == 0
+        later, _ = start_probe(tmp_path / "later", "--code", "5")  # the server outlived the client that left
+        assert later.wait(DEADLINE_S) == 5
+    finally:
+        shared.close()
+    assert shared.process.wait(DEADLINE_S) == 0  # ends when the process that started it closes its end
+
+
+def test_where_nothing_listens_at_the_shared_path_a_process_starts_its_own_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(agent_server.SHARED_AGENTS, str(tmp_path / "nobody.sock"))
+    process, _ = start_probe(tmp_path, "--code", "6")
+    assert process.wait(DEADLINE_S) == 6
+    own = agent_server.server().process
+    assert own is not None and psutil.Process(own.pid).ppid() == os.getpid()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from pipebd_core.job.agent_server import SHARED_AGENTS
 from pipebd_core.planning.profiles import CACHE_ENV
 from tests.service.services import free_port
 from tests.service.workers import REPO, wait_for
@@ -48,7 +49,8 @@ def pipebd_command() -> list[str]:
 def pipebd_up(folder: Path, **settings: str) -> Iterator[str]:
     """`pipebd up` with its data under `folder`; yields the base URL; Ctrl-C (SIGINT) stops it."""
     port, output = free_port(), folder / "up.log"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PIPEBD_") or key == CACHE_ENV}
+    kept = (CACHE_ENV, SHARED_AGENTS)  # the session's profile cache and agent server (tests/conftest.py)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PIPEBD_") or key in kept}
     env.update({"PIPEBD_POLL_S": "0.1", "PIPEBD_SSE_POLL_S": "0.1", "PIPEBD_KILL_GRACE_S": "3", **settings})
     command = [*pipebd_command(), "up", "--port", str(port), "--data-dir", str(folder / "data")]
     with output.open("wb") as handle:
