@@ -13,7 +13,10 @@ from the record's predictions and measurements, from the profile alone (what the
   speed at the start (taken just before the profile is measured or read) and at the end, how much the machine's speed
   changed under the bench and whether that change points the way the plans are off (a machine slower
   after its profile than while profiling makes every plan's prediction fast); and, where the record has the
-  reference speed after each run, how each run's error follows the machine's speed as it ran;
+  reference speed after each run, how each run's error follows the machine's speed as it ran, and how fast
+  the machine ran its runs (their median) against the moment it was profiled (the reference at the start,
+  and right after the profile where the record has it): a profile measured while the machine was slower
+  than in its runs predicts every plan slow;
 - tau under its target: the pairs of plans the profile orders against the measurement where the
   measurement's order is clear of the noise (the two arms' intervals do not overlap);
 - a chosen plan slower than the fastest beyond the noise: each one's prediction against its measurement.
@@ -24,7 +27,7 @@ from __future__ import annotations
 import statistics
 
 from pipebd_core.bench.doubt import FigureDoubt, arm_interval, target
-from pipebd_core.documents.bench_record import Arm, Bound, PlanAccuracy, Reference
+from pipebd_core.documents.bench_record import Arm, Bound, KernelSpeed, PlanAccuracy, Reference
 
 TAU_TARGET = {"distill": 0.8, "finetune": 0.7}
 SHOWN = 3  # the largest errors and the misordered pairs named
@@ -108,6 +111,36 @@ def run_speed_text(reference: Reference | None, arms: dict[str, Arm] | None) -> 
     )
 
 
+def combined(speed: KernelSpeed) -> float:
+    """One figure for a reference measurement: the geometric mean of its two kernels' GFLOP/s."""
+    return (speed.matmul_gflops * speed.conv_gflops) ** 0.5
+
+
+def profile_moment_text(reference: Reference | None, plans: list[PlanAccuracy]) -> str:
+    """The machine's speed over the runs (the median of the reference after each) against its speed around the
+    profile (at the start, and right after the profile where measured), and whether the difference points the
+    way the plans' predictions are off on average."""
+    if reference is None or len(reference.after_runs) < MIN_RUNS_CORRELATED or not plans:
+        return ""
+    around = [reference.start] + ([reference.after_profile] if reference.after_profile is not None else [])
+    profiled = statistics.mean(combined(speed) for speed in around)
+    ran = statistics.median(combined(measured.speed) for measured in reference.after_runs)
+    change = ran / profiled - 1
+    mean_error = statistics.mean(relative_error(plan) for plan in plans)
+    moment = "just before and right after its profile" if len(around) == 2 else "just before its profile"
+    said = (
+        f" The reference speed (both kernels' geometric mean) read {profiled:.0f} GFLOP/s {moment} and a median of"
+        f" {ran:.0f} after the runs ({change:+.0%}); the plans' mean error is {mean_error:+.0%}"
+    )
+    if change > DRIFT and mean_error > 0:
+        reading = "a machine faster in its runs than while profiling predicts every plan slow, by up to that much"
+    elif change < -DRIFT and mean_error < 0:
+        reading = "a machine slower in its runs than while profiling predicts every plan fast, by up to that much"
+    else:
+        reading = "the difference does not point the way the plans are off by more than 5%, so it does not explain it"
+    return f"{said}: {reading}."
+
+
 def mape_miss(
     plans: list[PlanAccuracy],
     doubt: FigureDoubt,
@@ -132,6 +165,7 @@ def mape_miss(
         + bound_text(bound)
         + drift_text(reference, plans)
         + run_speed_text(reference, arms)
+        + profile_moment_text(reference, plans)
     )
 
 

@@ -90,10 +90,12 @@ class Progress(Generic[P]):
     start: KernelSpeed
     done: Runs
     after_runs: dict[str, KernelSpeed] = field(default_factory=dict)  # run name -> speed, in the order measured
+    after_profile: KernelSpeed | None = None  # right after the profile was measured or read
 
     def reference(self, ended: bool) -> Reference:
         after = [RunSpeed(run=name, speed=speed) for name, speed in self.after_runs.items()]
-        return Reference(start=self.start, end=reference_speed() if ended else None, after_runs=after)
+        end = reference_speed() if ended else None
+        return Reference(start=self.start, end=end, after_runs=after, after_profile=self.after_profile)
 
     def measure_after(self, runs: Runs) -> None:
         """The reference speed after each run in `runs` that has none yet (the one that just ended)."""
@@ -118,7 +120,8 @@ def begin(out: Path, resume: BenchRecord | None, measure: Callable[[], P], kind:
     if resume is None:
         start = reference_speed()
         profile = measure()
-        return Progress(out, profile, freeze(profile, out), start, {})
+        profiled = reference_speed()  # with `start`, the machine's speed around the profile
+        return Progress(out, profile, freeze(profile, out), start, {}, after_profile=profiled)
     path = out / FROZEN_PROFILE
     try:
         profile = kind.from_json(json.loads(path.read_text()))
@@ -130,7 +133,9 @@ def begin(out: Path, resume: BenchRecord | None, measure: Callable[[], P], kind:
             f" {resume.profile_hash}; restore that profile or run the bench again"
         )
     start = resume.reference.start if resume.reference is not None else reference_speed()
-    return Progress(out, profile, resume.profile_hash, start, recorded_runs(resume), speeds_kept(resume))
+    after_profile = resume.reference.after_profile if resume.reference is not None else None
+    kept = speeds_kept(resume)
+    return Progress(out, profile, resume.profile_hash, start, recorded_runs(resume), kept, after_profile)
 
 
 def speeds_kept(record: BenchRecord) -> dict[str, KernelSpeed]:

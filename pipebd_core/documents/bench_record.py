@@ -56,13 +56,15 @@ class RunSpeed(Part):
 
 
 class Reference(Part):
-    """The reference speed at the start of the bench, after each of its runs (in the order they ran; a run
-    measured again by `--again-shared` keeps its last) and at its end (None while it runs). A record written
-    before `after_runs` existed has none."""
+    """The reference speed at the start of the bench (just before its profile is measured or read), right after
+    the profile, after each of its runs (in the order they ran; a run measured again by `--again-shared` keeps its
+    last) and at its end (None while it runs). A record written before `after_runs` (or `after_profile`) existed
+    has none."""
 
     start: KernelSpeed
     end: KernelSpeed | None = None
     after_runs: list[RunSpeed] = Field(default_factory=list)
+    after_profile: KernelSpeed | None = None
 
 
 Pace = Literal["slowest_step", "slowest_rank"]

@@ -221,3 +221,31 @@ def test_a_fitted_bench_probes_once_and_only_a_budget_the_fastest_start_up_could
         budget(40, 3, 0.5, None, lambda: step_s, probe)  # 9 runs of 5 s start-up each: refused, nothing run
     assert probed == [MIN_STEPS]
     assert budget(4, 3, 10, None, lambda: step_s, probe).steps == 4 and probed[-1] == 4  # --steps below MIN_STEPS
+
+
+def test_a_fresh_bench_measures_the_reference_speed_just_before_and_right_after_its_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The speed around the profile is what a miss sets the runs' speeds beside (bench/misses.py)."""
+    order: list[str] = []
+    speeds = iter([10.0, 20.0, 30.0])
+
+    def speed() -> KernelSpeed:
+        order.append("speed")
+        return KernelSpeed(matmul_gflops=next(speeds), conv_gflops=1.0)
+
+    def measure() -> str:
+        order.append("profile")
+        return "profile"
+
+    monkeypatch.setattr(progress, "reference_speed", speed)
+    monkeypatch.setattr(progress, "freeze", lambda profile, out: "hash")
+    started = progress.begin(tmp_path, None, measure, str)
+    assert order == ["speed", "profile", "speed"]
+    reference = started.reference(ended=True)
+    assert reference.after_profile is not None and reference.end is not None
+    assert (reference.start.matmul_gflops, reference.after_profile.matmul_gflops, reference.end.matmul_gflops) == (
+        10.0,
+        20.0,
+        30.0,
+    )

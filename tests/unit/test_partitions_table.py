@@ -149,6 +149,31 @@ def test_a_missed_mape_says_how_the_machines_speed_changed_under_the_bench_and_w
     assert miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=unfinished) == [without]
 
 
+def test_a_missed_mape_sets_the_machines_speed_over_the_runs_beside_its_speed_around_the_profile() -> None:
+    plans = [cut("a", "gpipe", 3, 1.2, 1.0), cut("b", "gpipe", 4, 2.4, 2.0)]  # both predicted 20% slow
+    arms = {"a": arm("a", [1.0, 1.01, 0.99]), "b": arm("b", [2.0, 2.02, 1.98])}
+    doubt = figure_doubt({plan.arm: plan.predicted_step_s for plan in plans}, arms, "a")
+    slow = KernelSpeed(matmul_gflops=100.0, conv_gflops=100.0)
+    fast = KernelSpeed(matmul_gflops=110.0, conv_gflops=130.0)  # geometric mean 119.6: 20% faster
+    runs = [RunSpeed(run=f"a-{repeat}", speed=fast) for repeat in range(6)]
+    profiled_slow = Reference(start=slow, end=slow, after_runs=runs, after_profile=slow)
+    (said,) = miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=profiled_slow)
+    assert (
+        "The reference speed (both kernels' geometric mean) read 100 GFLOP/s just before and right after its"
+        " profile and a median of 120 after the runs (+20%); the plans' mean error is +20%: a machine faster in its"
+        " runs than while profiling predicts every plan slow, by up to that much." in said
+    )
+    before_only = Reference(start=slow, end=slow, after_runs=runs)  # a record from before `after_profile`
+    (older,) = miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=before_only)
+    assert "read 100 GFLOP/s just before its profile and a median of 120" in older
+    steady = Reference(start=fast, end=fast, after_runs=runs, after_profile=fast)
+    (unexplained,) = miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=steady)
+    assert "a median of 120 after the runs (+0%)" in unexplained and "so it does not explain it." in unexplained
+    few = Reference(start=slow, end=slow, after_runs=runs[:5], after_profile=slow)  # too few runs to tell
+    (short,) = miss_lines(plans, arms, "a", doubt, floor=0.01, phase="distill", reference=few)
+    assert "both kernels' geometric mean" not in short
+
+
 def predicted_arm(name: str, runs: list[tuple[float, float]]) -> Arm:
     """An arm whose runs each have (measured, predicted) seconds a step."""
     return Arm(
