@@ -76,6 +76,11 @@ def drift_text(reference: Reference | None, plans: list[PlanAccuracy]) -> str:
     return f"{said}: {reading}."
 
 
+def combined(speed: KernelSpeed) -> float:
+    """One figure for a reference measurement: the geometric mean of its two kernels' GFLOP/s."""
+    return (speed.matmul_gflops * speed.conv_gflops) ** 0.5
+
+
 def run_speed_text(reference: Reference | None, arms: dict[str, Arm] | None) -> str:
     """Each run's prediction error set beside the reference speed measured right after it (relative to the
     start's, the geometric mean of both kernels): their Pearson correlation over the runs, where the record has
@@ -91,7 +96,7 @@ def run_speed_text(reference: Reference | None, arms: dict[str, Arm] | None) -> 
             speed = speeds.get(f"{arm.name}-{run.repeat}")
             if speed is None or run.predicted_step_s is None:
                 continue
-            relative = (speed.matmul_gflops / start.matmul_gflops * speed.conv_gflops / start.conv_gflops) ** 0.5
+            relative = combined(speed) / combined(start)
             pairs.append((relative, (run.predicted_step_s - run.measured_step_s) / run.measured_step_s))
     if len(pairs) < MIN_RUNS_CORRELATED:
         return ""
@@ -109,11 +114,6 @@ def run_speed_text(reference: Reference | None, arms: dict[str, Arm] | None) -> 
         f" The reference speed measured after each of {len(pairs)} runs ranged {min(relatives):.0%} to"
         f" {max(relatives):.0%} of the start's; against each run's own error, Pearson r = {r:+.2f}: {reading}."
     )
-
-
-def combined(speed: KernelSpeed) -> float:
-    """One figure for a reference measurement: the geometric mean of its two kernels' GFLOP/s."""
-    return (speed.matmul_gflops * speed.conv_gflops) ** 0.5
 
 
 def profile_moment_text(reference: Reference | None, plans: list[PlanAccuracy]) -> str:
