@@ -1,7 +1,6 @@
 """Ranks sharing a CPU node's cores (planning/cpu_sharing.py), checked on the committed records' numbers.
 
-The tiny ViT's accuracy record of 2026-11 (kept as a fixture, tests/fixtures/records/, since the page's record
-was measured again quiet) was profiled while other processes used 0.95 of the node's 2 cores, and
+The tiny ViT's frozen profile was measured while other processes used 0.95 of the node's 2 cores, and
 the 3-rank partitions record's layer profile with 3 ranks on 2 cores (its co-run curve measured flat):
 both predicted every pipelined plan slow (MAPE 31.7% and 35.8%). Costed with the sharing the profile
 carries divided out, both come within 16% and 10%; the 2-rank partitions record, whose ranks had a
@@ -29,12 +28,11 @@ from pipebd_core.planning.finetune_simulate import TrainCosts
 from pipebd_core.spec import SpecError, parse_spec
 
 RECORDS = Path(__file__).resolve().parents[2] / "benchmarks" / "records"
-BUSY = Path(__file__).resolve().parents[1] / "fixtures" / "records"  # records kept for what they show
 WITH_PROFILES = sorted(path for path in RECORDS.glob("*.json") if profile_path(path) is not None)
 
 
-def record(name: str, folder: Path = RECORDS) -> BenchRecord:
-    return BenchRecord.from_json(json.loads((folder / name).read_text()))
+def record(name: str) -> BenchRecord:
+    return BenchRecord.from_json(json.loads((RECORDS / name).read_text()))
 
 
 def test_threads_share_cores_by_the_formula() -> None:
@@ -47,8 +45,8 @@ def test_threads_share_cores_by_the_formula() -> None:
 
 def test_a_profile_measured_beside_other_work_no_longer_predicts_every_plan_slow() -> None:
     """tiny-vit-digits: profiled with 0.95 other cores busy; its plans measured 31.7% faster on median."""
-    accuracy = record("tiny-vit-digits-accuracy-busy.json", BUSY)
-    profile = Profile.from_json(read_profile(BUSY / "tiny-vit-digits-accuracy-busy.profile.json"))
+    accuracy = record("tiny-vit-digits-accuracy.json")
+    profile = Profile.from_json(read_profile(RECORDS / "tiny-vit-digits-accuracy.profile.json"))
     assert profile.conditions is not None and profile.conditions.other_cpu_cores > 0.9
     spec = parse_spec(accuracy.spec)
     model = cost_model(spec, profile)
