@@ -50,7 +50,6 @@ from pipebd_core.planning.distill_simulate import simulate
 from pipebd_core.planning.profiles import ProfileError
 from pipebd_core.planning.topology import Topology
 from pipebd_core.planning.trust import assess
-from pipebd_core.rank.checkpoint import resume_steps
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import MODES, PARTITIONERS, Spec, SpecError, load_spec, parse_spec
 from pipebd_core.what_if import Machines, distill_what_if, finetune_report, finetune_what_if
@@ -176,7 +175,7 @@ def describe_resume(run_dir: RunDir) -> str:
     if not run_dir.plan.exists():
         return "the run had not been planned yet, so it starts again from its first unfinished phase"
     plan = Plan.from_document(run_dir.load_plan())
-    starts = resume_steps(run_dir.checkpoints, plan.num_blocks, common=plan.is_pipeline)
+    starts = run_dir.checkpoints.resume_steps(plan.num_blocks, common=plan.is_pipeline)
     total = plan.step_plan.total
     if not any(starts):
         return f"no checkpoint to resume from, so every block starts again from step 0 of {total}"

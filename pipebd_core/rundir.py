@@ -193,6 +193,19 @@ class CheckpointFolder:
         """The step a checkpoint file (`step-<s>.pt`) was saved after."""
         return int(path.stem.split("-")[1])
 
+    def saved_steps(self, block: int) -> list[int]:
+        """The steps `block` has a checkpoint after, oldest first."""
+        return sorted(self.step_of(path) for path in self.files(block))
+
+    def resume_steps(self, num_blocks: int, common: bool) -> list[int]:
+        """The step each block resumes from (0 = from scratch); `common` forces one step for all blocks (a
+        pipelined resume: every block at the same step)."""
+        per_block = [self.saved_steps(block) for block in range(num_blocks)]
+        if not common:
+            return [steps[-1] if steps else 0 for steps in per_block]
+        shared = set(per_block[0]).intersection(*per_block[1:]) if per_block else set()
+        return [max(shared, default=0)] * num_blocks
+
 
 @dataclass(frozen=True)
 class RunDir:

@@ -8,12 +8,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
+from pipebd_core import devices
 
 
 def detect_devices() -> int:
-    """GPUs when CUDA is present, otherwise CPU cores (each CPU rank is a single-threaded process)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else max(1, os.cpu_count() or 1)
+    """GPUs when CUDA is present, otherwise CPU cores (each CPU rank is a single-threaded process); asked
+    without importing torch where there are no GPUs (pipebd_core/devices.py)."""
+    return devices.cuda_count() or max(1, os.cpu_count() or 1)
 
 
 class DevicePool:

@@ -71,11 +71,10 @@ from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import PhaseRecord, current
 from pipebd_core.job.elastic import reshape
 from pipebd_core.job.forked import PhaseProcess
-from pipebd_core.job.isolated import StepDied
+from pipebd_core.job.isolated import StepFailed
 from pipebd_core.job.launch import prepare_run
 from pipebd_core.job.nodes import NodeRole
 from pipebd_core.job.supervisor import Outcome, Stop, Supervisor, Watcher
-from pipebd_core.rank.checkpoint import resume_steps
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import SpecError, parse_spec
 from worker.streaming import Progress, TakenOver, TelemetryStreamer
@@ -105,7 +104,7 @@ def resumed_from(run_dir: RunDir) -> list[int] | None:
     if not run_dir.plan.exists():
         return None
     plan = Plan.from_document(run_dir.load_plan())
-    return resume_steps(run_dir.checkpoints, plan.num_blocks, common=plan.is_pipeline)
+    return run_dir.checkpoints.resume_steps(plan.num_blocks, common=plan.is_pipeline)
 
 
 def free_run_dir(runs: Path, job_id: int) -> Path:
@@ -452,7 +451,7 @@ class JobRunner:
                 run_dir = prepare_run(spec, free_run_dir(self.settings.runs, self.job_id), isolate=True)
             with self.fenced() as session:
                 record_shape(session, self.job_id, nodes, spec.schedule.nproc)
-        except (SpecError, PlanError, DocumentError, StepDied) as error:  # DocumentError: an older PipeBD's plan.json
+        except (SpecError, PlanError, DocumentError, StepFailed) as error:  # DocumentError: an older PipeBD's plan.json
             self.move(FAILED, [STARTING], termination_reason="launch_error", error=str(error))
             return None
         with self.fenced() as session:  # the run directory, in the transaction that starts the job

@@ -13,6 +13,7 @@ from app.core.priority import next_queued
 from app.core.queue import TASK_NAME, enqueue
 from app.core.settings import get_settings
 from app.core.tables import Job
+from pipebd_core import devices
 from worker.celery_app import celery_app, shutting_down
 from worker.devices import DevicePool, detect_devices
 from worker.gang import NOT_SEATED, RELEASED, take_part
@@ -23,10 +24,8 @@ CLAIM_TRIES = 3  # another worker may claim the chosen job first: choose again, 
 
 @functools.lru_cache
 def device_pool() -> DevicePool:
-    import torch
-
     settings = get_settings()
-    return DevicePool(settings.worker_devices or detect_devices(), torch.cuda.is_available())
+    return DevicePool(settings.worker_devices or detect_devices(), devices.cuda_available())
 
 
 def publish(job_id: int, queue: str) -> None:

@@ -1,4 +1,4 @@
-"""The engine's preflight (`pipebd_core.job.launch.preflight`: data set, workload, a plan without a profile) in
+"""The engine's preflight (`pipebd_core.job.steps.preflight`: data set, workload, a plan without a profile) in
 helper processes, so the API process never imports torch.
 
 Building a workload needs torch (about 700 MiB resident) and can take long or never end (a user's
@@ -201,7 +201,7 @@ def serve(idle_s: float) -> None:
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # what a workload factory prints must not break the protocol
     from pipebd_core.documents.errors import PlanError
-    from pipebd_core.job.launch import preflight
+    from pipebd_core.job.steps import preflight
     from pipebd_core.spec import SpecError, parse_spec
 
     def answer(value: Answer) -> None:

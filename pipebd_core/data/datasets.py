@@ -14,6 +14,7 @@ from torch.utils.data import Dataset
 
 from pipebd_core.imports import call_factory
 from pipebd_core.spec import Spec, SpecError
+from pipebd_core.workloads.builders import DATASET_MODULES
 
 Sample = tuple[torch.Tensor, Any]
 
@@ -69,16 +70,6 @@ def _custom(spec: Spec) -> Dataset[Sample]:
     return _Pairs(inner)
 
 
-# The data sets built by a module of their own, imported only when a spec names them (torchvision costs
-# a second to import); `build(spec, split)` in each.
-DATASET_MODULES = {
-    "digits": "pipebd_core.data.digits",
-    "cifar10": "pipebd_core.data.images",
-    "imagefolder": "pipebd_core.data.images",
-    "text": "pipebd_core.data.text",
-}
-
-
 def build_dataset(spec: Spec, split: str = "train") -> Dataset[Sample]:
     """The data set for `split` ("train" or "eval"); items are `(input_tensor, label)`."""
     if split not in ("train", "eval"):
@@ -91,11 +82,6 @@ def build_dataset(spec: Spec, split: str = "train") -> Dataset[Sample]:
         dataset: Dataset[Sample] = importlib.import_module(DATASET_MODULES[data.dataset]).build(spec, split)
         return dataset
     return _custom(spec)
-
-
-def dataset_module(spec: Spec) -> str | None:
-    """The module that builds the spec's data set, if it has one of its own (what a warm agent imports)."""
-    return DATASET_MODULES.get(spec.data.dataset)
 
 
 def check_dataset(spec: Spec) -> int:

@@ -22,7 +22,6 @@ from pipebd_core.distill.plan import Plan, describe_rank
 from pipebd_core.distill.runtime import RankContext, Trainer
 from pipebd_core.distill.schedule import rank_tasks
 from pipebd_core.documents.phases import DISTILL
-from pipebd_core.rank import checkpoint
 from pipebd_core.rank.process import exit_now, join_process_group, phase_entry, pick_device
 from pipebd_core.rundir import RunDir
 from pipebd_core.workloads.workload import build_workload
@@ -33,7 +32,7 @@ def build_context(run_dir: RunDir, rank: int, device: torch.device) -> RankConte
     plan = Plan.from_document(run_dir.load_plan())
     workload = build_workload(spec)
     steps = plan.step_plan
-    start_steps = checkpoint.resume_steps(run_dir.checkpoints, plan.num_blocks, common=plan.is_pipeline)
+    start_steps = run_dir.checkpoints.resume_steps(plan.num_blocks, common=plan.is_pipeline)
     loads_data = any(task.loads_data for task in rank_tasks(plan, rank, steps.total, start_steps, steps.search))
     return RankContext(
         rank=rank,

@@ -31,7 +31,7 @@ from pipebd_core.workloads.workload import Workload, build_workload
 
 def check_final_checkpoints(run_dir: RunDir, num_blocks: int, total_steps: int) -> None:
     """Every block's last checkpoint must exist: the distill phase writes it after the last step."""
-    missing = [b for b in range(num_blocks) if total_steps not in checkpoint.saved_steps(run_dir.checkpoints, b)]
+    missing = [b for b in range(num_blocks) if total_steps not in run_dir.checkpoints.saved_steps(b)]
     if missing:
         raise RuntimeError(
             f"blocks {missing} have no final checkpoint (step {total_steps}) in {run_dir.checkpoints};"

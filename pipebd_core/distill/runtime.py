@@ -261,7 +261,7 @@ class Trainer:
         saved, folder = [], self.ctx.run_dir.checkpoints
         for block in sorted(self.owned):
             step = self.reached[block]
-            if step > self.ctx.start_steps[block] and step not in checkpoint.saved_steps(folder, block):
+            if step > self.ctx.start_steps[block] and step not in folder.saved_steps(block):
                 self._save(block, step)
                 saved.append(block)
         reached = {str(block): self.reached[block] for block in sorted(self.owned)}

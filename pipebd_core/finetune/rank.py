@@ -395,7 +395,7 @@ class PipelineTrainer(Trainer):
 def build_context(run_dir: RunDir, rank: int, world: int, device: torch.device) -> Context:
     spec = run_dir.load_spec()
     plan = TrainPlan.from_document(run_dir.load_finetune_plan())
-    starts = checkpoint.resume_steps(run_dir.finetune_checkpoints, len(plan.stages), common=True)
+    starts = run_dir.finetune_checkpoints.resume_steps(len(plan.stages), common=True)
     teacher = teacher_network(spec) if spec.finetune is not None and spec.finetune.loss == "kd" else None
     return Context(
         rank=rank,

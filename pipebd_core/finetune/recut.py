@@ -27,7 +27,7 @@ LayerState = dict[str, Any]  # one layer's tensors, by name within the layer: we
 def recut_checkpoints(folder: CheckpointFolder, network: Network, old: Stages, new: Stages) -> int:
     """Rewrite the checkpoints of stages `old` as those of stages `new` at the newest step every old stage
     saved; that step (0: nothing to resume from, and any partial checkpoints are dropped)."""
-    step = checkpoint.resume_steps(folder, len(old), common=True)[0]
+    step = folder.resume_steps(len(old), common=True)[0]
     if step == 0:
         shutil.rmtree(folder.root, ignore_errors=True)
         return 0

@@ -24,9 +24,8 @@ from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.profile import Profile
 from pipebd_core.job.relaunch import relaunch_declined
 from pipebd_core.planning.distill_costmodel import CostModel
-from pipebd_core.planning.distill_planner import make_plan, planned_machines, timeline
+from pipebd_core.planning.topology import planned_machines
 from pipebd_core.spec import Spec
-from pipebd_core.workloads.probe import BlockProbe
 
 FreeNodes = Callable[[], int]  # how many more hosts could join the job's gang now (0: none)
 
@@ -60,7 +59,12 @@ def room(spec: Spec) -> int:
 
 def step_on(spec: Spec, profile: Profile, plan: PlanDocument, nodes: int) -> float:
     """The step time the planner predicts for the job's plan on `nodes` nodes (its mode, or its pinned stages
-    refitted), simulated on `profile`'s costs."""
+    refitted), simulated on `profile`'s costs. The planner is imported here, when an elastic job is offered
+    hosts: through the workload probe it imports torch, which a worker that supervises jobs otherwise never does
+    (job/isolated.py)."""
+    from pipebd_core.planning.distill_planner import make_plan, timeline
+    from pipebd_core.workloads.probe import BlockProbe
+
     schedule = spec.schedule.on_nodes(nodes)
     moved = spec.model_copy(update={"schedule": schedule})
     every = plan.steps.search.every if plan.steps and plan.steps.search else None

@@ -18,23 +18,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO
 
-import torch
-
-from pipebd_core.documents.errors import PlanError
+from pipebd_core import devices
 from pipebd_core.documents.phases import PLAN, PLAN_FINETUNE, PROFILE, PROFILE_FINETUNE
-from pipebd_core.finetune.recut import recut_checkpoints
-from pipebd_core.job import agent_server, forked
+from pipebd_core.documents.step import StepName
+from pipebd_core.job import agent_server, forked, isolated
 from pipebd_core.job.forked import PhaseProcess
-from pipebd_core.job.isolated import in_child
 from pipebd_core.job.phases import PHASE_KINDS, job_phases, new_records
 from pipebd_core.job.processes import Rendezvous, rank_environment, torchrun_command
 from pipebd_core.planning import profiles
-from pipebd_core.planning.distill_planner import resolve_plan
-from pipebd_core.planning.finetune_planner import check_labels, resolve_train_plan
-from pipebd_core.rank.network import build_network, finetune_view
-from pipebd_core.rank.process import warm_modules
 from pipebd_core.rundir import RunDir
-from pipebd_core.spec import Spec, SpecError, parse_spec
+from pipebd_core.spec import Spec, SpecError
+from pipebd_core.workloads.builders import warm_modules
 
 PROFILE_TRIALS = 5  # timed trials per profiled measurement
 
@@ -45,15 +39,16 @@ def default_run_dir(spec: Spec, base: Path = Path("runs")) -> Path:
 
 
 def check_devices(spec: Spec) -> None:
-    """The devices this node has for the ranks, checked before any process starts."""
+    """The devices this node has for the ranks, checked before any process starts (without importing torch
+    where there are no GPUs: pipebd_core/devices.py)."""
     schedule = spec.schedule
     if schedule.device == "cpu":
         return
-    if not torch.cuda.is_available():
+    if not devices.cuda_available():
         if schedule.device == "cuda":
             raise SpecError("schedule.device: 'cuda' but CUDA is not available on this machine; use 'auto' or 'cpu'")
         return
-    gpus = torch.cuda.device_count()
+    gpus = devices.cuda_count()
     if schedule.nproc > gpus:
         raise SpecError(
             f"schedule.nproc: {schedule.nproc} ranks need one GPU each but this machine has {gpus};"
@@ -61,51 +56,13 @@ def check_devices(spec: Spec) -> None:
         )
 
 
-def preflight(spec: Spec) -> None:
-    """The launch checks that need no profile and no earlier phase: data set, workload, the distillation
-    plan (`auto`, which plans from a profile, is checked as `ir`, one of its candidates that runs wherever
-    the batch splits over nproc; a latency budget is left to the plan phase) and the finetune plan on a
-    freshly initialised network (strategy `auto` as `gpipe` or `ddp`, partitioners that plan from the
-    profile as `pipedream`; a searched network exists only after its search: only its data is checked).
-    Raises SpecError or PlanError naming what to change."""
-    document = spec.model_dump(mode="json")
-    document["schedule"]["profile"] = False
-    budget = document["workload"].get("budget")
-    if budget and budget.get("latency") is not None:  # measured by that profile: checked at the plan phase
-        rest = {name: value for name, value in budget.items() if name != "latency" and value is not None}
-        document["workload"]["budget"] = rest or None
-    if document["schedule"]["mode"] == "auto":
-        document["schedule"].update(mode="ir", stages=None, replan=None)
-    tune = document.get("finetune")
-    if tune is not None and tune["strategy"] == "auto":  # the same stand-ins for the end-to-end training
-        tune.update(strategy="gpipe" if tune["stages"] else "ddp", profile=False)
-    if tune is not None and tune["partitioner"] in ("layerpipe", "auto"):  # they plan from the profile
-        tune.update(partitioner="pipedream", profile=False)
-    try:
-        if spec.workload.kind != "train":
-            resolve_plan(parse_spec(document), None)
-        if spec.finetune is not None and spec.workload.kind != "nas":
-            resolve_train_plan(parse_spec(document), None)
-        elif spec.finetune is not None:
-            check_labels(finetune_view(spec))
-    except (SpecError, PlanError):
-        raise
-    except Exception as error:  # user factories may raise anything; say which and why
-        raise SpecError(
-            f"workload: building the workload or data set failed: {type(error).__name__}: {error}"
-        ) from None
-
-
 def prepare_run(spec: Spec, out: Path | None = None, phases: list[str] | None = None, isolate: bool = False) -> RunDir:
     """Validate everything, then create the run directory with spec.json and phases.json (the job's
     phases, or just `phases`: the finetune benchmark runs only the end-to-end training's). `isolate`: the
-    preflight, which builds the workload and the data set, runs in a child process (isolated.py), as a
-    long-lived worker needs; a one-shot command runs it here."""
+    preflight, which builds the workload and the data set (job/steps.py), runs in a child process
+    (isolated.py), as a long-lived worker needs; a one-shot command runs it here."""
     check_devices(spec)
-    if isolate:
-        in_child(preflight, spec)
-    else:
-        preflight(spec)
+    isolated.run_step("preflight", spec, None, isolate)
     root = out if out is not None else default_run_dir(spec)
     run_dir = RunDir(root)
     if run_dir.spec.exists():
@@ -136,41 +93,11 @@ def skip_reason(run_dir: RunDir, spec: Spec, phase: str, refresh: bool = False) 
 
 
 def run_local(run_dir: RunDir, spec: Spec, phase: str, isolate: bool = False) -> None:
-    """The phases the supervisor runs without ranks: `plan` writes plan.json, `plan_finetune`
+    """The phases the supervisor runs without ranks (job/steps.py): `plan` writes plan.json, `plan_finetune`
     finetune_plan.json. `isolate`: in a child process (isolated.py), as a long-lived worker needs."""
-    if isolate:
-        in_child(plan_step, run_dir, spec, phase)
-    else:
-        plan_step(run_dir, spec, phase)
-
-
-def plan_step(run_dir: RunDir, spec: Spec, phase: str) -> None:
-    """What `run_local` runs in its child: the phase's planner, which builds the workload or network."""
-    if phase == PLAN_FINETUNE:
-        plan_finetune(run_dir, spec)
-        return
-    assert phase == PLAN, f"phase {phase!r} does not run locally"
-    profile = run_dir.load_profile() if spec.schedule.profile else None
-    budget = spec.workload.budget
-    if budget is not None and budget.latency is not None:  # known once the profile measured the candidates
-        from pipebd_core.workloads.transformer import check_latency_budget
-
-        check_latency_budget(spec, profile)
-    run_dir.write_json(run_dir.plan, resolve_plan(spec, profile).to_json())
-
-
-def plan_finetune(run_dir: RunDir, spec: Spec) -> None:
-    """Write finetune_plan.json; a plan made again (a job resumed on another rank count) whose stages differ
-    from those the checkpoints were saved under re-cuts them for the new stages (finetune/recut.py)."""
-    measured = run_dir.load_layer_profile() if run_dir.layer_profile.exists() else None
-    earlier = run_dir.load_finetune_plan() if run_dir.finetune_plan.exists() else None
-    plan = resolve_train_plan(spec, run_dir, measured)
-    folder = run_dir.finetune_checkpoints
-    if earlier is not None and list(earlier.stages) != list(plan.stages) and folder.root.exists():
-        step = recut_checkpoints(folder, build_network(spec, run_dir), list(earlier.stages), list(plan.stages))
-        was = {"from_strategy": earlier.strategy, "from_stages": earlier.stages}
-        run_dir.append_event("finetune_recut", step=step, **was, strategy=plan.strategy, stages=plan.stages)
-    run_dir.write_json(run_dir.finetune_plan, plan.to_json())
+    assert phase in (PLAN, PLAN_FINETUNE), f"phase {phase!r} does not run locally"
+    step: StepName = "plan" if phase == PLAN else "plan_finetune"
+    isolated.run_step(step, spec, run_dir, isolate)
 
 
 def phase_command(

@@ -38,13 +38,13 @@ from typing import Any
 from pipebd_core.distill.control import request_stop, stop_step
 from pipebd_core.documents.distill_plan import PlanDocument, Replan
 from pipebd_core.documents.profile import Profile
-from pipebd_core.job import grow
+from pipebd_core.job import grow, isolated
 from pipebd_core.job.relaunch import relaunch_declined
 from pipebd_core.planning import profiles
 from pipebd_core.planning.distill_calibration import Window, calibrate, group_sizes, measured_step_s, steps_covered
 from pipebd_core.planning.distill_costmodel import CostModel
-from pipebd_core.planning.distill_planner import planned_machines, resolve_plan
 from pipebd_core.planning.distill_search import best_plan
+from pipebd_core.planning.topology import planned_machines
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
 
@@ -116,9 +116,15 @@ class DistillMonitor:
     """Follows one job's distill phase across its launches (see the module's docstring)."""
 
     def __init__(
-        self, run_dir: RunDir, spec: Spec, store_calibration: bool = True, free_nodes: grow.FreeNodes | None = None
+        self,
+        run_dir: RunDir,
+        spec: Spec,
+        store_calibration: bool = True,
+        free_nodes: grow.FreeNodes | None = None,
+        isolate: bool = False,
     ) -> None:
         self.run_dir, self.spec = run_dir, spec
+        self.isolate = isolate  # the re-plan, which builds the workload, in a child process (job/isolated.py)
         self.free_nodes = free_nodes if grow.room(spec) else None  # who offers an elastic job more nodes (grow.py)
         self.growing: grow.Growth | None = None  # a larger gang taken: the ranks stop at the next step boundary
         self.store_calibration = store_calibration  # put each calibration into the cached profile too
@@ -245,9 +251,9 @@ class DistillMonitor:
         the history entry."""
         decision, previous = self.pending, self.plan
         assert decision is not None and self.profile is not None
-        calibrated = self.profile.calibrated(self.run_dir.load_calibration())
-        plan = resolve_plan(self.spec, calibrated)
-        document = plan.document()
+        replanned = isolated.run_step("replan", self.spec, self.run_dir, self.isolate)
+        assert replanned is not None, "the replan step gives back the plan document"
+        document = PlanDocument.from_json(replanned)
         entry = Replan(
             at=time.time(),
             decided_at_step=self.at_step,
@@ -256,7 +262,7 @@ class DistillMonitor:
             to=document.stages,
             measured_before_s=decision.measured_step_s,
             predicted_before_s=decision.predicted_step_s,
-            predicted_after_s=plan.details.predicted_step_s,
+            predicted_after_s=document.details.predicted_step_s,
             measured_after_s=None,
             reason=decision.reason,
         )

@@ -37,7 +37,7 @@ from pipebd_core.job import launch
 from pipebd_core.job.diagnosis import diagnose
 from pipebd_core.job.forked import PhaseProcess
 from pipebd_core.job.grow import GROWN, FreeNodes
-from pipebd_core.job.isolated import StepDied
+from pipebd_core.job.isolated import StepFailed
 from pipebd_core.job.nodes import NodeError, NodeLink, NodeRole
 from pipebd_core.job.outcomes import CANCELLED, FAILED, SKIPPED, SUCCEEDED, Result, Termination
 from pipebd_core.job.processes import Rendezvous, stop_process_tree
@@ -230,7 +230,7 @@ class Supervisor:
     def _run_local(self, phase: str) -> Outcome:
         try:
             launch.run_local(self.run_dir, self.spec, phase, isolate=self.isolate)
-        except (SpecError, PlanError, ProfileError, DocumentError, OSError, StepDied) as error:
+        except (SpecError, PlanError, ProfileError, DocumentError, OSError, StepFailed) as error:
             return Outcome(FAILED, Termination("launch_error", f"{phase}: {error}"), phase=phase)
         return Outcome(SUCCEEDED)
 
@@ -239,7 +239,7 @@ class Supervisor:
         that stopped to take a larger gang ends `grown` (grow.py)."""
         try:
             monitor = (
-                DistillMonitor(self.run_dir, self.spec, self.store_calibration, self.free_nodes)
+                DistillMonitor(self.run_dir, self.spec, self.store_calibration, self.free_nodes, self.isolate)
                 if phase == DISTILL
                 else None
             )

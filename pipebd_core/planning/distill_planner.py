@@ -26,7 +26,7 @@ from pipebd_core.planning.balance import balanced_partition, longest_first_assig
 from pipebd_core.planning.distill_costmodel import CostModel
 from pipebd_core.planning.distill_search import best_plan, search
 from pipebd_core.planning.distill_simulate import simulate
-from pipebd_core.planning.topology import Topology
+from pipebd_core.planning.topology import Topology, planned_machines
 from pipebd_core.planning.trust import assess
 from pipebd_core.spec import ScheduleSpec, Spec, StageSpec
 from pipebd_core.workloads.probe import BlockProbe, probe_workload
@@ -140,12 +140,6 @@ def cost_model(spec: Spec, profile: Profile, topology: Topology | None = None) -
     measured on or for `topology` (a what-if: `pipebd plan --nodes --link-gbps`)."""
     search = step_plan(spec).search
     return CostModel(profile, search.every if search else None, topology, spec.schedule.threads_per_rank)
-
-
-def planned_machines(spec: Spec, profile: Profile) -> Topology:
-    """The machines to plan for: the profile's, or, for a job resumed on another rank count (an elastic job that
-    lost or regained nodes), the spec's nodes and ranks with the profile's block costs and link between nodes."""
-    return Topology.of(profile).on(spec.schedule.nodes, spec.schedule.nproc)
 
 
 def resolve_plan(spec: Spec, profile: Profile | None) -> Plan:

@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 from typing import TypeVar
 
-import torch
-
+from pipebd_core import devices
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.documents.profile import Profile
@@ -46,8 +45,8 @@ def cache_root() -> Path:
 
 
 def device_kind(spec: Spec) -> str:
-    if spec.schedule.device != "cpu" and torch.cuda.is_available():
-        return f"cuda:{torch.cuda.get_device_name(0)}"
+    if spec.schedule.device != "cpu" and devices.cuda_available():
+        return f"cuda:{devices.cuda_name()}"
     return f"cpu:{spec.schedule.threads_per_rank}-threads"
 
 
@@ -59,7 +58,7 @@ def profile_key(spec: Spec) -> str:
     `data.num_workers` does: the profile's data-loading times are measured with that many loader workers."""
     key = {
         "version": FORMAT_VERSION,
-        "torch": torch.__version__,
+        "torch": devices.torch_version(),
         "workload": spec.workload.model_dump(mode="json"),
         "data": spec.data.model_dump(mode="json", include=_DATA_KEYS),
         "batch_size": spec.data.batch_size,

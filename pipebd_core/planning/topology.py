@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pipebd_core.data.streams import even_ranges
 from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.documents.profile import LinkFit, Profile
+from pipebd_core.spec import Spec
 
 
 @dataclass(frozen=True)
@@ -84,3 +85,9 @@ def ring_allreduce_s(nbytes: int, group: int, link: LinkFit) -> float:
     if group <= 1:
         return 0.0
     return 2 * (group - 1) * link.latency_s + 2 * (group - 1) / group * nbytes / link.bytes_per_s
+
+
+def planned_machines(spec: Spec, profile: Profile) -> Topology:
+    """The machines to plan for: the profile's, or, for a job resumed on another rank count (an elastic job that
+    lost or regained nodes), the spec's nodes and ranks with the profile's block costs and link between nodes."""
+    return Topology.of(profile).on(spec.schedule.nodes, spec.schedule.nproc)

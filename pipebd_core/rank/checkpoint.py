@@ -48,22 +48,8 @@ def save_block(
 
 def _slowest_newest_step(folder: CheckpointFolder, num_blocks: int) -> int:
     """The newest step of the block that has saved the least far (0 while any block has saved nothing)."""
-    return min((saved_steps(folder, block)[-1:] or [0])[0] for block in range(num_blocks))
-
-
-def saved_steps(folder: CheckpointFolder, block: int) -> list[int]:
-    return sorted(folder.step_of(path) for path in folder.files(block))
+    return min((folder.saved_steps(block)[-1:] or [0])[0] for block in range(num_blocks))
 
 
 def load_block(folder: CheckpointFolder, block: int, step_done: int) -> dict[str, Any]:
     return torch.load(folder.file(block, step_done), map_location="cpu", weights_only=True)
-
-
-def resume_steps(folder: CheckpointFolder, num_blocks: int, common: bool) -> list[int]:
-    """The step each block resumes from (0 = from scratch); `common` forces one step for all blocks."""
-    per_block = [saved_steps(folder, block) for block in range(num_blocks)]
-    if not common:
-        return [steps[-1] if steps else 0 for steps in per_block]
-    shared = set(per_block[0]).intersection(*per_block[1:]) if per_block else set()
-    step = max(shared, default=0)
-    return [step] * num_blocks

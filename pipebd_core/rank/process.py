@@ -17,25 +17,12 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from pipebd_core.data.datasets import dataset_module
 from pipebd_core.documents.errors import RankError
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec
-from pipebd_core.workloads.workload import workload_module
+from pipebd_core.workloads.builders import warm_modules
 
 JOIN_STACKS_S = 60.0  # a rank still joining its process group after this long logs where it waits
-
-
-def warm_modules(spec: Spec) -> list[str]:
-    """What building `spec`'s workload and data set imports (torchvision, transformers: a second of CPU or
-    more each), by module name, without importing it: the workload's builder, the network a `train` job
-    builds, the data set's module."""
-    w = spec.workload
-    if w.kind != "train" or w.factory is not None:
-        network = None
-    else:  # what network_to_train builds: a language model of a config, or a torchvision classifier
-        network = "transformers" if w.config is not None else "torchvision.models"
-    return [module for module in (workload_module(spec), network, dataset_module(spec)) if module is not None]
 
 
 def preload(run_dir: RunDir) -> list[str]:

@@ -17,6 +17,7 @@ from torch import nn
 from pipebd_core.documents.architecture import Architecture
 from pipebd_core.documents.profile import Profile
 from pipebd_core.spec import Spec
+from pipebd_core.workloads.builders import BUILDERS, CUSTOM_BUILDER
 
 
 @dataclass(frozen=True)
@@ -85,21 +86,6 @@ def path_generator(seed: int, block: int, step: int, round_: str) -> torch.Gener
     round_code = {"weights": 0, "arch": 1}[round_]
     mixed = (block_seed(seed, "student", block) * 1_000_033 + step * 4 + round_code) % (2**63 - 1)
     return torch.Generator().manual_seed(mixed)
-
-
-# The module and builder of each workload kind, imported only for a spec of that kind (torchvision and
-# transformers cost seconds to import); every other kind is a custom factory.
-BUILDERS = {
-    "compression": ("pipebd_core.workloads.compression", "build_compression_workload"),
-    "nas": ("pipebd_core.workloads.nas", "build_nas_workload"),
-    "transformer": ("pipebd_core.workloads.transformer", "build_transformer_workload"),
-}
-CUSTOM_BUILDER = ("pipebd_core.workloads.custom", "build_custom_workload")
-
-
-def workload_module(spec: Spec) -> str:
-    """The module that builds the spec's workload (what a warm agent imports before its ranks fork)."""
-    return BUILDERS.get(spec.workload.kind, CUSTOM_BUILDER)[0]
 
 
 def build_workload(spec: Spec) -> Workload:

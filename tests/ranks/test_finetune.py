@@ -23,7 +23,7 @@ from torch import nn
 
 from pipebd_core.documents.layer_profile import LayerProfile
 from pipebd_core.documents.phases import FINETUNE
-from pipebd_core.job.launch import preflight
+from pipebd_core.job.steps import preflight
 from pipebd_core.planning import profiles
 from pipebd_core.rank.deferred import defer_weight_gradients
 from pipebd_core.rank.network import build_network

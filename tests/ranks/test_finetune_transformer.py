@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from pipebd_core.data.text import BYTE_EOS, read_documents, tokenizer_of
-from pipebd_core.job.launch import preflight
+from pipebd_core.job.steps import preflight
 from pipebd_core.rank.metrics import perplexity
 from pipebd_core.rank.network import build_network, teacher_network
 from pipebd_core.rundir import RunDir

@@ -19,7 +19,7 @@ import pytest
 from torch import nn
 
 from pipebd_core.documents.phases import FINETUNE
-from pipebd_core.job.launch import preflight
+from pipebd_core.job.steps import preflight
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import SpecError, parse_spec
 from tests.helpers import assert_same_weights, checkpointed_finetune

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from pipebd_core.rank.checkpoint import resume_steps, saved_steps
 from pipebd_core.rundir import CheckpointFolder
 from tests.helpers import assert_same_weights, load_students, pipebd, plain_loop, run_job, tiny_spec
 
@@ -21,7 +20,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path: Path, mode:
     code, run_dir = run_job(spec, tmp_path / "run", env={"PIPEBD_INJECT_FAULT": "1:6"})
     assert code != 0
     crashed_block = 0 if mode == "dp" else 3  # dp crashes while training block 0; tr_dpu on rank 1's blocks
-    assert saved_steps(run_dir.checkpoints, crashed_block) == [4]  # epoch 1's end was saved before the crash
+    assert run_dir.checkpoints.saved_steps(crashed_block) == [4]  # epoch 1's end was saved before the crash
     assert not run_dir.student.exists()
 
     result = pipebd("run", "--resume", str(run_dir.root))
@@ -44,9 +43,9 @@ def test_pipelined_modes_resume_every_block_from_one_common_step(tmp_path: Path)
     for block, steps in enumerate([[4, 8], [4, 8], [4]]):
         for step in steps:
             save_block(folder, block, step, {"student": {}})
-    assert resume_steps(folder, 3, common=True) == [4, 4, 4]
-    assert resume_steps(folder, 3, common=False) == [8, 8, 4]
-    assert resume_steps(folder, 4, common=True) == [0, 0, 0, 0]
+    assert folder.resume_steps(3, common=True) == [4, 4, 4]
+    assert folder.resume_steps(3, common=False) == [8, 8, 4]
+    assert folder.resume_steps(4, common=True) == [0, 0, 0, 0]
 
 
 def test_pruning_keeps_the_step_the_slowest_block_needs(tmp_path: Path) -> None:
@@ -56,12 +55,12 @@ def test_pruning_keeps_the_step_the_slowest_block_needs(tmp_path: Path) -> None:
     for step in range(1, 9):  # an upstream stage with checkpoint_every 1 runs ahead of block 1
         save_block(folder, 0, step, {"student": {}}, num_blocks=2)
     save_block(folder, 1, 2, {"student": {}}, num_blocks=2)
-    assert resume_steps(folder, 2, common=True) == [2, 2]
+    assert folder.resume_steps(2, common=True) == [2, 2]
     save_block(folder, 0, 9, {"student": {}}, num_blocks=2)  # now prunes down to block 1's newest step
-    assert saved_steps(folder, 0) == [2, 3, 4, 5, 6, 7, 8, 9]
+    assert folder.saved_steps(0) == [2, 3, 4, 5, 6, 7, 8, 9]
     save_block(folder, 1, 8, {"student": {}}, num_blocks=2)
     save_block(folder, 0, 10, {"student": {}}, num_blocks=2)
-    assert saved_steps(folder, 0) == [8, 9, 10] and resume_steps(folder, 2, common=True) == [8, 8]
+    assert folder.saved_steps(0) == [8, 9, 10] and folder.resume_steps(2, common=True) == [8, 8]
 
 
 def test_every_epoch_is_checkpointed_whatever_the_interval() -> None:

@@ -110,7 +110,7 @@ class Embedded:
         return self.settings.runs / f"job-{job_id}"
 
     def worker_imported(self) -> list[str]:
-        """Which of torchvision and transformers the worker's own process has imported so far."""
+        """Which of torch, torchvision and transformers the worker's own process has imported so far."""
         assert self.imports_asked_in is not None, "this worker was started without heavy_imports"
         return ask(self.imports_asked_in)
 

@@ -1,4 +1,4 @@
-"""Which of torchvision and transformers a running process has imported, asked from outside it.
+"""Which of torch, torchvision and transformers a running process has imported, asked from outside it.
 
 `python -m tests.service.heavy_imports FOLDER MODULE [ARG...]` runs `python -m MODULE ARG...` in this
 process (the embedded service's worker: `app.cli worker ...`) beside a thread that answers `ask(FOLDER)`:
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tests.service.workers import REPO, wait_for
 
-HEAVY = ("torchvision", "transformers")
+HEAVY = ("torch", "torchvision", "transformers")
 ASK_TIMEOUT_S = 30
 
 
@@ -53,12 +53,12 @@ def ask(folder: Path) -> list[str]:
 
 def plan_finetune_here(*runs: Path) -> None:
     """Each finished job's `plan_finetune` step in this process, then wait until standard input closes."""
-    from pipebd_core.job import launch
+    from pipebd_core.job import steps
     from pipebd_core.rundir import RunDir
 
     for run in runs:
         run_dir = RunDir(run)
-        launch.plan_step(run_dir, run_dir.load_spec(), "plan_finetune")
+        steps.plan_finetune(run_dir, run_dir.load_spec())
     print("planned", flush=True)
     sys.stdin.read()
 

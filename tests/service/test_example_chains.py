@@ -12,7 +12,7 @@ language-model chain (tiny-llama-teacher.yaml, then tiny-llama-text.yaml) runs i
 
 A worker's own process never builds a network or loads a data set: every phase that does (the launch's
 preflight, plan, plan_finetune, and the ranks' phases) runs in a child process, so the long-lived worker
-imports neither torchvision nor transformers, however many jobs it runs. The embedded worker that ran the
+imports none of torch, torchvision and transformers, however many jobs it runs. The embedded worker that ran the
 ViT chain (a torchvision ViT trained, then searched with transformers' layers and fine-tuned: every phase)
 is asked what it imported (tests/service/heavy_imports.py), and so is a process that plans the same jobs
 itself.
@@ -91,7 +91,7 @@ def test_the_vit_teacher_then_its_distillation_run_as_shipped_chained_by_the_reg
     copies = [
         shutil.copytree(embedded.job_dir(job["id"]), tmp_path / f"job-{job['id']}") for job in (trained, distilled)
     ]
-    assert imported_planning_here(tmp_path / "planner-imports", *copies) == ["torchvision", "transformers"]
+    assert imported_planning_here(tmp_path / "planner-imports", *copies) == ["torch", "torchvision", "transformers"]
 
 
 def test_the_llama_search_runs_as_shipped(embedded: Embedded, monkeypatch: pytest.MonkeyPatch) -> None:

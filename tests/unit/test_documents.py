@@ -27,6 +27,7 @@ from pipebd_core.documents.layer_profile import LayerBatches, LayerProfile, Laye
 from pipebd_core.documents.nodes import NodeEnd, NodeLaunch, NodeToken
 from pipebd_core.documents.phases import PhaseRecord, PhasesRecord
 from pipebd_core.documents.profile import BlockProfile, Conditions, Profile, Timing
+from pipebd_core.documents.step import StepAnswer, StepRequest
 from pipebd_core.documents.summary import FinetuneReport, ModelSize, Summary
 from pipebd_core.documents.telemetry import (
     BlockSeconds,
@@ -128,6 +129,9 @@ LAYER_PROFILE = LayerProfile(
 BENCH_FIXTURES = Path(__file__).parents[1] / "fixtures" / "bench"
 
 SAMPLES: list[Document] = [
+    StepRequest(step="plan", spec={"name": "a-job"}, run_dir="/runs/a-job"),
+    StepAnswer(error="PlanError", message="schedule.nproc: 3 ranks but the batch of 8 does not split"),
+    StepAnswer(result={"mode": "tr", "nproc": 2}),
     RankError(
         rank=1, time=12.5, type="ValueError", message="bad block", traceback="Traceback ...\nValueError: bad block"
     ),

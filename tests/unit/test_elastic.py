@@ -17,8 +17,8 @@ from pipebd_core.job import grow
 from pipebd_core.job.elastic import reshape
 from pipebd_core.job.launch import temporary_run
 from pipebd_core.job.phases import job_phases
-from pipebd_core.planning.distill_planner import planned_machines, resolve_plan
-from pipebd_core.planning.topology import Topology
+from pipebd_core.planning.distill_planner import resolve_plan
+from pipebd_core.planning.topology import Topology, planned_machines
 from pipebd_core.spec import SpecError, StageSpec, fit_replicas
 from tests.fake_profiles import fake_profile
 from tests.helpers import tiny_spec

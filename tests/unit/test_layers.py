@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2] / "pipebd_core"
 # lowest first; a package may import its own floor and the floors below, never one above. The rank
 # programs of the phases share a floor and none imports another (PHASES); the host side likewise shares one.
 FLOORS: list[tuple[str, ...]] = [
-    ("spec", "spec_checks", "rundir", "documents", "imports", "figures"),
+    ("spec", "spec_checks", "rundir", "documents", "imports", "figures", "devices"),
     ("data", "workloads"),
     ("rank",),
     ("distill", "finetune", "profile"),

@@ -39,7 +39,7 @@ def test_a_ddp_checkpoint_recut_into_stages_and_back_keeps_weights_buffers_and_m
 
     stages = [(0, 2), (2, 3), (3, 4)]  # the middle stage, a ReLU, has no parameter
     assert recut_checkpoints(folder, network, [(0, 4)], stages) == 5
-    assert [checkpoint.saved_steps(folder, unit) for unit in range(3)] == [[5], [5], [5]]
+    assert [folder.saved_steps(unit) for unit in range(3)] == [[5], [5], [5]]
     momentum = {name: optimizer.state[p]["momentum_buffer"] for name, p in whole.named_parameters()}
     for unit, (start, stop) in enumerate(stages):
         module, stage_optimizer = stage_with_optimizer(network, start, stop)

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from pipebd_core.data.datasets import DATASET_MODULES
 from pipebd_core.finetune import __main__ as finetune_rank
 from pipebd_core.job import forked, warm_torchrun
 from pipebd_core.rank.process import preload
 from pipebd_core.rundir import RunDir
+from pipebd_core.workloads.builders import DATASET_MODULES
 from tests.helpers import ROOT, tiny_document
 from tests.unit.plan_samples import FINETUNE_SAMPLE
 
