@@ -37,18 +37,20 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def gflops(kernel: Callable[[], object], flop: float, slowdown: int = 1) -> float:
+def gflops(
+    kernel: Callable[[], object], flop: float, slowdown: int = 1, clock: Callable[[], float] = time.perf_counter
+) -> float:
     """GFLOP/s of `kernel` (`flop` a call): the median of TRIALS trials of REPS counted calls, each call
-    run `slowdown` times."""
+    run `slowdown` times, timed by `clock` (seconds)."""
     if slowdown < 1:
         raise ValueError(f"reference speed: slowdown {slowdown}; give 1 (none) or more")
     kernel()  # first touch: allocations and the kernel's choice
     seconds = []
     for _ in range(TRIALS):
-        started = time.perf_counter()
+        started = clock()
         for _ in range(REPS * slowdown):
             kernel()
-        seconds.append(time.perf_counter() - started)
+        seconds.append(clock() - started)
     return flop * REPS / statistics.median(seconds) / 1e9
 
 
