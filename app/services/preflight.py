@@ -18,6 +18,7 @@ Protocol, one JSON object per line: the helper says {"ready": true} once torch i
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -25,9 +26,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TypedDict
+from typing import IO, Protocol, TypedDict
 
 from app.core.json_types import JsonObject
+from pipebd_core.job import agent_server
 
 START_TIMEOUT_S = 120.0  # a helper loading torch on a busy machine; longer and the check fails (503)
 IDLE_MARGIN_S = 1.0  # a helper this close to its own idle exit is stopped rather than asked
@@ -62,18 +64,47 @@ class Answer(TypedDict, total=False):
     problem: str | None
 
 
+class HelperProcess(Protocol):
+    """A helper's process: a `subprocess.Popen`, or one forked by the shared agent server (`ServedProcess`)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+def start_helper(idle_s: float) -> tuple[HelperProcess, IO[bytes], int]:
+    """A helper process, its stdin (to write specs to) and its stdout's descriptor (to read answers from):
+    forked by the shared agent server where PIPEBD_AGENT_SOCKET names one that listens (torch and the engine
+    imported there once: a helper starts in milliseconds, not the 3-4 s of CPU a fresh interpreter spends
+    importing them), else a fresh interpreter."""
+    command = [sys.executable, "-m", "app.services.preflight", str(idle_s)]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    to_helper, from_helper = os.pipe(), os.pipe()
+    try:
+        with open(os.dup(2), "wb") as log:  # its stderr: this process's, as a child's would be
+            served = agent_server.start_on_shared(command, env, log, (to_helper[0], from_helper[1]), REPO)
+    finally:
+        os.close(to_helper[0])  # the helper holds these now (or nobody does)
+        os.close(from_helper[1])
+    if served is not None:
+        return served, open(to_helper[1], "wb"), from_helper[0]
+    os.close(to_helper[1])
+    os.close(from_helper[0])
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO, env=env)
+    assert process.stdin is not None and process.stdout is not None
+    return process, process.stdin, process.stdout.fileno()
+
+
 class Helper:
     """One helper process and its pipes (API side)."""
 
     def __init__(self, idle_s: float) -> None:
         self.idle_s = idle_s
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "app.services.preflight", str(idle_s)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            cwd=REPO,
-            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-        )
+        self.process, self.requests, self.answers = start_helper(idle_s)
         self.buffer = b""
         self.last_used = time.monotonic()
         try:
@@ -92,14 +123,13 @@ class Helper:
         return self.process.poll() is None and idle < self.idle_s - IDLE_MARGIN_S
 
     def read(self, timeout_s: float) -> Answer:
-        assert self.process.stdout is not None
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self.buffer:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self.process.stdout], [], [], remaining)[0]:
+            if remaining <= 0 or not select.select([self.answers], [], [], remaining)[0]:
                 self.close()
                 raise CheckTimeout(timeout_s)
-            chunk = os.read(self.process.stdout.fileno(), 65536)
+            chunk = os.read(self.answers, 65536)
             if not chunk:
                 raise CheckerCrashed(self.process.wait())
             self.buffer += chunk
@@ -108,10 +138,9 @@ class Helper:
         return answer
 
     def ask(self, document: JsonObject, timeout_s: float) -> str | None:
-        assert self.process.stdin is not None
         try:
-            self.process.stdin.write(json.dumps({"spec": document}).encode() + b"\n")
-            self.process.stdin.flush()
+            self.requests.write(json.dumps({"spec": document}).encode() + b"\n")
+            self.requests.flush()
         except BrokenPipeError:
             raise HelperGone from None
         answer = self.read(timeout_s)
@@ -122,6 +151,11 @@ class Helper:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
+        with contextlib.suppress(OSError):
+            self.requests.close()
+        if not isinstance(self.process, subprocess.Popen):  # a Popen closes its own pipes
+            with contextlib.suppress(OSError):
+                os.close(self.answers)
 
 
 class Pool:
@@ -222,5 +256,10 @@ def serve(idle_s: float) -> None:
             answer({"problem": str(error)})
 
 
+def main(argv: list[str] | None = None) -> None:
+    """`python -m app.services.preflight IDLE_S` (the entry a process forked by the agent server runs too)."""
+    serve(float((sys.argv[1:] if argv is None else argv)[0]))
+
+
 if __name__ == "__main__":
-    serve(float(sys.argv[1]))
+    main()

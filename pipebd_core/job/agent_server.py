@@ -88,12 +88,14 @@ class AgentServerGone(RuntimeError):
 @dataclass(frozen=True)
 class StartRequest:
     """Supervisor -> server: start `command` (a `python -m` command) with exactly `env`, in `cwd`, forked once
-    the server imported `preload` (those of SERVED_PACKAGES; kept for every later request)."""
+    the server imported `preload` (those of SERVED_PACKAGES; kept for every later request). The descriptors
+    sent with it: the log's, then, with `stdio`, the child's stdin and stdout (a helper that talks over pipes)."""
 
     command: list[str]
     env: dict[str, str]
     cwd: str
     preload: list[str] = field(default_factory=list)
+    stdio: bool = False
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -142,6 +144,11 @@ class ServedProcess:
     def wait(self, timeout: float | None = None) -> int:
         return forked.poll_until_ended(self.poll, self.args, timeout)
 
+    def kill(self) -> None:
+        """SIGKILL to its process group (it leads a session of its own: forked.become)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+
 
 class AgentServer:
     """A supervisor's handle on a server: start agents, and collect their exit codes. `process` is the server
@@ -188,14 +195,21 @@ class AgentServer:
         return cls(control, None, path)
 
     def start(
-        self, command: list[str], env: dict[str, str], log: IO[bytes], preload: Sequence[str] = ()
+        self,
+        command: list[str],
+        env: dict[str, str],
+        log: IO[bytes],
+        preload: Sequence[str] = (),
+        stdio: tuple[int, int] | None = None,
+        cwd: str | None = None,
     ) -> ServedProcess:
-        """Fork a process that runs `command` with `env` and its output on `log`, with `preload` imported;
-        raises AgentServerGone."""
-        request = StartRequest(command, env, os.getcwd(), list(preload))
+        """Fork a process that runs `command` with `env` in `cwd` (this process's where None) and its output on
+        `log` (or its stdin and stdout on `stdio`, its stderr on `log`), with `preload` imported; raises
+        AgentServerGone."""
+        request = StartRequest(command, env, cwd or os.getcwd(), list(preload), stdio is not None)
         with self.lock:
             try:
-                socket.send_fds(self.control, [request.encode()], [log.fileno()])
+                socket.send_fds(self.control, [request.encode()], [log.fileno(), *(stdio or ())])
             except OSError as error:
                 self.gone = True
                 raise AgentServerGone(f"the agent server is gone: {error}") from None
@@ -246,6 +260,7 @@ class AgentServer:
 
 
 _SERVER: AgentServer | None = None
+_SHARED: AgentServer | None = None  # a connection to the shared server alone (start_on_shared)
 _SERVER_LOCK = threading.Lock()
 _REAPED_CPU_S = 0.0  # CPU seconds of the agents this process's servers reaped and reported
 
@@ -280,6 +295,34 @@ def connect_or_launch(asked: str | None) -> AgentServer:
         with contextlib.suppress(OSError):
             return AgentServer.connect(asked)
     return AgentServer.launch(asked=asked)
+
+
+def start_on_shared(
+    command: list[str],
+    env: dict[str, str],
+    log: IO[bytes],
+    stdio: tuple[int, int],
+    cwd: str,
+    preload: Sequence[str] = (),
+) -> ServedProcess | None:
+    """Start `command` on the shared server PIPEBD_AGENT_SOCKET names, its stdin and stdout on `stdio`, or None
+    where none is named or none listens there (the caller starts it itself). For a process that has no server
+    of its own and starts none for this (the API's spec checkers: app/services/preflight.py)."""
+    global _SHARED
+    path = os.environ.get(SHARED_AGENTS)
+    if not path or os.environ.get(FRESH_AGENTS) or forked.module_of(command) is None:
+        return None
+    with _SERVER_LOCK:
+        client = _SHARED
+        if client is None or client.owner != os.getpid() or client.gone or client.asked != path:
+            try:
+                client = _SHARED = AgentServer.connect(path)
+            except OSError:
+                return None
+    try:
+        return client.start(command, env, log, preload, stdio, cwd)
+    except AgentServerGone:
+        return None
 
 
 def share(path: str) -> AgentServer:
@@ -345,7 +388,7 @@ def serve(control: socket.socket, listener: socket.socket | None = None) -> None
 def serve_request(client: socket.socket, server_fds: list[int], owners: dict[int, socket.socket]) -> bool:
     """Fork the agent `client` asks for and answer with its pid; False where the client closed its end."""
     try:
-        message, fds, _, _ = socket.recv_fds(client, MESSAGE_BYTES, 1)
+        message, fds, _, _ = socket.recv_fds(client, MESSAGE_BYTES, 3)
     except OSError:
         return False
     if not message:
@@ -355,7 +398,7 @@ def serve_request(client: socket.socket, server_fds: list[int], owners: dict[int
         for name in PRELOAD:  # imported at the first request (a shared server may serve none), then kept
             importlib.import_module(name)
         import_served(request.preload)
-        pid = fork_agent(request, fds[0], server_fds)
+        pid = fork_agent(request, fds[0], (fds[1], fds[2]) if request.stdio else None, server_fds)
     finally:
         for fd in fds:
             os.close(fd)
@@ -393,7 +436,7 @@ def report_ended(owners: dict[int, socket.socket]) -> None:
                 client.send(ServerReply("ended", pid, os.waitstatus_to_exitcode(status), cpu_s).encode())
 
 
-def fork_agent(request: StartRequest, log_fd: int, server_fds: list[int]) -> int:
+def fork_agent(request: StartRequest, log_fd: int, stdio: tuple[int, int] | None, server_fds: list[int]) -> int:
     """Fork a child that becomes `request`'s command (forked.become); its pid."""
     pid = os.fork()
     if pid == 0:
@@ -401,7 +444,7 @@ def fork_agent(request: StartRequest, log_fd: int, server_fds: list[int]) -> int
         for fd in server_fds:
             os.close(fd)
         os.chdir(request.cwd)
-        forked.become(request.command, request.env, log_fd)
+        forked.become(request.command, request.env, log_fd, stdio)
     return pid
 
 

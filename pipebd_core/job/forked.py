@@ -174,13 +174,14 @@ def signals_held() -> Iterator[list[int]]:
             signal.signal(signum, handler)
 
 
-def become(command: list[str], env: dict[str, str], log_fd: int) -> NoReturn:
-    """The child: take the command's place, run its module's `main`, and exit with its code."""
+def become(command: list[str], env: dict[str, str], log_fd: int, stdio: tuple[int, int] | None = None) -> NoReturn:
+    """The child: take the command's place, run its module's `main`, and exit with its code. `stdio`: its stdin
+    and stdout on these descriptors (a helper that talks over pipes), not /dev/null and the log."""
     code = 1
     try:
         os.setsid()
         forget_parent_threads()
-        attach_output(log_fd)
+        attach_output(log_fd, stdio)
         fresh_signals()
         take_environment(env)
         retitle(command, env)
@@ -206,11 +207,13 @@ def forget_parent_threads() -> None:
         getattr(futures, "_threads_queues", {}).clear()
 
 
-def attach_output(log_fd: int) -> None:
-    """stdout and stderr to the log, stdin from /dev/null, the parent's sockets and pipes let go."""
+def attach_output(log_fd: int, stdio: tuple[int, int] | None = None) -> None:
+    """stdout and stderr to the log, stdin from /dev/null (or stdin and stdout on `stdio`), the parent's
+    sockets and pipes let go."""
     null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)
-    os.dup2(log_fd, 1)
+    stdin_fd, stdout_fd = stdio if stdio is not None else (null, log_fd)
+    os.dup2(stdin_fd, 0)
+    os.dup2(stdout_fd, 1)
     os.dup2(log_fd, 2)
     for fd in inherited_channels(keep={0, 1, 2, null, log_fd}):
         os.dup2(null, fd)

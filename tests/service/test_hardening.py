@@ -27,6 +27,8 @@ from fastapi.testclient import TestClient
 from app.core.settings import Settings
 from app.core.states import RUNNING
 from app.main import create_app
+from pipebd_core.job import agent_server
+from pipebd_core.job.agent_server import SHARED_AGENTS
 from tests.service.conftest import make_settings
 from tests.service.exiting_data import EXIT_CODE
 from tests.service.exiting_data import FACTORY as EXITING_DATA
@@ -234,7 +236,8 @@ def loads_torch(pid: int) -> bool:
 
 def test_the_api_checks_specs_without_loading_torch(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")
-    with pipebd_api(settings, PIPEBD_SPEC_CHECKER_IDLE_S="3") as server:
+    # as deployed: no shared agent server named, so the helpers are the API's own children
+    with pipebd_api(settings, PIPEBD_SPEC_CHECKER_IDLE_S="3", **{SHARED_AGENTS: ""}) as server:
         process, url, api = server.process, server.url, psutil.Process(server.process.pid)
         assert not loads_torch(process.pid) and api.children() == []
         refused = httpx.post(f"{url}{JOBS}", json=tiny_job(data={"image_size": 4}), timeout=120)
@@ -247,6 +250,33 @@ def test_the_api_checks_specs_without_loading_torch(tmp_path: Path) -> None:
         wait_for(lambda: not api.children(), 30, "the idle spec checker to exit")
         again = httpx.post(f"{url}{JOBS}", json=tiny_job(name="again"), timeout=120)  # a new helper starts
         assert again.status_code == 202 and not loads_torch(process.pid)
+
+
+def test_where_a_shared_agent_server_is_named_it_forks_the_spec_checkers_and_reports_their_deaths(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")
+    allow = "pipebd_core.workloads,tests.service.exiting_data"
+    path = str(tmp_path / "agents.sock")
+    shared = agent_server.share(path)
+    assert shared.process is not None
+    try:
+        with pipebd_api(settings, PIPEBD_FACTORY_ALLOWLIST=allow, **{SHARED_AGENTS: path}) as server:
+            api, forker = psutil.Process(server.process.pid), psutil.Process(shared.process.pid)
+            accepted = httpx.post(f"{server.url}{JOBS}", json=tiny_job(), timeout=120)
+            assert accepted.status_code == 202, accepted.text
+            (helper,) = [child for child in forker.children() if "app.services.preflight" in child.cmdline()]
+            assert api.children() == [] and loads_torch(helper.pid) and not loads_torch(api.pid)
+            killer = httpx.post(
+                f"{server.url}{JOBS}", json=tiny_job(data={"dataset": "custom", "factory": EXITING_DATA})
+            )
+            assert killer.status_code == 422  # the server reaped it and told the API its code
+            assert f"ended the spec checker process (exit code {EXIT_CODE})" in killer.json()["detail"]
+            again = httpx.post(f"{server.url}{JOBS}", json=tiny_job(name="again"), timeout=120)
+            assert again.status_code == 202, again.text  # on a new helper, forked by the server too
+            assert api.children() == []
+    finally:
+        shared.close()
 
 
 def test_pipebd_submit_prints_each_problem(
