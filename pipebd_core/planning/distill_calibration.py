@@ -33,7 +33,7 @@ from pipebd_core.documents.distill_plan import PlanDocument
 from pipebd_core.documents.phases import DISTILL
 from pipebd_core.documents.profile import Profile
 from pipebd_core.documents.telemetry import DistillLine, FileTail, read_line
-from pipebd_core.planning.distill_costmodel import at_batch, profiled_student
+from pipebd_core.planning.distill_costmodel import at_batch, profiled_allreduce, profiled_student
 from pipebd_core.rundir import RunDir
 
 SKIP_STEPS = 2  # each rank's first steps after a launch: allocations, first touches, the pipeline filling
@@ -153,9 +153,10 @@ def calibrate(
                 batches[block] = batch
         loaded = record.phases.get("data", 0.0)
         data.add(loaded, at_batch(profile.data_s, batch) if loaded > 0 else 0.0)  # only ranks that load
-        if groups[rank] > 1:
-            profiled = sum(blocks[b].allreduce_s[groups[rank]].median for b in record.blocks)
-            allreduce.add(record.phases.get("allreduce", 0.0), profiled)
+        if groups[rank] > 1:  # as the cost model prices it, for a group the profile did not measure too
+            profiled = sum(profiled_allreduce(blocks[b], groups[rank]) for b in record.blocks)
+            if profiled > 0:  # none profiled (a profile of one rank): nothing to compare with
+                allreduce.add(record.phases.get("allreduce", 0.0), profiled)
     before = profile.calibration
     calibrated = []
     for block in range(len(blocks)):

@@ -207,14 +207,7 @@ class CostModel:
         """The all-reduce of a block's gradients over `replicas` ranks (`spans`: on more than one node)."""
         if replicas <= 1:
             return 0.0
-        measured = self.blocks[block].allreduce_s
-        entry = measured.get(replicas)
-        if entry is not None and entry.trials:
-            seconds = entry.median
-        else:  # a larger group than profiled: the largest measured one, scaled as a ring's traffic
-            largest = max((k for k, timing in measured.items() if timing.trials), default=None)
-            traffic = (replicas - 1) / replicas
-            seconds = 0.0 if largest is None else measured[largest].median * traffic * largest / (largest - 1)
+        seconds = profiled_allreduce(self.blocks[block], replicas)
         inter = self.topology.inter
         if spans and inter is not None:
             seconds = max(seconds, ring_allreduce_s(self.blocks[block].student_param_bytes, replicas, inter))
@@ -330,3 +323,16 @@ def cpu_sharing(profile: Profile, machines: Topology, threads_per_rank: int = 1)
     )
     running = shared_slowdown(machines.per_node * threads_per_rank, conditions.cpus)
     return running / profiled
+
+
+def profiled_allreduce(block: BlockProfile, replicas: int) -> float:
+    """The all-reduce of `block`'s gradients over `replicas` ranks of one node, from its profile: as measured,
+    or, for a larger group than profiled, the largest measured one scaled as a ring's traffic; 0.0 where no
+    group was profiled (a profile measured on one rank: the job's first node, before it grew)."""
+    measured = block.allreduce_s
+    entry = measured.get(replicas)
+    if entry is not None and entry.trials:
+        return entry.median
+    largest = max((k for k, timing in measured.items() if timing.trials), default=None)
+    traffic = (replicas - 1) / replicas
+    return 0.0 if largest is None else measured[largest].median * traffic * largest / (largest - 1)

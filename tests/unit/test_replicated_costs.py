@@ -8,9 +8,9 @@ import pytest
 
 from pipebd_core.documents.base import DocumentError
 from pipebd_core.documents.profile import Profile
-from pipebd_core.documents.telemetry import BlockSeconds
+from pipebd_core.documents.telemetry import BlockSeconds, DistillLine
 from pipebd_core.planning.distill_calibration import calibrate
-from pipebd_core.planning.distill_costmodel import CostModel
+from pipebd_core.planning.distill_costmodel import CostModel, profiled_allreduce
 from pipebd_core.planning.distill_planner import mode_plans
 from pipebd_core.planning.distill_search import best_plan
 from pipebd_core.planning.distill_simulate import simulate
@@ -78,3 +78,35 @@ def test_a_profile_of_version_1_is_refused_saying_so() -> None:
     old = {**fake_profile(TEACHER, STUDENT, 2).to_json(), "format_version": 1}
     with pytest.raises(DocumentError, match=r"block profile was written as version 1.*reads version 2"):
         Profile.from_json(old)
+
+
+def allreducing_lines(group: int, allreduce_s: float) -> dict[int, list[DistillLine]]:
+    """Each of `group` replicas trained both blocks for three steps, all-reducing for `allreduce_s` a step."""
+    lines = [
+        distill_line(
+            rank,
+            step,
+            time=10.0 * step,
+            loss={0: 1.0, 1: 1.0},
+            samples=6,
+            phases={"teacher": 0.01, "allreduce": allreduce_s},
+            block_s=BlockSeconds(teacher={0: 0.5, 1: 0.5}, student={0: 3.0, 1: 3.0}),
+        )
+        for rank in range(group)
+        for step in range(3)
+    ]
+    return {rank: [line for line in lines if line.rank == rank] for rank in range(group)}
+
+
+def test_calibration_prices_an_all_reduce_the_profile_did_not_measure_as_the_cost_model_does() -> None:
+    # a profile of one rank (an elastic job's first node) has no all-reduce: a group of two after it grew is
+    # compared with nothing (this raised KeyError: 2 in the worker that followed the grown job)
+    single = fake_profile([1.0, 1.0], [2.0, 2.0], nproc=1)
+    lone = calibrate(single, allreducing_lines(2, 0.4), {0: 2, 1: 2}, {"run": "r", "steps": [0, 2]})
+    assert lone.allreduce == 1.0
+    # a group larger than profiled: the largest measured one scaled as a ring's traffic, as the cost model prices it
+    pair = fake_profile([1.0, 1.0], [2.0, 2.0], nproc=2, allreduce=0.1)
+    estimate = 2 * profiled_allreduce(pair.blocks[0], 3)  # both blocks' all-reduces in a step
+    assert estimate == pytest.approx(2 * 0.1 * (2 / 3) * 2)
+    trio = calibrate(pair, allreducing_lines(3, 2 * estimate), {0: 3, 1: 3, 2: 3}, {"run": "r", "steps": [0, 2]})
+    assert trio.allreduce == pytest.approx(2.0)
