@@ -424,7 +424,7 @@ def test_an_elastic_job_that_loses_a_node_for_good_resumes_on_the_node_left_with
     wait_for(lambda: rank_processes(str(run_dir.root)) == [], 30, "every rank to end", cluster.logs)
 
 
-EPOCHS_TO_GROW = 40  # 160 steps of about 30 ms: long enough to be preempted, resumed, then grown mid-run
+EPOCHS_TO_GROW = 100  # 400 steps of about 30 ms: still running when the second host is up, under load too
 
 
 def test_a_worker_sent_sigterm_preempts_its_job_which_loses_no_step_then_grows_to_two_nodes_with_the_oracles_students(
