@@ -53,9 +53,9 @@ def test_the_planner_leaves_replicated_stages_when_their_students_synchronise_sl
     assert all(replicas == 1 for _, _, replicas in synced.triples())
 
 
-def test_calibration_compares_a_replicated_rank_with_the_synchronised_step() -> None:
-    profile = fake_profile([1.0, 1.0], [2.0, 2.0], nproc=2, replicated=3.0)
-    # each replica trained 6 rows of both blocks in 3 s a block: the profiled synchronised step exactly
+def replica_lines(group: int, allreduce_s: float) -> dict[int, list[DistillLine]]:
+    """Each of `group` replicas trained 6 rows of both blocks for three steps (0.5 s of teacher, 3 s of student a
+    block), all-reducing for `allreduce_s` a step (none where 0)."""
     lines = [
         distill_line(
             rank,
@@ -63,13 +63,19 @@ def test_calibration_compares_a_replicated_rank_with_the_synchronised_step() -> 
             time=10.0 * step,
             loss={0: 1.0, 1: 1.0},
             samples=6,
+            phases={"teacher": 0.01, **({"allreduce": allreduce_s} if allreduce_s else {})},
             block_s=BlockSeconds(teacher={0: 0.5, 1: 0.5}, student={0: 3.0, 1: 3.0}),
         )
-        for rank in (0, 1)
+        for rank in range(group)
         for step in range(3)
     ]
-    steady = {rank: [line for line in lines if line.rank == rank] for rank in (0, 1)}
-    calibration = calibrate(profile, steady, {0: 2, 1: 2}, {"run": "r", "steps": [0, 2]})
+    return {rank: [line for line in lines if line.rank == rank] for rank in range(group)}
+
+
+def test_calibration_compares_a_replicated_rank_with_the_synchronised_step() -> None:
+    profile = fake_profile([1.0, 1.0], [2.0, 2.0], nproc=2, replicated=3.0)
+    # each replica trained 6 rows of both blocks in 3 s a block: the profiled synchronised step exactly
+    calibration = calibrate(profile, replica_lines(2, 0.0), {0: 2, 1: 2}, {"run": "r", "steps": [0, 2]})
     assert [block.student for block in calibration.blocks] == [1.0, 1.0]
     assert [block.teacher for block in calibration.blocks] == [1.0, 1.0]
 
@@ -80,33 +86,15 @@ def test_a_profile_of_version_1_is_refused_saying_so() -> None:
         Profile.from_json(old)
 
 
-def allreducing_lines(group: int, allreduce_s: float) -> dict[int, list[DistillLine]]:
-    """Each of `group` replicas trained both blocks for three steps, all-reducing for `allreduce_s` a step."""
-    lines = [
-        distill_line(
-            rank,
-            step,
-            time=10.0 * step,
-            loss={0: 1.0, 1: 1.0},
-            samples=6,
-            phases={"teacher": 0.01, "allreduce": allreduce_s},
-            block_s=BlockSeconds(teacher={0: 0.5, 1: 0.5}, student={0: 3.0, 1: 3.0}),
-        )
-        for rank in range(group)
-        for step in range(3)
-    ]
-    return {rank: [line for line in lines if line.rank == rank] for rank in range(group)}
-
-
 def test_calibration_prices_an_all_reduce_the_profile_did_not_measure_as_the_cost_model_does() -> None:
     # a profile of one rank (an elastic job's first node) has no all-reduce: a group of two after it grew is
     # compared with nothing (this raised KeyError: 2 in the worker that followed the grown job)
     single = fake_profile([1.0, 1.0], [2.0, 2.0], nproc=1)
-    lone = calibrate(single, allreducing_lines(2, 0.4), {0: 2, 1: 2}, {"run": "r", "steps": [0, 2]})
+    lone = calibrate(single, replica_lines(2, 0.4), {0: 2, 1: 2}, {"run": "r", "steps": [0, 2]})
     assert lone.allreduce == 1.0
     # a group larger than profiled: the largest measured one scaled as a ring's traffic, as the cost model prices it
     pair = fake_profile([1.0, 1.0], [2.0, 2.0], nproc=2, allreduce=0.1)
     estimate = 2 * profiled_allreduce(pair.blocks[0], 3)  # both blocks' all-reduces in a step
     assert estimate == pytest.approx(2 * 0.1 * (2 / 3) * 2)
-    trio = calibrate(pair, allreducing_lines(3, 2 * estimate), {0: 3, 1: 3, 2: 3}, {"run": "r", "steps": [0, 2]})
+    trio = calibrate(pair, replica_lines(3, 2 * estimate), {0: 3, 1: 3, 2: 3}, {"run": "r", "steps": [0, 2]})
     assert trio.allreduce == pytest.approx(2.0)
