@@ -21,13 +21,12 @@ from pipebd_core.documents.errors import PlanError
 from pipebd_core.documents.phases import PLAN, PLAN_FINETUNE
 from pipebd_core.documents.step import StepAnswer, StepName, StepRequest
 from pipebd_core.finetune.recut import recut_checkpoints
+from pipebd_core.job.isolated import ANSWER, REQUEST
 from pipebd_core.planning.distill_planner import resolve_plan
 from pipebd_core.planning.finetune_planner import check_labels, resolve_train_plan
 from pipebd_core.rank.network import build_network, finetune_view
 from pipebd_core.rundir import RunDir
 from pipebd_core.spec import Spec, SpecError, parse_spec
-
-REQUEST, ANSWER = "request.json", "answer.json"
 
 
 def preflight(spec: Spec) -> None:
