@@ -38,6 +38,7 @@ None and the caller starts the command as a fresh interpreter.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib
 import json
@@ -181,7 +182,9 @@ class AgentServer:
                 command += ["--listen-fd", str(listener.fileno())]
                 fds.append(listener.fileno())
             process = subprocess.Popen(command, env=env, pass_fds=fds, stdin=subprocess.DEVNULL, start_new_session=True)
-        return cls(ours, process, asked)
+        launched = cls(ours, process, asked)
+        atexit.register(launched.close_at_exit)
+        return launched
 
     @classmethod
     def connect(cls, path: str) -> AgentServer:
@@ -257,6 +260,14 @@ class AgentServer:
         if self.process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=10)
+
+    def close_at_exit(self) -> None:
+        """At the exit of the process that started the server: close it and reap it, so that the CPU of the
+        server and of everything it reaped is counted where this process's is (its parent's rusage of its
+        children: what `quiet` and any shell's `time` read), not left to init. Nothing in a forked child,
+        which inherits the handler but not the server."""
+        if self.owner == os.getpid():
+            self.close()
 
 
 _SERVER: AgentServer | None = None
@@ -460,3 +471,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    sys.stderr.flush()
+    os._exit(0)  # its clients gone: tearing down an interpreter that holds torch would keep its starter waiting

@@ -10,20 +10,32 @@ instead of starting one fresh interpreter per rank that imports torch again. A r
 milliseconds rather than the 2-3 s of CPU that importing torch (and torchvision) costs each; that is
 most of a short phase on a CPU node and of a relaunch when a job re-plans.
 
-A forked rank gets the defaults of a fresh interpreter back (the agent's signal handlers are not its
-own) and calls the module's `main(argv)`. Forking is safe while the agent has not touched CUDA, which
-it never needs to; should CUDA be initialised anyway, the ranks are spawned instead (a fresh
-interpreter, as plain torchrun does).
+The ranks are not forked from the agent itself but from a fork server the agent forks first
+(`start_rank_server`: multiprocessing's own, with the agent's imports), while the agent still has one
+thread: by the time its ranks start, the agent runs the rendezvous store's thread and torch's keep-alive
+timer, and a child forked from a process with threads inherits whatever lock another thread held at that
+instant, held forever. (A rank forked from the agent itself that never joined its group, its peers
+waiting for its address, was seen under a loaded test suite: tests/ranks/test_rank_server.py.) A rank
+gets the defaults of a fresh interpreter back (the agent's signal handlers are not its own) and calls the
+module's `main(argv)`. Forking is safe while the agent has not touched CUDA, which it never needs to;
+should CUDA be initialised anyway, the ranks are spawned instead (a fresh interpreter, as plain torchrun
+does).
 """
 
 from __future__ import annotations
 
 import importlib
+import multiprocessing.forkserver
+import multiprocessing.util
+import os
 import signal
+import socket
 import sys
+import threading
 import traceback
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -64,6 +76,48 @@ def run_rank(name: str, argv: list[str]) -> None:
         raise
 
 
+def start_rank_server() -> int:
+    """Fork multiprocessing's fork server from this process, which must have one thread, and make it the one
+    this process's "forkserver" context starts its children from: they are forked from a copy of this
+    process as it is now, its imports done, instead of from a fresh interpreter that imports them again
+    (what multiprocessing would start). Its socket is in the abstract namespace (no file to leave behind);
+    it ends when the last process holding its "alive" pipe (this one and the ranks) has ended. Its pid."""
+    if threading.active_count() != 1:
+        raise RuntimeError(f"the rank server must be forked before any thread starts: {threading.enumerate()}")
+    address = f"\0pipebd-ranks-{os.getpid()}-{uuid.uuid4().hex}"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(address)
+    listener.listen()
+    alive_r, alive_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the server: serves until no process holds the alive pipe's other end
+        code = 0
+        try:
+            os.close(alive_w)
+            multiprocessing.forkserver.main(listener.fileno(), alive_r, preload=[])
+        except SystemExit:
+            pass
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(alive_r)
+    listener.close()
+    server: Any = multiprocessing.forkserver._forkserver  # its private state: what its ensure_running sets
+    server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+    return pid
+
+
+def stop_rank_server() -> None:
+    """After the ranks: unlink the semaphores of this process's queues (an exit that skips the interpreter's
+    teardown would leave multiprocessing's resource tracker to, and to warn of), then close the rank
+    server's alive pipe and reap it, so that the CPU of the server and of the ranks it reaped is counted as
+    this agent's children's (what its supervisor and any `time` read), not left to init."""
+    multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]
+    multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
+
+
 @record
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
@@ -82,8 +136,13 @@ def main(argv: list[str] | None = None) -> None:
         if hasattr(module, "preload"):  # what the module's ranks import for this run (a pipeline's stages)
             module.preload(run_dir)
     for_every_rank(config.nproc_per_node)  # and what every rank imports, once
-    config.start_method = "spawn" if torch.cuda.is_initialized() else "fork"
+    if torch.cuda.is_initialized():
+        config.start_method = "spawn"
+    else:
+        start_rank_server()
+        config.start_method = "forkserver"
     elastic_launch(config, entrypoint=run_rank)(args.training_script, rank_args)
+    stop_rank_server()
     exit_now()  # the ranks succeeded; the agent holds no file of its own
 
 

@@ -160,8 +160,7 @@ def test_the_server_ends_with_the_process_it_serves_and_its_agents_run_on(tmp_pa
     assert done.returncode == 0, done.stderr
     server_pid, agent_pid = (int(word) for word in done.stdout.split())
     try:
-        psutil.wait_procs([psutil.Process(server_pid)], timeout=DEADLINE_S)
-        assert not psutil.pid_exists(server_pid)
+        assert not psutil.pid_exists(server_pid)  # ended and reaped by the process it served, at its exit
         assert psutil.Process(agent_pid).status() != psutil.STATUS_ZOMBIE  # the agent runs on
     finally:
         release.touch()
