@@ -3,8 +3,11 @@ predictions and one short run that measures what they leave out.
 
 A run takes its start-up (torchrun, the ranks building the network, the plan phase, the warm-up steps' excess,
 the last checkpoint: what no profile predicts) plus its steps times its arm's step. Before it fits, a fresh
-bench runs its first arm for MIN_STEPS steps once (the probe, not recorded): its wall time less its steps is
-the start-up of every run, and its measured step over its predicted one scales every arm's prediction (a
+bench runs its first arm for MIN_STEPS steps twice (the probe, not recorded): the first pays once what no
+later run pays (the agent server's imports of torch and the workload: a tiny ViT's probe took 8 s where its
+runs then took 2-3 s, and the fit chose 7 repeats it had time for twice over); the second's wall time less
+its steps is the start-up of every run, and its measured step over its predicted one scales every arm's
+prediction (a
 VGG-16 finetune run started in 28 s and stepped up to 1.7x slower than predicted, against the 20 s start-up
 and the predictions a fit once assumed). Where no probe runs (a resumed bench, the unit tests) the start-up is
 LAUNCH_S. A repeat runs every arm once. The choice: at least the repeats asked for (MIN_REPEATS by default),
@@ -62,6 +65,12 @@ class Probe:
     wall_s: float
     step_s: float  # measured, the timed steps' mean
     predicted_step_s: float | None
+    spent_s: float | None = None  # the wall time of every probe run, the one before the measured run included
+
+    @property
+    def counted_s(self) -> float:
+        """What the probe took of the bench's minutes."""
+        return self.wall_s if self.spent_s is None else self.spent_s
 
     @property
     def launch_s(self) -> float:
@@ -77,9 +86,10 @@ class Probe:
         return min(high, max(low, self.step_s / self.predicted_step_s))
 
     def basis(self) -> str:
+        spent = f"{self.wall_s:.0f} s" if self.spent_s is None else f"{self.spent_s:.0f} s with the run before it"
         return (
             f"{assumed(self.launch_s)} x {self.scale:.2f}, measured by"
-            f" a {self.steps}-step run of {self.arm} ({self.wall_s:.0f} s, counted in the minutes)"
+            f" a {self.steps}-step run of {self.arm} ({spent}, counted in the minutes)"
         )
 
 
@@ -100,8 +110,8 @@ def fit(
     `minutes`, each run starting in `launch_s`; with `probe`, its start-up and scale instead, in the minutes
     left after it. A SpecError that says what would fit when nothing does."""
     if probe is not None:
-        said = f"--minutes {minutes:g}, {probe.wall_s:.0f} s of them spent on a probe run of {probe.arm}"
-        left = minutes - probe.wall_s / 60
+        said = f"--minutes {minutes:g}, {probe.counted_s:.0f} s of them spent on a probe run of {probe.arm}"
+        left = minutes - probe.counted_s / 60
         if left <= 0:
             raise SpecError(f"{said}: nothing is left for the bench; give more minutes")
         try:
@@ -109,7 +119,7 @@ def fit(
             fitted = fit(scaled, left, max_steps, repeats, probe.launch_s)
         except SpecError as error:
             raise SpecError(f"{said} ({probe.basis()}): {error}") from None
-        whole = fitted.predicted_s + probe.wall_s
+        whole = fitted.predicted_s + probe.counted_s
         return Fit(minutes, fitted.steps, fitted.repeats, whole, fitted.arms, probe.basis())
     if minutes <= 0 or not step_s:
         raise SpecError(f"--minutes {minutes:g}: give a positive number of minutes for a bench with arms")
@@ -169,15 +179,18 @@ def budget(
 
 def probing(out: Path, arm: str, run: Callable[[int, Path], ArmRun]) -> Callable[[int], Probe]:
     """The probe of a bench writing to `out`: `run(steps, folder)` runs its first arm, `arm`, that many steps in
-    `folder` (out/PROBE, removed once read: the probe is in no record)."""
+    `folder` (out/PROBE, removed once read: the probe is in no record), twice; the second run is measured."""
 
     def probe(steps: int) -> Probe:
-        folder = out / PROBE
-        shutil.rmtree(folder, ignore_errors=True)
-        try:
-            done = run(steps, folder)
-        finally:
+        walls = []
+        for _ in range(2):
+            folder = out / PROBE
             shutil.rmtree(folder, ignore_errors=True)
-        return Probe(arm, steps, done.load.wall_s, done.measured_step_s, done.predicted_step_s)
+            try:
+                done = run(steps, folder)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            walls.append(done.load.wall_s)
+        return Probe(arm, steps, done.load.wall_s, done.measured_step_s, done.predicted_step_s, sum(walls))
 
     return probe

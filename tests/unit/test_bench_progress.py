@@ -21,6 +21,7 @@ from pipebd_core.bench.fit import (
     budget,
     fit,
     predicted_s,
+    probing,
 )
 from pipebd_core.bench.progress import read_record
 from pipebd_core.bench.report import render
@@ -204,6 +205,25 @@ def test_a_probe_run_measures_the_start_up_and_scales_the_predictions_the_fit_us
         fit(step_s, minutes=1, max_steps=40, probe=Probe("dp", 6, 70.0, 1.0, 0.5))
     with pytest.raises(SpecError, match=r"--minutes 2, 30 s of them spent on a probe run of dp .*: --minutes 1.5"):
         fit(step_s, minutes=2, max_steps=40, probe=probe)
+
+
+def test_the_probe_measures_the_second_of_two_runs_and_counts_both(tmp_path: Path) -> None:
+    """The first run of a bench pays what the later ones find done (the agent server's imports): a probe
+    measured on it saw a start-up three times what the runs then took, and fitted too few repeats."""
+    walls = iter([8.0, 3.0])  # a cold run, then a warm one: 6 steps at 0.05 s each
+    folders: list[Path] = []
+
+    def run(steps: int, folder: Path) -> ArmRun:
+        folders.append(folder)
+        done = measured_run(0, 0.05, timed_steps=steps)
+        return done.model_copy(update={"load": done.load.model_copy(update={"wall_s": next(walls)})})
+
+    probe = probing(tmp_path, "dp", run)(6)
+    assert len(folders) == 2 and not folders[0].exists()
+    assert (probe.wall_s, probe.counted_s, probe.launch_s) == (3.0, 11.0, pytest.approx(2.7))
+    chosen = fit({"dp": 0.05, "bound": 0.08}, minutes=1, max_steps=40, probe=probe)
+    assert chosen.predicted_s == pytest.approx(predicted_s({"dp": 0.05, "bound": 0.08}, 40, chosen.repeats, 2.7) + 11.0)
+    assert "(11 s with the run before it, counted in the minutes)" in chosen.says()
 
 
 def test_a_fitted_bench_probes_once_and_only_a_budget_the_fastest_start_up_could_hold() -> None:
