@@ -1,6 +1,7 @@
 """A rank module for tests/ranks/test_rank_server.py: `python -m pipebd_core.job.warm_torchrun --standalone
 --nproc-per-node N -m tests.rank_parent_probe OUT` joins a gloo group of N ranks, sums their ranks, and writes
-OUT/rank-R.json: its parent and grandparent, and how many threads each had while the group was joined."""
+OUT/rank-R.json: its parent and grandparent, how many threads each had while the group was joined, and the
+command lines of the grandparent's children."""
 
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ def threads_of(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
+def children_commands(pid: int) -> list[str]:
+    """The command lines of `pid`'s children (a forked child's is its parent's)."""
+    commands = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+            commands.append(Path(f"/proc/{child}/cmdline").read_text().replace("\0", " "))
+    return commands
+
+
 def main(argv: list[str]) -> None:
     out = Path(argv[0])
     dist.init_process_group("gloo")
@@ -37,6 +47,7 @@ def main(argv: list[str]) -> None:
         "parent_threads": threads_of(parent),
         "grandparent": grandparent,
         "grandparent_threads": threads_of(grandparent),
+        "agent_children": children_commands(grandparent),
     }
     dist.barrier()  # every rank has read its parents' threads while the agent's store still serves
     dist.destroy_process_group()

@@ -1,6 +1,7 @@
 """The warm torchrun forks its ranks from a single-threaded fork server it forked before its rendezvous,
 not from the agent itself, whose rendezvous store and keep-alive timer run threads by the time the ranks
-start (a child forked from a process with threads can inherit a lock held forever)."""
+start (a child forked from a process with threads can inherit a lock held forever); multiprocessing's
+resource tracker is forked too, not started as a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -26,3 +27,6 @@ def test_ranks_are_forked_from_a_single_threaded_server_the_agent_forked(tmp_pat
     assert {entry["grandparent"] for entry in seen} == {agent.pid}  # and the agent forked it
     assert {entry["parent_threads"] for entry in seen} == {1}
     assert min(entry["grandparent_threads"] for entry in seen) > 1  # what the ranks were kept from
+    agent_children = seen[0]["agent_children"]
+    assert len(agent_children) == 2  # the rank server and the resource tracker, both forks of the agent
+    assert not any("resource_tracker" in command for command in agent_children), agent_children
