@@ -2,9 +2,9 @@
 
 A tiny ViT accuracy record's frozen profile was measured while other processes used 0.95 of the node's 2
 cores (the record, since replaced on the page by a quiet one, is kept as a fixture: tests/fixtures/bench/), and
-the 3-rank partitions record's layer profile with 3 ranks on 2 cores (its co-run curve measured flat):
-both predicted every pipelined plan slow (MAPE 31.7% and 35.8%). Costed with the sharing the profile
-carries divided out, both come within 16% and 10%; the 2-rank partitions record, whose ranks had a
+the first 3-rank partitions record's layer profile (a fixture too) with 3 ranks on 2 cores (its co-run
+curve measured flat): both predicted every pipelined plan slow (MAPE 31.7% and 35.8%). Costed with the
+sharing the profile carries divided out, both come within 16% and 10%; the 2-rank partitions record, whose ranks had a
 core each, and the NAS and Llama records, profiled quiet, are predicted exactly as before. Every
 committed record with a frozen profile passes `--check` (its predictions are the ones today's cost
 models make from it), and `--repredict` restores a record whose stored predictions were edited.
@@ -65,10 +65,11 @@ def test_a_profile_measured_beside_other_work_no_longer_predicts_every_plan_slow
 
 
 def test_three_ranks_on_two_cores_share_them_whatever_the_measured_curve_says() -> None:
-    """layerpipe-partitions-3: co_run measured [1, 0.99, 0.98]; 3 single-threaded ranks on 2 cores run at
+    """The first 3-rank LayerPipe partitions record (a fixture since it was measured again): co_run measured
+    [1, 0.99, 0.98]; 3 single-threaded ranks on 2 cores run at
     2/3 each when all compute, and the pipelines, whose ranks mostly wait, are no longer predicted slow."""
-    three = record("layerpipe-partitions-3.json")
-    layers = LayerProfile.from_json(read_profile(RECORDS / "layerpipe-partitions-3.profile.json"))
+    three = BenchRecord.from_json(json.loads((FIXTURES / "layerpipe-3-ranks-flat-curve.json").read_text()))
+    layers = LayerProfile.from_json(read_profile(FIXTURES / "layerpipe-3-ranks-flat-curve.profile.json"))
     assert layers.cpus is None and max(layers.co_run) < 1.01  # the curve this profile measured
     costs = TrainCosts(with_cpus(layers, three))
     assert [costs.slowdown(k) for k in (1, 2, 3)] == [1.0, 1.0, 1.5]
