@@ -77,12 +77,12 @@ def run_rank(name: str, argv: list[str]) -> None:
         raise
 
 
-def start_rank_server() -> int:
+def start_rank_server() -> None:
     """Fork multiprocessing's fork server from this process, which must have one thread, and make it the one
     this process's "forkserver" context starts its children from: they are forked from a copy of this
     process as it is now, its imports done, instead of from a fresh interpreter that imports them again
     (what multiprocessing would start). Its socket is in the abstract namespace (no file to leave behind);
-    it ends when the last process holding its "alive" pipe (this one and the ranks) has ended. Its pid.
+    it ends when the last process holding its "alive" pipe (this one and the ranks) has ended.
     Multiprocessing's resource tracker, which that context needs too, is forked likewise (start_tracker)."""
     if threading.active_count() != 1:
         raise RuntimeError(f"the rank server must be forked before any thread starts: {threading.enumerate()}")
@@ -109,7 +109,6 @@ def start_rank_server() -> int:
     listener.close()
     server: Any = multiprocessing.forkserver._forkserver  # its private state: what its ensure_running sets
     server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
-    return pid
 
 
 def start_tracker() -> None:

@@ -4,8 +4,8 @@ A tiny ViT accuracy record's frozen profile was measured while other processes u
 cores (the record, since replaced on the page by a quiet one, is kept as a fixture: tests/fixtures/bench/), and
 the first 3-rank partitions record's layer profile (a fixture too) with 3 ranks on 2 cores (its co-run
 curve measured flat): both predicted every pipelined plan slow (MAPE 31.7% and 35.8%). Costed with the
-sharing the profile carries divided out, both come within 16% and 10%; the 2-rank partitions record, whose ranks had a
-core each, and the NAS and Llama records, profiled quiet, are predicted exactly as before. Every
+sharing the profile carries divided out, both come within 16% and 10%; the 2-rank partitions record, whose
+ranks had a core each, and the NAS and Llama records, profiled quiet, are predicted exactly as before. Every
 committed record with a frozen profile passes `--check` (its predictions are the ones today's cost
 models make from it), and `--repredict` restores a record whose stored predictions were edited.
 """
@@ -33,8 +33,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 WITH_PROFILES = sorted(path for path in RECORDS.glob("*.json") if profile_path(path) is not None)
 
 
-def record(name: str) -> BenchRecord:
-    return BenchRecord.from_json(json.loads((RECORDS / name).read_text()))
+def record(name: str, folder: Path = RECORDS) -> BenchRecord:
+    return BenchRecord.from_json(json.loads((folder / name).read_text()))
 
 
 def test_threads_share_cores_by_the_formula() -> None:
@@ -47,7 +47,7 @@ def test_threads_share_cores_by_the_formula() -> None:
 
 def test_a_profile_measured_beside_other_work_no_longer_predicts_every_plan_slow() -> None:
     """tiny-vit-digits: profiled with 0.95 other cores busy; its plans measured 31.7% faster on median."""
-    accuracy = BenchRecord.from_json(json.loads((FIXTURES / "vit-profiled-beside-work.json").read_text()))
+    accuracy = record("vit-profiled-beside-work.json", FIXTURES)
     profile = Profile.from_json(read_profile(FIXTURES / "vit-profiled-beside-work.profile.json"))
     assert profile.conditions is not None and profile.conditions.other_cpu_cores > 0.9
     spec = parse_spec(accuracy.spec)
@@ -66,9 +66,9 @@ def test_a_profile_measured_beside_other_work_no_longer_predicts_every_plan_slow
 
 def test_three_ranks_on_two_cores_share_them_whatever_the_measured_curve_says() -> None:
     """The first 3-rank LayerPipe partitions record (a fixture since it was measured again): co_run measured
-    [1, 0.99, 0.98]; 3 single-threaded ranks on 2 cores run at
-    2/3 each when all compute, and the pipelines, whose ranks mostly wait, are no longer predicted slow."""
-    three = BenchRecord.from_json(json.loads((FIXTURES / "layerpipe-3-ranks-flat-curve.json").read_text()))
+    [1, 0.99, 0.98]; 3 single-threaded ranks on 2 cores run at 2/3 each when all compute, and the pipelines,
+    whose ranks mostly wait, are no longer predicted slow."""
+    three = record("layerpipe-3-ranks-flat-curve.json", FIXTURES)
     layers = LayerProfile.from_json(read_profile(FIXTURES / "layerpipe-3-ranks-flat-curve.profile.json"))
     assert layers.cpus is None and max(layers.co_run) < 1.01  # the curve this profile measured
     costs = TrainCosts(with_cpus(layers, three))
